@@ -1,0 +1,98 @@
+"""Shared pytest fixtures: a fresh RabbitMQ vhost and a fresh PostgreSQL database per test.
+
+Tests talk to the real servers (127.0.0.1:5672 guest/guest with the management API on 15672, and PostgreSQL on
+127.0.0.1:5432 with trust auth). Override with GPUORCH_TEST_AMQP_ADMIN / GPUORCH_TEST_PG_ADMIN.
+Each fixture deletes what it created, so a run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+AMQP_HOST = os.environ.get("GPUORCH_TEST_AMQP_HOST", "127.0.0.1")
+AMQP_PORT = int(os.environ.get("GPUORCH_TEST_AMQP_PORT", "5672"))
+AMQP_MGMT = os.environ.get("GPUORCH_TEST_AMQP_ADMIN", "http://guest:guest@127.0.0.1:15672")
+PG_ADMIN = os.environ.get("GPUORCH_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _mgmt(method: str, path: str) -> None:
+    import httpx
+
+    url = httpx.URL(AMQP_MGMT)
+    base = f"{url.scheme}://{url.host}:{url.port}"
+    auth = (url.username or "guest", url.password or "guest")
+    response = httpx.request(method, base + path, auth=auth, timeout=30, json={} if method == "PUT" else None)
+    response.raise_for_status()
+
+
+def make_vhost() -> str:
+    name = f"gpuorch-test-{uuid.uuid4().hex[:12]}"
+    _mgmt("PUT", f"/api/vhosts/{name}")
+    _mgmt("PUT", f"/api/permissions/{name}/guest")
+    return name
+
+
+def drop_vhost(name: str) -> None:
+    try:
+        _mgmt("DELETE", f"/api/vhosts/{name}")
+    except Exception:  # noqa: BLE001 - cleanup is best effort
+        pass
+
+
+@pytest.fixture
+def amqp_vhost() -> Iterator[str]:
+    name = make_vhost()
+    yield name
+    drop_vhost(name)
+
+
+@pytest.fixture
+def amqp_url(amqp_vhost: str) -> str:
+    """URL of a fresh, empty RabbitMQ vhost for this test."""
+    return f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}/{amqp_vhost}"
+
+
+async def _admin(sql: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(PG_ADMIN)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def make_database() -> str:
+    name = f"gpuorch_test_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    return name
+
+
+def drop_database(name: str) -> None:
+    try:
+        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    except Exception:  # noqa: BLE001 - cleanup is best effort
+        pass
+
+
+@pytest.fixture
+def pg_dsn() -> Iterator[str]:
+    """DSN of a fresh, empty PostgreSQL database for this test (migrations not applied)."""
+    name = make_database()
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    drop_database(name)
+
+
+@pytest.fixture
+async def migrated_dsn(pg_dsn: str) -> AsyncIterator[str]:
+    """DSN of a fresh database with every gpuorch migration applied."""
+    from gpuorch_store.migrations import migrate
+
+    await migrate(pg_dsn)
+    yield pg_dsn

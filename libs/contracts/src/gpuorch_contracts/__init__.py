@@ -1,0 +1,68 @@
+"""gpuorch message contracts: the envelope, job specs, node inventory, commands, and their routing.
+
+Import models from here; ``decode`` turns a body into the right model, ``route`` says where a message goes.
+"""
+
+from gpuorch_contracts.commands import ApplyMigLayout, LaunchJob, MigGpuLayout, StopJob
+from gpuorch_contracts.envelope import MAX_MESSAGE_BYTES, Message, utc_now
+from gpuorch_contracts.jobs import (
+    PRIORITY_VALUE,
+    TERMINAL_STATES,
+    CancelJob,
+    Checkpoint,
+    ContainerRun,
+    Gang,
+    GpuAllocation,
+    GpuRequest,
+    JobAccepted,
+    JobCancelled,
+    JobCheckpointed,
+    JobFailed,
+    JobFinished,
+    JobLost,
+    JobPlaced,
+    JobPreempting,
+    JobQueued,
+    JobRejected,
+    JobRequeued,
+    JobSpec,
+    JobStarted,
+    ModelHints,
+    NodeAssignment,
+    ProcessRun,
+    SubmitJob,
+)
+from gpuorch_contracts.nodes import (
+    GpuHealthChanged,
+    GpuInfo,
+    GpuLive,
+    GpuSample,
+    GpuUsageSampled,
+    MigInstance,
+    NodeHeartbeat,
+    NodeInventory,
+    NodeRegistered,
+    ProcessUsage,
+)
+from gpuorch_contracts.routing import (
+    COMMANDS_EXCHANGE,
+    DEAD_LETTER_EXCHANGE,
+    EVENTS_EXCHANGE,
+    MESSAGE_TYPES,
+    SUBMIT_EXCHANGE,
+    UnknownMessageType,
+    decode,
+    encode,
+    route,
+)
+
+__all__ = [
+    "COMMANDS_EXCHANGE", "DEAD_LETTER_EXCHANGE", "EVENTS_EXCHANGE", "MAX_MESSAGE_BYTES", "MESSAGE_TYPES",
+    "PRIORITY_VALUE", "SUBMIT_EXCHANGE", "TERMINAL_STATES",
+    "ApplyMigLayout", "CancelJob", "Checkpoint", "ContainerRun", "Gang", "GpuAllocation", "GpuHealthChanged",
+    "GpuInfo", "GpuLive", "GpuRequest", "GpuSample", "GpuUsageSampled", "JobAccepted", "JobCancelled",
+    "JobCheckpointed", "JobFailed", "JobFinished", "JobLost", "JobPlaced", "JobPreempting", "JobQueued",
+    "JobRejected", "JobRequeued", "JobSpec", "JobStarted", "LaunchJob", "Message", "MigGpuLayout", "MigInstance",
+    "ModelHints", "NodeAssignment", "NodeHeartbeat", "NodeInventory", "NodeRegistered", "ProcessRun",
+    "ProcessUsage", "StopJob", "SubmitJob", "UnknownMessageType", "decode", "encode", "route", "utc_now",
+]

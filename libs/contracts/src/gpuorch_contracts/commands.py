@@ -1,0 +1,54 @@
+"""Commands the scheduler sends to one node (routed by node id on ``gpuorch.commands``).
+
+Receivers dedupe by ``message_id`` and treat ``placement_id`` as the unit of idempotency: a second LaunchJob for a
+placement already launched starts nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from gpuorch_contracts.envelope import Message, Name, ShortText, Strict
+from gpuorch_contracts.jobs import GpuAllocation, JobSpec
+
+
+class LaunchJob(Message):
+    TYPE = "launch_job"
+    type: Literal["launch_job"] = "launch_job"
+    node_id: Name
+    job_id: uuid.UUID
+    placement_id: uuid.UUID
+    spec: JobSpec
+    gpus: Annotated[list[GpuAllocation], Field(max_length=64)] = []
+    gang_rank: int = Field(default=0, ge=0)
+    gang_size: int = Field(default=1, ge=1)
+
+
+class StopJob(Message):
+    """Stop a placement: send the checkpoint signal, wait ``grace_s``, then kill."""
+
+    TYPE = "stop_job"
+    type: Literal["stop_job"] = "stop_job"
+    node_id: Name
+    job_id: uuid.UUID
+    placement_id: uuid.UUID
+    reason: Literal["cancel", "preempt", "max_runtime", "drain"] = "cancel"
+    grace_s: float = Field(default=30.0, ge=0, le=3600)
+
+
+class MigGpuLayout(Strict):
+    gpu_index: int = Field(ge=0, le=1024)
+    profiles: Annotated[list[Name], Field(max_length=8)] = Field(default=[], description="wanted GPU instances")
+
+
+class ApplyMigLayout(Message):
+    """Replace the MIG instances of the named GPUs; refused while a GPU runs work that was not drained."""
+
+    TYPE = "apply_mig_layout"
+    type: Literal["apply_mig_layout"] = "apply_mig_layout"
+    node_id: Name
+    layouts: Annotated[list[MigGpuLayout], Field(min_length=1, max_length=64)]
+    reason: ShortText = ""

@@ -1,0 +1,266 @@
+"""Job specification and the job lifecycle messages.
+
+A job spec says what a job needs, never where it runs. Exactly one GPU shape applies:
+whole GPUs (``gpus`` > 0), a share of one GPU (``gpu_milli`` and/or ``gpu_memory_mib``), a MIG slice
+(``mig_profiles``: acceptable profiles, in preference order), or no GPU at all.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from gpuorch_contracts.envelope import Arg, Message, Name, ShortText, Strict
+
+Tier = Literal["training", "inference", "batch"]
+PriorityClass = Literal["critical", "high", "normal", "low"]
+PRIORITY_VALUE: dict[str, int] = {"critical": 1000, "high": 500, "normal": 100, "low": 10}
+"""Numeric priority of each class: higher wins, and only a strictly higher one may preempt."""
+
+JobState = Literal[
+    "submitted", "accepted", "rejected", "queued", "placed", "running",
+    "preempting", "succeeded", "failed", "cancelled", "lost",
+]
+TERMINAL_STATES: frozenset[str] = frozenset({"rejected", "succeeded", "failed", "cancelled"})
+
+
+class ProcessRun(Strict):
+    """Run an argv array as a process (never a shell string)."""
+
+    runtime: Literal["process"] = "process"
+    argv: Annotated[list[Arg], Field(min_length=1, max_length=256)]
+    env: Annotated[dict[Name, Arg], Field(max_length=128)] = {}
+    workdir: Annotated[str, Field(max_length=1024)] | None = None
+
+
+class ContainerRun(Strict):
+    """Run an image pinned by digest; the executor refuses tags."""
+
+    runtime: Literal["container"] = "container"
+    image: Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+@sha256:[0-9a-f]{64}$")]
+    argv: Annotated[list[Arg], Field(max_length=256)] = []
+    env: Annotated[dict[Name, Arg], Field(max_length=128)] = {}
+
+
+class GpuRequest(Strict):
+    """GPUs a job needs on each node it runs on."""
+
+    gpus: int = Field(default=0, ge=0, le=64, description="whole GPUs per node")
+    gpu_milli: int | None = Field(default=None, ge=1, le=999, description="share of one GPU, in thousandths")
+    gpu_memory_mib: int | None = Field(default=None, ge=1, le=1_048_576, description="GPU memory of a share")
+    mig_profiles: Annotated[list[Name], Field(max_length=16)] = []
+    gpu_models: Annotated[list[Name], Field(max_length=32)] = Field(
+        default=[], description="accepted GPU models; empty accepts any"
+    )
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> GpuRequest:
+        shapes = [self.gpus > 0, self.gpu_milli is not None or self.gpu_memory_mib is not None, bool(self.mig_profiles)]
+        if sum(shapes) > 1:
+            raise ValueError("ask for whole GPUs, a share, or MIG profiles: only one of them")
+        return self
+
+    @property
+    def kind(self) -> Literal["none", "whole", "share", "mig"]:
+        if self.gpus > 0:
+            return "whole"
+        if self.mig_profiles:
+            return "mig"
+        if self.gpu_milli is not None or self.gpu_memory_mib is not None:
+            return "share"
+        return "none"
+
+
+class Gang(Strict):
+    """All-or-nothing shape: ``nodes`` nodes, each holding ``GpuRequest`` (whole GPUs) for this job."""
+
+    nodes: int = Field(default=1, ge=1, le=1024)
+
+
+class Checkpoint(Strict):
+    """How to ask a job to checkpoint before it is stopped."""
+
+    signal: Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"] = "SIGTERM"
+    grace_s: float = Field(default=30.0, ge=0, le=3600)
+
+
+class ModelHints(Strict):
+    """Optional facts about the model, used to estimate memory and advise on precision."""
+
+    parameter_count: int | None = Field(default=None, ge=1, le=10**13)
+    dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"] | None = None
+
+
+class JobSpec(Strict):
+    """What a job needs and what it runs."""
+
+    name: Annotated[str, Field(min_length=1, max_length=128)] = "job"
+    tenant: Name = "default"
+    tier: Tier = "batch"
+    priority_class: PriorityClass = "normal"
+    resources: GpuRequest = GpuRequest()
+    cpu_milli: int = Field(default=1000, ge=0, le=1_024_000)
+    memory_mib: int = Field(default=1024, ge=0, le=16_777_216)
+    gang: Gang = Gang()
+    preemptible: bool = False
+    runtime_estimate_s: float | None = Field(default=None, gt=0, le=10**8)
+    max_runtime_s: float | None = Field(default=None, gt=0, le=10**8)
+    max_requeues: int = Field(default=3, ge=0, le=100)
+    checkpoint: Checkpoint = Checkpoint()
+    run: ProcessRun | ContainerRun = Field(discriminator="runtime")
+    model: ModelHints | None = None
+    labels: Annotated[dict[Name, Annotated[str, Field(max_length=256)]], Field(max_length=64)] = {}
+
+
+class SubmitJob(Message):
+    """Public entry point: ask gpuorch to run a job.
+
+    Published to exchange ``gpuorch.submit`` with routing key ``job.submit``. ``job_id`` is chosen by the
+    submitter (a UUID) so that it is known before any answer; re-sending the same ``message_id`` or ``job_id``
+    submits once. Answers arrive as ``job.accepted`` or ``job.rejected`` events.
+    """
+
+    TYPE = "job.submit"
+    type: Literal["job.submit"] = "job.submit"
+    job_id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    spec: JobSpec
+
+
+class CancelJob(Message):
+    """Ask the scheduler to cancel a job (stopping it where it runs)."""
+
+    TYPE = "job.cancel"
+    type: Literal["job.cancel"] = "job.cancel"
+    job_id: uuid.UUID
+    reason: ShortText = "cancelled by user"
+
+
+class JobAccepted(Message):
+    TYPE = "job.accepted"
+    type: Literal["job.accepted"] = "job.accepted"
+    job_id: uuid.UUID
+    spec: JobSpec
+
+
+class JobRejected(Message):
+    TYPE = "job.rejected"
+    type: Literal["job.rejected"] = "job.rejected"
+    job_id: uuid.UUID
+    reason: ShortText
+
+
+class JobQueued(Message):
+    """The job waits; ``pending_reason`` says why in plain words, ``estimated_start`` when it may start."""
+
+    TYPE = "job.queued"
+    type: Literal["job.queued"] = "job.queued"
+    job_id: uuid.UUID
+    pending_reason: ShortText
+    estimated_start_s: float | None = None
+
+
+class GpuAllocation(Strict):
+    """One GPU (or MIG instance) given to a placement: ``milli`` = 1000 for a whole GPU."""
+
+    gpu_uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    gpu_index: int = Field(ge=0, le=1024)
+    milli: int = Field(default=1000, ge=1, le=1000)
+    memory_mib: int | None = Field(default=None, ge=0)
+    mig_profile: Name | None = None
+
+
+class NodeAssignment(Strict):
+    node_id: Name
+    gpus: Annotated[list[GpuAllocation], Field(max_length=64)] = []
+
+
+class JobPlaced(Message):
+    TYPE = "job.placed"
+    type: Literal["job.placed"] = "job.placed"
+    job_id: uuid.UUID
+    placement_id: uuid.UUID
+    assignments: Annotated[list[NodeAssignment], Field(min_length=1, max_length=1024)]
+
+
+class JobStarted(Message):
+    TYPE = "job.started"
+    type: Literal["job.started"] = "job.started"
+    job_id: uuid.UUID
+    placement_id: uuid.UUID
+    node_id: Name
+    pid: int | None = None
+    container_id: Annotated[str, Field(max_length=128)] | None = None
+    log_path: Annotated[str, Field(max_length=1024)] | None = None
+
+
+class JobFinished(Message):
+    TYPE = "job.finished"
+    type: Literal["job.finished"] = "job.finished"
+    job_id: uuid.UUID
+    placement_id: uuid.UUID
+    node_id: Name
+    exit_code: int
+    duration_s: float = Field(ge=0)
+
+
+FailureCause = Literal[
+    "nonzero_exit", "killed", "host_oom", "gpu_oom", "launch_error", "refused", "max_runtime", "gpu_error", "lost",
+]
+
+
+class JobFailed(Message):
+    TYPE = "job.failed"
+    type: Literal["job.failed"] = "job.failed"
+    job_id: uuid.UUID
+    placement_id: uuid.UUID | None = None
+    node_id: Name | None = None
+    cause: FailureCause
+    reason: ShortText
+    exit_code: int | None = None
+    duration_s: float | None = Field(default=None, ge=0)
+
+
+class JobCheckpointed(Message):
+    """The job confirmed a checkpoint after the checkpoint signal (executor saw its confirmation file)."""
+
+    TYPE = "job.checkpointed"
+    type: Literal["job.checkpointed"] = "job.checkpointed"
+    job_id: uuid.UUID
+    placement_id: uuid.UUID
+    node_id: Name
+
+
+class JobLost(Message):
+    """The executor found that a placement it had started no longer runs and left no exit status."""
+
+    TYPE = "job.lost"
+    type: Literal["job.lost"] = "job.lost"
+    job_id: uuid.UUID
+    placement_id: uuid.UUID
+    node_id: Name
+    reason: ShortText
+
+
+class JobPreempting(Message):
+    TYPE = "job.preempting"
+    type: Literal["job.preempting"] = "job.preempting"
+    job_id: uuid.UUID
+    placement_id: uuid.UUID
+    reason: ShortText
+
+
+class JobRequeued(Message):
+    TYPE = "job.requeued"
+    type: Literal["job.requeued"] = "job.requeued"
+    job_id: uuid.UUID
+    reason: ShortText
+    requeues: int = Field(ge=0)
+
+
+class JobCancelled(Message):
+    TYPE = "job.cancelled"
+    type: Literal["job.cancelled"] = "job.cancelled"
+    job_id: uuid.UUID
+    reason: ShortText

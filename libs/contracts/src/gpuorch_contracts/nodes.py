@@ -1,0 +1,120 @@
+"""Node inventory and node-agent events.
+
+A node's inventory (GPUs, MIG instances, topology) is sent whole only when it changes (``inventory_hash``);
+heartbeats carry compact live state and are latest-wins: an old heartbeat has no value once a newer one exists.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from gpuorch_contracts.envelope import Message, Name, ShortText, Strict
+
+GpuHealth = Literal["healthy", "degraded", "unhealthy", "unknown"]
+TopologyLevel = Literal["self", "nvlink", "same_board", "single_switch", "multi_switch", "host_bridge", "node", "system"]
+"""Path between two GPUs, best first, following NVML's topology levels (NVLink when peers are linked)."""
+
+
+class MigInstance(Strict):
+    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    profile: Name
+    memory_mib: int = Field(ge=0)
+    slices: int = Field(ge=1, le=8, description="compute (GPC) slices")
+    placement_start: int = Field(ge=0, le=8)
+    placement_size: int = Field(ge=1, le=8)
+
+
+class GpuInfo(Strict):
+    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    index: int = Field(ge=0, le=1024)
+    model: Name
+    name: Annotated[str, Field(max_length=128)] = ""
+    memory_total_mib: int = Field(ge=0)
+    compute_capability: Annotated[str, Field(max_length=16)] | None = None
+    pci_bus_id: Annotated[str, Field(max_length=64)] | None = None
+    mig_enabled: bool = False
+    mig_instances: Annotated[list[MigInstance], Field(max_length=64)] = []
+    health: GpuHealth = "healthy"
+    health_reason: ShortText | None = None
+
+
+class NodeInventory(Strict):
+    node_id: Name
+    hostname: Annotated[str, Field(max_length=255)] = ""
+    cpu_milli: int = Field(ge=0)
+    memory_mib: int = Field(ge=0)
+    gpus: Annotated[list[GpuInfo], Field(max_length=64)] = []
+    nvlink_pairs: Annotated[list[tuple[int, int]], Field(max_length=2048)] = Field(
+        default=[], description="GPU index pairs joined by NVLink"
+    )
+    labels: Annotated[dict[Name, Annotated[str, Field(max_length=256)]], Field(max_length=64)] = {}
+
+
+class NodeRegistered(Message):
+    """A node-agent started, or its inventory changed."""
+
+    TYPE = "node.registered"
+    type: Literal["node.registered"] = "node.registered"
+    inventory: NodeInventory
+    inventory_hash: Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class GpuLive(Strict):
+    """Compact live state of one GPU in a heartbeat; ``None`` means the reading failed (unknown)."""
+
+    index: int = Field(ge=0, le=1024)
+    utilization_pct: float | None = Field(default=None, ge=0, le=100)
+    memory_used_mib: int | None = Field(default=None, ge=0)
+    temperature_c: float | None = None
+    power_w: float | None = Field(default=None, ge=0)
+    health: GpuHealth = "healthy"
+
+
+class NodeHeartbeat(Message):
+    TYPE = "node.heartbeat"
+    type: Literal["node.heartbeat"] = "node.heartbeat"
+    node_id: Name
+    inventory_hash: Annotated[str, Field(min_length=1, max_length=128)]
+    sequence: int = Field(ge=0)
+    gpus: Annotated[list[GpuLive], Field(max_length=64)] = []
+
+
+class GpuHealthChanged(Message):
+    TYPE = "gpu.health_changed"
+    type: Literal["gpu.health_changed"] = "gpu.health_changed"
+    node_id: Name
+    gpu_uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    gpu_index: int = Field(ge=0, le=1024)
+    health: GpuHealth
+    reason: ShortText
+    xid: int | None = None
+    action: Literal["none", "fail_job", "drain", "reset", "replace"] = "none"
+
+
+class ProcessUsage(Strict):
+    pid: int = Field(ge=0)
+    gpu_memory_mib: int = Field(ge=0)
+    sm_util_pct: float | None = Field(default=None, ge=0, le=100)
+
+
+class GpuSample(Strict):
+    index: int = Field(ge=0, le=1024)
+    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    utilization_pct: float | None = Field(default=None, ge=0, le=100)
+    memory_used_mib: int | None = Field(default=None, ge=0)
+    memory_total_mib: int | None = Field(default=None, ge=0)
+    temperature_c: float | None = None
+    power_w: float | None = Field(default=None, ge=0)
+    sm_clock_mhz: int | None = Field(default=None, ge=0)
+    throttle_reasons: Annotated[list[Name], Field(max_length=16)] = []
+    ecc_uncorrected: int | None = Field(default=None, ge=0)
+    processes: Annotated[list[ProcessUsage], Field(max_length=256)] = []
+
+
+class GpuUsageSampled(Message):
+    TYPE = "gpu.usage_sampled"
+    type: Literal["gpu.usage_sampled"] = "gpu.usage_sampled"
+    node_id: Name
+    samples: Annotated[list[GpuSample], Field(max_length=64)]

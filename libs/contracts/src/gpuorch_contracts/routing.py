@@ -1,0 +1,74 @@
+"""Where each message travels: exchanges, routing keys, and the type -> model registry used to decode.
+
+- ``gpuorch.submit`` (topic): the public entry point; only ``job.submit`` (SubmitJob) and ``job.cancel``.
+- ``gpuorch.events`` (topic): every event, routing key = the event type (``job.placed``, ``node.heartbeat`` ...).
+- ``gpuorch.commands`` (topic): commands for one node, routing key ``node.<node_id>.<command type>``.
+- ``gpuorch.dlx`` (topic): dead letters; each queue ``Q`` has ``Q.dlq`` bound with routing key ``Q``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from gpuorch_contracts import commands, jobs, nodes
+from gpuorch_contracts.envelope import Message
+
+SUBMIT_EXCHANGE = "gpuorch.submit"
+EVENTS_EXCHANGE = "gpuorch.events"
+COMMANDS_EXCHANGE = "gpuorch.commands"
+DEAD_LETTER_EXCHANGE = "gpuorch.dlx"
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TYPE: cls
+    for cls in (
+        jobs.SubmitJob, jobs.CancelJob, jobs.JobAccepted, jobs.JobRejected, jobs.JobQueued, jobs.JobPlaced,
+        jobs.JobStarted, jobs.JobFinished, jobs.JobFailed, jobs.JobCheckpointed, jobs.JobLost,
+        jobs.JobPreempting, jobs.JobRequeued, jobs.JobCancelled,
+        nodes.NodeRegistered, nodes.NodeHeartbeat, nodes.GpuHealthChanged, nodes.GpuUsageSampled,
+        commands.LaunchJob, commands.StopJob, commands.ApplyMigLayout,
+    )
+}
+COMMAND_TYPES = frozenset({commands.LaunchJob.TYPE, commands.StopJob.TYPE, commands.ApplyMigLayout.TYPE})
+SUBMIT_TYPES = frozenset({jobs.SubmitJob.TYPE, jobs.CancelJob.TYPE})
+
+
+def command_routing_key(node_id: str, command_type: str) -> str:
+    return f"node.{node_id}.{command_type}"
+
+
+def route(message: Message) -> tuple[str, str]:
+    """Return ``(exchange, routing_key)`` for a message, following the table in this module's docstring."""
+    if message.TYPE in SUBMIT_TYPES:
+        return SUBMIT_EXCHANGE, message.TYPE
+    if message.TYPE in COMMAND_TYPES:
+        node_id = getattr(message, "node_id")  # noqa: B009 - every command carries node_id
+        return COMMANDS_EXCHANGE, command_routing_key(node_id, message.TYPE)
+    return EVENTS_EXCHANGE, message.TYPE
+
+
+class UnknownMessageType(ValueError):
+    pass
+
+
+def decode(body: bytes | str) -> Message:
+    """Parse and validate a message body; raises ``UnknownMessageType`` or ``pydantic.ValidationError``.
+
+    The body must be a JSON object with a ``type`` naming a registered message; every field is validated against
+    that message's model (unknown fields refused).
+    """
+    import json
+
+    if isinstance(body, bytes):
+        body = body.decode("utf-8")
+    raw = json.loads(body)
+    if not isinstance(raw, dict):
+        raise UnknownMessageType("a message must be a JSON object")
+    kind = raw.get("type")
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise UnknownMessageType(f"unknown message type {kind!r}")
+    return cls.model_validate(raw)
+
+
+def encode(message: BaseModel) -> bytes:
+    return message.model_dump_json().encode()
