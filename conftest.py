@@ -20,20 +20,20 @@ AMQP_MGMT = os.environ.get("GPUORCH_TEST_AMQP_ADMIN", "http://guest:guest@127.0.
 PG_ADMIN = os.environ.get("GPUORCH_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def _mgmt(method: str, path: str) -> None:
+def _mgmt(method: str, path: str, body: dict[str, str] | None = None) -> None:
     import httpx
 
     url = httpx.URL(AMQP_MGMT)
     base = f"{url.scheme}://{url.host}:{url.port}"
     auth = (url.username or "guest", url.password or "guest")
-    response = httpx.request(method, base + path, auth=auth, timeout=30, json={} if method == "PUT" else None)
+    response = httpx.request(method, base + path, auth=auth, timeout=30, json=body if body is not None else ({} if method == "PUT" else None))
     response.raise_for_status()
 
 
 def make_vhost() -> str:
     name = f"gpuorch-test-{uuid.uuid4().hex[:12]}"
     _mgmt("PUT", f"/api/vhosts/{name}")
-    _mgmt("PUT", f"/api/permissions/{name}/guest")
+    _mgmt("PUT", f"/api/permissions/{name}/guest", {"configure": ".*", "write": ".*", "read": ".*"})
     return name
 
 

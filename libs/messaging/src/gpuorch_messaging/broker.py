@@ -1,0 +1,380 @@
+"""RabbitMQ adapter (aio-pika): topology, confirmed publishing, consuming with dead-letters.
+
+Guarantees:
+- ``publish`` returns only after the broker confirmed the message and routed it to at least one queue. A returned
+  (unroutable) or nacked message raises ``PublishError`` at once. A connection lost mid-publish is retried after the
+  robust connection comes back, until ``publish_timeout_s`` runs out, then ``PublishError``: at-least-once, so
+  receivers dedupe by ``message_id`` (the AMQP ``message_id`` property equals the envelope's).
+- ``consume`` acks a delivery only after the handler returned. A body that cannot be decoded or validated is
+  dead-lettered at once (published with confirms to ``gpuorch.dlx`` with the reason in the
+  ``x-gpuorch-dead-letter-reason`` header, then acked). A handler that raises gets the message back (nack, requeue)
+  until the quorum queue's delivery limit; on the last allowed attempt we dead-letter it ourselves with the error as
+  the reason, so nothing is retried forever and every dead letter says why.
+- Queues are durable quorum queues with an explicit ``x-delivery-limit`` (RabbitMQ 3.10 has no default).
+  Each queue ``Q`` gets ``Q.dlq`` bound to ``gpuorch.dlx`` with routing key ``Q``.
+- The connection is robust: after a drop it reconnects, re-declares and resumes consuming by itself.
+
+FastStream is not used here: the guarantees above (returns that raise, dead-letters that carry our reason, a last
+attempt that we dead-letter ourselves) are expressed directly on aio-pika, which FastStream would wrap anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+import aio_pika.exceptions
+import aiormq.exceptions
+import pydantic
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
+from gpuorch_contracts import (
+    COMMANDS_EXCHANGE,
+    DEAD_LETTER_EXCHANGE,
+    EVENTS_EXCHANGE,
+    MAX_MESSAGE_BYTES,
+    SUBMIT_EXCHANGE,
+    Message,
+    UnknownMessageType,
+    decode,
+    encode,
+    route,
+)
+from gpuorch_observability import bind_context, extract_trace, get_logger, inject_trace, tracer
+from opentelemetry import trace
+from prometheus_client import Counter
+
+from gpuorch_messaging.abc import PublishError
+
+log = get_logger(__name__)
+
+REASON_HEADER = "x-gpuorch-dead-letter-reason"
+QUEUE_HEADER = "x-gpuorch-original-queue"
+ROUTING_KEY_HEADER = "x-gpuorch-original-routing-key"
+EXCHANGE_HEADER = "x-gpuorch-original-exchange"
+EXCHANGES = (SUBMIT_EXCHANGE, EVENTS_EXCHANGE, COMMANDS_EXCHANGE, DEAD_LETTER_EXCHANGE)
+
+MESSAGES_PUBLISHED = Counter("gpuorch_messages_published_total", "Messages confirmed by the broker", ["type"])
+MESSAGES_CONSUMED = Counter("gpuorch_messages_consumed_total", "Messages handled and acked", ["queue", "type"])
+MESSAGES_DEAD_LETTERED = Counter("gpuorch_messages_dead_lettered_total", "Messages dead-lettered", ["queue", "cause"])
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """A consumer's own queue and what it is bound to.
+
+    ``max_length`` with ``overflow="drop-head"`` makes a latest-wins queue (heartbeats). ``single_active_consumer``
+    lets standbys wait on the same queue while one consumer is active.
+    """
+
+    name: str
+    bindings: Sequence[tuple[str, str]]
+    prefetch: int = 32
+    delivery_limit: int = 5
+    max_length: int | None = None
+    overflow: str = "drop-head"
+    single_active_consumer: bool = False
+    dead_letter: bool = True
+
+    def arguments(self) -> dict[str, Any]:
+        args: dict[str, Any] = {"x-queue-type": "quorum", "x-delivery-limit": self.delivery_limit}
+        if self.dead_letter:
+            args["x-dead-letter-exchange"] = DEAD_LETTER_EXCHANGE
+            args["x-dead-letter-routing-key"] = self.name
+        if self.max_length is not None:
+            args["x-max-length"] = self.max_length
+            args["x-overflow"] = self.overflow
+        if self.single_active_consumer:
+            args["x-single-active-consumer"] = True
+        return args
+
+
+Handler = Callable[[Message], Awaitable[None]]
+Decoder = Callable[[bytes], Message]
+
+
+@dataclass
+class _Consumer:
+    spec: QueueSpec
+    handler: Handler
+    decoder: Decoder
+    tag: str | None = None
+    channel: AbstractRobustChannel | None = None
+    queue: Any = None
+
+
+@dataclass
+class Broker:
+    """One process's connection to RabbitMQ: a confirmed publishing channel plus one channel per consumer."""
+
+    url: str
+    producer: str = "gpuorch"
+    publish_timeout_s: float = 30.0
+    connection_name: str | None = None
+    _connection: AbstractRobustConnection | None = field(default=None, init=False, repr=False)
+    _channel: AbstractRobustChannel | None = field(default=None, init=False, repr=False)
+    _exchanges: dict[str, aio_pika.abc.AbstractExchange] = field(default_factory=dict, init=False, repr=False)
+    _consumers: list[_Consumer] = field(default_factory=list, init=False, repr=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    connected_event: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    disconnected_since: float | None = field(default=None, init=False)
+
+    async def connect(self, *, timeout_s: float = 30.0) -> None:
+        """Connect (retrying until ``timeout_s``), open the publishing channel and declare the exchanges."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._connection = await aio_pika.connect_robust(
+                    self.url, client_properties={"connection_name": self.connection_name or self.producer},
+                    reconnect_interval=1.0,
+                )
+                break
+            except (OSError, aiormq.exceptions.AMQPConnectionError) as exc:
+                if time.monotonic() > deadline:
+                    raise ConnectionError(f"cannot reach RabbitMQ at {_safe_url(self.url)}: {exc}") from exc
+                await asyncio.sleep(0.5)
+        self._connection.close_callbacks.add(self._on_close)
+        self._connection.reconnect_callbacks.add(self._on_reconnect)
+        self._channel = await self._open_publish_channel()
+        self.connected_event.set()
+        self.disconnected_since = None
+
+    async def _open_publish_channel(self) -> AbstractRobustChannel:
+        assert self._connection is not None
+        channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+        for name in EXCHANGES:
+            self._exchanges[name] = await channel.declare_exchange(
+                name, aio_pika.ExchangeType.TOPIC, durable=True
+            )
+        return channel  # type: ignore[return-value]
+
+    def _on_close(self, *_: Any) -> None:
+        if self.disconnected_since is None:
+            self.disconnected_since = time.monotonic()
+        self.connected_event.clear()
+
+    def _on_reconnect(self, *_: Any) -> None:
+        self.disconnected_since = None
+        self.connected_event.set()
+        log.info("broker.reconnected")
+
+    @property
+    def is_connected(self) -> bool:
+        return self._connection is not None and not self._connection.is_closed and self.connected_event.is_set()
+
+    async def close(self) -> None:
+        for consumer in self._consumers:
+            if consumer.queue is not None and consumer.tag is not None:
+                try:
+                    await consumer.queue.cancel(consumer.tag)
+                except Exception:  # noqa: BLE001 - closing anyway
+                    pass
+        if self._connection is not None:
+            await self._connection.close()
+        self._connection = None
+
+    # -- publishing -------------------------------------------------------------------------------------------
+
+    async def publish(self, message: Message, *, headers: Mapping[str, Any] | None = None) -> None:
+        """Publish with confirms and ``mandatory``; raises ``PublishError`` unless the broker took it."""
+        if message.producer == "unknown":
+            message = message.model_copy(update={"producer": self.producer})
+        exchange, routing_key = route(message)
+        body = encode(message)
+        merged = dict(headers or {})
+        merged.setdefault("type", message.TYPE)
+        await self.publish_raw(exchange, routing_key, body, message_id=str(message.message_id), headers=merged)
+        MESSAGES_PUBLISHED.labels(message.TYPE).inc()
+
+    async def publish_many(self, messages: Iterable[Message]) -> None:
+        """Publish concurrently; returns when every one is confirmed, raises if any was not."""
+        results = await asyncio.gather(*(self.publish(m) for m in messages), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise PublishError(f"{len(errors)} of {len(results)} messages not confirmed: {errors[0]}") from errors[0]
+
+    async def publish_raw(
+        self, exchange: str, routing_key: str, body: bytes, *, message_id: str,
+        headers: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Publish bytes (used by the outbox relay) with the guarantees of ``publish``."""
+        if len(body) > MAX_MESSAGE_BYTES:
+            raise PublishError(f"message {message_id} is {len(body)} bytes; the limit is {MAX_MESSAGE_BYTES}")
+        await self._publish_confirmed(exchange, routing_key, body, message_id=message_id, headers=headers)
+
+    async def _publish_confirmed(
+        self, exchange: str, routing_key: str, body: bytes, *, message_id: str,
+        headers: Mapping[str, Any] | None = None,
+    ) -> None:
+        merged: dict[str, Any] = dict(headers or {})
+        inject_trace(merged)
+        amqp_message = aio_pika.Message(
+            body, message_id=message_id, content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT, headers=merged, app_id=self.producer,
+        )
+        deadline = time.monotonic() + self.publish_timeout_s
+        while True:
+            try:
+                if self._connection is None:
+                    raise PublishError("broker not connected: call connect() first")
+                target = self._exchanges.get(exchange)
+                if target is None:
+                    raise PublishError(f"unknown exchange {exchange!r}")
+                await target.publish(amqp_message, routing_key, mandatory=True, timeout=10)
+                return
+            except aio_pika.exceptions.PublishError as exc:
+                raise PublishError(f"unroutable: no queue bound for {exchange}/{routing_key}") from exc
+            except aio_pika.exceptions.DeliveryError as exc:
+                raise PublishError(f"broker refused {message_id} on {exchange}/{routing_key}: {exc}") from exc
+            except (
+                aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError,
+                ConnectionError, asyncio.TimeoutError, RuntimeError,
+            ) as exc:
+                if isinstance(exc, PublishError):
+                    raise
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise PublishError(f"not confirmed within {self.publish_timeout_s}s: {exc!r}") from exc
+                log.warning("broker.publish_retry", error=repr(exc), routing_key=routing_key)
+                try:
+                    await asyncio.wait_for(self.connected_event.wait(), timeout=min(remaining, 5.0))
+                except TimeoutError:
+                    pass
+                await asyncio.sleep(0.2)
+
+    # -- consuming --------------------------------------------------------------------------------------------
+
+    async def declare_queue(self, spec: QueueSpec) -> None:
+        """Declare ``spec``'s queue, its dead-letter queue and its bindings (idempotent)."""
+        assert self._channel is not None, "connect() first"
+        await _declare(self._channel, spec)
+
+    async def consume(self, spec: QueueSpec, handler: Handler, *, decoder: Decoder = decode) -> None:
+        """Declare the queue (and ``<name>.dlq``), bind it, and start delivering to ``handler``.
+
+        Returns once consuming started; deliveries run as tasks of the connection's loop.
+        """
+        assert self._connection is not None, "connect() first"
+        channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+        await channel.set_qos(prefetch_count=spec.prefetch)
+        queue = await _declare(channel, spec)
+        consumer = _Consumer(spec=spec, handler=handler, decoder=decoder, channel=channel, queue=queue)  # type: ignore[arg-type]
+
+        async def on_message(incoming: AbstractIncomingMessage) -> None:
+            await self._deliver(consumer, incoming)
+
+        consumer.tag = await queue.consume(on_message, no_ack=False)
+        self._consumers.append(consumer)
+
+    async def _deliver(self, consumer: _Consumer, incoming: AbstractIncomingMessage) -> None:
+        spec = consumer.spec
+        try:
+            if len(incoming.body) > MAX_MESSAGE_BYTES:
+                raise ValueError(f"body of {len(incoming.body)} bytes exceeds {MAX_MESSAGE_BYTES}")
+            message = consumer.decoder(incoming.body)
+        except (ValueError, UnicodeDecodeError, UnknownMessageType, pydantic.ValidationError) as exc:
+            await self._dead_letter(consumer, incoming, f"invalid message: {_describe(exc)}", cause="invalid")
+            return
+        parent = extract_trace(incoming.headers)
+        span_name = f"consume {message.TYPE}"
+        with tracer("gpuorch.messaging").start_as_current_span(
+            span_name, context=parent, kind=trace.SpanKind.CONSUMER,
+            attributes={"messaging.destination": spec.name, "messaging.message_id": str(message.message_id)},
+        ), bind_context(
+            job_id=getattr(message, "job_id", None), node_id=getattr(message, "node_id", None),
+            message_type=message.TYPE,
+        ):
+            try:
+                await consumer.handler(message)
+            except asyncio.CancelledError:
+                await _quiet(incoming.nack(requeue=True))
+                raise
+            except Exception as exc:  # noqa: BLE001 - a handler failure must not kill the consumer
+                attempts = _delivery_count(incoming) + 1
+                if attempts >= spec.delivery_limit:
+                    await self._dead_letter(
+                        consumer, incoming, f"handler failed {attempts} times: {_describe(exc)}", cause="failed"
+                    )
+                else:
+                    log.warning("consume.handler_failed", queue=spec.name, attempt=attempts, error=repr(exc))
+                    await _quiet(incoming.nack(requeue=True))
+                return
+            try:
+                await incoming.ack()
+            except Exception as exc:  # noqa: BLE001 - the broker will redeliver; handlers are idempotent
+                log.warning("consume.ack_failed", queue=spec.name, error=repr(exc))
+                return
+            MESSAGES_CONSUMED.labels(spec.name, message.TYPE).inc()
+
+    async def _dead_letter(
+        self, consumer: _Consumer, incoming: AbstractIncomingMessage, reason: str, *, cause: str
+    ) -> None:
+        """Publish the original body to the DLX with ``reason`` in headers, then ack; nack if that fails."""
+        spec = consumer.spec
+        headers = dict(incoming.headers or {})
+        headers.update({
+            REASON_HEADER: reason[:1000], QUEUE_HEADER: spec.name,
+            ROUTING_KEY_HEADER: incoming.routing_key or "", EXCHANGE_HEADER: incoming.exchange or "",
+        })
+        try:
+            await self._publish_confirmed(
+                DEAD_LETTER_EXCHANGE, spec.name, incoming.body,
+                message_id=incoming.message_id or "", headers=headers,
+            )
+        except Exception as exc:  # noqa: BLE001 - keep the message rather than lose it
+            log.error("consume.dead_letter_failed", queue=spec.name, error=repr(exc))
+            await _quiet(incoming.nack(requeue=True))
+            return
+        log.warning("consume.dead_lettered", queue=spec.name, reason=reason[:300])
+        MESSAGES_DEAD_LETTERED.labels(spec.name, cause).inc()
+        await _quiet(incoming.ack())
+
+
+async def _declare(channel: Any, spec: QueueSpec) -> Any:
+    for name in EXCHANGES:
+        await channel.declare_exchange(name, aio_pika.ExchangeType.TOPIC, durable=True)
+    if spec.dead_letter:
+        dlq = await channel.declare_queue(
+            f"{spec.name}.dlq", durable=True, arguments={"x-queue-type": "quorum"}
+        )
+        await dlq.bind(DEAD_LETTER_EXCHANGE, routing_key=spec.name)
+    queue = await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments())
+    for exchange, key in spec.bindings:
+        await queue.bind(exchange, routing_key=key)
+    return queue
+
+
+def _delivery_count(incoming: AbstractIncomingMessage) -> int:
+    value = (incoming.headers or {}).get("x-delivery-count", 0)
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, pydantic.ValidationError):
+        parts = []
+        for error in exc.errors()[:5]:
+            loc = ".".join(str(p) for p in error.get("loc", ())) or "(body)"
+            parts.append(f"{loc}: {error.get('msg')}")
+        more = f" (+{exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
+        return "; ".join(parts) + more
+    return f"{type(exc).__name__}: {exc}"
+
+
+async def _quiet(awaitable: Awaitable[Any]) -> None:
+    try:
+        await awaitable
+    except Exception:  # noqa: BLE001 - channel gone: the broker requeues unacked messages itself
+        pass
+
+
+def _safe_url(url: str) -> str:
+    if "@" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url

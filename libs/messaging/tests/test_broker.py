@@ -1,0 +1,204 @@
+"""Broker adapter against the real RabbitMQ: confirms, returns, dead-letters with reasons, reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import aio_pika
+import pytest
+from gpuorch_contracts import (
+    EVENTS_EXCHANGE,
+    SUBMIT_EXCHANGE,
+    JobAccepted,
+    JobSpec,
+    ProcessRun,
+    SubmitJob,
+)
+from gpuorch_messaging import REASON_HEADER, Broker, PublishError, QueueSpec
+from gpuorch_messaging.testing import TcpProxy
+
+pytestmark = pytest.mark.integration
+
+SPEC = JobSpec(run=ProcessRun(argv=["python", "-c", "print(42)"]))
+
+
+async def _drain(url: str, queue: str, expect: int, timeout: float = 10.0) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    connection = await aio_pika.connect(url)
+    got: list[aio_pika.abc.AbstractIncomingMessage] = []
+    try:
+        channel = await connection.channel()
+        q = await channel.declare_queue(queue, passive=True)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while len(got) < expect and asyncio.get_running_loop().time() < deadline:
+            message = await q.get(no_ack=True, fail=False)
+            if message is None:
+                await asyncio.sleep(0.05)
+            else:
+                got.append(message)
+    finally:
+        await connection.close()
+    return got
+
+
+async def _publish_foreign(url: str, body: bytes) -> None:
+    """Publish as another system would: plain AMQP, no gpuorch checks."""
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        exchange = await channel.get_exchange(SUBMIT_EXCHANGE)
+        await exchange.publish(aio_pika.Message(body, message_id="bad-1"), "job.submit")
+    finally:
+        await connection.close()
+
+
+async def test_oversized_publish_is_refused(amqp_url: str) -> None:
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    try:
+        with pytest.raises(PublishError, match="limit"):
+            await broker.publish_raw(SUBMIT_EXCHANGE, "job.submit", b"x" * 300_000, message_id="big")
+    finally:
+        await broker.close()
+
+
+async def test_unroutable_publish_raises(amqp_url: str) -> None:
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    try:
+        with pytest.raises(PublishError, match="unroutable"):
+            await broker.publish(JobAccepted(job_id=uuid.uuid4(), spec=SPEC))
+    finally:
+        await broker.close()
+
+
+async def test_published_message_is_handled_once_and_acked(amqp_url: str) -> None:
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    seen: list[SubmitJob] = []
+    done = asyncio.Event()
+
+    async def handler(message):  # type: ignore[no-untyped-def]
+        seen.append(message)
+        done.set()
+
+    try:
+        await broker.consume(QueueSpec("t.submit", [(SUBMIT_EXCHANGE, "job.submit")]), handler)
+        sent = SubmitJob(spec=SPEC)
+        await broker.publish(sent)
+        await asyncio.wait_for(done.wait(), 10)
+        assert seen == [sent.model_copy(update={"producer": "test"})]
+    finally:
+        await broker.close()
+    # nothing left unacked or dead-lettered
+    assert await _drain(amqp_url, "t.submit", 1, timeout=0.5) == []
+    assert await _drain(amqp_url, "t.submit.dlq", 1, timeout=0.5) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "reason_fragment"),
+    [
+        (b"{not json", "invalid message"),
+        (json.dumps({"type": "job.submit", "spec": SPEC.model_dump(mode="json"), "surprise": 1}).encode(),
+         "surprise: Extra inputs are not permitted"),
+        (json.dumps({"type": "job.submit", "spec": {"run": {"argv": "python"}}}).encode(), "spec.run"),
+        (json.dumps({"type": "job.submit", "spec": SPEC.model_dump(mode="json"), "pad": "x" * 300_000}).encode(),
+         "exceeds"),
+        (json.dumps({"type": "no.such"}).encode(), "unknown message type"),
+    ],
+    ids=["bad-json", "unknown-field", "wrong-type", "oversized", "unknown-type"],
+)
+async def test_invalid_message_is_dead_lettered_with_reason_and_valid_traffic_flows(
+    amqp_url: str, body: bytes, reason_fragment: str
+) -> None:
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    seen: list[object] = []
+
+    async def handler(message):  # type: ignore[no-untyped-def]
+        seen.append(message)
+
+    try:
+        await broker.consume(QueueSpec("t.in", [(SUBMIT_EXCHANGE, "job.submit")]), handler)
+        await _publish_foreign(amqp_url, body)
+        good = SubmitJob(spec=SPEC)
+        await broker.publish(good)
+        dead = await _drain(amqp_url, "t.in.dlq", 1)
+        assert len(dead) == 1
+        assert dead[0].body == body
+        assert reason_fragment in dead[0].headers[REASON_HEADER]
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.05)
+        assert [m.message_id for m in seen] == [good.message_id]  # type: ignore[attr-defined]
+    finally:
+        await broker.close()
+
+
+async def test_handler_that_keeps_failing_is_dead_lettered_after_delivery_limit(amqp_url: str) -> None:
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    attempts = 0
+
+    async def handler(message):  # type: ignore[no-untyped-def]
+        nonlocal attempts
+        attempts += 1
+        raise RuntimeError("database on fire")
+
+    try:
+        await broker.consume(QueueSpec("t.fail", [(SUBMIT_EXCHANGE, "job.submit")], delivery_limit=3), handler)
+        await broker.publish(SubmitJob(spec=SPEC))
+        dead = await _drain(amqp_url, "t.fail.dlq", 1)
+        assert len(dead) == 1
+        assert "handler failed 3 times: RuntimeError: database on fire" in dead[0].headers[REASON_HEADER]
+        assert attempts == 3
+    finally:
+        await broker.close()
+
+
+async def test_traceparent_rides_in_headers(amqp_url: str) -> None:
+    from gpuorch_observability import configure_tracing, tracer
+
+    configure_tracing("test")
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    try:
+        await broker.declare_queue(QueueSpec("t.trace", [(EVENTS_EXCHANGE, "job.#")]))
+        with tracer().start_as_current_span("submit") as span:
+            await broker.publish(JobAccepted(job_id=uuid.uuid4(), spec=SPEC))
+            trace_id = format(span.get_span_context().trace_id, "032x")
+        got = await _drain(amqp_url, "t.trace", 1)
+        assert got[0].headers["traceparent"].split("-")[1] == trace_id
+    finally:
+        await broker.close()
+
+
+async def test_connection_cut_mid_flow_publish_and_consume_resume(amqp_url: str, amqp_vhost: str) -> None:
+    proxy = TcpProxy("127.0.0.1", 5672)
+    await proxy.start()
+    url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/{amqp_vhost}"
+    broker = Broker(url, producer="test")
+    await broker.connect()
+    seen: dict[uuid.UUID, int] = {}
+
+    async def handler(message):  # type: ignore[no-untyped-def]
+        seen[message.job_id] = seen.get(message.job_id, 0) + 1
+
+    try:
+        await broker.consume(QueueSpec("t.cut", [(SUBMIT_EXCHANGE, "job.submit")]), handler)
+        sent = [SubmitJob(spec=SPEC) for _ in range(20)]
+        for i, message in enumerate(sent):
+            if i == 10:
+                await proxy.cut()
+            await broker.publish(message)
+        for _ in range(200):
+            if len(seen) == len(sent):
+                break
+            await asyncio.sleep(0.05)
+        assert proxy.cuts == 1
+        assert set(seen) == {m.job_id for m in sent}
+    finally:
+        await broker.close()
+        await proxy.stop()
