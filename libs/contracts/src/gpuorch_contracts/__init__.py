@@ -55,6 +55,7 @@ from gpuorch_contracts.routing import (
     encode,
     route,
 )
+from gpuorch_contracts.telemetry import AlertRaised, AlertResolved, RecommendationMade
 
 __all__ = [
     "COMMANDS_EXCHANGE", "DEAD_LETTER_EXCHANGE", "EVENTS_EXCHANGE", "MAX_MESSAGE_BYTES", "MESSAGE_TYPES",
@@ -65,4 +66,5 @@ __all__ = [
     "JobRejected", "JobRequeued", "JobSpec", "JobStarted", "LaunchJob", "Message", "MigGpuLayout", "MigInstance",
     "ModelHints", "NodeAssignment", "NodeHeartbeat", "NodeInventory", "NodeRegistered", "ProcessRun",
     "ProcessUsage", "StopJob", "SubmitJob", "UnknownMessageType", "decode", "encode", "route", "utc_now",
+    "AlertRaised", "AlertResolved", "RecommendationMade",
 ]

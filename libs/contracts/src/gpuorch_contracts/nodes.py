@@ -50,6 +50,9 @@ class NodeInventory(Strict):
         default=[], description="GPU index pairs joined by NVLink"
     )
     labels: Annotated[dict[Name, Annotated[str, Field(max_length=256)]], Field(max_length=64)] = {}
+    topology: Annotated[list[tuple[int, int, TopologyLevel]], Field(max_length=2080)] = Field(
+        default=[], description="(gpu index a, gpu index b, best path) for each pair a < b; empty when unknown"
+    )
 
 
 class NodeRegistered(Message):
@@ -79,6 +82,9 @@ class NodeHeartbeat(Message):
     inventory_hash: Annotated[str, Field(min_length=1, max_length=128)]
     sequence: int = Field(ge=0)
     gpus: Annotated[list[GpuLive], Field(max_length=64)] = []
+    nvml_errors: Annotated[list[ShortText], Field(max_length=64)] = Field(
+        default=[], description="NVML calls that failed for this reading ('function: error'); their fields are None"
+    )
 
 
 class GpuHealthChanged(Message):
@@ -94,9 +100,29 @@ class GpuHealthChanged(Message):
 
 
 class ProcessUsage(Strict):
+    """One process seen on a GPU. The optional fields after ``sm_util_pct`` let telemetry join the process to a
+    job and tell an input-bound job from an idle one; a producer that cannot read them leaves them ``None``."""
+
     pid: int = Field(ge=0)
     gpu_memory_mib: int = Field(ge=0)
     sm_util_pct: float | None = Field(default=None, ge=0, le=100)
+    pgid: int | None = Field(
+        default=None, ge=0, description="process group id; equals the job's started pid for the process runtime"
+    )
+    container_id: Annotated[str, Field(max_length=128)] | None = Field(
+        default=None, description="container the process runs in (from its cgroup), for the container runtime"
+    )
+    gpu_instance_uuid: Annotated[str, Field(max_length=128)] | None = Field(
+        default=None, description="MIG instance (MIG-...) the process runs on, when the GPU is in MIG mode"
+    )
+    host_cpu_pct: float | None = Field(
+        default=None, ge=0,
+        description="host CPU used by the process and its children since the last sample; 100 = one core",
+    )
+    io_wait_pct: float | None = Field(
+        default=None, ge=0, le=100,
+        description="share of wall time the process spent blocked on I/O since the last sample",
+    )
 
 
 class GpuSample(Strict):
@@ -109,7 +135,11 @@ class GpuSample(Strict):
     power_w: float | None = Field(default=None, ge=0)
     sm_clock_mhz: int | None = Field(default=None, ge=0)
     throttle_reasons: Annotated[list[Name], Field(max_length=16)] = []
+    ecc_corrected: int | None = Field(default=None, ge=0, description="volatile corrected ECC errors")
+    retired_pages: int | None = Field(default=None, ge=0, description="pages retired (pre-Ampere ECC handling)")
     ecc_uncorrected: int | None = Field(default=None, ge=0)
+    remapped_rows_pending: bool | None = Field(default=None, description="a row remap waits for a GPU reset")
+    remapped_rows_failed: bool | None = Field(default=None, description="a row remap failed: replace the GPU")
     processes: Annotated[list[ProcessUsage], Field(max_length=256)] = []
 
 
@@ -118,3 +148,4 @@ class GpuUsageSampled(Message):
     type: Literal["gpu.usage_sampled"] = "gpu.usage_sampled"
     node_id: Name
     samples: Annotated[list[GpuSample], Field(max_length=64)]
+

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from gpuorch_contracts import commands, jobs, nodes
+from gpuorch_contracts import commands, jobs, nodes, telemetry
 from gpuorch_contracts.envelope import Message
 
 SUBMIT_EXCHANGE = "gpuorch.submit"
@@ -26,6 +26,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         jobs.JobPreempting, jobs.JobRequeued, jobs.JobCancelled,
         nodes.NodeRegistered, nodes.NodeHeartbeat, nodes.GpuHealthChanged, nodes.GpuUsageSampled,
         commands.LaunchJob, commands.StopJob, commands.ApplyMigLayout,
+        telemetry.AlertRaised, telemetry.AlertResolved, telemetry.RecommendationMade,
     )
 }
 COMMAND_TYPES = frozenset({commands.LaunchJob.TYPE, commands.StopJob.TYPE, commands.ApplyMigLayout.TYPE})
