@@ -53,6 +53,9 @@ class NodeInventory(Strict):
     topology: Annotated[list[tuple[int, int, TopologyLevel]], Field(max_length=2080)] = Field(
         default=[], description="(gpu index a, gpu index b, best path) for each pair a < b; empty when unknown"
     )
+    topology: Annotated[list[tuple[int, int, TopologyLevel]], Field(max_length=2080)] = Field(
+        default=[], description="(gpu index a, gpu index b, best path) for each pair a < b; empty when unknown"
+    )
 
 
 class NodeRegistered(Message):
@@ -82,6 +85,9 @@ class NodeHeartbeat(Message):
     inventory_hash: Annotated[str, Field(min_length=1, max_length=128)]
     sequence: int = Field(ge=0)
     gpus: Annotated[list[GpuLive], Field(max_length=64)] = []
+    nvml_errors: Annotated[list[ShortText], Field(max_length=64)] = Field(
+        default=[], description="NVML calls that failed for this reading ('function: error'); their fields are None"
+    )
     nvml_errors: Annotated[list[ShortText], Field(max_length=64)] = Field(
         default=[], description="NVML calls that failed for this reading ('function: error'); their fields are None"
     )
@@ -135,6 +141,8 @@ class GpuSample(Strict):
     power_w: float | None = Field(default=None, ge=0)
     sm_clock_mhz: int | None = Field(default=None, ge=0)
     throttle_reasons: Annotated[list[Name], Field(max_length=16)] = []
+    ecc_corrected: int | None = Field(default=None, ge=0, description="volatile corrected ECC errors")
+    retired_pages: int | None = Field(default=None, ge=0, description="pages retired (pre-Ampere ECC handling)")
     ecc_corrected: int | None = Field(default=None, ge=0, description="volatile corrected ECC errors")
     retired_pages: int | None = Field(default=None, ge=0, description="pages retired (pre-Ampere ECC handling)")
     ecc_uncorrected: int | None = Field(default=None, ge=0)
