@@ -53,9 +53,6 @@ class NodeInventory(Strict):
     topology: Annotated[list[tuple[int, int, TopologyLevel]], Field(max_length=2080)] = Field(
         default=[], description="(gpu index a, gpu index b, best path) for each pair a < b; empty when unknown"
     )
-    topology: Annotated[list[tuple[int, int, TopologyLevel]], Field(max_length=2080)] = Field(
-        default=[], description="(gpu index a, gpu index b, best path) for each pair a < b; empty when unknown"
-    )
 
 
 class NodeRegistered(Message):
@@ -85,9 +82,6 @@ class NodeHeartbeat(Message):
     inventory_hash: Annotated[str, Field(min_length=1, max_length=128)]
     sequence: int = Field(ge=0)
     gpus: Annotated[list[GpuLive], Field(max_length=64)] = []
-    nvml_errors: Annotated[list[ShortText], Field(max_length=64)] = Field(
-        default=[], description="NVML calls that failed for this reading ('function: error'); their fields are None"
-    )
     nvml_errors: Annotated[list[ShortText], Field(max_length=64)] = Field(
         default=[], description="NVML calls that failed for this reading ('function: error'); their fields are None"
     )
@@ -143,8 +137,6 @@ class GpuSample(Strict):
     throttle_reasons: Annotated[list[Name], Field(max_length=16)] = []
     ecc_corrected: int | None = Field(default=None, ge=0, description="volatile corrected ECC errors")
     retired_pages: int | None = Field(default=None, ge=0, description="pages retired (pre-Ampere ECC handling)")
-    ecc_corrected: int | None = Field(default=None, ge=0, description="volatile corrected ECC errors")
-    retired_pages: int | None = Field(default=None, ge=0, description="pages retired (pre-Ampere ECC handling)")
     ecc_uncorrected: int | None = Field(default=None, ge=0)
     remapped_rows_pending: bool | None = Field(default=None, description="a row remap waits for a GPU reset")
     remapped_rows_failed: bool | None = Field(default=None, description="a row remap failed: replace the GPU")
@@ -157,3 +149,23 @@ class GpuUsageSampled(Message):
     node_id: Name
     samples: Annotated[list[GpuSample], Field(max_length=64)]
 
+
+class NodeLivenessChanged(Message):
+    """The scheduler's view of a node's lease changed: ``suspect`` takes no new work, ``lost`` has its jobs
+    requeued (only after the executor's fencing deadline passed, so a job never runs twice)."""
+
+    TYPE = "node.liveness_changed"
+    type: Literal["node.liveness_changed"] = "node.liveness_changed"
+    node_id: Name
+    liveness: Literal["alive", "suspect", "lost"]
+    reason: ShortText = ""
+
+
+class FleetAlert(Message):
+    """Something affecting many nodes at once (e.g. most nodes silent): people must look; nothing is requeued."""
+
+    TYPE = "alert.fleet"
+    type: Literal["alert.fleet"] = "alert.fleet"
+    kind: Name
+    explanation: ShortText
+    node_ids: Annotated[list[Name], Field(max_length=10000)] = []
