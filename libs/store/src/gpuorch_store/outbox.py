@@ -1,0 +1,294 @@
+"""Transactional outbox: messages are written with the decision that caused them and published by a relay.
+
+Guarantees:
+- ``add_to_outbox`` writes in the caller's transaction: a rolled-back decision leaves no message; a committed
+  one is eventually published (no command exists without a committed decision, every committed decision is
+  sent).
+- Idempotent on ``message_id``: adding a message whose id is already in the outbox adds nothing.
+- Rows get ids in commit order (``add_to_outbox`` takes the same write-order lock as ``events.append``), and
+  the relay publishes in id order: a message is published only after every earlier row was confirmed.
+- The relay marks a row sent only after the publisher returned (broker confirm + routed), in the same
+  transaction that locked the row. A failed publish leaves the row unsent (``attempts``/``last_error``
+  updated) and stops the batch there; the relay retries it after a backoff. A crash between publish and
+  commit republishes: delivery is at-least-once and receivers dedupe by ``message_id``.
+- A message the broker refuses forever blocks the rows after it (head-of-line); it shows in ``outbox_backlog``
+  and in the row's ``last_error``.
+- Only one relay publishes at a time per database (a transaction advisory lock; the rows are also taken ``FOR
+  UPDATE SKIP LOCKED``); standby relays find the lock taken and wait.
+- Sent rows are deleted after a retention period by ``purge_sent`` (the relay does it periodically).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from gpuorch_contracts import MAX_MESSAGE_BYTES, Message, encode, route
+
+from gpuorch_store.events import take_write_order_lock
+
+OUTBOX_CHANNEL = "gpuorch_outbox"
+"""NOTIFY channel signalled (by a trigger, at commit) whenever outbox rows are inserted."""
+
+RELAY_LOCK_KEY = 0x67707552_0000_0003
+"""Transaction advisory lock key held by the relay that is publishing a batch."""
+
+log = logging.getLogger(__name__)
+
+
+class RawPublisher(Protocol):
+    async def publish_raw(
+        self, exchange: str, routing_key: str, body: bytes, *, message_id: str, headers: dict[str, Any]
+    ) -> None:
+        """Return only once the broker confirmed and routed the message; raise on any failure."""
+        ...
+
+
+_INSERT = """
+INSERT INTO outbox (message_id, type, exchange, routing_key, body, headers)
+SELECT o.message_id, o.type, o.exchange, o.routing_key, o.body, o.headers::jsonb
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[])
+     WITH ORDINALITY AS o(message_id, type, exchange, routing_key, body, headers, ordinal)
+ORDER BY o.ordinal
+ON CONFLICT (message_id) DO NOTHING
+RETURNING id
+"""
+
+
+async def add_to_outbox(
+    conn: Any, messages: Sequence[Message], headers: Mapping[str, Any] | None = None
+) -> list[int]:
+    """Queue ``messages`` for publishing, in order, in ``conn``'s transaction; return the new row ids.
+
+    Exchange and routing key come from ``gpuorch_contracts.route``, the body from ``encode``. ``headers``
+    (e.g. a ``traceparent``) are stored with every message and passed to the publisher. Raises ``ValueError``
+    for a body over ``MAX_MESSAGE_BYTES`` (it could never be published). Messages already in the outbox are
+    skipped.
+    """
+    if not messages:
+        return []
+    if not conn.is_in_transaction():
+        async with conn.transaction():
+            return await add_to_outbox(conn, messages, headers)
+    bodies = [encode(m) for m in messages]
+    for message, body in zip(messages, bodies, strict=True):
+        if len(body) > MAX_MESSAGE_BYTES:
+            raise ValueError(
+                f"{message.type} {message.message_id} is {len(body)} bytes > {MAX_MESSAGE_BYTES}"
+            )
+    routes = [route(m) for m in messages]
+    headers_json = json.dumps(dict(headers or {}))
+    await take_write_order_lock(conn)
+    rows = await conn.fetch(
+        _INSERT,
+        [m.message_id for m in messages],
+        [m.type for m in messages],
+        [exchange for exchange, _ in routes],
+        [key for _, key in routes],
+        bodies,
+        [headers_json] * len(messages),
+    )
+    return [int(r["id"]) for r in rows]
+
+
+@dataclass(frozen=True)
+class RelayBatch:
+    """Outcome of one ``relay_once``: ``sent`` rows confirmed and marked; ``error`` of the row that failed."""
+
+    sent: int
+    error: str | None = None
+    busy: bool = False
+    """Another relay held the relay lock; nothing was attempted."""
+    more: bool = False
+    """The batch was full: more unsent rows are probably waiting."""
+
+
+@dataclass(frozen=True)
+class OutboxBacklog:
+    unsent: int
+    oldest_unsent_at: datetime | None
+    failing_attempts: int
+    last_error: str | None
+
+
+async def outbox_backlog(conn_or_pool: Any) -> OutboxBacklog:
+    """How many rows wait, since when, and the attempts/error of the head row (the blocking one, if any)."""
+    row = await conn_or_pool.fetchrow(
+        """
+        SELECT count(*) AS unsent, min(created_at) AS oldest,
+               (SELECT attempts FROM outbox WHERE sent_at IS NULL ORDER BY id LIMIT 1) AS attempts,
+               (SELECT last_error FROM outbox WHERE sent_at IS NULL ORDER BY id LIMIT 1) AS last_error
+        FROM outbox WHERE sent_at IS NULL
+        """
+    )
+    return OutboxBacklog(row["unsent"], row["oldest"], row["attempts"] or 0, row["last_error"])
+
+
+async def purge_sent(conn_or_pool: Any, older_than: timedelta) -> int:
+    """Delete rows sent more than ``older_than`` ago; return how many. Unsent rows are never deleted."""
+    result = await conn_or_pool.execute(
+        "DELETE FROM outbox WHERE sent_at IS NOT NULL AND sent_at < now() - $1::interval", older_than
+    )
+    return int(result.split()[-1])
+
+
+class OutboxRelay:
+    """Publishes outbox rows in id order through ``publisher`` and marks them sent.
+
+    ``run_forever`` loops: publish a batch; when idle, wait for a NOTIFY on ``OUTBOX_CHANNEL`` or
+    ``poll_interval``; after a failure, back off exponentially from ``retry_initial`` up to ``retry_max``.
+    ``stop()`` makes it return after the current batch. ``relay_once`` publishes one batch (tests, or callers
+    with their own loop).
+    """
+
+    def __init__(
+        self,
+        pool: Any,
+        publisher: RawPublisher,
+        *,
+        batch_size: int = 100,
+        poll_interval: float = 1.0,
+        retry_initial: float = 0.2,
+        retry_max: float = 30.0,
+        retention: timedelta | None = timedelta(hours=24),
+        retention_every: timedelta = timedelta(minutes=10),
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self._pool = pool
+        self._publisher = publisher
+        self._batch_size = batch_size
+        self._poll_interval = poll_interval
+        self._retry_initial = retry_initial
+        self._retry_max = retry_max
+        self._retention = retention
+        self._retention_every = retention_every
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    async def relay_once(self) -> RelayBatch:
+        """Publish up to ``batch_size`` unsent rows in id order; commit ``sent_at`` for those confirmed.
+
+        Stops at the first failing row: it stays unsent with ``attempts`` + 1 and ``last_error`` set.
+        """
+        async with self._pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", RELAY_LOCK_KEY):
+                return RelayBatch(sent=0, busy=True)
+            rows = await conn.fetch(
+                """
+                SELECT id, message_id, exchange, routing_key, body, headers::text AS headers
+                FROM outbox WHERE sent_at IS NULL ORDER BY id LIMIT $1
+                FOR UPDATE SKIP LOCKED
+                """,
+                self._batch_size,
+            )
+            sent_ids: list[int] = []
+            error: str | None = None
+            for row in rows:
+                try:
+                    await self._publisher.publish_raw(
+                        row["exchange"],
+                        row["routing_key"],
+                        bytes(row["body"]),
+                        message_id=str(row["message_id"]),
+                        headers=json.loads(row["headers"]),
+                    )
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"[:2000]
+                    await conn.execute(
+                        """
+                        UPDATE outbox SET attempts = attempts + 1, last_attempt_at = now(), last_error = $2
+                        WHERE id = $1
+                        """,
+                        row["id"],
+                        error,
+                    )
+                    log.warning("outbox publish failed for row %s: %s", row["id"], error)
+                    break
+                sent_ids.append(row["id"])
+            if sent_ids:
+                await conn.execute(
+                    """
+                    UPDATE outbox SET sent_at = now(), attempts = attempts + 1, last_attempt_at = now()
+                    WHERE id = ANY($1::bigint[])
+                    """,
+                    sent_ids,
+                )
+            return RelayBatch(
+                sent=len(sent_ids), error=error, more=error is None and len(rows) == self._batch_size
+            )
+
+    def stop(self) -> None:
+        """Ask ``run_forever`` to return after the batch in progress (safe to call from any task)."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def run_forever(self) -> None:
+        """Relay until ``stop()``; database errors are logged and retried with backoff, never raised."""
+        listen_conn: Any = None
+        failures = 0
+        loop = asyncio.get_running_loop()
+        next_purge = loop.time()
+        try:
+            while not self._stopping.is_set():
+                if listen_conn is not None and listen_conn.is_closed():
+                    await self._unlisten(listen_conn)
+                    listen_conn = None
+                if listen_conn is None:
+                    listen_conn = await self._listen()
+                self._wake.clear()
+                try:
+                    batch = await self.relay_once()
+                    if self._retention is not None and loop.time() >= next_purge:
+                        await purge_sent(self._pool, self._retention)
+                        next_purge = loop.time() + self._retention_every.total_seconds()
+                except Exception as exc:
+                    log.warning("outbox relay database error: %s", exc)
+                    batch = RelayBatch(sent=0, error=str(exc))
+                if batch.error is not None:
+                    failures += 1
+                    delay = min(self._retry_max, self._retry_initial * 2 ** (failures - 1))
+                    await self._sleep(delay, wake_on_notify=False)
+                    continue
+                failures = 0
+                if batch.more:
+                    continue
+                await self._sleep(self._poll_interval, wake_on_notify=True)
+        finally:
+            if listen_conn is not None:
+                await self._unlisten(listen_conn)
+
+    async def _sleep(self, seconds: float, *, wake_on_notify: bool) -> None:
+        event = self._wake if wake_on_notify else self._stopping
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=seconds)
+
+    def _on_notify(self, *_args: Any) -> None:
+        self._wake.set()
+
+    async def _listen(self) -> Any:
+        """A pooled connection LISTENing on ``OUTBOX_CHANNEL``, or None (then the relay only polls)."""
+        try:
+            conn = await self._pool.acquire()
+        except Exception as exc:
+            log.warning("outbox relay cannot LISTEN, polling only: %s", exc)
+            return None
+        try:
+            await conn.add_listener(OUTBOX_CHANNEL, self._on_notify)
+        except Exception as exc:
+            log.warning("outbox relay cannot LISTEN, polling only: %s", exc)
+            await self._pool.release(conn)
+            return None
+        return conn
+
+    async def _unlisten(self, conn: Any) -> None:
+        with contextlib.suppress(Exception):
+            await conn.remove_listener(OUTBOX_CHANNEL, self._on_notify)
+        with contextlib.suppress(Exception):
+            await self._pool.release(conn)

@@ -1,0 +1,184 @@
+"""Outbox and relay against the real PostgreSQL, with an in-memory publisher that fails on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from gpuorch_contracts import EVENTS_EXCHANGE, JobQueued, decode
+from gpuorch_store.events import NewEvent, append, read
+from gpuorch_store.outbox import (
+    RELAY_LOCK_KEY,
+    OutboxRelay,
+    add_to_outbox,
+    outbox_backlog,
+    purge_sent,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def queued(n: int) -> JobQueued:
+    return JobQueued(job_id=uuid.uuid4(), pending_reason=f"waiting {n}", producer="scheduler/test")
+
+
+class FlakyPublisher:
+    """Records confirmed publishes in order; ``fail_on`` call numbers (1-based) raise instead."""
+
+    def __init__(self, fail_on: set[int] | None = None) -> None:
+        self.fail_on = fail_on or set()
+        self.calls = 0
+        self.confirmed: list[tuple[str, str, str, bytes, dict[str, Any]]] = []
+        self.failed: list[str] = []
+        self.arrived = asyncio.Event()
+
+    async def publish_raw(
+        self, exchange: str, routing_key: str, body: bytes, *, message_id: str, headers: dict[str, Any]
+    ) -> None:
+        self.calls += 1
+        if self.calls in self.fail_on:
+            self.failed.append(message_id)
+            raise ConnectionError(f"broker said no to call {self.calls}")
+        self.confirmed.append((exchange, routing_key, message_id, body, headers))
+        self.arrived.set()
+
+
+@pytest.fixture
+async def pool(migrated_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(migrated_dsn, min_size=1, max_size=6)
+    yield pool
+    await pool.close()
+
+
+async def unsent_ids(pool: asyncpg.Pool) -> list[str]:
+    rows = await pool.fetch("SELECT message_id FROM outbox WHERE sent_at IS NULL ORDER BY id")
+    return [str(r["message_id"]) for r in rows]
+
+
+async def test_outbox_rows_of_a_rolled_back_decision_do_not_exist(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():
+                message = queued(1)
+                await append(conn, [NewEvent.from_message("scheduler", message)])
+                await add_to_outbox(conn, [message])
+                raise RuntimeError("cycle failed")
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
+    assert await read(pool) == []
+
+
+async def test_add_to_outbox_routes_encodes_and_is_idempotent(pool: asyncpg.Pool) -> None:
+    m1, m2 = queued(1), queued(2)
+    async with pool.acquire() as conn, conn.transaction():
+        ids = await add_to_outbox(conn, [m1, m2], headers={"traceparent": "00-abc"})
+        again = await add_to_outbox(conn, [m2])
+    assert len(ids) == 2 and ids[0] < ids[1] and again == []
+    row = await pool.fetchrow("SELECT * FROM outbox WHERE id = $1", ids[0])
+    assert (row["exchange"], row["routing_key"], row["type"]) == (EVENTS_EXCHANGE, "job.queued", "job.queued")
+    assert decode(row["body"]) == m1
+    assert row["sent_at"] is None
+
+
+async def test_relay_sends_every_row_once_in_order_despite_failures(pool: asyncpg.Pool) -> None:
+    messages = [queued(n) for n in range(12)]
+    async with pool.acquire() as conn, conn.transaction():
+        await add_to_outbox(conn, messages[:7], headers={"traceparent": "00-t"})
+    async with pool.acquire() as conn, conn.transaction():
+        await add_to_outbox(conn, messages[7:])
+    publisher = FlakyPublisher(fail_on={1, 4, 5, 9, 13})
+    relay = OutboxRelay(pool, publisher, batch_size=4)
+    for _ in range(40):
+        before_failures = len(publisher.failed)
+        batch = await relay.relay_once()
+        if len(publisher.failed) > before_failures:
+            assert batch.error is not None and "broker said no" in batch.error
+            assert publisher.failed[-1] in await unsent_ids(pool)  # a failed publish is never marked sent
+        sent = {
+            r["message_id"]
+            for r in await pool.fetch("SELECT message_id FROM outbox WHERE sent_at IS NOT NULL")
+        }
+        assert {str(m) for m in sent} <= {c[2] for c in publisher.confirmed}  # marked sent => confirmed
+        if not await unsent_ids(pool):
+            break
+    assert await unsent_ids(pool) == []
+    assert [c[2] for c in publisher.confirmed] == [str(m.message_id) for m in messages]  # once each, in order
+    assert [decode(c[3]) for c in publisher.confirmed] == messages
+    assert publisher.confirmed[0][4] == {"traceparent": "00-t"} and publisher.confirmed[-1][4] == {}
+    first = await pool.fetchrow("SELECT attempts, last_error FROM outbox ORDER BY id LIMIT 1")
+    assert first["attempts"] == 2 and "call 1" in first["last_error"]
+
+
+async def test_backlog_reports_the_blocking_row(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await add_to_outbox(conn, [queued(1), queued(2)])
+    await OutboxRelay(pool, FlakyPublisher(fail_on={1})).relay_once()
+    backlog = await outbox_backlog(pool)
+    assert backlog.unsent == 2 and backlog.failing_attempts == 1
+    assert backlog.last_error is not None and "call 1" in backlog.last_error
+
+
+async def test_cancelled_mid_batch_marks_nothing_and_republishes(pool: asyncpg.Pool) -> None:
+    """At-least-once: a relay killed after a confirm but before its commit publishes that row again."""
+    messages = [queued(1), queued(2)]
+    async with pool.acquire() as conn:
+        await add_to_outbox(conn, messages)
+
+    class DyingPublisher(FlakyPublisher):
+        async def publish_raw(self, *args: Any, **kwargs: Any) -> None:
+            await super().publish_raw(*args, **kwargs)
+            if self.calls == 2:
+                raise asyncio.CancelledError
+
+    dying = DyingPublisher()
+    with pytest.raises(asyncio.CancelledError):
+        await OutboxRelay(pool, dying).relay_once()
+    assert len(await unsent_ids(pool)) == 2
+    survivor = FlakyPublisher()
+    assert (await OutboxRelay(pool, survivor).relay_once()).sent == 2
+    assert [c[2] for c in survivor.confirmed] == [str(m.message_id) for m in messages]
+
+
+async def test_only_one_relay_publishes_at_a_time(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await add_to_outbox(conn, [queued(1)])
+    publisher = FlakyPublisher()
+    async with pool.acquire() as other, other.transaction():
+        await other.execute("SELECT pg_advisory_xact_lock($1)", RELAY_LOCK_KEY)  # another relay is busy
+        batch = await OutboxRelay(pool, publisher).relay_once()
+    assert batch.busy and batch.sent == 0 and publisher.calls == 0
+    assert (await OutboxRelay(pool, publisher).relay_once()).sent == 1
+
+
+async def test_run_forever_wakes_on_notify_and_stops_cleanly(pool: asyncpg.Pool) -> None:
+    publisher = FlakyPublisher(fail_on={1})
+    relay = OutboxRelay(pool, publisher, poll_interval=3600, retry_initial=0.01)
+    runner = asyncio.create_task(relay.run_forever())
+    await asyncio.sleep(0.1)  # let it go idle on LISTEN (an hour-long poll: only NOTIFY can wake it)
+    message = queued(1)
+    async with pool.acquire() as conn, conn.transaction():
+        await add_to_outbox(conn, [message])
+    await asyncio.wait_for(publisher.arrived.wait(), timeout=30)
+    assert publisher.failed == [str(message.message_id)]  # failed once, retried after the backoff
+    relay.stop()
+    await asyncio.wait_for(runner, timeout=30)
+    assert [c[2] for c in publisher.confirmed] == [str(message.message_id)]
+    assert await unsent_ids(pool) == []
+
+
+async def test_purge_deletes_only_old_sent_rows(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await add_to_outbox(conn, [queued(1), queued(2), queued(3)])
+        await conn.execute(
+            "UPDATE outbox SET sent_at = now() - interval '2 days' WHERE id = (SELECT min(id) FROM outbox)"
+        )
+        await conn.execute(
+            "UPDATE outbox SET sent_at = now() WHERE id = (SELECT min(id) FROM outbox WHERE sent_at IS NULL)"
+        )
+    assert await purge_sent(pool, timedelta(hours=24)) == 1
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 2
+    assert len(await unsent_ids(pool)) == 1
