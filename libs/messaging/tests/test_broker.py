@@ -24,13 +24,13 @@ pytestmark = pytest.mark.integration
 SPEC = JobSpec(run=ProcessRun(argv=["python", "-c", "print(42)"]))
 
 
-async def _drain(url: str, queue: str, expect: int, timeout: float = 10.0) -> list[aio_pika.abc.AbstractIncomingMessage]:
+async def _drain(url: str, queue: str, expect: int, wait_s: float = 10.0) -> list[aio_pika.abc.AbstractIncomingMessage]:
     connection = await aio_pika.connect(url)
     got: list[aio_pika.abc.AbstractIncomingMessage] = []
     try:
         channel = await connection.channel()
         q = await channel.declare_queue(queue, passive=True)
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = asyncio.get_running_loop().time() + wait_s
         while len(got) < expect and asyncio.get_running_loop().time() < deadline:
             message = await q.get(no_ack=True, fail=False)
             if message is None:
@@ -92,8 +92,8 @@ async def test_published_message_is_handled_once_and_acked(amqp_url: str) -> Non
     finally:
         await broker.close()
     # nothing left unacked or dead-lettered
-    assert await _drain(amqp_url, "t.submit", 1, timeout=0.5) == []
-    assert await _drain(amqp_url, "t.submit.dlq", 1, timeout=0.5) == []
+    assert await _drain(amqp_url, "t.submit", 1, wait_s=0.5) == []
+    assert await _drain(amqp_url, "t.submit.dlq", 1, wait_s=0.5) == []
 
 
 @pytest.mark.parametrize(

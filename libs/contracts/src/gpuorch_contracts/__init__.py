@@ -34,7 +34,6 @@ from gpuorch_contracts.jobs import (
 )
 from gpuorch_contracts.nodes import (
     FleetAlert,
-    NodeLivenessChanged,
     GpuHealthChanged,
     GpuInfo,
     GpuLive,
@@ -43,6 +42,7 @@ from gpuorch_contracts.nodes import (
     MigInstance,
     NodeHeartbeat,
     NodeInventory,
+    NodeLivenessChanged,
     NodeRegistered,
     ProcessUsage,
 )

@@ -170,7 +170,7 @@ class Broker:
             if consumer.queue is not None and consumer.tag is not None:
                 try:
                     await consumer.queue.cancel(consumer.tag)
-                except Exception:  # noqa: BLE001 - closing anyway
+                except Exception:
                     pass
         if self._connection is not None:
             await self._connection.close()
@@ -229,10 +229,7 @@ class Broker:
                 raise PublishError(f"unroutable: no queue bound for {exchange}/{routing_key}") from exc
             except aio_pika.exceptions.DeliveryError as exc:
                 raise PublishError(f"broker refused {message_id} on {exchange}/{routing_key}: {exc}") from exc
-            except (
-                aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError,
-                ConnectionError, asyncio.TimeoutError, RuntimeError,
-            ) as exc:
+            except (TimeoutError, aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError, RuntimeError) as exc:
                 if isinstance(exc, PublishError):
                     raise
                 remaining = deadline - time.monotonic()
@@ -292,7 +289,7 @@ class Broker:
             except asyncio.CancelledError:
                 await _quiet(incoming.nack(requeue=True))
                 raise
-            except Exception as exc:  # noqa: BLE001 - a handler failure must not kill the consumer
+            except Exception as exc:
                 attempts = _delivery_count(incoming) + 1
                 if attempts >= spec.delivery_limit:
                     await self._dead_letter(
@@ -304,7 +301,7 @@ class Broker:
                 return
             try:
                 await incoming.ack()
-            except Exception as exc:  # noqa: BLE001 - the broker will redeliver; handlers are idempotent
+            except Exception as exc:
                 log.warning("consume.ack_failed", queue=spec.name, error=repr(exc))
                 return
             MESSAGES_CONSUMED.labels(spec.name, message.TYPE).inc()
@@ -324,7 +321,7 @@ class Broker:
                 DEAD_LETTER_EXCHANGE, spec.name, incoming.body,
                 message_id=incoming.message_id or "", headers=headers,
             )
-        except Exception as exc:  # noqa: BLE001 - keep the message rather than lose it
+        except Exception as exc:
             log.error("consume.dead_letter_failed", queue=spec.name, error=repr(exc))
             await _quiet(incoming.nack(requeue=True))
             return
@@ -369,7 +366,7 @@ def _describe(exc: BaseException) -> str:
 async def _quiet(awaitable: Awaitable[Any]) -> None:
     try:
         await awaitable
-    except Exception:  # noqa: BLE001 - channel gone: the broker requeues unacked messages itself
+    except Exception:
         pass
 
 

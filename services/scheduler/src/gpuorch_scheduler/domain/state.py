@@ -1,0 +1,284 @@
+"""The scheduler's state: a pure fold over its event log.
+
+``SchedulerState.apply(event)`` is the only way state changes; the live service and a replay from the log call the
+same function with the same events, so they end in the same state (tested). The state is plain data that
+round-trips through ``to_snapshot``/``from_snapshot`` (JSON-safe dicts) for snapshots.
+
+Capacity is derived, never stored twice: a GPU's used milli is the sum over the active placements holding it, so an
+over-allocation can only come from a decision, and ``capacity_violations`` checks every decision against it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuorch_contracts import (
+    TERMINAL_STATES,
+    GpuAllocation,
+    GpuHealthChanged,
+    JobAccepted,
+    JobCancelled,
+    JobCheckpointed,
+    JobFailed,
+    JobFinished,
+    JobLost,
+    JobPlaced,
+    JobPreempting,
+    JobRejected,
+    JobRequeued,
+    JobSpec,
+    JobStarted,
+    Message,
+    NodeAssignment,
+    NodeInventory,
+    NodeLivenessChanged,
+    NodeRegistered,
+)
+
+ACTIVE_STATES = frozenset({"placed", "running", "preempting"})
+"""States in which a job holds capacity."""
+
+
+@dataclass
+class JobRecord:
+    job_id: uuid.UUID
+    spec: JobSpec
+    state: str = "queued"
+    accepted_at: float = 0.0
+    placement_id: uuid.UUID | None = None
+    assignments: list[NodeAssignment] = field(default_factory=list)
+    placed_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    requeues: int = 0
+    log_path: str | None = None
+    checkpointed: bool = False
+    enqueued_at: float = 0.0
+
+    @property
+    def holds_capacity(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": str(self.job_id), "spec": self.spec.model_dump(mode="json"), "state": self.state,
+            "accepted_at": self.accepted_at, "placement_id": str(self.placement_id) if self.placement_id else None,
+            "assignments": [a.model_dump(mode="json") for a in self.assignments], "placed_at": self.placed_at,
+            "started_at": self.started_at, "ended_at": self.ended_at, "exit_code": self.exit_code,
+            "reason": self.reason, "requeues": self.requeues, "log_path": self.log_path,
+            "checkpointed": self.checkpointed, "enqueued_at": self.enqueued_at,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> JobRecord:
+        return cls(
+            job_id=uuid.UUID(raw["job_id"]), spec=JobSpec.model_validate(raw["spec"]), state=raw["state"],
+            accepted_at=raw["accepted_at"],
+            placement_id=uuid.UUID(raw["placement_id"]) if raw["placement_id"] else None,
+            assignments=[NodeAssignment.model_validate(a) for a in raw["assignments"]],
+            placed_at=raw["placed_at"], started_at=raw["started_at"], ended_at=raw["ended_at"],
+            exit_code=raw["exit_code"], reason=raw["reason"], requeues=raw["requeues"], log_path=raw["log_path"],
+            checkpointed=raw["checkpointed"], enqueued_at=raw["enqueued_at"],
+        )
+
+
+@dataclass
+class NodeRecord:
+    inventory: NodeInventory
+    inventory_hash: str
+    liveness: str = "alive"  # alive | suspect | lost
+    gpu_health: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def node_id(self) -> str:
+        return self.inventory.node_id
+
+    @property
+    def schedulable(self) -> bool:
+        return self.liveness == "alive"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "inventory": self.inventory.model_dump(mode="json"), "inventory_hash": self.inventory_hash,
+            "liveness": self.liveness, "gpu_health": {str(k): v for k, v in self.gpu_health.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> NodeRecord:
+        return cls(
+            inventory=NodeInventory.model_validate(raw["inventory"]), inventory_hash=raw["inventory_hash"],
+            liveness=raw["liveness"], gpu_health={int(k): v for k, v in raw["gpu_health"].items()},
+        )
+
+
+@dataclass
+class SchedulerState:
+    jobs: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    position: int = 0
+    """Log position of the last applied event."""
+
+    # -- the fold ---------------------------------------------------------------------------------------------
+
+    def apply(self, event: Message) -> None:
+        """Apply one logged event. Pure: depends only on the event (its ``occurred_at`` is the time)."""
+        at = event.occurred_at.timestamp()
+        match event:
+            case JobAccepted():
+                if event.job_id not in self.jobs:
+                    self.jobs[event.job_id] = JobRecord(
+                        job_id=event.job_id, spec=event.spec, accepted_at=at, enqueued_at=at
+                    )
+            case JobRejected():
+                pass  # never entered the queue
+            case JobPlaced():
+                job = self.jobs.get(event.job_id)
+                if job is not None and job.state == "queued":
+                    job.state, job.placement_id, job.placed_at = "placed", event.placement_id, at
+                    job.assignments = list(event.assignments)
+                    job.reason = None
+            case JobStarted():
+                job = self._current(event.job_id, event.placement_id)
+                if job is not None and job.state in ("placed", "running"):
+                    job.state, job.started_at, job.log_path = "running", at, event.log_path
+            case JobFinished():
+                job = self._current(event.job_id, event.placement_id)
+                if job is not None and job.holds_capacity:
+                    self._end(job, "succeeded" if event.exit_code == 0 else "failed", at, event.exit_code)
+            case JobFailed():
+                job = self.jobs.get(event.job_id)
+                current = job is not None and event.placement_id in (None, job.placement_id)
+                if job is not None and current and (
+                    job.holds_capacity or (event.placement_id is None and job.state == "queued")
+                ):
+                    self._end(job, "failed", at, event.exit_code, event.reason)
+            case JobLost():
+                job = self._current(event.job_id, event.placement_id)
+                if job is not None and job.holds_capacity:
+                    job.reason = f"lost on {event.node_id}: {event.reason}"
+                    # stays active until the scheduler decides (requeue or fail)
+            case JobCheckpointed():
+                job = self._current(event.job_id, event.placement_id)
+                if job is not None:
+                    job.checkpointed = True
+            case JobPreempting():
+                job = self._current(event.job_id, event.placement_id)
+                if job is not None and job.holds_capacity:
+                    job.state, job.reason = "preempting", event.reason
+            case JobRequeued():
+                job = self.jobs.get(event.job_id)
+                if job is not None and job.state not in TERMINAL_STATES:
+                    job.state, job.placement_id, job.assignments = "queued", None, []
+                    job.placed_at = job.started_at = None
+                    job.requeues, job.reason, job.enqueued_at = event.requeues, event.reason, at
+            case JobCancelled():
+                job = self.jobs.get(event.job_id)
+                if job is not None and job.state not in TERMINAL_STATES:
+                    self._end(job, "cancelled", at, None, event.reason)
+            case NodeRegistered():
+                node = self.nodes.get(event.inventory.node_id)
+                if node is None:
+                    self.nodes[event.inventory.node_id] = NodeRecord(event.inventory, event.inventory_hash)
+                else:
+                    node.inventory, node.inventory_hash = event.inventory, event.inventory_hash
+                    node.liveness = "alive"
+                record = self.nodes[event.inventory.node_id]
+                record.gpu_health = {g.index: g.health for g in event.inventory.gpus}
+            case GpuHealthChanged():
+                node = self.nodes.get(event.node_id)
+                if node is not None:
+                    node.gpu_health[event.gpu_index] = event.health
+            case NodeLivenessChanged():
+                node = self.nodes.get(event.node_id)
+                if node is not None:
+                    node.liveness = event.liveness
+            case _:
+                raise TypeError(f"the scheduler log holds no {event.TYPE!r} events")
+
+    def _current(self, job_id: uuid.UUID, placement_id: uuid.UUID) -> JobRecord | None:
+        """The job if ``placement_id`` is its current placement (events of older placements are history)."""
+        job = self.jobs.get(job_id)
+        return job if job is not None and job.placement_id == placement_id else None
+
+    @staticmethod
+    def _end(job: JobRecord, state: str, at: float, exit_code: int | None, reason: str | None = None) -> None:
+        job.state, job.ended_at, job.exit_code = state, at, exit_code
+        if reason is not None:
+            job.reason = reason
+
+    # -- derived views ----------------------------------------------------------------------------------------
+
+    def active_jobs(self) -> list[JobRecord]:
+        return [j for j in self.jobs.values() if j.holds_capacity]
+
+    def queued_jobs(self) -> list[JobRecord]:
+        return [j for j in self.jobs.values() if j.state == "queued"]
+
+    def gpu_usage(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """(node_id, gpu uuid) -> (milli used, memory MiB used) over active placements."""
+        usage: dict[tuple[str, str], tuple[int, int]] = {}
+        for job in self.active_jobs():
+            for assignment in job.assignments:
+                for gpu in assignment.gpus:
+                    milli, mem = usage.get((assignment.node_id, gpu.gpu_uuid), (0, 0))
+                    usage[(assignment.node_id, gpu.gpu_uuid)] = (milli + gpu.milli, mem + (gpu.memory_mib or 0))
+        return usage
+
+    def host_usage(self) -> dict[str, tuple[int, int]]:
+        """node_id -> (cpu milli used, memory MiB used) over active placements."""
+        usage: dict[str, tuple[int, int]] = {}
+        for job in self.active_jobs():
+            for assignment in job.assignments:
+                cpu, mem = usage.get(assignment.node_id, (0, 0))
+                usage[assignment.node_id] = (cpu + job.spec.cpu_milli, mem + job.spec.memory_mib)
+        return usage
+
+    def capacity_violations(self) -> list[str]:
+        """Every way current allocations exceed capacity (empty when the invariant holds)."""
+        problems: list[str] = []
+        for (node_id, gpu_uuid), (milli, _mem) in self.gpu_usage().items():
+            if milli > 1000:
+                problems.append(f"{node_id}/{gpu_uuid}: {milli} milli allocated")
+            node = self.nodes.get(node_id)
+            if node is not None and not any(_gpu_or_mig(node.inventory, gpu_uuid)):
+                problems.append(f"{node_id}/{gpu_uuid}: allocated but not in inventory")
+        for node_id, (cpu, mem) in self.host_usage().items():
+            node = self.nodes.get(node_id)
+            if node is not None and (cpu > node.inventory.cpu_milli or mem > node.inventory.memory_mib):
+                problems.append(f"{node_id}: host cpu {cpu}/{node.inventory.cpu_milli} mem {mem}")
+        return problems
+
+    # -- snapshots --------------------------------------------------------------------------------------------
+
+    def to_snapshot(self) -> dict[str, Any]:
+        return {
+            "version": 1, "position": self.position,
+            "jobs": [j.to_dict() for j in self.jobs.values()],
+            "nodes": [n.to_dict() for n in self.nodes.values()],
+        }
+
+    @classmethod
+    def from_snapshot(cls, raw: dict[str, Any]) -> SchedulerState:
+        state = cls(position=raw["position"])
+        for job in raw["jobs"]:
+            record = JobRecord.from_dict(job)
+            state.jobs[record.job_id] = record
+        for node in raw["nodes"]:
+            record_n = NodeRecord.from_dict(node)
+            state.nodes[record_n.node_id] = record_n
+        return state
+
+
+def _gpu_or_mig(inventory: NodeInventory, gpu_uuid: str) -> list[bool]:
+    return [g.uuid == gpu_uuid or any(m.uuid == gpu_uuid for m in g.mig_instances) for g in inventory.gpus]
+
+
+def allocation_for(job: JobRecord, node_id: str) -> list[GpuAllocation]:
+    for assignment in job.assignments:
+        if assignment.node_id == node_id:
+            return list(assignment.gpus)
+    return []

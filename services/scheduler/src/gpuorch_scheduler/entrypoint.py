@@ -1,0 +1,170 @@
+"""gpuorch-scheduler: broker adapter and process lifecycle.
+
+Pipeline::
+
+    gpuorch.submit  (job.submit, job.cancel) ─┐
+    gpuorch.events  (job.started/finished/    ├─> queue "scheduler" (quorum, single active consumer)
+                     failed/lost/checkpointed,│        │ handlers.SchedulerService.handle
+                     node.registered,         │        ▼
+                     gpu.health_changed)     ─┘   one PostgreSQL transaction: log + outbox + read models
+    gpuorch.events  (node.heartbeat) ──> "scheduler.heartbeats" (latest-wins) ──> lease renewals (memory)
+                                                   │
+    outbox relay ──(confirms)──> gpuorch.events (job.accepted/placed/...) and gpuorch.commands (LaunchJob, StopJob)
+
+Leadership: a standby blocks on a PostgreSQL session advisory lock; the leader holds it on the connection that
+does every write, so a leader that lost its database session can no longer write. The leader is the only consumer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+import asyncpg
+from gpuorch_contracts import EVENTS_EXCHANGE, SUBMIT_EXCHANGE, Message, NodeHeartbeat
+from gpuorch_messaging import Broker, QueueSpec
+from gpuorch_observability import configure, get_logger, start_metrics_server
+from gpuorch_store import OutboxRelay, ensure_database, migrate
+
+from gpuorch_scheduler.domain.decide import LivenessPolicy
+from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
+
+log = get_logger(__name__)
+
+LEADER_LOCK_KEY = 0x67707552_5343_4844
+SCHEDULER_QUEUE = "scheduler"
+HEARTBEAT_QUEUE = "scheduler.heartbeats"
+
+ENVIRONMENT = {
+    "GPUORCH_AMQP_URL": ("RabbitMQ URL", "amqp://guest:guest@127.0.0.1:5672/"),
+    "GPUORCH_DATABASE_URL": ("PostgreSQL DSN", "postgresql://postgres@127.0.0.1:5432/gpuorch"),
+    "GPUORCH_SCHEDULER_ID": ("name of this instance (logs, broker connection)", "scheduler-1"),
+    "GPUORCH_SUSPECT_AFTER_S": ("seconds without heartbeat before a node is suspect", "15"),
+    "GPUORCH_LOST_AFTER_S": ("seconds without heartbeat before a node is lost (> executor fencing deadline)", "90"),
+    "GPUORCH_TICK_S": ("seconds between liveness/scheduling ticks", "1"),
+    "GPUORCH_METRICS_PORT": ("Prometheus /metrics port (0 = off)", "0"),
+    "GPUORCH_OTLP_ENDPOINT": ("OTLP/HTTP collector URL, e.g. http://jaeger:4318 (unset = no export)", ""),
+    "GPUORCH_LOG_LEVEL": ("log level", "INFO"),
+}
+
+
+@dataclass
+class Settings:
+    amqp_url: str
+    database_url: str
+    instance: str
+    suspect_after_s: float
+    lost_after_s: float
+    tick_s: float
+    metrics_port: int
+    otlp_endpoint: str | None
+    log_level: str
+
+
+def parse_settings(argv: list[str] | None = None) -> Settings:
+    epilog = "environment variables:\n" + "\n".join(
+        f"  {name:<26} {text} (default: {default or 'unset'})" for name, (text, default) in ENVIRONMENT.items()
+    )
+    parser = argparse.ArgumentParser(
+        prog="gpuorch-scheduler", description="The gpuorch scheduler: queues, placement, node liveness.",
+        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.parse_args(argv)
+
+    def env(name: str) -> str:
+        return os.environ.get(name, ENVIRONMENT[name][1])
+
+    return Settings(
+        amqp_url=env("GPUORCH_AMQP_URL"), database_url=env("GPUORCH_DATABASE_URL"),
+        instance=env("GPUORCH_SCHEDULER_ID"), suspect_after_s=float(env("GPUORCH_SUSPECT_AFTER_S")),
+        lost_after_s=float(env("GPUORCH_LOST_AFTER_S")), tick_s=float(env("GPUORCH_TICK_S")),
+        metrics_port=int(env("GPUORCH_METRICS_PORT")), otlp_endpoint=env("GPUORCH_OTLP_ENDPOINT") or None,
+        log_level=env("GPUORCH_LOG_LEVEL"),
+    )
+
+
+def scheduler_queues() -> tuple[QueueSpec, QueueSpec]:
+    main = QueueSpec(
+        SCHEDULER_QUEUE,
+        [
+            (SUBMIT_EXCHANGE, "job.submit"), (SUBMIT_EXCHANGE, "job.cancel"),
+            *((EVENTS_EXCHANGE, key) for key in (
+                "job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed",
+                "node.registered", "gpu.health_changed",
+            )),
+        ],
+        prefetch=64, delivery_limit=10, single_active_consumer=True,
+    )
+    heartbeats = QueueSpec(HEARTBEAT_QUEUE, [(EVENTS_EXCHANGE, "node.heartbeat")], prefetch=500,
+                           max_length=20000, overflow="drop-head", delivery_limit=3)
+    return main, heartbeats
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    await ensure_database(settings.database_url)
+    await migrate(settings.database_url)
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        log.info("scheduler.waiting_for_leadership", instance=settings.instance)
+        while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK_KEY):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            if stop.is_set():
+                return
+        log.info("scheduler.leader", instance=settings.instance)
+        service = SchedulerService(conn, SchedulerConfig(
+            liveness=LivenessPolicy(suspect_after_s=settings.suspect_after_s, lost_after_s=settings.lost_after_s)))
+        await service.recover()
+        broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}")
+        await broker.connect()
+        pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+        relay = OutboxRelay(pool, broker, poll_interval=0.5)
+        relay_task = asyncio.create_task(relay.run_forever(), name="outbox-relay")
+        main_queue, heartbeat_queue = scheduler_queues()
+
+        async def on_heartbeat(message: Message) -> None:
+            if isinstance(message, NodeHeartbeat):
+                await service.heartbeat(message)
+
+        await broker.consume(main_queue, service.handle)
+        await broker.consume(heartbeat_queue, on_heartbeat)
+        try:
+            while not stop.is_set():
+                if relay_task.done():
+                    relay_task.result()  # surface a crashed relay
+                    raise RuntimeError("outbox relay stopped")
+                await service.tick()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=settings.tick_s)
+        finally:
+            relay.stop()
+            await broker.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(relay_task, timeout=5)
+            await pool.close()
+    finally:
+        await conn.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(argv if argv is not None else sys.argv[1:])
+    configure(f"scheduler/{settings.instance}", log_level=settings.log_level, otlp_endpoint=settings.otlp_endpoint)
+    start_metrics_server(settings.metrics_port)
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run(settings, stop)
+
+    asyncio.run(_main())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""Service layer: one message in, one transaction out.
+
+``SchedulerService.handle`` is called for each consumed message, one at a time. It computes the decisions (pure,
+``domain.decide``), then in ONE PostgreSQL transaction: appends the incoming event and the decisions to the log
+(idempotent on ``message_id``: a redelivered message changes nothing), queues the resulting events and commands in
+the outbox, and updates the read models. Only after the commit does it return (and the consumer ack). If anything
+fails, the in-memory state is rebuilt from the log before the next message, so memory never runs ahead of the log.
+
+Heartbeats are not logged: they renew the node's lease in memory. Lease transitions are logged
+(``NodeLivenessChanged``) by ``tick``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuorch_contracts import (
+    CancelJob,
+    FleetAlert,
+    GpuHealthChanged,
+    JobCheckpointed,
+    JobFailed,
+    JobFinished,
+    JobLost,
+    JobQueued,
+    JobRejected,
+    JobStarted,
+    Message,
+    NodeHeartbeat,
+    NodeRegistered,
+    SubmitJob,
+)
+from gpuorch_observability import get_logger
+from gpuorch_store import (
+    NewEvent,
+    add_to_outbox,
+    append_reporting_duplicates,
+    load_latest_snapshot,
+    read,
+    save_snapshot,
+)
+from prometheus_client import Counter, Gauge, Histogram
+
+from gpuorch_scheduler.domain.decide import (
+    Decision,
+    LivenessPolicy,
+    admit,
+    after_lost,
+    cancel,
+    liveness,
+    overdue,
+    schedule,
+)
+from gpuorch_scheduler.domain.state import JobRecord, SchedulerState
+
+log = get_logger(__name__)
+
+STREAM = "scheduler"
+LOGGED_INCOMING = (JobStarted, JobFinished, JobFailed, JobCheckpointed, JobLost, NodeRegistered, GpuHealthChanged)
+
+DECISION_SECONDS = Histogram("gpuorch_scheduler_cycle_seconds", "Time to handle one message incl. commit")
+PLACEMENTS = Counter("gpuorch_scheduler_placements_total", "Jobs placed")
+QUEUE_DEPTH = Gauge("gpuorch_scheduler_queue_depth", "Jobs waiting", ["tier"])
+NODES = Gauge("gpuorch_scheduler_nodes", "Nodes by liveness", ["liveness"])
+
+
+@dataclass
+class SchedulerConfig:
+    liveness: LivenessPolicy = field(default_factory=LivenessPolicy)
+    snapshot_every_events: int = 500
+
+
+class SchedulerService:
+    """The scheduler's state and the only writer of its log. Not thread-safe; one instance per leader."""
+
+    def __init__(self, conn: Any, config: SchedulerConfig | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._conn = conn
+        self.config = config or SchedulerConfig()
+        self._clock = clock
+        self.state = SchedulerState()
+        self.last_seen: dict[str, float] = {}
+        self.pending: dict[uuid.UUID, str] = {}
+        self._lock = asyncio.Lock()
+        self._needs_reload = True
+        self._events_since_snapshot = 0
+        self._alert_active = False
+
+    # -- recovery ---------------------------------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Load the newest snapshot, replay the log after it, and give every node lease a fresh grace period."""
+        snapshot = await load_latest_snapshot(self._conn, STREAM)
+        state = SchedulerState.from_snapshot(snapshot[1]) if snapshot else SchedulerState()
+        replayed = 0
+        while True:
+            batch = await read(self._conn, after_position=state.position, limit=2000, stream=STREAM)
+            if not batch:
+                break
+            for stored in batch:
+                state.apply(stored.to_message())
+                state.position = stored.position
+                replayed += 1
+        self.state = state
+        now = self._clock()
+        self.last_seen = {node_id: now for node_id in state.nodes}
+        self.pending = {}
+        self._needs_reload = False
+        log.info("scheduler.recovered", position=state.position, replayed=replayed,
+                 jobs=len(state.jobs), nodes=len(state.nodes), from_snapshot=snapshot is not None)
+
+    # -- message handling -------------------------------------------------------------------------------------
+
+    async def handle(self, message: Message) -> None:
+        """Apply one consumed message; returns after the commit (then the caller acks)."""
+        async with self._lock:
+            started = time.perf_counter()
+            try:
+                if self._needs_reload:
+                    await self.recover()
+                await self._handle(message)
+            except BaseException:
+                self._needs_reload = True
+                raise
+            finally:
+                DECISION_SECONDS.observe(time.perf_counter() - started)
+
+    async def heartbeat(self, beat: NodeHeartbeat) -> None:
+        """Renew a node's lease (in memory only; latest wins)."""
+        self.last_seen[beat.node_id] = self._clock()
+
+    async def _handle(self, message: Message) -> None:
+        incoming: Message | None = None
+        decision = Decision()
+        match message:
+            case SubmitJob():
+                decision = admit(self.state, message)
+            case CancelJob():
+                decision = cancel(self.state, message)
+            case JobFailed() if message.cause == "lost" and message.placement_id and message.node_id:
+                incoming = JobLost(message_id=message.message_id, job_id=message.job_id,
+                                   placement_id=message.placement_id, node_id=message.node_id, reason=message.reason)
+                decision = after_lost(self.state, incoming)
+            case JobLost():
+                incoming = message
+                decision = after_lost(self.state, message)
+            case NodeRegistered():
+                incoming = message
+                self.last_seen[message.inventory.node_id] = self._clock()
+            case _ if isinstance(message, LOGGED_INCOMING):
+                incoming = message
+            case _:
+                log.warning("scheduler.ignored_message", type=message.TYPE)
+                return
+        await self._commit(incoming, decision)
+
+    async def tick(self) -> None:
+        """Periodic work: lease transitions, overdue jobs, and a scheduling cycle for what changed meanwhile."""
+        async with self._lock:
+            try:
+                if self._needs_reload:
+                    await self.recover()
+                now = self._clock()
+                decision, alert = liveness(self.state, self.last_seen, now, self.config.liveness)
+                decision.extend(overdue(self.state, now))
+                if alert and not self._alert_active:
+                    log.error("scheduler.mass_silence", explanation=alert)
+                    decision.published.append(FleetAlert(kind="mass_silence", explanation=alert,
+                                                         node_ids=sorted(self.state.nodes)[:10000]))
+                self._alert_active = alert is not None
+                await self._commit(None, decision)
+            except BaseException:
+                self._needs_reload = True
+                raise
+
+    async def _commit(self, incoming: Message | None, decision: Decision) -> None:
+        now = self._clock()
+        touched_jobs: set[uuid.UUID] = set()
+        touched_nodes: set[str] = set()
+        rejected: list[JobRejected] = []
+        async with self._conn.transaction():
+            if incoming is not None:
+                positions = await append_reporting_duplicates(self._conn, [NewEvent.from_message(STREAM, incoming)])
+                if positions[0] is None:
+                    return  # already applied: a redelivery
+                self._apply(incoming, positions[0], touched_jobs, touched_nodes)
+            logged = list(decision.logged)
+            published = list(decision.published)
+            await self._append_and_apply(logged, touched_jobs, touched_nodes, rejected)
+            cycle = schedule(self.state, now)
+            await self._append_and_apply(cycle.decision.logged, touched_jobs, touched_nodes, rejected)
+            logged += cycle.decision.logged
+            published += cycle.decision.published
+            notices = self._pending_notices(cycle.pending, touched_jobs)
+            await add_to_outbox(self._conn, [*logged, *published, *notices])
+            await self._write_read_models(touched_jobs, touched_nodes, rejected)
+            if self._events_since_snapshot >= self.config.snapshot_every_events:
+                await save_snapshot(self._conn, STREAM, self.state.position, self.state.to_snapshot())
+                self._events_since_snapshot = 0
+        PLACEMENTS.inc(sum(1 for m in logged if m.TYPE == "job.placed"))
+        self._export_gauges()
+
+    async def _append_and_apply(self, events: list[Message], touched_jobs: set[uuid.UUID],
+                                touched_nodes: set[str], rejected: list[JobRejected]) -> None:
+        if not events:
+            return
+        positions = await append_reporting_duplicates(self._conn, [NewEvent.from_message(STREAM, e) for e in events])
+        for event, position in zip(events, positions, strict=True):
+            if position is None:
+                continue
+            if isinstance(event, JobRejected):
+                rejected.append(event)
+            self._apply(event, position, touched_jobs, touched_nodes)
+
+    def _apply(self, event: Message, position: int, touched_jobs: set[uuid.UUID], touched_nodes: set[str]) -> None:
+        self.state.apply(event)
+        self.state.position = position
+        self._events_since_snapshot += 1
+        job_id = getattr(event, "job_id", None)
+        if job_id is not None:
+            touched_jobs.add(job_id)
+        node_id = getattr(event, "node_id", None) or (
+            event.inventory.node_id if isinstance(event, NodeRegistered) else None)
+        if node_id is not None:
+            touched_nodes.add(node_id)
+
+    def _pending_notices(self, pending: dict[uuid.UUID, str], touched: set[uuid.UUID]) -> list[Message]:
+        """A JobQueued notice for every job whose pending reason changed; remembers the new reasons."""
+        notices: list[Message] = []
+        for job_id, reason in pending.items():
+            if self.pending.get(job_id) != reason:
+                notices.append(JobQueued(job_id=job_id, pending_reason=reason))
+                touched.add(job_id)
+        for job_id in set(self.pending) - set(pending):
+            touched.add(job_id)
+        self.pending = dict(pending)
+        return notices
+
+    async def _write_read_models(self, job_ids: Iterable[uuid.UUID], node_ids: Iterable[str],
+                                 rejected: list[JobRejected]) -> None:
+        rows = [_job_row(self.state.jobs[j], self.pending.get(j)) for j in job_ids if j in self.state.jobs]
+        if rows:
+            await self._conn.executemany(_UPSERT_JOB, rows)
+        for event in rejected:
+            await self._conn.execute(
+                """INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, reason, submitted_at,
+                                     ended_at)
+                   VALUES ($1, '', '', '', '', 'rejected', '{}'::jsonb, $2, $3, $3) ON CONFLICT (job_id) DO NOTHING""",
+                event.job_id, event.reason, event.occurred_at,
+            )
+        node_rows = [
+            (n, self.state.nodes[n].liveness, json.dumps(self.state.nodes[n].inventory.model_dump(mode="json")),
+             self.state.nodes[n].inventory_hash)
+            for n in node_ids if n in self.state.nodes
+        ]
+        if node_rows:
+            await self._conn.executemany(_UPSERT_NODE, node_rows)
+
+    def _export_gauges(self) -> None:
+        depth: dict[str, int] = {"training": 0, "inference": 0, "batch": 0}
+        for job in self.state.queued_jobs():
+            depth[job.spec.tier] += 1
+        for tier, count in depth.items():
+            QUEUE_DEPTH.labels(tier).set(count)
+        live: dict[str, int] = {"alive": 0, "suspect": 0, "lost": 0}
+        for node in self.state.nodes.values():
+            live[node.liveness] = live.get(node.liveness, 0) + 1
+        for name, count in live.items():
+            NODES.labels(name).set(count)
+
+
+def _ts(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, UTC) if value is not None else None
+
+
+def _job_row(job: JobRecord, pending_reason: str | None) -> tuple[Any, ...]:
+    spec = job.spec
+    return (
+        job.job_id, spec.name, spec.tenant, spec.tier, spec.priority_class, job.state,
+        json.dumps(spec.model_dump(mode="json")), job.placement_id, [a.node_id for a in job.assignments],
+        json.dumps([a.model_dump(mode="json") for a in job.assignments]), job.exit_code, job.reason,
+        pending_reason if job.state == "queued" else None, job.requeues, job.log_path,
+        _ts(job.accepted_at), _ts(job.placed_at), _ts(job.started_at), _ts(job.ended_at),
+    )
+
+
+_UPSERT_JOB = """
+INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, placement_id, node_ids, assignments,
+                  exit_code, reason, pending_reason, requeues, log_path, submitted_at, placed_at, started_at, ended_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10::text::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+ON CONFLICT (job_id) DO UPDATE SET
+    state = excluded.state, placement_id = excluded.placement_id, node_ids = excluded.node_ids,
+    assignments = excluded.assignments, exit_code = excluded.exit_code, reason = excluded.reason,
+    pending_reason = excluded.pending_reason, requeues = excluded.requeues, log_path = excluded.log_path,
+    placed_at = excluded.placed_at, started_at = excluded.started_at, ended_at = excluded.ended_at,
+    updated_at = now()
+"""
+
+_UPSERT_NODE = """
+INSERT INTO nodes (node_id, liveness, inventory, inventory_hash) VALUES ($1, $2, $3::text::jsonb, $4)
+ON CONFLICT (node_id) DO UPDATE SET liveness = excluded.liveness, inventory = excluded.inventory,
+    inventory_hash = excluded.inventory_hash, updated_at = now()
+"""
