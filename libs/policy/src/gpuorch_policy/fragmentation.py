@@ -1,0 +1,142 @@
+"""GPU fragmentation of nodes, measured against a task mix (the FGD definition, USENIX ATC'23).
+
+A node's fragmentation is the expected amount of its free GPU-milli that the next task, drawn from the mix, could
+not use: for a task type the node can host (GPU model, CPU, enough GPUs with the share free), only GPUs with less
+free than the share count; for a type it cannot host, and for CPU-only types, all free GPU-milli counts.
+
+    frag(node) = S - sum over hostable GPU types k of  f_k * U_k
+    S   = free GPU-milli of the node,   U_k = free milli on GPUs with at least m_k free
+
+Weights are kept as integer counts so that equal states give exactly equal values (the scores built on top truncate
+to integers, and a one-ulp error would move them).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuorch_policy.cluster import NO_MODEL, Cluster, IntArray
+from gpuorch_policy.model import Request
+
+
+@dataclass(frozen=True)
+class TaskType:
+    cpu_milli: int
+    gpu_milli: int
+    num_gpu: int
+    gpu_models: tuple[str, ...]
+
+
+class TaskMix:
+    """The typical task types of a workload with integer weights (counts).
+
+    Built like the FGD simulator: types keyed by (CPU, per-GPU milli, GPU count, model constraint), most popular
+    first (ties: larger type first), until `coverage` of all tasks is reached; CPU-only types included.
+    """
+
+    def __init__(self, types: Sequence[TaskType], weights: Sequence[int]) -> None:
+        if len(types) != len(weights) or not types:
+            raise ValueError("a task mix needs at least one type and one weight per type")
+        self.types = tuple(types)
+        self.weights = np.array(weights, dtype=np.int64)
+        self.total_weight = int(self.weights.sum())
+        gpu = [k for k, t in enumerate(types) if t.num_gpu > 0 and t.gpu_milli > 0]
+        self.gpu_cpu = np.array([types[k].cpu_milli for k in gpu], dtype=np.int64)
+        self.gpu_milli = np.array([types[k].gpu_milli for k in gpu], dtype=np.int64)
+        self.gpu_num = np.array([types[k].num_gpu for k in gpu], dtype=np.int64)
+        self.gpu_weight = self.weights[gpu]
+        self.gpu_models = [types[k].gpu_models for k in gpu]
+        self._access: dict[tuple[str, ...], np.ndarray] = {}
+
+    @classmethod
+    def from_requests(cls, requests: Iterable[Request], coverage: float = 0.95) -> TaskMix:
+        counts = Counter(
+            TaskType(r.cpu_milli, r.gpu_milli if r.num_gpu else 0, r.num_gpu, tuple(r.gpu_models)) for r in requests
+        )
+        if not counts:
+            raise ValueError("empty workload")
+        total = sum(counts.values())
+        ordered = sorted(
+            counts.items(),
+            key=lambda kv: (kv[1], kv[0].cpu_milli, kv[0].gpu_milli, kv[0].num_gpu, "|".join(kv[0].gpu_models)),
+            reverse=True,
+        )
+        chosen: list[tuple[TaskType, int]] = []
+        cumulative = 0
+        for task_type, count in ordered:
+            if cumulative >= coverage * total:
+                break
+            chosen.append((task_type, count))
+            cumulative += count
+        return cls([t for t, _ in chosen], [c for _, c in chosen])
+
+    def access(self, cluster: Cluster) -> np.ndarray:
+        """bool[model id + 1, gpu types]: may GPU type k run on a node of this model (row 0: CPU nodes)?"""
+        key = tuple(cluster.model_names)
+        table = self._access.get(key)
+        if table is None:
+            table = np.ones((len(cluster.model_names) + 1, len(self.gpu_models)), dtype=np.bool_)
+            table[0, :] = False
+            for k, models in enumerate(self.gpu_models):
+                if models:
+                    for m, name in enumerate(cluster.model_names):
+                        table[m + 1, k] = name in models
+            self._access[key] = table
+        return table
+
+
+def frag_weighted(
+    mix: TaskMix, free: IntArray, cpu_free: IntArray, node_model: IntArray, cluster: Cluster
+) -> IntArray:
+    """Fragmentation times the mix's total weight, for each row of `free` (GPU-milli per slot, 0 where absent)."""
+    access = mix.access(cluster)[node_model - NO_MODEL]  # rows: nodes, cols: GPU types
+    total = free.sum(axis=-1)
+    fits = free[..., None] >= mix.gpu_milli  # [..., slot, k]
+    count = fits.sum(axis=-2)
+    usable = (free[..., None] * fits).sum(axis=-2)
+    hostable = access & (cpu_free[..., None] >= mix.gpu_cpu) & (count >= mix.gpu_num)
+    return np.asarray(total * mix.total_weight - (hostable * usable * mix.gpu_weight).sum(axis=-1))
+
+
+def frag_after_share(
+    mix: TaskMix, free: IntArray, cpu_after: IntArray, node_model: IntArray, share: int, cluster: Cluster
+) -> IntArray:
+    """Weighted fragmentation after taking `share` milli from each GPU slot in turn: shape [nodes, slots].
+
+    Computed incrementally (only one slot changes) to stay cheap on many nodes; slots with less than `share`
+    free give meaningless values and must be masked by the caller.
+    """
+    access = mix.access(cluster)[node_model - NO_MODEL][:, None, :]  # [n, 1, k]
+    total = free.sum(axis=-1)
+    fits = free[..., None] >= mix.gpu_milli  # [n, s, k]
+    count = fits.sum(axis=1)  # [n, k]
+    usable = (free[..., None] * fits).sum(axis=1)  # [n, k]
+    after = free - share  # [n, s]: the slot's free milli after the share
+    fits_after = after[..., None] >= mix.gpu_milli  # [n, s, k]
+    count_after = count[:, None, :] - fits + fits_after
+    usable_after = usable[:, None, :] - free[..., None] * fits + after[..., None] * fits_after
+    hostable = access & (cpu_after[:, None, None] >= mix.gpu_cpu) & (count_after >= mix.gpu_num)
+    lost = (hostable * usable_after * mix.gpu_weight).sum(axis=-1)  # [n, s]
+    return np.asarray((total - share)[:, None] * mix.total_weight - lost)
+
+
+def take_gpus_best_fit(free: IntArray, eligible: np.ndarray, num_gpu: int, milli: int) -> IntArray:
+    """Free milli after taking `milli` from `num_gpu` eligible slots, least free first (the FGD simulator's Sub)."""
+    if num_gpu == 0:
+        return free
+    key = np.where(eligible, free, np.iinfo(np.int64).max)
+    order = np.argsort(key, axis=1, kind="stable")[:, :num_gpu]
+    after = free.copy()
+    rows = np.arange(free.shape[0])[:, None]
+    after[rows, order] -= milli
+    return after
+
+
+def sigmoid_score(frag_before: IntArray, frag_after: IntArray, weight: int) -> IntArray:
+    """FGD's node score: int(100 * sigmoid((before - after) / 1000 GPU-milli)), truncated like Go's int64()."""
+    x = (frag_before - frag_after) / weight / 1000.0
+    return (1.0 / (1.0 + np.exp(-x)) * 100.0).astype(np.int64)

@@ -1,0 +1,143 @@
+"""The placement pipeline: filters -> scorer -> select (ties by node name) -> GPUs within the node.
+
+    request, cluster ──► filters (all nodes at once) ──► feasible rows ──► scorer (int score, GPU slot)
+                                 │ none left                                   │
+                                 ▼                                             ▼
+                        Unfit(plain reasons)           highest score, lowest node name ──► Placement
+
+`place` is pure: it reads the cluster and returns a decision. `IncrementalPlacer` gives the same decisions while
+caching node-local scores per request shape and node version, for replays and busy schedulers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuorch_policy.cluster import BoolArray, Cluster, IntArray
+from gpuorch_policy.filters import DEFAULT_FILTERS, Filter
+from gpuorch_policy.model import Placement, Request, Unfit
+from gpuorch_policy.scorers import Scorer, best_fit_share_slot
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A named plugin set: filters in order, one scorer."""
+
+    name: str
+    scorer: Scorer
+    filters: tuple[Filter, ...] = field(default=DEFAULT_FILTERS)
+
+
+def feasible_mask(request: Request, cluster: Cluster, filters: Sequence[Filter]) -> BoolArray:
+    mask = np.ones(cluster.size, dtype=np.bool_)
+    for flt in filters:
+        mask &= flt.mask(request, cluster)
+    return mask
+
+
+def unfit_reasons(request: Request, cluster: Cluster, filters: Sequence[Filter]) -> tuple[str, ...]:
+    """Why no node fits: the filter that ruled out the last candidates first, then how many nodes each filter
+    rejected on its own."""
+    problem = request.invalid_reason()
+    if problem is not None:
+        return (f"invalid request: {problem}",)
+    candidates = np.ones(cluster.size, dtype=np.bool_)
+    first = ""
+    for flt in filters:
+        passed = candidates & flt.mask(request, cluster)
+        if not passed.any():
+            first = flt.explain(request, cluster, candidates)
+            break
+        candidates = passed
+    counts = []
+    for flt in filters:
+        rejected = int((~flt.mask(request, cluster)).sum())
+        if rejected:
+            counts.append(f"{flt.name}: {rejected}")
+    summary = f"{cluster.size} nodes; rejected by " + ", ".join(counts) if counts else f"{cluster.size} nodes"
+    return (first, summary) if first else (summary,)
+
+
+def choose_gpus(request: Request, cluster: Cluster, row: int, pick: int) -> tuple[tuple[int, int], ...]:
+    """GPU slots for the request on node `row`: the scorer's slot for a share (or the tightest fit), else the
+    first eligible slots by index (the simulator's AllocateExclusiveGpuId)."""
+    if request.num_gpu == 0:
+        return ()
+    if request.is_share:
+        slot = pick if pick >= 0 else int(best_fit_share_slot(request, cluster, np.array([row]))[0])
+        return ((slot, request.gpu_milli),)
+    eligible = np.flatnonzero(cluster.eligible_gpus(request, np.array([row]))[0])
+    return tuple((int(s), request.gpu_milli) for s in eligible[: request.num_gpu])
+
+
+def _select(cluster: Cluster, rows: IntArray, scores: IntArray) -> int:
+    """Index into rows of the best score, lowest node name on ties."""
+    n = cluster.size
+    combined = scores * (n + 1) + (n - cluster.name_rank[rows])
+    return int(np.argmax(combined))
+
+
+def place(
+    request: Request, cluster: Cluster, policy: Policy, rng: np.random.Generator | None = None
+) -> Placement | Unfit:
+    """Decide where one request goes. Pure: reads `cluster`, never changes it. `rng` is used only by
+    randomised scorers (Random)."""
+    if request.invalid_reason() is not None:
+        return Unfit(unfit_reasons(request, cluster, policy.filters))
+    rows = np.flatnonzero(feasible_mask(request, cluster, policy.filters))
+    if len(rows) == 0:
+        return Unfit(unfit_reasons(request, cluster, policy.filters))
+    scores, picks = policy.scorer.score(request, cluster, rows, rng)
+    best = _select(cluster, rows, scores)
+    row = int(rows[best])
+    gpus = choose_gpus(request, cluster, row, int(picks[best]))
+    return Placement(node_id=cluster.node_ids[row], gpus=gpus, score=int(scores[best]))
+
+
+class _ScoreCache:
+    __slots__ = ("picks", "scores", "version")
+
+    def __init__(self, n: int) -> None:
+        self.version = np.full(n, -1, dtype=np.int64)
+        self.scores = np.zeros(n, dtype=np.int64)
+        self.picks = np.full(n, -1, dtype=np.int64)
+
+
+class IncrementalPlacer:
+    """`place` with a per-(request shape, node version) score cache; decisions are identical to `place`.
+
+    Only node-local scorers are cached. The cluster may be mutated between calls (that bumps node versions).
+    """
+
+    def __init__(self, cluster: Cluster, policy: Policy, rng: np.random.Generator | None = None) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.rng = rng
+        self._caches: dict[Hashable, _ScoreCache] = {}
+
+    def place(self, request: Request, explain: bool = True) -> Placement | Unfit:
+        cluster, policy = self.cluster, self.policy
+        if not policy.scorer.node_local or request.invalid_reason() is not None:
+            return place(request, cluster, policy, self.rng)
+        mask = feasible_mask(request, cluster, policy.filters)
+        rows = np.flatnonzero(mask)
+        if len(rows) == 0:
+            return Unfit(unfit_reasons(request, cluster, policy.filters) if explain else ())
+        key = policy.scorer.cache_key(request)
+        cache = self._caches.get(key)
+        if cache is None:
+            cache = self._caches[key] = _ScoreCache(cluster.size)
+        stale = rows[cache.version[rows] != cluster.version[rows]]
+        if len(stale):
+            scores, picks = policy.scorer.score(request, cluster, stale, self.rng)
+            cache.scores[stale] = scores
+            cache.picks[stale] = picks
+            cache.version[stale] = cluster.version[stale]
+        scores = cache.scores[rows]
+        best = _select(cluster, rows, scores)
+        row = int(rows[best])
+        gpus = choose_gpus(request, cluster, row, int(cache.picks[row]))
+        return Placement(node_id=cluster.node_ids[row], gpus=gpus, score=int(scores[best]))

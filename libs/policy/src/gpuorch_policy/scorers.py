@@ -1,0 +1,234 @@
+"""Scorer plugins: how good is each feasible node for the request?
+
+Every scorer returns, for the rows (node indexes) it is given, an integer score (higher is better) and, for a GPU
+share, the GPU slot it would use on that node (-1: let the default GPU chooser decide). The framework takes the
+highest score and breaks ties by node name (lowest first).
+
+The five baselines and FGD follow the FGD simulator (hkust-adsl/kubernetes-scheduler-simulator,
+pkg/simulator/plugin/*_score.go) to the integer: 0-100 scores with the same truncations, so that a replay lands on
+the published numbers. `node_local` says the score of a node depends only on that node and the request, which lets a
+caller cache scores per node version; Random is not node-local.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Protocol
+
+import numpy as np
+
+from gpuorch_policy.cluster import Cluster, IntArray
+from gpuorch_policy.fragmentation import (
+    TaskMix,
+    frag_after_share,
+    frag_weighted,
+    sigmoid_score,
+    take_gpus_best_fit,
+)
+from gpuorch_policy.model import GPU_MILLI, Request
+
+MAX_SPEC_CPU = 128_000  # the simulator's normalisers (MaxSpecCpu, MaxSpecGpu)
+MAX_SPEC_GPU = 8_000
+MAX_SCORE = 100
+
+
+class Scorer(Protocol):
+    name: str
+    node_local: bool
+
+    def cache_key(self, request: Request) -> Hashable: ...
+
+    def score(
+        self, request: Request, cluster: Cluster, rows: IntArray, rng: np.random.Generator | None
+    ) -> tuple[IntArray, IntArray]: ...
+
+
+def _scoring_key(request: Request) -> Hashable:
+    return (request.cpu_milli, request.num_gpu, request.gpu_milli, request.gpu_models, request.gpu_memory_mib)
+
+
+def _no_pick(rows: IntArray) -> IntArray:
+    return np.full(len(rows), -1, dtype=np.int64)
+
+
+def best_fit_share_slot(request: Request, cluster: Cluster, rows: IntArray) -> IntArray:
+    """Per node, the eligible slot with the least free milli (first index on ties): the simulator's "best" GPU."""
+    eligible = cluster.eligible_gpus(request, rows)
+    key = np.where(eligible, cluster.gpu_usable[rows], np.iinfo(np.int64).max)
+    return np.asarray(np.argmin(key, axis=1))
+
+
+class RandomScore:
+    """One feasible node drawn uniformly gets 100, all others 0; a share goes to a random fitting GPU."""
+
+    name = "Random"
+    node_local = False
+
+    def cache_key(self, request: Request) -> Hashable:
+        return None
+
+    def score(
+        self, request: Request, cluster: Cluster, rows: IntArray, rng: np.random.Generator | None
+    ) -> tuple[IntArray, IntArray]:
+        gen = rng if rng is not None else np.random.default_rng()
+        scores = np.zeros(len(rows), dtype=np.int64)
+        picks = _no_pick(rows)
+        if len(rows) == 0:
+            return scores, picks
+        chosen = int(gen.integers(len(rows)))
+        scores[chosen] = MAX_SCORE
+        if request.is_share:
+            slots = np.flatnonzero(cluster.eligible_gpus(request, rows[chosen : chosen + 1])[0])
+            picks[chosen] = int(slots[int(gen.integers(len(slots)))])
+        return scores, picks
+
+
+class DotProductScore:
+    """Tetris-style alignment with merged GPU dimension, normalised by the largest node (simulator: merge/max)."""
+
+    name = "DotProd"
+    node_local = True
+
+    def cache_key(self, request: Request) -> Hashable:
+        return _scoring_key(request)
+
+    def score(
+        self, request: Request, cluster: Cluster, rows: IntArray, rng: np.random.Generator | None
+    ) -> tuple[IntArray, IntArray]:
+        node_cpu = cluster.cpu_free[rows] / float(MAX_SPEC_CPU)
+        node_gpu = cluster.gpu_usable[rows].sum(axis=1) / float(MAX_SPEC_GPU)
+        pod_cpu = request.cpu_milli / float(MAX_SPEC_CPU)
+        pod_gpu = request.gpu_milli_total / float(MAX_SPEC_GPU)
+        dot = node_cpu * pod_cpu + node_gpu * pod_gpu
+        scores = (float(MAX_SCORE) * (1.0 - dot / 2.0)).astype(np.int64)
+        picks = best_fit_share_slot(request, cluster, rows) if request.is_share else _no_pick(rows)
+        return scores, picks
+
+
+class BestFitScore:
+    """Least (CPU, GPU) left after placing, weighted half and half (simulator's BestFit; its min-max normalisation
+    keeps the order, so it is left out)."""
+
+    name = "BestFit"
+    node_local = True
+
+    def cache_key(self, request: Request) -> Hashable:
+        return _scoring_key(request)
+
+    def score(
+        self, request: Request, cluster: Cluster, rows: IntArray, rng: np.random.Generator | None
+    ) -> tuple[IntArray, IntArray]:
+        cpu_left = (cluster.cpu_free[rows] - request.cpu_milli) / float(MAX_SPEC_CPU) * 0.5
+        gpu_left = (cluster.gpu_usable[rows].sum(axis=1) - request.gpu_milli_total) / float(MAX_SPEC_GPU) * 0.5
+        raw = 0.0 + cpu_left + gpu_left
+        scores = ((1.0 - raw) * float(MAX_SCORE)).astype(np.int64)
+        picks = best_fit_share_slot(request, cluster, rows) if request.is_share else _no_pick(rows)
+        return scores, picks
+
+
+class GpuPackingScore:
+    """Prefer shared GPUs, then free GPUs on used nodes, then empty nodes (simulator's GpuPacking)."""
+
+    name = "GpuPacking"
+    node_local = True
+
+    def cache_key(self, request: Request) -> Hashable:
+        return _scoring_key(request)
+
+    def score(
+        self, request: Request, cluster: Cluster, rows: IntArray, rng: np.random.Generator | None
+    ) -> tuple[IntArray, IntArray]:
+        picks = best_fit_share_slot(request, cluster, rows) if request.is_share else _no_pick(rows)
+        if request.gpu_milli_total <= 0:
+            return np.zeros(len(rows), dtype=np.int64), picks
+        free = cluster.gpu_usable[rows]
+        present = cluster.gpu_present[rows]
+        fully_free = ((free == GPU_MILLI) & present).sum(axis=1)
+        gpu_number = cluster.gpu_count[rows]
+        # GPUs used: eligible slots, least free first (stable), the first num_gpu of them.
+        eligible = cluster.eligible_gpus(request, rows)
+        key = np.where(eligible, free, np.iinfo(np.int64).max)
+        order = np.argsort(key, axis=1, kind="stable")[:, : request.num_gpu]
+        used_free = np.take_along_axis(free, order, axis=1)
+        free_used = (used_free == GPU_MILLI).sum(axis=1)
+        shared_ratio = (used_free * 100 // GPU_MILLI).sum(axis=1)
+        case_shared = np.maximum(MAX_SCORE - shared_ratio // 10, MAX_SCORE // 2)
+        case_free_on_used = np.maximum(MAX_SCORE // 2 - free_used, MAX_SCORE // 3)
+        case_empty = np.maximum(MAX_SCORE // 3 - fully_free, fully_free)
+        scores = np.where(
+            fully_free == gpu_number, case_empty, np.where(free_used > 0, case_free_on_used, case_shared)
+        )
+        return scores.astype(np.int64), picks
+
+
+class GpuClusteringScore:
+    """Keep tasks of the same GPU shape together (simulator's GpuClustering)."""
+
+    name = "GpuClustering"
+    node_local = True
+
+    def cache_key(self, request: Request) -> Hashable:
+        return _scoring_key(request)
+
+    def score(
+        self, request: Request, cluster: Cluster, rows: IntArray, rng: np.random.Generator | None
+    ) -> tuple[IntArray, IntArray]:
+        picks = best_fit_share_slot(request, cluster, rows) if request.is_share else _no_pick(rows)
+        if request.num_gpu == 0:
+            return np.zeros(len(rows), dtype=np.int64), picks
+        tag = 0 if request.is_share else min(request.num_gpu, 9)
+        counts = cluster.affinity_counts[rows]
+        kinds = (counts > 0).sum(axis=1)
+        same = counts[:, tag] > 0
+        left = cluster.gpu_usable[rows].sum(axis=1)
+        base = (MAX_SCORE // 4) * (MAX_SPEC_GPU - left) // MAX_SPEC_GPU
+        bonus = np.where(
+            same,
+            np.where(kinds == 1, MAX_SCORE * 3 // 4, MAX_SCORE * 2 // 4),
+            np.where(kinds == 0, MAX_SCORE // 4, 0),
+        )
+        return (base + bonus).astype(np.int64), picks
+
+
+class FgdScore:
+    """Fragmentation gradient descent: the node whose fragmentation (against the task mix) grows least.
+
+    Score = int(100 * sigmoid(-(frag after - frag before) / 1000)); a share goes to the GPU with the best score
+    (first index on ties), whole GPUs to the first free indexes, exactly as the simulator.
+    """
+
+    name = "FGD"
+    node_local = True
+
+    def __init__(self, mix: TaskMix) -> None:
+        self.mix = mix
+
+    def cache_key(self, request: Request) -> Hashable:
+        return _scoring_key(request)
+
+    def frag_change(self, request: Request, cluster: Cluster, rows: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+        """(weighted frag before [n], weighted frag after [n, options], option valid [n, options])."""
+        mix = self.mix
+        free = cluster.gpu_usable[rows]
+        cpu = cluster.cpu_free[rows]
+        model = cluster.node_model[rows]
+        before = frag_weighted(mix, free, cpu, model, cluster)
+        cpu_after = cpu - request.cpu_milli
+        if request.is_share:
+            after = frag_after_share(mix, free, cpu_after, model, request.gpu_milli, cluster)
+            valid = cluster.eligible_gpus(request, rows)
+            return before, after, valid
+        eligible = cluster.eligible_gpus(request, rows) if request.num_gpu else free >= 0
+        left = take_gpus_best_fit(free, eligible, request.num_gpu, request.gpu_milli)
+        after = frag_weighted(mix, left, cpu_after, model, cluster)[:, None]
+        return before, after, np.ones_like(after, dtype=np.bool_)
+
+    def score(
+        self, request: Request, cluster: Cluster, rows: IntArray, rng: np.random.Generator | None
+    ) -> tuple[IntArray, IntArray]:
+        before, after, valid = self.frag_change(request, cluster, rows)
+        per_option = np.where(valid, sigmoid_score(before[:, None], after, self.mix.total_weight), -1)
+        best = np.argmax(per_option, axis=1)
+        scores = per_option[np.arange(len(rows)), best]
+        picks = best if request.is_share else _no_pick(rows)
+        return scores.astype(np.int64), np.asarray(picks, dtype=np.int64)
