@@ -108,7 +108,8 @@ async def test_relay_sends_every_row_once_in_order_despite_failures(pool: asyncp
     assert await unsent_ids(pool) == []
     assert [c[2] for c in publisher.confirmed] == [str(m.message_id) for m in messages]  # once each, in order
     assert [decode(c[3]) for c in publisher.confirmed] == messages
-    assert publisher.confirmed[0][4] == {"traceparent": "00-t"} and publisher.confirmed[-1][4] == {}
+    assert publisher.confirmed[0][4] == {"traceparent": "00-t", "type": "job.queued"}
+    assert publisher.confirmed[-1][4] == {"type": "job.queued"}
     first = await pool.fetchrow("SELECT attempts, last_error FROM outbox ORDER BY id LIMIT 1")
     assert first["attempts"] == 2 and "call 1" in first["last_error"]
 

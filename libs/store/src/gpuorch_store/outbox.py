@@ -61,13 +61,12 @@ RETURNING id
 """
 
 
-async def add_to_outbox(
-    conn: Any, messages: Sequence[Message], headers: Mapping[str, Any] | None = None
-) -> list[int]:
+async def add_to_outbox(conn: Any, messages: Sequence[Message], headers: Mapping[str, Any] | None = None) -> list[int]:
     """Queue ``messages`` for publishing, in order, in ``conn``'s transaction; return the new row ids.
 
     Exchange and routing key come from ``gpuorch_contracts.route``, the body from ``encode``. ``headers``
-    (e.g. a ``traceparent``) are stored with every message and passed to the publisher. Raises ``ValueError``
+    (e.g. a ``traceparent``) are stored with every message, plus ``type`` (the message type, as
+    ``Broker.publish`` sets it), and passed to the publisher. Raises ``ValueError``
     for a body over ``MAX_MESSAGE_BYTES`` (it could never be published). Messages already in the outbox are
     skipped.
     """
@@ -79,11 +78,8 @@ async def add_to_outbox(
     bodies = [encode(m) for m in messages]
     for message, body in zip(messages, bodies, strict=True):
         if len(body) > MAX_MESSAGE_BYTES:
-            raise ValueError(
-                f"{message.type} {message.message_id} is {len(body)} bytes > {MAX_MESSAGE_BYTES}"
-            )
+            raise ValueError(f"{message.type} {message.message_id} is {len(body)} bytes > {MAX_MESSAGE_BYTES}")
     routes = [route(m) for m in messages]
-    headers_json = json.dumps(dict(headers or {}))
     await take_write_order_lock(conn)
     rows = await conn.fetch(
         _INSERT,
@@ -92,7 +88,7 @@ async def add_to_outbox(
         [exchange for exchange, _ in routes],
         [key for _, key in routes],
         bodies,
-        [headers_json] * len(messages),
+        [json.dumps({**(headers or {}), "type": m.type}) for m in messages],
     )
     return [int(r["id"]) for r in rows]
 
@@ -220,9 +216,7 @@ class OutboxRelay:
                     """,
                     sent_ids,
                 )
-            return RelayBatch(
-                sent=len(sent_ids), error=error, more=error is None and len(rows) == self._batch_size
-            )
+            return RelayBatch(sent=len(sent_ids), error=error, more=error is None and len(rows) == self._batch_size)
 
     def stop(self) -> None:
         """Ask ``run_forever`` to return after the batch in progress (safe to call from any task)."""

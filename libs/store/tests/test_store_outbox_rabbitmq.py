@@ -1,0 +1,78 @@
+"""Outbox relay through the real Broker (confirms + mandatory) into the real RabbitMQ."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import aio_pika
+import asyncpg
+import pytest
+from gpuorch_contracts import EVENTS_EXCHANGE, JobCancelled, JobQueued, decode
+from gpuorch_messaging import Broker, QueueSpec
+from gpuorch_store.outbox import OutboxRelay, add_to_outbox
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def pool(migrated_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(migrated_dsn, min_size=1, max_size=4)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def broker(amqp_url: str) -> AsyncIterator[Broker]:
+    broker = Broker(amqp_url, producer="scheduler/test")
+    await broker.connect()
+    yield broker
+    await broker.close()
+
+
+async def drain(url: str, queue: str, expect: int) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    connection = await aio_pika.connect(url)
+    got: list[aio_pika.abc.AbstractIncomingMessage] = []
+    try:
+        channel = await connection.channel()
+        q = await channel.declare_queue(queue, passive=True)
+        for _ in range(200):  # the messages were confirmed before we look: this only bounds a broken run
+            message = await q.get(no_ack=True, fail=False)
+            if message is not None:
+                got.append(message)
+            elif len(got) >= expect:
+                break
+            else:
+                await asyncio.sleep(0.05)
+    finally:
+        await connection.close()
+    return got
+
+
+async def test_relay_publishes_confirmed_in_order_and_keeps_unroutable_rows(
+    pool: asyncpg.Pool, broker: Broker, amqp_url: str
+) -> None:
+    await broker.declare_queue(QueueSpec(name="test.queued", bindings=[(EVENTS_EXCHANGE, "job.queued")]))
+    q1, q2, q3 = (JobQueued(job_id=uuid.uuid4(), pending_reason=f"r{n}", producer="s") for n in range(3))
+    cancelled = JobCancelled(job_id=uuid.uuid4(), reason="user asked", producer="s")
+    async with pool.acquire() as conn, conn.transaction():
+        await add_to_outbox(conn, [q1, q2, cancelled, q3], headers={"x-test": "yes"})
+
+    relay = OutboxRelay(pool, broker)
+    first = await relay.relay_once()
+    assert first.sent == 2 and first.error is not None and "unroutable" in first.error
+    unsent = await pool.fetch("SELECT message_id, last_error FROM outbox WHERE sent_at IS NULL ORDER BY id")
+    assert [r["message_id"] for r in unsent] == [cancelled.message_id, q3.message_id]
+    assert "unroutable" in unsent[0]["last_error"]
+
+    await broker.declare_queue(QueueSpec(name="test.cancelled", bindings=[(EVENTS_EXCHANGE, "job.cancelled")]))
+    second = await relay.relay_once()
+    assert second.sent == 2 and second.error is None
+    assert await pool.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL") == 0
+
+    queued = await drain(amqp_url, "test.queued", 3)
+    assert [decode(m.body) for m in queued] == [q1, q2, q3]
+    assert [m.message_id for m in queued] == [str(q.message_id) for q in (q1, q2, q3)]
+    assert all(m.headers.get("x-test") == "yes" and m.headers.get("type") == "job.queued" for m in queued)
+    assert [decode(m.body) for m in await drain(amqp_url, "test.cancelled", 1)] == [cancelled]

@@ -1,0 +1,125 @@
+"""``gpuctl db``: create the database if needed, apply migrations, and show their status.
+
+Mounted by the CLI as ``app.add_typer(db_app, name="db")``. Progress lines go to stderr; ``--json`` prints one
+JSON document on stdout. Exit codes: 0 done, 1 refused (files and database disagree) or database unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from gpuorch_store.migrations import MigrationError, ensure_database, migrate, status
+from gpuorch_store.outbox import outbox_backlog
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/gpuorch"
+
+db_app = typer.Typer(help="Database schema: apply migrations and show their status.", no_args_is_help=True)
+
+DsnOpt = Annotated[
+    str,
+    typer.Option(
+        "--dsn",
+        envvar="GPUORCH_DATABASE_URL",
+        help="PostgreSQL DSN (default: $GPUORCH_DATABASE_URL or postgresql://postgres@127.0.0.1:5432/gpuorch)",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _fail(message: str) -> typer.Exit:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return typer.Exit(code=1)
+
+
+@db_app.command("migrate")
+def migrate_command(
+    dsn: DsnOpt = DEFAULT_DSN,
+    create_database: Annotated[
+        bool, typer.Option("--create-db/--no-create-db", help="create the DSN's database if it is missing")
+    ] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Apply every pending migration, in order, under an advisory lock (safe to run from several places)."""
+
+    async def run() -> dict[str, Any]:
+        created = await ensure_database(dsn) if create_database else False
+        if created:
+            _progress(f"created database {dsn.rsplit('/', 1)[-1].split('?', 1)[0]}")
+        applied = await migrate(dsn, progress=_progress)
+        return {"database_created": created, "applied": applied}
+
+    try:
+        result = asyncio.run(run())
+    except MigrationError as exc:
+        raise _fail(str(exc)) from exc
+    except (OSError, ValueError) as exc:
+        raise _fail(f"cannot reach the database: {exc}") from exc
+    except Exception as exc:
+        if type(exc).__module__.startswith("asyncpg"):
+            raise _fail(f"{type(exc).__name__}: {exc}") from exc
+        raise
+    if as_json:
+        print(json.dumps(result))
+    else:
+        print(f"applied {len(result['applied'])} migration(s)")
+        for name in result["applied"]:
+            print(f"  {name}")
+
+
+@db_app.command("status")
+def status_command(dsn: DsnOpt = DEFAULT_DSN, as_json: JsonOpt = False) -> None:
+    """List every migration (applied, pending, changed, file-missing) and the outbox backlog."""
+
+    async def run() -> dict[str, Any]:
+        import asyncpg
+
+        rows = [row.as_dict() for row in await status(dsn)]
+        backlog: dict[str, Any] | None = None
+        if any(r["version"] == 3 and r["state"] == "applied" for r in rows):
+            conn = await asyncpg.connect(dsn)
+            try:
+                b = await outbox_backlog(conn)
+            finally:
+                await conn.close()
+            backlog = {
+                "unsent": b.unsent,
+                "oldest_unsent_at": b.oldest_unsent_at.isoformat() if b.oldest_unsent_at else None,
+                "head_attempts": b.failing_attempts,
+                "head_last_error": b.last_error,
+            }
+        return {"migrations": rows, "outbox": backlog}
+
+    try:
+        result = asyncio.run(run())
+    except MigrationError as exc:
+        raise _fail(str(exc)) from exc
+    except (OSError, ValueError) as exc:
+        raise _fail(f"cannot reach the database: {exc}") from exc
+    except Exception as exc:
+        if type(exc).__module__.startswith("asyncpg"):
+            raise _fail(f"{type(exc).__name__}: {exc}") from exc
+        raise
+    if as_json:
+        print(json.dumps(result))
+        return
+    for row in result["migrations"]:
+        applied_at = row["applied_at"] or "-"
+        print(f"{row['version']:04d}  {row['name']:<32} {row['state']:<13} {applied_at}")
+    outbox = result["outbox"]
+    if outbox is not None:
+        line = f"outbox: {outbox['unsent']} unsent"
+        if outbox["oldest_unsent_at"]:
+            line += f", oldest since {outbox['oldest_unsent_at']}"
+        if outbox["head_last_error"]:
+            line += f", head row failed {outbox['head_attempts']}x: {outbox['head_last_error']}"
+        print(line)
+    if any(r["state"] in ("changed", "file-missing") for r in result["migrations"]):
+        raise typer.Exit(code=1)
