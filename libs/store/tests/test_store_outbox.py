@@ -171,6 +171,22 @@ async def test_run_forever_wakes_on_notify_and_stops_cleanly(pool: asyncpg.Pool)
     assert await unsent_ids(pool) == []
 
 
+async def test_run_forever_with_a_one_connection_pool_polls_instead_of_listening(migrated_dsn: str) -> None:
+    small = await asyncpg.create_pool(migrated_dsn, min_size=1, max_size=1)
+    try:
+        publisher = FlakyPublisher()
+        relay = OutboxRelay(small, publisher, poll_interval=0.02)
+        runner = asyncio.create_task(relay.run_forever())
+        async with small.acquire() as conn:
+            await add_to_outbox(conn, [queued(1)])
+        await asyncio.wait_for(publisher.arrived.wait(), timeout=30)
+        relay.stop()
+        await asyncio.wait_for(runner, timeout=30)
+        assert len(publisher.confirmed) == 1
+    finally:
+        await small.close()
+
+
 async def test_purge_deletes_only_old_sent_rows(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
         await add_to_outbox(conn, [queued(1), queued(2), queued(3)])

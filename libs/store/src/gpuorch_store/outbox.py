@@ -140,7 +140,8 @@ class OutboxRelay:
     ``run_forever`` loops: publish a batch; when idle, wait for a NOTIFY on ``OUTBOX_CHANNEL`` or
     ``poll_interval``; after a failure, back off exponentially from ``retry_initial`` up to ``retry_max``.
     ``stop()`` makes it return after the current batch. ``relay_once`` publishes one batch (tests, or callers
-    with their own loop).
+    with their own loop). The LISTEN holds one pooled connection for the relay's lifetime, so give the pool at
+    least two (with one, the relay only polls).
     """
 
     def __init__(
@@ -267,7 +268,14 @@ class OutboxRelay:
         self._wake.set()
 
     async def _listen(self) -> Any:
-        """A pooled connection LISTENing on ``OUTBOX_CHANNEL``, or None (then the relay only polls)."""
+        """A pooled connection LISTENing on ``OUTBOX_CHANNEL``, or None (then the relay only polls).
+
+        With a pool of one connection the relay never listens: holding the only connection would starve
+        ``relay_once``.
+        """
+        max_size = getattr(self._pool, "get_max_size", lambda: 2)()
+        if max_size < 2:
+            return None
         try:
             conn = await self._pool.acquire()
         except Exception as exc:
