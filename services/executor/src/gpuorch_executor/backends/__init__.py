@@ -1,0 +1,1 @@
+"""Launch backends behind one interface (``backends.base.Backend``): ``process`` and ``container``."""

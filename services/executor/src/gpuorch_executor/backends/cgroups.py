@@ -1,0 +1,85 @@
+"""Host memory and CPU limits through cgroups v2, where this machine offers them.
+
+``CgroupV2.detect(root)`` checks that ``root``'s parent is a cgroup2 directory with the ``memory`` and ``cpu``
+controllers, that ``root`` can be created, and enables both controllers for its children. If anything is missing
+(cgroup v1 or hybrid hosts, a read-only ``/sys/fs/cgroup`` in a container), it returns ``None`` and the reason,
+and the executor runs jobs without limits after logging a warning.
+
+Each job gets ``<root>/<placement_id>`` with ``memory.max`` = ``spec.memory_mib`` MiB (``memory.swap.max`` = 0),
+``cpu.max`` = ``cpu_milli``/1000 CPUs; the supervisor moves the job into it before exec, reads
+``memory.events`` (``oom_kill``) when it ended, and removes it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CPU_PERIOD_US = 100_000
+
+
+def is_cgroup2_mount(path: Path) -> bool:
+    """Whether ``path`` lies on a cgroup2 filesystem (per /proc/self/mountinfo)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    best = ""
+    best_type = ""
+    resolved = str(path.resolve())
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) < 5 or not right:
+            continue
+        mount_point = fields[4]
+        fs_type = right.split()[0]
+        if (resolved == mount_point or resolved.startswith(mount_point.rstrip("/") + "/")) and len(
+            mount_point
+        ) >= len(best):
+            best, best_type = mount_point, fs_type
+    return best_type == "cgroup2"
+
+
+class CgroupV2:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @classmethod
+    def detect(cls, root: Path, *, check_mount: bool = True) -> tuple[CgroupV2 | None, str]:
+        """A usable cgroup v2 subtree at ``root``, or ``None`` with the reason it cannot be used."""
+        parent = root.parent
+        if check_mount and not is_cgroup2_mount(parent):
+            return None, f"{parent} is not a cgroup2 filesystem (cgroup v1 or hybrid host)"
+        try:
+            controllers = (parent / "cgroup.controllers").read_text().split()
+        except OSError as exc:
+            return None, f"cannot read {parent / 'cgroup.controllers'}: {exc}"
+        missing = {"memory", "cpu"} - set(controllers)
+        if missing:
+            return None, f"controllers {sorted(missing)} are not available in {parent}"
+        try:
+            (parent / "cgroup.subtree_control").write_text("+memory +cpu")
+            root.mkdir(exist_ok=True)
+            (root / "cgroup.subtree_control").write_text("+memory +cpu")
+        except OSError as exc:
+            return None, f"cannot set up {root}: {exc}"
+        return cls(root), "ok"
+
+    def create(self, name: str, *, cpu_milli: int, memory_mib: int) -> Path:
+        """Create the job's cgroup with its limits; raises ``OSError`` when the kernel refuses."""
+        path = self.root / name
+        path.mkdir(exist_ok=True)
+        (path / "memory.max").write_text(str(memory_mib * 1024 * 1024) if memory_mib > 0 else "max")
+        swap = path / "memory.swap.max"
+        if swap.exists():
+            swap.write_text("0")
+        quota = f"{cpu_milli * CPU_PERIOD_US // 1000} {CPU_PERIOD_US}" if cpu_milli > 0 else f"max {CPU_PERIOD_US}"
+        (path / "cpu.max").write_text(quota)
+        return path
+
+    def remove(self, path: Path) -> None:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass

@@ -1,0 +1,71 @@
+"""``process`` backend: the spec's argv runs directly under the supervisor, in its own process group.
+
+Isolation: GPU visibility through ``CUDA_VISIBLE_DEVICES``/``NVIDIA_VISIBLE_DEVICES`` (UUIDs), host memory and CPU
+through a cgroup v2 per job when ``cgroups`` is given (see ``backends.cgroups``), the job's own working directory
+and a minimal environment (``domain.environment``). Signals go to the job's process group, and only after its pid
+*and* start time were checked.
+"""
+
+from __future__ import annotations
+
+import signal as signals
+from pathlib import Path
+from typing import ClassVar
+
+from gpuorch_contracts import ProcessRun
+
+from gpuorch_executor.backends.base import Backend, JobLaunch, SupervisedCommand, signal_process_group
+from gpuorch_executor.backends.cgroups import CgroupV2
+from gpuorch_executor.domain.environment import job_environment
+from gpuorch_executor.domain.placement import PlacementRecord
+
+
+class ProcessBackend(Backend):
+    runtime: ClassVar[str] = "process"
+
+    def __init__(self, cgroups: CgroupV2 | None = None) -> None:
+        self.cgroups = cgroups
+
+    def prepare(self, job: JobLaunch) -> SupervisedCommand:
+        run = job.launch.spec.run
+        if not isinstance(run, ProcessRun):
+            raise ValueError("the process backend runs ProcessRun specs only")
+        if job.executable is None:
+            raise ValueError(f"command {run.argv[0]!r} was not found on this node")
+        cwd = run.workdir
+        if cwd is not None and not Path(cwd).is_absolute():
+            raise ValueError(f"workdir {cwd!r} must be an absolute path")
+        env = job_environment(job.launch, job.checkpoint_file, job.executor_env)
+        cgroup = None
+        notes = []
+        if self.cgroups is not None:
+            spec = job.launch.spec
+            try:
+                cgroup = str(self.cgroups.create(
+                    str(job.launch.placement_id), cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib
+                ))
+            except OSError as exc:
+                raise ValueError(f"cannot create the job's cgroup: {exc}") from exc
+        else:
+            notes.append("no cgroup v2: host memory and CPU limits not enforced")
+        return SupervisedCommand(
+            argv=list(run.argv), env=env, executable=job.executable, cwd=cwd, cgroup=cgroup,
+            memory_limited=cgroup is not None and job.launch.spec.memory_mib > 0, notes=notes,
+        )
+
+    async def send_signal(self, record: PlacementRecord, signum: int) -> None:
+        signal_process_group(record, signum)
+        if signum == signals.SIGKILL and record.cgroup:
+            _kill_cgroup(record.cgroup)
+
+    def release(self, record: PlacementRecord) -> None:
+        if self.cgroups is not None and record.cgroup:
+            self.cgroups.remove(Path(record.cgroup))
+
+
+def _kill_cgroup(cgroup: str) -> None:
+    """SIGKILL every process left in the job's cgroup, including those that left its process group."""
+    try:
+        Path(cgroup, "cgroup.kill").write_text("1")
+    except OSError:
+        pass

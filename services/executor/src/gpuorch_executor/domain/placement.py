@@ -1,0 +1,70 @@
+"""The executor's durable record of one placement (one JSON file per placement, see ``placement_store``).
+
+The record is the executor's memory across crashes: what it was asked to run, which supervisor and job process
+run it (pid *and* start time, so a recycled pid is never mistaken for the job), whether a stop is under way, and an
+outbox of events not yet confirmed by the broker. Events are appended to the outbox in the same write that changes
+the state they report, and removed only after the broker confirmed them: publication is at-least-once, and the
+deterministic message ids (``lifecycle.event_id``) let consumers dedupe.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from gpuorch_contracts import LaunchJob
+from pydantic import BaseModel, ConfigDict
+
+from gpuorch_executor.domain.lifecycle import PlacementState, StopReason, check_transition
+
+
+class StopRequest(BaseModel):
+    """A stop under way: the checkpoint signal goes out once, SIGKILL follows at ``kill_at`` (epoch seconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: StopReason
+    requested_at: float
+    kill_at: float
+    signal: str = "SIGTERM"
+    signal_sent: bool = False
+    killed: bool = False
+
+
+class PlacementRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    placement_id: uuid.UUID
+    job_id: uuid.UUID
+    node_id: str
+    state: PlacementState = "launching"
+    runtime: Literal["process", "container"] = "process"
+    launch: LaunchJob | None = None
+    """The command that created the placement (``None`` for a placement stopped before it was launched)."""
+    log_path: str | None = None
+    checkpoint_file: str | None = None
+    container_name: str | None = None
+    cgroup: str | None = None
+    memory_limited: bool = False
+    supervisor_pid: int | None = None
+    supervisor_create_time: float | None = None
+    job_pid: int | None = None
+    job_create_time: float | None = None
+    started_at: float | None = None
+    """Epoch seconds at which the job started (from the supervisor)."""
+    stop: StopRequest | None = None
+    checkpoint_reported: bool = False
+    orphaned: bool = False
+    """The supervisor vanished while the job still ran: its exit status can no longer be known."""
+    outbox: list[dict[str, Any]] = []
+    """Events (contract JSON) to publish, in order; removed one by one as the broker confirms them."""
+    outcome_type: str | None = None
+
+    def advance(self, target: PlacementState) -> None:
+        """Move along the lifecycle (``lifecycle.ALLOWED_TRANSITIONS``); raises ``IllegalTransition`` otherwise."""
+        check_transition(self.state, target)
+        self.state = target
+
+    @property
+    def active(self) -> bool:
+        return self.state in ("launching", "running", "stopping")

@@ -1,0 +1,44 @@
+"""The events a placement produces, with their deterministic message ids (``lifecycle.event_id``)."""
+
+from __future__ import annotations
+
+from gpuorch_contracts import JobCheckpointed, JobFailed, JobFinished, JobLost, JobStarted, Message
+
+from gpuorch_executor.domain.lifecycle import event_id
+from gpuorch_executor.domain.outcome import Outcome
+from gpuorch_executor.domain.placement import PlacementRecord
+
+
+def started_event(record: PlacementRecord, producer: str, container_id: str | None = None) -> JobStarted:
+    return JobStarted(
+        message_id=event_id(record.placement_id, "started"), producer=producer, job_id=record.job_id,
+        placement_id=record.placement_id, node_id=record.node_id, pid=record.job_pid,
+        container_id=container_id, log_path=record.log_path,
+    )
+
+
+def checkpointed_event(record: PlacementRecord, producer: str) -> JobCheckpointed:
+    return JobCheckpointed(
+        message_id=event_id(record.placement_id, "checkpointed"), producer=producer, job_id=record.job_id,
+        placement_id=record.placement_id, node_id=record.node_id,
+    )
+
+
+def outcome_event(record: PlacementRecord, outcome: Outcome, producer: str) -> Message:
+    """``JobFinished`` for exit 0, ``JobFailed`` with the classified cause otherwise (one id per placement)."""
+    common = {
+        "message_id": event_id(record.placement_id, "outcome"), "producer": producer, "job_id": record.job_id,
+        "placement_id": record.placement_id, "node_id": record.node_id,
+    }
+    duration = round(max(outcome.duration_s, 0.0), 6)
+    if outcome.kind == "finished":
+        return JobFinished(**common, exit_code=outcome.exit_code or 0, duration_s=duration)
+    return JobFailed(**common, cause=outcome.cause, reason=outcome.reason, exit_code=outcome.exit_code,
+                     duration_s=duration)
+
+
+def lost_event(record: PlacementRecord, reason: str, producer: str) -> JobLost:
+    return JobLost(
+        message_id=event_id(record.placement_id, "outcome"), producer=producer, job_id=record.job_id,
+        placement_id=record.placement_id, node_id=record.node_id, reason=reason[:1024],
+    )

@@ -1,0 +1,126 @@
+"""``gpuorch-executor``: the broker adapter. Builds one ``NodeExecutor`` per node id, reconciles, consumes.
+
+Per node it declares queue ``executor.<node_id>`` bound to ``gpuorch.commands`` with ``node.<node_id>.launch_job``
+and ``node.<node_id>.stop_job``, and hands each decoded command to that node's executor. A fencing loop watches the
+broker connection (``domain.fencing.BrokerFence``): past the deadline minus the grace it stops every job itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from pathlib import Path
+
+from gpuorch_contracts import COMMANDS_EXCHANGE, LaunchJob, StopJob
+from gpuorch_contracts.routing import command_routing_key
+from gpuorch_messaging import Broker, QueueSpec
+from gpuorch_observability import configure, get_logger, start_metrics_server
+
+from gpuorch_executor.backends.base import Backend
+from gpuorch_executor.backends.cgroups import CgroupV2
+from gpuorch_executor.backends.container import ContainerBackend
+from gpuorch_executor.backends.process import ProcessBackend
+from gpuorch_executor.config import ENVIRONMENT_HELP, ExecutorConfig
+from gpuorch_executor.domain.allowlist import load_allow_list
+from gpuorch_executor.domain.fencing import BrokerFence
+from gpuorch_executor.handlers import NodeExecutor, NodeSettings
+
+log = get_logger("gpuorch_executor")
+FENCE_CHECK_INTERVAL_S = 0.5
+
+
+def executor_queue(node_id: str) -> QueueSpec:
+    return QueueSpec(
+        name=f"executor.{node_id}",
+        bindings=[(COMMANDS_EXCHANGE, command_routing_key(node_id, LaunchJob.TYPE)),
+                  (COMMANDS_EXCHANGE, command_routing_key(node_id, StopJob.TYPE))],
+        prefetch=16,
+    )
+
+
+def build_backends(config: ExecutorConfig) -> dict[str, Backend]:
+    backends: dict[str, Backend] = {}
+    if "process" in config.runtimes:
+        cgroups = None
+        if config.cgroup_root != "off":
+            cgroups, why = CgroupV2.detect(Path(config.cgroup_root))
+            if cgroups is None:
+                log.warning("cgroups.unavailable", reason=why, effect="host memory/CPU limits not enforced")
+        backends["process"] = ProcessBackend(cgroups)
+    if "container" in config.runtimes:
+        backends["container"] = ContainerBackend(config.docker)
+    return backends
+
+
+async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
+    producer = "executor/" + ",".join(config.node_ids)
+    broker = Broker(config.amqp_url, producer=producer, connection_name=f"executor {producer}")
+    await broker.connect()
+    allow_list = load_allow_list(config.allow)
+    backends = build_backends(config)
+    executors = [
+        NodeExecutor(NodeSettings(node_id=node_id, state_dir=config.state_dir(node_id), backends=backends,
+                                  allow_list=allow_list, producer=f"executor/{node_id}",
+                                  poll_interval_s=config.poll_interval_s), broker)
+        for node_id in config.node_ids
+    ]
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for executor in executors:
+            await executor.reconcile()
+            tasks.append(asyncio.create_task(executor.run()))
+        for executor in executors:
+            await broker.consume(executor_queue(executor.node_id), executor.handle)
+        log.info("executor.ready", nodes=list(config.node_ids), runtimes=list(config.runtimes))
+        tasks.append(asyncio.create_task(_fence_loop(broker, executors, config)))
+        await stop.wait()
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await broker.close()
+
+
+async def _fence_loop(broker: Broker, executors: list[NodeExecutor], config: ExecutorConfig) -> None:
+    fence = BrokerFence(config.fencing_deadline_s, config.fencing_grace_s)
+    while True:
+        decision = fence.observe(broker.is_connected, time.monotonic(), broker.disconnected_since)
+        if decision.action == "fence" and decision.kill_by is not None:
+            log.error("executor.fencing", disconnected_for_s=round(decision.disconnected_for_s, 1),
+                      deadline_s=config.fencing_deadline_s)
+            for executor in executors:
+                await executor.fence(decision.kill_by)
+        elif decision.action == "recovered":
+            log.warning("executor.unfenced", note="broker back; stopped jobs are reported as lost")
+        await asyncio.sleep(FENCE_CHECK_INTERVAL_S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuorch-executor", description="Run gpuorch jobs on this GPU node (configured by environment).",
+        epilog=ENVIRONMENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.parse_args(sys.argv[1:] if argv is None else argv)
+    config = ExecutorConfig.from_env()
+    configure("executor", log_level=config.log_level, otlp_endpoint=config.otlp_endpoint)
+    start_metrics_server(config.metrics_port)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await serve(config, stop)
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,539 @@
+"""Service layer of one node's executor: LaunchJob and StopJob handlers, the watch loop, reconciliation, fencing.
+
+Guarantees (what the broker adapter may rely on):
+- ``handle(LaunchJob)`` returns only when the placement is recorded on disk, its job runs (or its refusal or
+  launch error is recorded) and the resulting event was confirmed by the publisher; it raises otherwise, and the
+  redelivery is safe: a placement already known starts nothing (its pending events are published again, with the
+  same message ids).
+- ``handle(StopJob)`` returns once the stop is recorded and the checkpoint signal was sent; the SIGKILL after the
+  grace is the watch loop's, and survives an executor restart (``kill_at`` is in the record).
+- Every placement ends with exactly one outcome event (JobFinished, JobFailed or JobLost) whose message id is
+  ``uuid5(placement_id, "outcome")``; publication is at-least-once (outbox in the record, removed after confirm).
+- ``reconcile()`` (on start) adopts every placement whose supervisor or job still runs (pid and start time
+  checked), reports the outcome of those that ended while the executor was down (exit code from the supervisor's
+  ``exit.json``), and reports ``JobLost`` for those that vanished without an exit status.
+
+Handlers are listed in ``NodeExecutor.handlers`` (message type -> coroutine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal as signals
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from gpuorch_contracts import MESSAGE_TYPES, LaunchJob, Message, ProcessRun, StopJob
+from gpuorch_messaging.abc import Publisher, PublishError
+from gpuorch_observability import get_logger
+
+from gpuorch_executor.backends.base import Backend, JobLaunch, create_time_of, same_process
+from gpuorch_executor.domain.allowlist import DEFAULT_ALLOW_LIST, AllowList, Refusal
+from gpuorch_executor.domain.lifecycle import StopReason
+from gpuorch_executor.domain.outcome import ExitReport, Outcome, classify
+from gpuorch_executor.domain.placement import PlacementRecord, StopRequest
+from gpuorch_executor.domain.reports import checkpointed_event, lost_event, outcome_event, started_event
+from gpuorch_executor.placement_store import PlacementStore, read_tail
+
+log = get_logger(__name__)
+
+SUPERVISOR_MODULE = "gpuorch_executor.supervise"
+ADOPTION_START_TOLERANCE_S = 5.0
+"""A job pid found only through ``started.json`` is adopted if that process started this close to the record."""
+
+
+@dataclass
+class NodeSettings:
+    node_id: str
+    state_dir: Path
+    backends: Mapping[str, Backend]
+    allow_list: AllowList = DEFAULT_ALLOW_LIST
+    producer: str = ""
+    executor_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    python: str = sys.executable
+    poll_interval_s: float = 0.1
+    start_timeout_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if not self.producer:
+            self.producer = f"executor/{self.node_id}"
+
+
+class NodeExecutor:
+    """Runs the placements of one node. Create it, ``await reconcile()``, then ``run()`` beside the consumer."""
+
+    def __init__(self, settings: NodeSettings, publisher: Publisher, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.node_id = settings.node_id
+        self.publisher = publisher
+        self.clock = clock
+        self.store = PlacementStore(settings.state_dir)
+        self.records: dict[uuid.UUID, PlacementRecord] = {}
+        self._command_locks: dict[uuid.UUID, asyncio.Lock] = {}
+        self._publish_locks: dict[uuid.UUID, asyncio.Lock] = {}
+        self._supervisors: dict[uuid.UUID, subprocess.Popen[bytes]] = {}
+        self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
+            LaunchJob.TYPE: self.launch,
+            StopJob.TYPE: self.stop,
+        }
+
+    # -- commands ---------------------------------------------------------------------------------------------
+
+    async def handle(self, message: Message) -> None:
+        """Dispatch a command through ``handlers``; other messages are ignored with a log line."""
+        handler = self.handlers.get(message.TYPE)
+        if handler is None:
+            log.warning("executor.unhandled_message", type=message.TYPE, node_id=self.node_id)
+            return
+        await handler(message)
+
+    async def launch(self, command: LaunchJob) -> None:
+        if command.node_id != self.node_id:
+            log.warning("launch.wrong_node", node_id=self.node_id, target=command.node_id)
+            return
+        async with self._command_lock(command.placement_id):
+            known = self.records.get(command.placement_id)
+            if known is not None:
+                log.info("launch.redelivered", placement_id=str(command.placement_id), state=known.state)
+                await self.flush(known, raise_errors=True)
+                return
+            record = PlacementRecord(
+                placement_id=command.placement_id, job_id=command.job_id, node_id=self.node_id, launch=command,
+                runtime=command.spec.run.runtime,
+                log_path=str(self.store.log_path(command.job_id, command.placement_id)),
+                checkpoint_file=str(self.store.checkpoint_file(command.placement_id)),
+            )
+            refusal = self._refusal(command)
+            if refusal is not None:
+                log.warning("launch.refused", placement_id=str(command.placement_id), reason=refusal.reason)
+                await self._end_unstarted(record, Outcome("failed", "refused", refusal.reason, None, 0.0))
+                return
+            await self._start(record, command)
+            await self.flush(record, raise_errors=True)
+
+    def _refusal(self, command: LaunchJob) -> Refusal | None:
+        run = command.spec.run
+        tenant = command.spec.tenant
+        if run.runtime not in self.settings.backends:
+            return Refusal(f"runtime {run.runtime!r} is not enabled on node {self.node_id}")
+        if isinstance(run, ProcessRun):
+            return self.settings.allow_list.check_process(tenant, run, self._resolve(run.argv[0]))
+        return self.settings.allow_list.check_container(tenant, run)
+
+    def _resolve(self, argv0: str) -> str | None:
+        """``argv[0]`` on the executor's own PATH (never the job's), or an absolute path that is executable."""
+        if "/" not in argv0:
+            return shutil.which(argv0, path=self.settings.executor_env.get("PATH", os.defpath))
+        if os.path.isabs(argv0) and os.access(argv0, os.X_OK) and os.path.isfile(argv0):
+            return argv0
+        return None
+
+    async def _start(self, record: PlacementRecord, command: LaunchJob) -> None:
+        backend = self.settings.backends[record.runtime]
+        self.store.prepare(record)
+        run = command.spec.run
+        job = JobLaunch(
+            launch=command, placement_dir=self.store.placement_dir(record.placement_id),
+            log_path=Path(record.log_path or ""), checkpoint_file=Path(record.checkpoint_file or ""),
+            executor_env=dict(self.settings.executor_env),
+            executable=self._resolve(run.argv[0]) if isinstance(run, ProcessRun) else None,
+            mounts=self.settings.allow_list.mounts_for(command.spec.tenant),
+        )
+        try:
+            supervised = backend.prepare(job)
+        except ValueError as exc:
+            log.warning("launch.error", placement_id=str(record.placement_id), reason=str(exc))
+            await self._end_unstarted(record, Outcome("failed", "launch_error", str(exc), None, 0.0))
+            return
+        for note in supervised.notes:
+            log.warning("launch.note", placement_id=str(record.placement_id), note=note)
+        record.cgroup = supervised.cgroup
+        record.container_name = supervised.container_name
+        record.memory_limited = supervised.memory_limited
+        self.records[record.placement_id] = record
+        self.store.save(record)  # durable before anything runs: a crash from here on is reconciled
+        self.store.write_launch(record.placement_id, {
+            "argv": supervised.argv, "executable": supervised.executable, "env": supervised.env,
+            "cwd": supervised.cwd, "log_path": record.log_path, "cgroup": supervised.cgroup,
+        })
+        supervisor = self._spawn_supervisor(self.store.placement_dir(record.placement_id))
+        self._supervisors[record.placement_id] = supervisor
+        record.supervisor_pid = supervisor.pid
+        record.supervisor_create_time = create_time_of(supervisor.pid)
+        self.store.save(record)
+        await self._await_job_start(record)
+
+    def _spawn_supervisor(self, placement_dir: Path) -> subprocess.Popen[bytes]:
+        """Start the job's supervisor in its own session, so that it outlives this executor."""
+        with open(placement_dir / "supervisor.log", "ab") as supervisor_log:
+            return subprocess.Popen(
+                [self.settings.python, "-m", SUPERVISOR_MODULE, str(placement_dir)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=supervisor_log,
+                start_new_session=True, close_fds=True, env=self._supervisor_env(),
+            )
+
+    def _supervisor_env(self) -> dict[str, str]:
+        env = {"PATH": self.settings.executor_env.get("PATH", os.defpath)}
+        for name in ("PYTHONPATH", "LANG", "LC_ALL"):
+            if name in self.settings.executor_env:
+                env[name] = self.settings.executor_env[name]
+        return env
+
+    async def _await_job_start(self, record: PlacementRecord) -> None:
+        """Wait for the supervisor's ``started.json`` (-> running) or ``exit.json`` (-> launch error)."""
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        while True:
+            started = self.store.read_started(record.placement_id)
+            if started is not None:
+                self._mark_running(record, started)
+                return
+            if self.store.read_exit(record.placement_id) is not None:
+                self._conclude(record, self.store.read_exit(record.placement_id) or {})
+                return
+            supervisor_gone = not self._supervisor_alive(record)
+            if supervisor_gone or time.monotonic() > deadline:
+                if self.store.read_started(record.placement_id) or self.store.read_exit(record.placement_id):
+                    continue
+                if not supervisor_gone:
+                    self._kill_supervisor(record)
+                tail = read_tail(self.store.placement_dir(record.placement_id) / "supervisor.log", 600).strip()
+                why = "exited" if supervisor_gone else f"did not start the job within {self.settings.start_timeout_s}s"
+                self._conclude_outcome(record, Outcome("failed", "launch_error", f"supervisor {why}: {tail}",
+                                                       None, 0.0))
+                return
+            await asyncio.sleep(0.005)
+
+    def _mark_running(self, record: PlacementRecord, started: dict[str, Any]) -> None:
+        record.job_pid = int(started["job_pid"])
+        record.started_at = float(started["started_at"])
+        create_time = create_time_of(record.job_pid)
+        if create_time is not None and abs(create_time - record.started_at) <= ADOPTION_START_TOLERANCE_S:
+            record.job_create_time = create_time
+        if record.supervisor_pid is None:
+            record.supervisor_pid = int(started["supervisor_pid"])
+            record.supervisor_create_time = create_time_of(record.supervisor_pid)
+        record.advance("running")
+        record.outbox = [*record.outbox, started_event(record, self.settings.producer, self._container_id(record))
+                         .model_dump(mode="json")]
+        self.store.save(record)
+        log.info("job.started", placement_id=str(record.placement_id), job_id=str(record.job_id),
+                 pid=record.job_pid, node_id=self.node_id)
+
+    def _container_id(self, record: PlacementRecord) -> str | None:
+        if record.container_name is None:
+            return None
+        cidfile = self.store.placement_dir(record.placement_id) / "container.id"
+        try:
+            return cidfile.read_text().strip() or record.container_name
+        except OSError:
+            return record.container_name
+
+    async def stop(self, command: StopJob) -> None:
+        if command.node_id != self.node_id:
+            log.warning("stop.wrong_node", node_id=self.node_id, target=command.node_id)
+            return
+        async with self._command_lock(command.placement_id):
+            record = self.records.get(command.placement_id)
+            if record is None:
+                # Stopped before its launch arrived: remember it, so that a late LaunchJob starts nothing.
+                record = PlacementRecord(placement_id=command.placement_id, job_id=command.job_id,
+                                         node_id=self.node_id)
+                await self._end_unstarted(record, Outcome(
+                    "failed", "killed", f"stopped: {command.reason} before it was launched", None, 0.0))
+                return
+            if not record.active:
+                log.info("stop.already_ended", placement_id=str(record.placement_id))
+                await self.flush(record)
+                return
+            spec_grace = record.launch.spec.checkpoint.grace_s if record.launch else 0.0
+            grace = command.grace_s if "grace_s" in command.model_fields_set else spec_grace
+            await self.begin_stop(record, command.reason, grace)
+            await self.flush(record)
+
+    async def begin_stop(self, record: PlacementRecord, reason: StopReason, grace_s: float) -> None:
+        """Record the stop, send the checkpoint signal, and leave the SIGKILL at ``now + grace_s`` to ``tick``.
+
+        A second stop of a placement already stopping only brings its kill time closer, never further.
+        """
+        now = self.clock()
+        if record.stop is not None:
+            if now + grace_s < record.stop.kill_at:
+                record.stop = record.stop.model_copy(update={"kill_at": now + grace_s})
+                self.store.save(record)
+            return
+        signal_name = record.launch.spec.checkpoint.signal if record.launch else "SIGTERM"
+        record.stop = StopRequest(reason=reason, requested_at=now, kill_at=now + grace_s, signal=signal_name)
+        if record.state == "running":
+            record.advance("stopping")
+        self.store.save(record)  # durable before the signal: a restart resumes the stop where it was
+        log.info("job.stopping", placement_id=str(record.placement_id), reason=reason, grace_s=grace_s)
+        await self._send_checkpoint_signal(record)
+
+    async def _send_checkpoint_signal(self, record: PlacementRecord) -> None:
+        assert record.stop is not None
+        backend = self.settings.backends.get(record.runtime)
+        if backend is not None and record.job_pid is not None:
+            await backend.send_signal(record, signals.Signals[record.stop.signal])
+        record.stop = record.stop.model_copy(update={"signal_sent": True})
+        self.store.save(record)
+
+    async def fence(self, kill_by_monotonic: float) -> int:
+        """Stop every active job (reason ``fenced``) so that all are dead by ``kill_by_monotonic``.
+
+        Returns how many placements it began to stop.
+        """
+        count = 0
+        for record in list(self.records.values()):
+            if not record.active or record.state == "launching":
+                continue
+            grace = max(0.0, kill_by_monotonic - time.monotonic())
+            if record.launch is not None:
+                grace = min(grace, record.launch.spec.checkpoint.grace_s)
+            if record.stop is not None:
+                # Already stopping for another reason: only bring the kill forward.
+                await self.begin_stop(record, "fenced", grace)
+                continue
+            await self.begin_stop(record, "fenced", grace)
+            count += 1
+        log.warning("executor.fenced", node_id=self.node_id, placements=count)
+        return count
+
+    # -- watching ---------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Watch placements and publish outboxes until cancelled."""
+        publisher_task = asyncio.create_task(self._publish_loop())
+        try:
+            while True:
+                await self.tick()
+                await asyncio.sleep(self.settings.poll_interval_s)
+        finally:
+            publisher_task.cancel()
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await self.flush_all()
+            await asyncio.sleep(max(self.settings.poll_interval_s, 0.05))
+
+    async def flush_all(self) -> None:
+        for record in list(self.records.values()):
+            if record.outbox:
+                await self.flush(record)
+
+    async def tick(self) -> None:
+        """One pass over the active placements: outcomes, checkpoint confirmations, kills, max runtime, liveness."""
+        for placement_id, supervisor in list(self._supervisors.items()):
+            if supervisor.poll() is not None:
+                del self._supervisors[placement_id]
+        for record in list(self.records.values()):
+            if not record.active or self._command_lock(record.placement_id).locked():
+                continue
+            try:
+                await self._watch(record)
+            except Exception:  # one broken placement must not stop the watch of the others
+                log.exception("watch.failed", placement_id=str(record.placement_id))
+
+    async def _watch(self, record: PlacementRecord) -> None:
+        if record.state == "launching":
+            return
+        exit_status = self.store.read_exit(record.placement_id)
+        if exit_status is not None:
+            self._conclude(record, exit_status)
+            return
+        now = self.clock()
+        if record.stop is not None:
+            self._note_checkpoint(record)
+            if not record.stop.signal_sent:
+                await self._send_checkpoint_signal(record)
+            if now >= record.stop.kill_at and not record.stop.killed:
+                backend = self.settings.backends.get(record.runtime)
+                log.warning("job.killing", placement_id=str(record.placement_id), reason=record.stop.reason)
+                if backend is not None:
+                    await backend.kill(record)
+                record.stop = record.stop.model_copy(update={"killed": True})
+                self.store.save(record)
+        elif self._max_runtime_exceeded(record, now):
+            assert record.launch is not None
+            await self.begin_stop(record, "max_runtime", record.launch.spec.checkpoint.grace_s)
+        if self._supervisor_alive(record):
+            return
+        exit_status = self.store.read_exit(record.placement_id)  # it may have written it just before exiting
+        if exit_status is not None:
+            self._conclude(record, exit_status)
+            return
+        if same_process(record.job_pid, record.job_create_time):
+            if not record.orphaned:
+                record.orphaned = True
+                self.store.save(record)
+                log.warning("job.orphaned", placement_id=str(record.placement_id), pid=record.job_pid)
+            return
+        reason = ("its supervisor died; the job ended later with an unknown exit status" if record.orphaned
+                  else "the job and its supervisor vanished without an exit status")
+        self._conclude_lost(record, reason)
+
+    def _max_runtime_exceeded(self, record: PlacementRecord, now: float) -> bool:
+        if record.launch is None or record.started_at is None or record.state != "running":
+            return False
+        limit = record.launch.spec.max_runtime_s
+        return limit is not None and now - record.started_at >= limit
+
+    def _note_checkpoint(self, record: PlacementRecord) -> None:
+        if record.checkpoint_reported or record.stop is None or record.checkpoint_file is None:
+            return
+        if os.path.exists(record.checkpoint_file):
+            record.checkpoint_reported = True
+            record.outbox = [*record.outbox, checkpointed_event(record, self.settings.producer).model_dump(mode="json")]
+            self.store.save(record)
+            log.info("job.checkpointed", placement_id=str(record.placement_id))
+
+    def _supervisor_alive(self, record: PlacementRecord) -> bool:
+        supervisor = self._supervisors.get(record.placement_id)
+        if supervisor is not None:
+            return supervisor.poll() is None
+        return same_process(record.supervisor_pid, record.supervisor_create_time)
+
+    def _kill_supervisor(self, record: PlacementRecord) -> None:
+        if same_process(record.supervisor_pid, record.supervisor_create_time) and record.supervisor_pid:
+            try:
+                os.killpg(record.supervisor_pid, signals.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    # -- outcomes ---------------------------------------------------------------------------------------------
+
+    def _conclude(self, record: PlacementRecord, exit_status: dict[str, Any]) -> None:
+        """Classify what the supervisor wrote in ``exit.json`` and append the outcome to the outbox."""
+        if record.stop is not None:
+            self._note_checkpoint(record)
+        report = ExitReport(
+            exit_code=exit_status.get("exit_code"), signal=exit_status.get("signal"),
+            launch_error=exit_status.get("launch_error"), duration_s=float(exit_status.get("duration_s") or 0.0),
+            oom_kills=int(exit_status.get("oom_kills") or 0), output_tail=read_tail(record.log_path),
+            memory_limited=record.memory_limited, container=record.runtime == "container",
+        )
+        outcome = classify(report, record.stop.reason if record.stop else None, record.checkpoint_reported)
+        self._conclude_outcome(record, outcome)
+
+    def _conclude_outcome(self, record: PlacementRecord, outcome: Outcome) -> None:
+        event = outcome_event(record, outcome, self.settings.producer)
+        self._end(record, event)
+        log.info("job.ended", placement_id=str(record.placement_id), job_id=str(record.job_id),
+                 outcome=outcome.kind, cause=outcome.cause, exit_code=outcome.exit_code, node_id=self.node_id)
+
+    def _conclude_lost(self, record: PlacementRecord, reason: str) -> None:
+        self._end(record, lost_event(record, reason, self.settings.producer))
+        log.warning("job.lost", placement_id=str(record.placement_id), reason=reason)
+
+    def _end(self, record: PlacementRecord, event: Message) -> None:
+        record.advance("ended")
+        record.outcome_type = event.TYPE
+        record.outbox = [*record.outbox, event.model_dump(mode="json")]
+        self.records[record.placement_id] = record
+        self.store.save(record)
+        backend = self.settings.backends.get(record.runtime)
+        if backend is not None:
+            backend.release(record)
+
+    async def _end_unstarted(self, record: PlacementRecord, outcome: Outcome) -> None:
+        self._conclude_outcome(record, outcome)
+        await self.flush(record, raise_errors=True)
+
+    async def flush(self, record: PlacementRecord, *, raise_errors: bool = False) -> bool:
+        """Publish the record's outbox in order; each event leaves the outbox only once confirmed.
+
+        Returns whether the outbox is empty; raises ``PublishError`` when ``raise_errors`` (handlers, so that the
+        command is redelivered) and leaves the rest for the publish loop otherwise.
+        """
+        async with self._publish_lock(record.placement_id):
+            while record.outbox:
+                head = record.outbox[0]
+                message = MESSAGE_TYPES[head["type"]].model_validate(head)
+                try:
+                    await self.publisher.publish(message)
+                except PublishError as exc:
+                    log.warning("publish.deferred", placement_id=str(record.placement_id), type=message.TYPE,
+                                error=str(exc))
+                    if raise_errors:
+                        raise
+                    return False
+                if record.outbox and record.outbox[0] is head:
+                    record.outbox = record.outbox[1:]
+                    self.store.save(record)
+        return True
+
+    # -- restart ----------------------------------------------------------------------------------------------
+
+    async def reconcile(self) -> dict[str, int]:
+        """Load every record and settle it against what really runs (see the module docstring).
+
+        Returns counts: ``adopted`` (still running), ``ended`` (outcome found or decided now), ``forgotten``
+        (never started: the unacked LaunchJob will be redelivered and start it).
+        """
+        counts = {"adopted": 0, "ended": 0, "forgotten": 0}
+        for record in self.store.load_all():
+            self.records[record.placement_id] = record
+            if record.state == "launching" and record.launch is not None:
+                started = self.store.read_started(record.placement_id)
+                if started is None and self.store.read_exit(record.placement_id) is None:
+                    if not self._supervisor_alive(record) and not self._supervisor_by_cmdline(record):
+                        self._forget(record)
+                        counts["forgotten"] += 1
+                        continue
+                    await self._await_job_start(record)
+                elif started is not None:
+                    self._mark_running(record, started)
+                else:
+                    self._conclude(record, self.store.read_exit(record.placement_id) or {})
+            if record.active:
+                await self._watch(record)
+            if record.active:
+                counts["adopted"] += 1
+                log.info("reconcile.adopted", placement_id=str(record.placement_id), pid=record.job_pid)
+            elif record.outbox:
+                counts["ended"] += 1
+        for record in list(self.records.values()):
+            if record.outbox:
+                await self.flush(record)
+        log.info("reconcile.done", node_id=self.node_id, **counts)
+        return counts
+
+    def _supervisor_by_cmdline(self, record: PlacementRecord) -> bool:
+        """A supervisor for this placement started but not recorded (the executor died right after spawning)."""
+        needle = str(self.store.placement_dir(record.placement_id))
+        for process in psutil.process_iter(["cmdline"]):
+            cmdline = process.info.get("cmdline") or []
+            if SUPERVISOR_MODULE in cmdline and needle in cmdline:
+                record.supervisor_pid = process.pid
+                record.supervisor_create_time = create_time_of(process.pid)
+                self.store.save(record)
+                return True
+        return False
+
+    def _forget(self, record: PlacementRecord) -> None:
+        log.warning("reconcile.forgotten", placement_id=str(record.placement_id),
+                    why="recorded but never started; its LaunchJob was not acked and will be redelivered")
+        self.records.pop(record.placement_id, None)
+        backend = self.settings.backends.get(record.runtime)
+        if backend is not None:
+            backend.release(record)
+        shutil.rmtree(self.store.placement_dir(record.placement_id), ignore_errors=True)
+
+    # -- locks ------------------------------------------------------------------------------------------------
+
+    def _command_lock(self, placement_id: uuid.UUID) -> asyncio.Lock:
+        return self._command_locks.setdefault(placement_id, asyncio.Lock())
+
+    def _publish_lock(self, placement_id: uuid.UUID) -> asyncio.Lock:
+        return self._publish_locks.setdefault(placement_id, asyncio.Lock())
+
+    def active_placements(self) -> list[PlacementRecord]:
+        return [r for r in self.records.values() if r.active]

@@ -1,0 +1,100 @@
+"""Durable per-node state directory: one JSON record per placement, plus what each job's supervisor writes.
+
+Layout (``GPUORCH_EXECUTOR_STATE_DIR``/<node_id>)::
+
+    placements/<placement_id>/record.json    the executor's PlacementRecord (atomic rewrite on every change)
+    placements/<placement_id>/launch.json    what the supervisor runs (argv, env, cwd, log path, cgroup)
+    placements/<placement_id>/started.json   written by the supervisor when the job runs (job pid)
+    placements/<placement_id>/exit.json      written by the supervisor when the job ended (exit code / signal)
+    placements/<placement_id>/checkpoint/    the job confirms a checkpoint by creating ``confirmed`` in here
+    placements/<placement_id>/supervisor.log the supervisor's own stderr (empty unless it crashed)
+    logs/<job_id>/<placement_id>.log         the job's stdout and stderr, interleaved (JobStarted.log_path)
+
+Every JSON file is written with ``write_json_atomically`` (temporary file, fsync, rename, directory fsync), so a
+SIGKILL or power cut leaves either the previous or the new version, never half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from gpuorch_executor.domain.placement import PlacementRecord
+from gpuorch_executor.supervise import write_json_atomically
+
+CHECKPOINT_FILE_NAME = "confirmed"
+
+
+class PlacementStore:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.placements_dir = state_dir / "placements"
+        self.logs_dir = state_dir / "logs"
+        self.placements_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+
+    def placement_dir(self, placement_id: uuid.UUID) -> Path:
+        return self.placements_dir / str(placement_id)
+
+    def log_path(self, job_id: uuid.UUID, placement_id: uuid.UUID) -> Path:
+        return self.logs_dir / str(job_id) / f"{placement_id}.log"
+
+    def checkpoint_file(self, placement_id: uuid.UUID) -> Path:
+        return self.placement_dir(placement_id) / "checkpoint" / CHECKPOINT_FILE_NAME
+
+    def prepare(self, record: PlacementRecord) -> None:
+        """Create the placement's directories (idempotent)."""
+        self.placement_dir(record.placement_id).mkdir(parents=True, exist_ok=True)
+        self.checkpoint_file(record.placement_id).parent.mkdir(parents=True, exist_ok=True)
+        self.log_path(record.job_id, record.placement_id).parent.mkdir(parents=True, exist_ok=True)
+
+    def save(self, record: PlacementRecord) -> None:
+        self.placement_dir(record.placement_id).mkdir(parents=True, exist_ok=True)
+        write_json_atomically(self.placement_dir(record.placement_id) / "record.json", record.model_dump(mode="json"))
+
+    def load(self, placement_id: uuid.UUID) -> PlacementRecord | None:
+        path = self.placement_dir(placement_id) / "record.json"
+        if not path.exists():
+            return None
+        return PlacementRecord.model_validate_json(path.read_text())
+
+    def load_all(self) -> list[PlacementRecord]:
+        records = []
+        for path in sorted(self.placements_dir.glob("*/record.json")):
+            records.append(PlacementRecord.model_validate_json(path.read_text()))
+        return records
+
+    def write_launch(self, placement_id: uuid.UUID, launch: dict[str, Any]) -> Path:
+        path = self.placement_dir(placement_id) / "launch.json"
+        write_json_atomically(path, launch)
+        return path
+
+    def read_started(self, placement_id: uuid.UUID) -> dict[str, Any] | None:
+        return _read_json(self.placement_dir(placement_id) / "started.json")
+
+    def read_exit(self, placement_id: uuid.UUID) -> dict[str, Any] | None:
+        return _read_json(self.placement_dir(placement_id) / "exit.json")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_tail(path: Path | str | None, max_bytes: int = 16384) -> str:
+    """The last ``max_bytes`` of a log file as text ('' when absent)."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,134 @@
+"""Per-job supervisor: ``python -m gpuorch_executor.supervise <placement_dir>``.
+
+Why it exists: the exit status of a process can only be collected by its parent. If the executor were the parent
+and got SIGKILLed, a job ending while it is down would leave no exit code anywhere. So the executor starts this
+small supervisor in its own session; the supervisor is the job's parent, outlives any executor crash, and writes
+what happened to files that the executor (the current one, or the next one after a restart) reads:
+
+- ``launch.json`` (input, written by the executor): ``argv``, ``executable``, ``env``, ``cwd``, ``log_path``,
+  ``cgroup`` (a cgroup v2 directory to run the job in, or null);
+- ``started.json``: ``{"job_pid", "supervisor_pid", "started_at"}`` once the job runs;
+- ``exit.json``: ``{"exit_code", "signal", "launch_error", "started_at", "finished_at", "duration_s",
+  "oom_kills"}`` once the job ended (or could not start).
+
+Both output files are written atomically (temporary file, fsync, rename, fsync of the directory): a reader sees a
+whole file or none. The job runs in its own process group (``pgid == job pid``) so the executor can signal the
+job and its children without touching the supervisor. Standard library only, to start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` so that a reader (even after a power cut) sees the old file, or the whole new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def _oom_kills(cgroup: str | None) -> int:
+    if not cgroup:
+        return 0
+    try:
+        for line in Path(cgroup, "memory.events").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _release_cgroup(cgroup: str | None) -> None:
+    if not cgroup:
+        return
+    try:
+        Path(cgroup, "cgroup.kill").write_text("1")  # leftovers of the job that escaped its process group
+    except OSError:
+        pass
+    for _ in range(50):
+        try:
+            os.rmdir(cgroup)
+            return
+        except OSError:
+            time.sleep(0.02)
+
+
+def supervise(placement_dir: Path) -> int:
+    launch = json.loads((placement_dir / "launch.json").read_text())
+    cgroup: str | None = launch.get("cgroup")
+    started_at = time.time()
+    started_mono = time.monotonic()
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+
+    def prepare_child() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        if cgroup:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+                procs.write("0")
+
+    log_fd = os.open(launch["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    try:
+        child = subprocess.Popen(
+            launch["argv"], executable=launch.get("executable"), env=launch["env"], cwd=launch.get("cwd"),
+            stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT, process_group=0,
+            preexec_fn=prepare_child, close_fds=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        now = time.time()
+        write_json_atomically(placement_dir / "exit.json", {
+            "exit_code": None, "signal": None, "launch_error": f"{type(exc).__name__}: {exc}"[:900],
+            "started_at": started_at, "finished_at": now, "duration_s": 0.0, "oom_kills": 0,
+        })
+        _release_cgroup(cgroup)
+        return 0
+    finally:
+        os.close(log_fd)
+
+    write_json_atomically(placement_dir / "started.json", {
+        "job_pid": child.pid, "supervisor_pid": os.getpid(), "started_at": started_at,
+    })
+    while True:
+        pid, status = os.waitpid(child.pid, os.WNOHANG)
+        if pid == child.pid:
+            break
+        signal.sigtimedwait({signal.SIGCHLD}, 5.0)
+    code = os.waitstatus_to_exitcode(status)
+    oom_kills = _oom_kills(cgroup)
+    write_json_atomically(placement_dir / "exit.json", {
+        "exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None, "launch_error": None,
+        "started_at": started_at, "finished_at": time.time(), "duration_s": time.monotonic() - started_mono,
+        "oom_kills": oom_kills,
+    })
+    _release_cgroup(cgroup)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m gpuorch_executor.supervise <placement_dir>", file=sys.stderr)
+        return 2
+    return supervise(Path(args[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
