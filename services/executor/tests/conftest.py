@@ -50,6 +50,7 @@ def launch_job(argv: list[str], *, gpus: list[str] | None = None, tenant: str = 
 
 
 def container_job(image: str, argv: list[str], **kwargs: Any) -> LaunchJob:
+    kwargs.setdefault("tenant", "images")
     return launch_job([], run=ContainerRun(image=image, argv=argv), **kwargs)
 
 

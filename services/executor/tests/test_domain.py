@@ -1,0 +1,189 @@
+"""Pure logic: classification, allow-list, fencing, lifecycle, job environment, configuration."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from gpuorch_contracts import ContainerRun, ProcessRun
+
+from gpuorch_executor.config import ConfigError, ExecutorConfig
+from gpuorch_executor.domain.allowlist import (
+    DEFAULT_ALLOW_LIST,
+    AllowListError,
+    image_repository,
+    load_allow_list,
+)
+from gpuorch_executor.domain.environment import job_environment
+from gpuorch_executor.domain.fencing import BrokerFence
+from gpuorch_executor.domain.lifecycle import IllegalTransition, check_transition, event_id
+from gpuorch_executor.domain.outcome import ExitReport, classify
+
+from .conftest import launch_job
+
+DIGEST = "sha256:" + "a" * 64
+
+
+@pytest.mark.parametrize(("report", "stop", "kind", "cause"), [
+    (ExitReport(exit_code=0), None, "finished", None),
+    (ExitReport(exit_code=2), None, "failed", "nonzero_exit"),
+    (ExitReport(signal=15), None, "failed", "killed"),
+    (ExitReport(signal=9, oom_kills=1, memory_limited=True), None, "failed", "host_oom"),
+    (ExitReport(signal=9), None, "failed", "killed"),
+    (ExitReport(exit_code=137, container=True, memory_limited=True), None, "failed", "host_oom"),
+    (ExitReport(exit_code=137, container=True, memory_limited=False), None, "failed", "nonzero_exit"),
+    (ExitReport(exit_code=125, container=True, output_tail="docker: no such image"), None, "failed",
+     "launch_error"),
+    (ExitReport(exit_code=1, output_tail="... CUDA out of memory ..."), None, "failed", "gpu_oom"),
+    (ExitReport(signal=6, output_tail="CUDA_ERROR_OUT_OF_MEMORY"), None, "failed", "gpu_oom"),
+    (ExitReport(exit_code=0, output_tail="CUDA out of memory (recovered)"), None, "finished", None),
+    (ExitReport(launch_error="FileNotFoundError"), None, "failed", "launch_error"),
+    (ExitReport(exit_code=0), "max_runtime", "failed", "max_runtime"),
+    (ExitReport(signal=9), "fenced", "failed", "lost"),
+    (ExitReport(exit_code=0), "preempt", "failed", "killed"),
+    (ExitReport(signal=9, oom_kills=1), "cancel", "failed", "killed"),
+])
+def test_classification(report: ExitReport, stop: str | None, kind: str, cause: str | None) -> None:
+    outcome = classify(report, stop)  # type: ignore[arg-type]
+    assert (outcome.kind, outcome.cause) == (kind, cause)
+
+
+def test_signal_exit_code_follows_the_shell_convention() -> None:
+    assert classify(ExitReport(signal=9)).exit_code == 137
+
+
+def test_default_allow_list_runs_python_for_the_default_tenant_only() -> None:
+    run = ProcessRun(argv=["python", "-c", "print(42)"])
+    assert DEFAULT_ALLOW_LIST.check_process("default", run, "/usr/bin/python") is None
+    assert DEFAULT_ALLOW_LIST.check_process("other", run, "/usr/bin/python") is not None
+    assert DEFAULT_ALLOW_LIST.check_process("default", ProcessRun(argv=["sh", "x.sh"]), "/bin/sh") is not None
+
+
+def test_bare_names_do_not_allow_paths(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    refusal = DEFAULT_ALLOW_LIST.check_process("default", ProcessRun(argv=[str(fake)]), str(fake))
+    assert refusal is not None and "not allowed" in refusal.reason
+
+
+def test_absolute_entries_match_the_resolved_path(tmp_path: Path) -> None:
+    binary = tmp_path / "train"
+    binary.write_text("")
+    allow = load_allow_list(json.dumps({"tenants": {"ml": {"commands": [str(binary)]}}}))
+    assert allow.check_process("ml", ProcessRun(argv=[str(binary)]), str(binary)) is None
+    assert allow.check_process("ml", ProcessRun(argv=["train"]), str(binary)) is not None
+
+
+@pytest.mark.parametrize("argv", [["sh", "-c", "x"], ["bash", "-ec", "x"], ["/bin/zsh", "-c", "x"],
+                                  ["dash", "--command", "x"]])
+def test_shell_strings_are_refused_unless_allowed(argv: list[str]) -> None:
+    denied = load_allow_list('{"tenants": {"t": {"commands": ["sh", "bash", "zsh", "dash", "/bin/zsh"]}}}')
+    allowed = load_allow_list('{"tenants": {"t": {"commands": ["sh", "bash", "zsh", "dash", "/bin/zsh"], '
+                              '"allow_shell": true}}}')
+    refusal = denied.check_process("t", ProcessRun(argv=argv), argv[0])
+    assert refusal is not None and "shell string" in refusal.reason
+    assert allowed.check_process("t", ProcessRun(argv=argv), argv[0]) is None
+
+
+def test_images_by_repository_and_prefix() -> None:
+    allow = load_allow_list(json.dumps({"tenants": {
+        "t": {"images": ["ghcr.io/acme/trainer", "registry.local:5000/team/"]}, "*": {"images": ["busybox"]}}}))
+    ok = [f"ghcr.io/acme/trainer@{DIGEST}", f"ghcr.io/acme/trainer:v1@{DIGEST}",
+          f"registry.local:5000/team/x/y@{DIGEST}"]
+    for image in ok:
+        assert allow.check_container("t", ContainerRun(image=image)) is None, image
+    for image in [f"ghcr.io/acme/trainer2@{DIGEST}", f"ghcr.io/acme@{DIGEST}", f"registry.local:5000/other@{DIGEST}"]:
+        assert allow.check_container("t", ContainerRun(image=image)) is not None, image
+    assert allow.check_container("someone", ContainerRun(image=f"busybox@{DIGEST}")) is None
+    assert image_repository(f"registry.local:5000/team/app:tag@{DIGEST}") == "registry.local:5000/team/app"
+
+
+def test_tags_are_refused_by_the_contract() -> None:
+    with pytest.raises(ValueError, match="sha256"):
+        ContainerRun(image="python:3.11")
+
+
+@pytest.mark.parametrize("mount", [
+    {"source": "/", "target": "/host"}, {"source": "/var/run/docker.sock", "target": "/s"},
+    {"source": "data", "target": "/data"}, {"source": "/data/../etc", "target": "/data"},
+    {"source": "/data", "target": "/d,readonly=false"},
+])
+def test_dangerous_mounts_are_refused_at_configuration(mount: dict[str, str]) -> None:
+    with pytest.raises(AllowListError):
+        load_allow_list(json.dumps({"tenants": {"t": {"mounts": [mount]}}}))
+
+
+def test_allow_list_from_a_file_and_errors(tmp_path: Path) -> None:
+    path = tmp_path / "allow.json"
+    path.write_text('{"tenants": {"ml": {"commands": ["python3"]}}}')
+    assert load_allow_list(str(path)).policy_for("ml") is not None
+    with pytest.raises(AllowListError):
+        load_allow_list('{"tenants": {"ml": {"comands": []}}}')
+    with pytest.raises(AllowListError):
+        load_allow_list("{not json")
+
+
+def test_fence_fires_once_grace_before_the_deadline_and_recovers() -> None:
+    fence = BrokerFence(deadline_s=60, grace_s=10)
+    assert fence.observe(True, 0).action == "none"
+    assert fence.observe(False, 100).action == "none"
+    assert fence.observe(False, 149.9).action == "none"
+    decision = fence.observe(False, 150)
+    assert decision.action == "fence" and decision.kill_by == 160
+    assert fence.observe(False, 155).action == "none"  # once per outage
+    assert fence.observe(True, 170).action == "recovered"
+    assert fence.observe(True, 171).action == "none"
+    assert fence.observe(False, 200).action == "none"  # a new outage starts a new count
+    assert fence.observe(False, 250).action == "fence"
+
+
+def test_a_short_outage_does_not_fence() -> None:
+    fence = BrokerFence(deadline_s=60, grace_s=10)
+    fence.observe(False, 0)
+    assert fence.observe(True, 49).action == "none"
+    assert fence.observe(False, 50).action == "none"
+    assert fence.observe(False, 99).action == "none"
+
+
+def test_fence_dates_the_outage_from_the_connection() -> None:
+    fence = BrokerFence(deadline_s=60, grace_s=10)
+    decision = fence.observe(False, 100, disconnected_since=40)
+    assert decision.action == "fence" and decision.kill_by == 100
+
+
+def test_lifecycle_refuses_going_back() -> None:
+    check_transition("launching", "running")
+    check_transition("running", "stopping")
+    check_transition("stopping", "ended")
+    for current, target in [("ended", "running"), ("stopping", "running"), ("running", "launching")]:
+        with pytest.raises(IllegalTransition):
+            check_transition(current, target)
+
+
+def test_event_ids_are_deterministic_per_placement() -> None:
+    placement = uuid.uuid4()
+    assert event_id(placement, "outcome") == event_id(placement, "outcome")
+    assert event_id(placement, "outcome") != event_id(placement, "started")
+    assert event_id(placement, "outcome") != event_id(uuid.uuid4(), "outcome")
+
+
+def test_environment_reserved_variables_win_and_only_basics_are_inherited() -> None:
+    command = launch_job(["python"], gpus=["GPU-a"], env={"CUDA_VISIBLE_DEVICES": "0,1,2", "PATH": "/opt/bin",
+                                                          "GPUORCH_JOB_ID": "forged"})
+    env = job_environment(command, "/ck", {"PATH": "/usr/bin", "HOME": "/root", "GPUORCH_AMQP_URL": "amqp://x"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a" and env["GPUORCH_JOB_ID"] == str(command.job_id)
+    assert env["PATH"] == "/opt/bin" and env["HOME"] == "/root" and "GPUORCH_AMQP_URL" not in env
+
+
+def test_config_from_env() -> None:
+    config = ExecutorConfig.from_env({"GPUORCH_NODE_IDS": "node-1, node-2,node-3",
+                                      "GPUORCH_EXECUTOR_STATE_DIR": "/var/lib/gx", "GPUORCH_FENCING_DEADLINE_S": "8"})
+    assert config.node_ids == ("node-1", "node-2", "node-3")
+    assert config.state_dir("node-2") == Path("/var/lib/gx/node-2")
+    assert config.fencing_deadline_s == 8 and config.fencing_grace_s == 4
+    assert config.runtimes == ("process",)
+    with pytest.raises(ConfigError):
+        ExecutorConfig.from_env({"GPUORCH_NODE_IDS": "a,a"})
+    with pytest.raises(ConfigError):
+        ExecutorConfig.from_env({"GPUORCH_NODE_ID": "a", "GPUORCH_EXECUTOR_BACKEND": "vm"})
