@@ -1,0 +1,156 @@
+"""Which processes of this machine "run on" simulated GPUs, found from their environment.
+
+The executor starts a job with ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES`` set to GPU or MIG UUIDs.
+``ProcessTable.snapshot()`` reads ``/proc/<pid>/environ`` of every process it may read (same user, or all as root)
+and maps each ``GPU-...`` / ``MIG-...`` UUID named there to the processes naming it. One scan serves every simulated
+node of the process (a fleet scans once per ``max_age_s``, not once per GPU).
+
+A job may declare the usage it should show with ``GPUORCH_SIM_USAGE``, a comma-separated ``key=value`` list:
+
+- ``util=<0-100>``: SM utilisation the process causes, in percent;
+- ``mem_mib=<int>``: GPU memory it holds, in MiB (capped at the device's or MIG instance's memory);
+- ``mem_pct=<0-100>``: the same as a share of the device's/instance's memory (``mem_mib`` wins if both given);
+- ``throttle=thermal|power``: the GPU it runs on throttles for that reason while it runs.
+Example: ``GPUORCH_SIM_USAGE=util=85,mem_mib=20000``. Missing keys get deterministic defaults (see
+``SimulatedNvml``); unparsable values are ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+VISIBLE_DEVICE_VARIABLES = (b"CUDA_VISIBLE_DEVICES", b"NVIDIA_VISIBLE_DEVICES")
+USAGE_VARIABLE = b"GPUORCH_SIM_USAGE"
+
+
+@dataclass(frozen=True)
+class DeclaredUsage:
+    util_pct: float | None = None
+    mem_mib: int | None = None
+    mem_pct: float | None = None
+    throttle: str | None = None
+
+
+@dataclass(frozen=True)
+class SimProcess:
+    pid: int
+    usage: DeclaredUsage
+
+
+def parse_usage(text: str) -> DeclaredUsage:
+    """Parse a ``GPUORCH_SIM_USAGE`` value (format in the module docstring)."""
+    values: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if sep:
+            values[key.strip().lower()] = value.strip()
+
+    def number(key: str, low: float, high: float) -> float | None:
+        try:
+            return min(max(float(values[key]), low), high)
+        except (KeyError, ValueError):
+            return None
+
+    mem = number("mem_mib", 0, 1 << 30)
+    throttle = values.get("throttle")
+    return DeclaredUsage(
+        util_pct=number("util", 0, 100),
+        mem_mib=int(mem) if mem is not None else None,
+        mem_pct=number("mem_pct", 0, 100),
+        throttle=throttle if throttle in ("thermal", "power") else None,
+    )
+
+
+def parse_environ(data: bytes) -> tuple[list[str], DeclaredUsage] | None:
+    """From a raw ``/proc/<pid>/environ``: the GPU/MIG UUIDs it names, and its declared usage; ``None`` if none."""
+    if b"VISIBLE_DEVICES=" not in data:
+        return None
+    uuids: list[str] = []
+    usage = DeclaredUsage()
+    for entry in data.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if not sep:
+            continue
+        if name in VISIBLE_DEVICE_VARIABLES:
+            for token in value.decode("ascii", "replace").split(","):
+                token = token.strip()
+                if (token.startswith(("GPU-", "MIG-"))) and token not in uuids:
+                    uuids.append(token)
+        elif name == USAGE_VARIABLE:
+            usage = parse_usage(value.decode("ascii", "replace"))
+    return (uuids, usage) if uuids else None
+
+
+class ProcessTable:
+    """A cached scan of ``/proc``: UUID -> processes whose environment names it. Thread-safe."""
+
+    def __init__(self, proc_root: str = "/proc", max_age_s: float = 1.0) -> None:
+        self.proc_root = proc_root
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._scanned_at = -1e18
+        self._by_uuid: dict[str, list[SimProcess]] = {}
+        self.scans = 0
+
+    def snapshot(self) -> Mapping[str, list[SimProcess]]:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._scanned_at >= self.max_age_s:
+                self._by_uuid = self._scan()
+                self._scanned_at = time.monotonic()
+                self.scans += 1
+            return self._by_uuid
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._scanned_at = -1e18
+
+    def _scan(self) -> dict[str, list[SimProcess]]:
+        found: dict[str, list[SimProcess]] = {}
+        try:
+            entries = os.listdir(self.proc_root)
+        except OSError:
+            return found
+        own_pid = os.getpid()
+        for entry in entries:
+            if not entry.isdigit() or int(entry) == own_pid:
+                continue
+            try:
+                with open(f"{self.proc_root}/{entry}/environ", "rb") as fh:
+                    data = fh.read()
+            except OSError:
+                continue
+            parsed = parse_environ(data)
+            if parsed is None:
+                continue
+            if _is_zombie(self.proc_root, entry):
+                continue
+            uuids, usage = parsed
+            process = SimProcess(int(entry), usage)
+            for uuid in uuids:
+                found.setdefault(uuid, []).append(process)
+        return found
+
+
+def _is_zombie(proc_root: str, pid: str) -> bool:
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
+    except OSError:
+        return True
+
+
+class StaticProcessTable(ProcessTable):
+    """A fixed table for unit tests that need no real processes."""
+
+    def __init__(self, by_uuid: Mapping[str, list[SimProcess]] | None = None) -> None:
+        super().__init__()
+        self.by_uuid: dict[str, list[SimProcess]] = dict(by_uuid or {})
+
+    def snapshot(self) -> Mapping[str, list[SimProcess]]:
+        return self.by_uuid
