@@ -61,6 +61,7 @@ CREATE TABLE telemetry_job_samples (
     gpu_index        smallint    NOT NULL,
     alloc_milli      integer     NOT NULL,
     alloc_memory_mib integer,
+    gpu_memory_total_mib integer,
     memory_used_mib  integer     NOT NULL,
     util_pct         real,
     gpu_util_pct     real,

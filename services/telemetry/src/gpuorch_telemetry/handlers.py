@@ -1,0 +1,280 @@
+"""Telemetry's message handlers and periodic duties: message -> store effects -> published alerts.
+
+One registry (``TelemetryHandlers.handle``) maps each consumed message type to its handler:
+
+    gpu.usage_sampled        -> SampleBatcher -> store.ingest_samples (batched, one transaction per batch)
+    gpu.health_changed       -> raise / resolve ``gpu_unhealthy``
+    job.accepted             -> job facts (tenant, tier, requested CPU, model hints)
+    job.placed               -> allocated devices, evaluation scheduled
+    job.started              -> the executor's pid / container map
+    job.finished/failed/lost/cancelled -> job ended: devices released, its alerts resolved
+    job.requeued             -> devices released
+
+Periodic duties (``evaluate_due_jobs``, ``publish_pending``, ``maintain``) run in every instance; the store hands
+each piece of work to one instance at a time.
+
+Delivery: a handler returns only when its effect is committed, so the broker acks after commit; every effect is
+idempotent (redelivered samples are skipped by ``message_id``; job events are upserts; alerts dedupe by key), so
+at-least-once delivery and competing consumers are safe. Alerts are published after commit from the alerts table
+(its own outbox) with a ``message_id`` derived from the alert id, so a re-publish is recognisable downstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gpuorch_contracts import (
+    AlertRaised,
+    AlertResolved,
+    GpuHealthChanged,
+    GpuUsageSampled,
+    JobAccepted,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobLost,
+    JobPlaced,
+    JobRequeued,
+    JobStarted,
+    Message,
+    RecommendationMade,
+    utc_now,
+)
+from gpuorch_messaging import Publisher
+from gpuorch_observability import get_logger
+
+from gpuorch_telemetry import metrics
+from gpuorch_telemetry.domain.detection import (
+    GPU_UNHEALTHY,
+    DetectionConfig,
+    Evaluation,
+    evaluate_job,
+    gpu_dedup_key,
+    health_event_finding,
+)
+from gpuorch_telemetry.store import AlertRow, IngestOutcome, TelemetryStore
+
+log = get_logger(__name__)
+
+ALERT_MESSAGE_NAMESPACE = uuid.UUID("6d1b7a0e-3f5c-4b8e-9a51-7c2f0e4d9b10")
+Clock = Callable[[], datetime]
+
+
+def alert_message(row: AlertRow, *, producer: str) -> Message:
+    """The event for an alert row's next unpublished step (raise, or resolution), with a stable message id."""
+    if not row.raise_pending and row.resolve_pending:
+        return AlertResolved(
+            message_id=uuid.uuid5(ALERT_MESSAGE_NAMESPACE, f"{row.alert_id}:resolved"), producer=producer,
+            occurred_at=row.resolved_at or utc_now(), alert_id=row.alert_id, kind=row.kind, job_id=row.job_id,
+            node_id=row.node_id, gpu_uuid=row.gpu_uuid, tenant=row.tenant, reason=row.resolve_reason or "resolved",
+        )
+    common = dict(
+        message_id=uuid.uuid5(ALERT_MESSAGE_NAMESPACE, f"{row.alert_id}:raised"), producer=producer,
+        occurred_at=row.raised_at, kind=row.kind, severity=row.severity, job_id=row.job_id, node_id=row.node_id,
+        gpu_uuid=row.gpu_uuid, tenant=row.tenant, explanation=row.explanation[:1024], evidence=row.evidence,
+        advice=row.advice[:1024] if row.advice else None,
+    )
+    if row.category == "recommendation":
+        return RecommendationMade(recommendation_id=row.alert_id, **common)  # type: ignore[arg-type]
+    return AlertRaised(alert_id=row.alert_id, **common)  # type: ignore[arg-type]
+
+
+class SampleBatcher:
+    """Gathers concurrently delivered samples into one ingest transaction.
+
+    ``submit`` returns when the message's batch committed (or raises if it could not be stored). A batch flushes
+    when it holds ``max_batch`` messages or ``max_delay_s`` after its first message. If a batch fails, its messages
+    are retried one by one so that one bad message fails alone (and is dead-lettered alone).
+    """
+
+    def __init__(
+        self, flush: Callable[[list[GpuUsageSampled]], Awaitable[IngestOutcome]], *, max_batch: int = 256,
+        max_delay_s: float = 0.05, max_concurrent_flushes: int = 2,
+    ) -> None:
+        self._flush = flush
+        self.max_batch = max_batch
+        self.max_delay_s = max_delay_s
+        self._pending: list[tuple[GpuUsageSampled, asyncio.Future[None]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._slots = asyncio.Semaphore(max_concurrent_flushes)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def submit(self, message: GpuUsageSampled) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((message, future))
+        if len(self._pending) >= self.max_batch:
+            self._flush_now()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.max_delay_s, self._flush_now)
+        await future
+
+    def _flush_now(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, []
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[tuple[GpuUsageSampled, asyncio.Future[None]]]) -> None:
+        async with self._slots:
+            try:
+                await self._flush([m for m, _ in batch])
+            except Exception as exc:
+                if len(batch) == 1:
+                    _settle(batch[0][1], exc)
+                    return
+                log.warning("telemetry.batch_failed_retrying_singly", size=len(batch), error=repr(exc))
+                for message, future in batch:
+                    try:
+                        await self._flush([message])
+                    except Exception as single_exc:
+                        _settle(future, single_exc)
+                    else:
+                        _settle(future, None)
+                return
+        for _, future in batch:
+            _settle(future, None)
+
+    async def drain(self) -> None:
+        """Flush what is pending and wait for every flush in flight."""
+        self._flush_now()
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+@dataclass
+class TelemetryHandlers:
+    store: TelemetryStore
+    publisher: Publisher
+    detection: DetectionConfig = field(default_factory=DetectionConfig)
+    producer: str = "telemetry"
+    evaluation_interval_s: float = 60.0
+    evaluation_batch: int = 200
+    clock: Clock = utc_now
+    max_batch: int = 256
+    max_delay_s: float = 0.05
+    batcher: SampleBatcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.batcher = SampleBatcher(self._ingest, max_batch=self.max_batch, max_delay_s=self.max_delay_s)
+
+    async def handle(self, message: Message) -> None:
+        """Apply one consumed message (the registry); unknown types are ignored (acked)."""
+        if isinstance(message, GpuUsageSampled):
+            await self.batcher.submit(message)
+        elif isinstance(message, GpuHealthChanged):
+            await self.on_health_changed(message)
+        elif isinstance(message, JobAccepted):
+            await self.store.record_job_accepted(message)
+        elif isinstance(message, JobPlaced):
+            await self.store.record_job_placed(message, self._first_evaluation(message.occurred_at))
+        elif isinstance(message, JobStarted):
+            await self.store.record_job_started(message, self._first_evaluation(message.occurred_at))
+        elif isinstance(message, JobFinished):
+            state = "succeeded" if message.exit_code == 0 else "failed"
+            await self._ended(message.job_id, state, message.occurred_at)
+        elif isinstance(message, JobFailed):
+            await self._ended(message.job_id, "failed", message.occurred_at)
+        elif isinstance(message, JobLost):
+            await self._ended(message.job_id, "lost", message.occurred_at)
+        elif isinstance(message, JobCancelled):
+            await self._ended(message.job_id, "cancelled", message.occurred_at)
+        elif isinstance(message, JobRequeued):
+            await self.store.record_job_requeued(message.job_id, message.occurred_at)
+
+    def _first_evaluation(self, at: datetime) -> datetime:
+        return at + timedelta(seconds=self.detection.window_s * self.detection.min_coverage)
+
+    async def _ingest(self, batch: list[GpuUsageSampled]) -> IngestOutcome:
+        outcome = await self.store.ingest_samples(batch, self.clock())
+        metrics.record_ingest(outcome, utc_now())
+        if outcome.new_alerts:
+            await self.publish_pending()
+        return outcome
+
+    async def _ended(self, job_id: uuid.UUID, state: str, at: datetime) -> None:
+        resolved = await self.store.record_job_ended(job_id, state, at, f"job {state}")
+        if resolved:
+            await self.publish_pending()
+
+    async def on_health_changed(self, message: GpuHealthChanged) -> None:
+        now = self.clock()
+        owner = await self.store.job_on_gpu(message.node_id, message.gpu_uuid, message.gpu_index)
+        finding = health_event_finding(
+            message.node_id, message.gpu_uuid, message.health, message.reason, message.xid, message.action,
+            owner[0] if owner else None, owner[1] if owner else None,
+        )
+        if finding is None:
+            await self.store.resolve(
+                [gpu_dedup_key(GPU_UNHEALTHY, message.node_id, message.gpu_uuid)], now, "GPU healthy again"
+            )
+        else:
+            await self.store.raise_finding(finding, now)
+        await self.publish_pending()
+
+    async def evaluate_due_jobs(self) -> tuple[int, int, int]:
+        """Evaluate the jobs due now (claimed for this instance); returns (jobs, raised, resolved)."""
+        now = self.clock()
+        jobs = await self.store.claim_due_jobs(now, self.evaluation_interval_s, self.evaluation_batch)
+        if not jobs:
+            return 0, 0, 0
+        windows = await self.store.device_windows(
+            [j.job_id for j in jobs], now, self.detection.window_s, self.detection.pressure_memory_ratio
+        )
+        evaluations: list[tuple[uuid.UUID, Evaluation]] = [
+            (job.job_id, evaluate_job(job, windows.get(job.job_id, []), self.detection)) for job in jobs
+        ]
+        raised, resolved = await self.store.apply_evaluations(evaluations, now)
+        metrics.JOBS_EVALUATED.inc(len(jobs))
+        if raised or resolved:
+            await self.publish_pending()
+        return len(jobs), raised, resolved
+
+    async def publish_pending(self) -> int:
+        """Publish committed but unpublished alert steps (raise, then resolution) with broker confirms."""
+        total = 0
+        while True:
+            async def publish(row: AlertRow) -> None:
+                message = alert_message(row, producer=self.producer)
+                await self.publisher.publish(message)
+                metrics.ALERTS_PUBLISHED.labels(message.TYPE, row.kind).inc()
+                if row.raise_pending and row.resolve_pending:
+                    await self.publisher.publish(
+                        alert_message(_resolution_only(row), producer=self.producer)
+                    )
+
+            done = await self.store.publish_pending(publish)
+            total += done
+            if done == 0:
+                return total
+
+    async def maintain(self) -> dict[str, int]:
+        """Create partitions ahead, roll up closed buckets, apply retention (one instance at a time)."""
+        now = self.clock()
+        today = now.date()
+        await self.store.ensure_partitions(today - timedelta(days=1), today + timedelta(days=2))
+        rolled = await self.store.roll_up(now)
+        dropped = await self.store.apply_retention(now)
+        return {"buckets_rolled": rolled, **dropped}
+
+
+def _resolution_only(row: AlertRow) -> AlertRow:
+    from dataclasses import replace
+
+    return replace(row, raise_pending=False)
