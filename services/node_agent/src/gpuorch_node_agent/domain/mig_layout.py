@@ -62,15 +62,15 @@ def plan_layout(offers: Sequence[MigProfileOffer], wanted: Sequence[str], *, com
             known = ", ".join(sorted(by_name)) or "none"
             return MigLayoutPlan(refusal=f"profile {name!r} is not offered by this GPU (offered: {known})")
         chosen.append(offer)
-    max_compute = compute_slices or max((o.compute_slices for o in offers), default=0)
-    need = sum(o.compute_slices for o in chosen)
-    if need > max_compute:
-        return MigLayoutPlan(refusal=f"layout needs {need} compute slices; the GPU has {max_compute}")
     for offer in {o.profile_id: o for o in chosen}.values():
         count = sum(1 for c in chosen if c.profile_id == offer.profile_id)
         if count > offer.instance_count:
             return MigLayoutPlan(
                 refusal=f"{count} x {offer.name} asked; the GPU allows {offer.instance_count}")
+    max_compute = compute_slices or max((o.compute_slices for o in offers), default=0)
+    need = sum(o.compute_slices for o in chosen)
+    if need > max_compute:
+        return MigLayoutPlan(refusal=f"layout needs {need} compute slices; the GPU has {max_compute}")
     order = sorted(chosen, key=lambda o: (-o.placement_size, -o.compute_slices, o.name))
     placed = _place(order, [])
     if placed is None:

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpuorch_contracts import NodeHeartbeat, NodeRegistered
+
+from gpuorch_node_agent.entrypoint import build_simulated_agents, parse_config
+from gpuorch_node_agent.sim.nvml import SimulatedNvml
+from gpuorch_node_agent.sim.processes import StaticProcessTable
+from gpuorch_node_agent.sim.profiles import device_profile, parse_node_csv, parse_profile_mix
+
+UUID = re.compile(r"^(GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+OPENB_CSV = Path("/work/shared/traces/openb/openb_node_list_gpu_node.csv")
+
+
+def _agents(mix: str, seed: int = 1):
+    return build_simulated_agents(parse_profile_mix(mix, prefix="det"), seed=seed, inventory_s=60,
+                                  processes=StaticProcessTable())
+
+
+def test_registered_at_start_and_only_when_the_inventory_changes():
+    (agent,) = _agents("a100x8:1")
+    agent.start()
+    first = agent.heartbeat_messages()
+    assert [type(m) for m in first] == [NodeRegistered, NodeHeartbeat]
+    assert first[0].inventory_hash == first[1].inventory_hash
+    second = agent.heartbeat_messages()
+    assert [type(m) for m in second] == [NodeHeartbeat]
+    assert second[0].sequence == first[1].sequence + 1
+    agent.nvml.inject_xid(0, 74)
+    agent.on_nvml_event(agent.uuid_of(0), 0x8, 74)
+    third = agent.heartbeat_messages()
+    assert [type(m) for m in third] == [NodeRegistered, NodeHeartbeat]
+    assert third[0].inventory_hash != first[0].inventory_hash
+    assert third[0].inventory.gpus[0].health == "unhealthy"
+
+
+def test_inventory_contents_for_an_h100_node():
+    (agent,) = _agents("h100x8:1")
+    agent.start()
+    inventory = agent.inventory
+    assert inventory is not None
+    assert [g.index for g in inventory.gpus] == list(range(8))
+    assert all(UUID.match(g.uuid) for g in inventory.gpus)
+    assert len({g.uuid for g in inventory.gpus}) == 8
+    assert {g.model for g in inventory.gpus} == {"H100-80GB"}
+    assert inventory.gpus[0].compute_capability == "9.0" and inventory.gpus[0].memory_total_mib == 81559
+    assert len(inventory.nvlink_pairs) == 28 and len(inventory.topology) == 28
+
+
+def test_topology_levels_without_nvlink():
+    (agent,) = _agents("l4x4:1")
+    agent.start()
+    levels = {(a, b): level for a, b, level in agent.inventory.topology}
+    assert agent.inventory.nvlink_pairs == []
+    assert levels[(0, 1)] == "single_switch" and levels[(0, 2)] == "system"
+
+
+def test_v100_cube_mesh_nvlink():
+    (agent,) = _agents("v100x8:1")
+    agent.start()
+    pairs = set(agent.inventory.nvlink_pairs)
+    assert (0, 1) in pairs and (0, 4) in pairs and (0, 5) not in pairs
+
+
+def test_deterministic_by_seed_and_node_id():
+    a = _agents("h100x8:1,t4x4:1", seed=9)
+    b = _agents("h100x8:1,t4x4:1", seed=9)
+    c = _agents("h100x8:1,t4x4:1", seed=10)
+    for agents in (a, b, c):
+        for agent in agents:
+            agent.start()
+    hashes = [[m.inventory_hash for m in (ag.heartbeat_messages()[0],)] for ag in a]
+    assert hashes == [[m.inventory_hash for m in (ag.heartbeat_messages()[0],)] for ag in b]
+    assert a[0].uuid_of(0) == c[0].uuid_of(0)  # UUIDs come from (node id, index) only
+    assert a[0].uuid_of(0) != a[1].uuid_of(0)
+    temps_a = [g.temperature_c for g in a[0].heartbeat_messages()[-1].gpus]
+    temps_b = [g.temperature_c for g in b[0].heartbeat_messages()[-1].gpus]
+    temps_c = [g.temperature_c for g in c[0].heartbeat_messages()[-1].gpus]
+    assert temps_a == temps_b and temps_a != temps_c
+    other = SimulatedNvml("another-node", device_profile("h100"), 1)
+    assert other.gpus[0].uuid != a[0].nvml.gpus[0].uuid
+
+
+def test_profile_mix_and_openb_csv():
+    specs = parse_profile_mix("h100x8:2,a100x8:1,l4x4:2", prefix="f")
+    assert [(s.node_id, s.gpu_profile.key, s.gpu_count) for s in specs][:3] == [
+        ("f-00000", "h100", 8), ("f-00001", "h100", 8), ("f-00002", "a100", 8)]
+    assert len(specs) == 5
+    openb = parse_node_csv(OPENB_CSV.read_text())
+    assert len(openb) == 1213
+    assert sum(s.gpu_count for s in openb) == 6212
+    assert {s.gpu_profile.model for s in openb} == {"G2", "G3", "P100", "T4", "V100M16", "V100M32", "A10"}
+    agents = build_simulated_agents(openb[:3], seed=0, inventory_s=60, processes=StaticProcessTable())
+    agents[0].start()
+    assert agents[0].inventory.gpus[0].model == "P100" and agents[0].inventory.cpu_milli == 64000
+
+
+def test_config_from_environment_and_flags():
+    env = {"GPUORCH_NVML": "sim", "GPUORCH_HEARTBEAT_S": "5", "GPUORCH_FLEET_NODES": "l4x4:3",
+           "GPUORCH_NODE_ID": "n7"}
+    config = parse_config([], env)
+    assert (config.nvml, config.heartbeat_s, config.is_fleet, config.node_id) == ("sim", 5.0, True, "n7")
+    assert parse_config(["--heartbeat-s", "2"], env).heartbeat_s == 2.0

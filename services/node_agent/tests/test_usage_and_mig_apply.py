@@ -1,0 +1,133 @@
+"""Usage follows real processes that name simulated UUIDs; MIG layouts are applied, or refused while work runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from gpuorch_contracts import ApplyMigLayout, GpuUsageSampled, MigGpuLayout, NodeRegistered
+from gpuorch_messaging.testing import RecordingPublisher
+
+from gpuorch_node_agent.agent import NodeAgent
+from gpuorch_node_agent.fleet import publish_batch
+from gpuorch_node_agent.handlers import ApplyMigLayoutHandler
+from gpuorch_node_agent.sim.nvml import SimulatedNvml
+from gpuorch_node_agent.sim.processes import ProcessTable, parse_usage
+from gpuorch_node_agent.sim.profiles import device_profile
+
+
+@pytest.fixture
+def spawn() -> Iterator:
+    started: list[subprocess.Popen] = []
+
+    def start(env: dict[str, str]) -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                   env={**os.environ, **env})
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def _node(profile: str = "h100", gpus: int = 2, node_id: str = "usage-node") -> NodeAgent:
+    nvml = SimulatedNvml(node_id, device_profile(profile), gpus, seed=5, processes=ProcessTable(max_age_s=0))
+    agent = NodeAgent(node_id, nvml, cpu_milli=1000, memory_mib=1024)
+    agent.start()
+    return agent
+
+
+def _samples(agent: NodeAgent):
+    return next(m for m in agent.usage_message() if isinstance(m, GpuUsageSampled)).samples
+
+
+def test_declared_usage_of_a_process_shows_on_its_gpu(spawn):
+    agent = _node()
+    gpu1 = agent.uuid_of(1)
+    job = spawn({"CUDA_VISIBLE_DEVICES": gpu1, "GPUORCH_SIM_USAGE": "util=85,mem_mib=20000"})
+    idle, busy = _samples(agent)
+    assert idle.processes == [] and idle.utilization_pct == 0 and "gpu_idle" in idle.throttle_reasons
+    assert busy.utilization_pct == 85
+    assert busy.memory_used_mib == 20000
+    assert [(p.pid, p.gpu_memory_mib, p.sm_util_pct) for p in busy.processes] == [(job.pid, 20000, 85.0)]
+    assert busy.power_w > idle.power_w and busy.temperature_c > idle.temperature_c
+    heartbeat = agent.heartbeat_messages()[-1]
+    assert heartbeat.gpus[1].utilization_pct == 85 and heartbeat.gpus[1].memory_used_mib == 20000
+
+
+def test_default_usage_is_plausible_and_throttle_can_be_declared(spawn):
+    agent = _node(node_id="usage-node-2")
+    spawn({"NVIDIA_VISIBLE_DEVICES": agent.uuid_of(0), "GPUORCH_SIM_USAGE": "throttle=power"})
+    sample = _samples(agent)[0]
+    assert 40 <= sample.utilization_pct <= 95
+    assert 0.25 * 81559 <= sample.memory_used_mib <= 0.75 * 81559
+    assert sample.throttle_reasons == ["sw_power_cap"]
+
+
+def test_parse_usage_format():
+    usage = parse_usage("util=85, mem_mib=20000,throttle=thermal,bogus=1,mem_pct=x")
+    assert (usage.util_pct, usage.mem_mib, usage.mem_pct, usage.throttle) == (85.0, 20000, None, "thermal")
+    assert parse_usage("util=500").util_pct == 100
+
+
+async def test_mig_apply_refused_while_work_runs_then_applied(spawn):
+    agent = _node(node_id="mig-node")
+    publisher = RecordingPublisher()
+    handler = ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(publisher, ms))
+    agent.heartbeat_messages()  # the initial inventory was sent
+    job = spawn({"CUDA_VISIBLE_DEVICES": agent.uuid_of(0)})
+    command = ApplyMigLayout(node_id=agent.node_id, layouts=[
+        MigGpuLayout(gpu_index=0, profiles=["3g.40gb", "3g.40gb"]),
+        MigGpuLayout(gpu_index=1, profiles=["4g.40gb", "2g.20gb", "1g.10gb"]),
+    ])
+    await handler(command)
+    refused, applied = handler.outcomes[agent.node_id]
+    assert not refused.applied and f"pid {job.pid}" in refused.reason and "drain" in refused.reason
+    assert applied.applied
+    inventory = publisher.of_type(NodeRegistered)[-1].inventory
+    assert inventory.gpus[0].mig_enabled is False and inventory.gpus[0].mig_instances == []
+    assert sorted(m.profile for m in inventory.gpus[1].mig_instances) == ["1g.10gb", "2g.20gb", "4g.40gb"]
+    assert all(m.uuid.startswith("MIG-") for m in inventory.gpus[1].mig_instances)
+    assert not any(a == 1 or b == 1 for a, b in inventory.nvlink_pairs)  # no NVLink P2P in MIG mode
+
+    # a process on a MIG instance is work on that GPU too
+    mig_uuid = inventory.gpus[1].mig_instances[0].uuid
+    mig_job = spawn({"CUDA_VISIBLE_DEVICES": mig_uuid, "GPUORCH_SIM_USAGE": "mem_mib=1000"})
+    sample = _samples(agent)[1]
+    assert [(p.pid, p.gpu_instance_uuid, p.gpu_memory_mib) for p in sample.processes] == [
+        (mig_job.pid, mig_uuid, 1000)]
+    await handler(ApplyMigLayout(node_id=agent.node_id, layouts=[MigGpuLayout(gpu_index=1, profiles=[])]))
+    assert not handler.outcomes[agent.node_id][0].applied
+
+    job.kill()
+    job.wait()
+    await handler(ApplyMigLayout(node_id=agent.node_id, layouts=[
+        MigGpuLayout(gpu_index=0, profiles=["3g.40gb", "3g.40gb"])]))
+    assert handler.outcomes[agent.node_id][0].applied
+    gpu0 = publisher.of_type(NodeRegistered)[-1].inventory.gpus[0]
+    assert gpu0.mig_enabled and [(m.profile, m.placement_start, m.placement_size) for m in gpu0.mig_instances] == [
+        ("3g.40gb", 0, 4), ("3g.40gb", 4, 4)]
+
+
+async def test_mig_apply_refusals_without_work():
+    agent = _node(profile="l4", gpus=1, node_id="no-mig")
+    handler = ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(RecordingPublisher(), ms))
+    await handler(ApplyMigLayout(node_id="no-mig", layouts=[MigGpuLayout(gpu_index=0, profiles=["1g.10gb"]),
+                                                             MigGpuLayout(gpu_index=3, profiles=["1g.10gb"])]))
+    no_support, no_gpu = handler.outcomes["no-mig"]
+    assert "no MIG support" in no_support.reason and "no GPU 3" in no_gpu.reason
+    h100 = _node(gpus=1, node_id="bad-layout")
+    handler = ApplyMigLayoutHandler({h100.node_id: h100}, lambda ms: publish_batch(RecordingPublisher(), ms))
+    await handler(ApplyMigLayout(node_id="bad-layout", layouts=[
+        MigGpuLayout(gpu_index=0, profiles=["4g.40gb", "4g.40gb"])]))
+    assert "allows 1" in handler.outcomes["bad-layout"][0].reason
+    assert h100.inventory is not None and h100.inventory.gpus[0].mig_enabled is False
+    h100.nvml.lose_gpu(0)
+    h100.heartbeat_messages()
+    await handler(ApplyMigLayout(node_id="bad-layout", layouts=[MigGpuLayout(gpu_index=0, profiles=["7g.80gb"])]))
+    assert "unhealthy" in handler.outcomes["bad-layout"][0].reason
