@@ -448,7 +448,7 @@ class TelemetryStore:
                 SELECT job_id FROM telemetry_jobs WHERE next_evaluation_at <= $1
                 ORDER BY next_evaluation_at LIMIT $2 FOR UPDATE SKIP LOCKED
             )
-            UPDATE telemetry_jobs j SET next_evaluation_at = $1 + make_interval(secs => $3), last_evaluated_at = $1
+            UPDATE telemetry_jobs j SET next_evaluation_at = $1::timestamptz + make_interval(secs => $3::float8), last_evaluated_at = $1
             FROM due WHERE j.job_id = due.job_id
             RETURNING j.*
             """,
@@ -484,14 +484,14 @@ class TelemetryStore:
                        max(util_pct)::float8 AS max_util, avg(gpu_util_pct)::float8 AS mean_gpu_util,
                        max(memory_used_mib) AS peak_memory, avg(memory_used_mib)::float8 AS mean_memory,
                        count(*) FILTER (WHERE alloc_memory_mib > 0
-                                        AND memory_used_mib >= $4 * alloc_memory_mib) AS pressure_samples,
+                                        AND memory_used_mib >= $4::float8 * alloc_memory_mib) AS pressure_samples,
                        avg(host_cpu_pct)::float8 AS host_cpu, avg(io_wait_pct)::float8 AS io_wait,
                        count(*) FILTER (WHERE throttle_thermal) AS thermal_samples,
                        count(*) FILTER (WHERE throttle_power) AS power_samples,
                        max(temperature_c)::float8 AS max_temp, avg(power_w)::float8 AS mean_power,
                        avg(sm_clock_mhz)::float8 AS mean_clock
                 FROM telemetry_job_samples
-                WHERE job_id = ANY($1::uuid[]) AND sampled_at > $2 - make_interval(secs => $3) AND sampled_at <= $2
+                WHERE job_id = ANY($1::uuid[]) AND sampled_at > $2::timestamptz - make_interval(secs => $3::float8) AND sampled_at <= $2::timestamptz
                 GROUP BY job_id, device_uuid
                 """,
                 ids, now, window_s, pressure_ratio,
@@ -635,7 +635,8 @@ class TelemetryStore:
             SELECT DISTINCT ON (node_id, gpu_uuid) node_id, gpu_uuid, gpu_index, util_pct, memory_used_mib,
                    memory_total_mib, temperature_c, power_w, sm_clock_mhz, throttle_reasons, ecc_uncorrected
             FROM telemetry_gpu_samples
-            WHERE sampled_at > $1 - make_interval(secs => $2) AND sampled_at <= $1 + interval '1 minute'
+            WHERE sampled_at > $1::timestamptz - make_interval(secs => $2::float8)
+              AND sampled_at <= $1::timestamptz + interval '1 minute'
             ORDER BY node_id, gpu_uuid, sampled_at DESC
             """,
             now, freshness_s,
@@ -649,7 +650,8 @@ class TelemetryStore:
                 SELECT DISTINCT ON (job_id, device_uuid) job_id, device_uuid, tenant, alloc_milli, alloc_memory_mib,
                        memory_used_mib, util_pct, process_count
                 FROM telemetry_job_samples
-                WHERE sampled_at > $1 - make_interval(secs => $2) AND sampled_at <= $1 + interval '1 minute'
+                WHERE sampled_at > $1::timestamptz - make_interval(secs => $2::float8)
+              AND sampled_at <= $1::timestamptz + interval '1 minute'
                 ORDER BY job_id, device_uuid, sampled_at DESC
             )
             SELECT l.job_id, min(l.tenant) AS tenant, coalesce(min(j.name), '') AS name,
@@ -658,7 +660,7 @@ class TelemetryStore:
                    sum(l.alloc_milli * coalesce(l.util_pct, 0) / 100.0) / 1000.0 AS gpus_used,
                    sum(coalesce(l.alloc_memory_mib, 0))::float8 AS memory_allocated_mib,
                    sum(l.memory_used_mib)::float8 AS memory_used_mib,
-                   sum(l.alloc_milli) FILTER (WHERE l.process_count = 0 OR coalesce(l.util_pct, 100) < $3)
+                   sum(l.alloc_milli) FILTER (WHERE l.process_count = 0 OR coalesce(l.util_pct, 100) < $3::float8)
                        / 1000.0 AS gpus_idle
             FROM latest l LEFT JOIN telemetry_jobs j ON j.job_id = l.job_id
             GROUP BY l.job_id
@@ -714,11 +716,11 @@ _WEIGHTED = """
 WITH s AS (
     SELECT *, extract(epoch FROM sampled_at - lag(sampled_at) OVER w)::float8 AS gap
     FROM {table}
-    WHERE sampled_at >= $1 - make_interval(secs => $4) AND sampled_at < $2
+    WHERE sampled_at >= $1::timestamptz - make_interval(secs => $4::float8) AND sampled_at < $2::timestamptz
     WINDOW w AS (PARTITION BY {series} ORDER BY sampled_at)
 ), d AS (
-    SELECT *, least(coalesce(gap, $5), $4) AS dt,
-           date_bin(make_interval(secs => $3), sampled_at, timestamptz '2000-01-01 00:00:00+00') AS bucket
+    SELECT *, least(coalesce(gap, $5::float8), $4::float8) AS dt,
+           date_bin(make_interval(secs => $3::float8), sampled_at, timestamptz '2000-01-01 00:00:00+00') AS bucket
     FROM s WHERE sampled_at >= $1
 )
 """
@@ -731,7 +733,7 @@ SELECT bucket, node_id, gpu_uuid, min(gpu_index), count(*), sum(dt),
        coalesce(sum(dt) FILTER (WHERE util_pct IS NOT NULL), 0), max(util_pct), max(memory_used_mib),
        coalesce(sum(memory_used_mib * dt), 0), max(memory_total_mib), max(temperature_c),
        coalesce(sum(power_w * dt), 0), coalesce(sum(dt) FILTER (WHERE cardinality(throttle_reasons) > 0), 0),
-       coalesce(sum(dt) FILTER (WHERE process_count = 0 AND coalesce(util_pct, 0) < $6), 0)
+       coalesce(sum(dt) FILTER (WHERE process_count = 0 AND coalesce(util_pct, 0) < $6::float8), 0)
 FROM d GROUP BY bucket, node_id, gpu_uuid
 ON CONFLICT DO NOTHING
 """
@@ -743,7 +745,7 @@ SELECT bucket, job_id, device_uuid, min(tenant), min(node_id), max(alloc_milli),
        sum(dt), coalesce(sum(util_pct * dt) FILTER (WHERE util_pct IS NOT NULL), 0),
        coalesce(sum(dt) FILTER (WHERE util_pct IS NOT NULL), 0), max(util_pct), {_hist_columns("util_pct")},
        max(memory_used_mib), coalesce(sum(memory_used_mib * dt), 0), coalesce(sum(power_w * dt), 0),
-       coalesce(sum(dt) FILTER (WHERE process_count = 0 OR util_pct < $6), 0)
+       coalesce(sum(dt) FILTER (WHERE process_count = 0 OR util_pct < $6::float8), 0)
 FROM d GROUP BY bucket, job_id, device_uuid
 ON CONFLICT DO NOTHING
 """

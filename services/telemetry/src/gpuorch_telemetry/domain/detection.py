@@ -139,6 +139,10 @@ def _gpus(devices: list[DeviceWindow]) -> float:
     return sum(d.alloc_milli for d in devices) / 1000
 
 
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
+
+
 def _round(value: float | None, digits: int = 1) -> float:
     return round(value, digits) if value is not None else -1.0
 
@@ -243,7 +247,7 @@ def _starved(job: JobFacts, devices: list[DeviceWindow], config: DetectionConfig
             "requested_cpu_pct": requested_cpu_pct, "io_wait_pct": _round(io_wait),
             "window_s": config.window_s,
         },
-        advice="; ".join(advice).capitalize() + ".",
+        advice=_sentence("; ".join(advice)),
     )
 
 
