@@ -7,7 +7,6 @@ import asyncio
 import pytest
 from gpuorch_contracts import GpuHealthChanged, NodeRegistered
 from gpuorch_messaging.testing import RecordingPublisher
-
 from gpuorch_node_agent.entrypoint import build_simulated_agents
 from gpuorch_node_agent.fleet import FleetRunner
 from gpuorch_node_agent.sim.processes import StaticProcessTable

@@ -4,7 +4,6 @@ import re
 from pathlib import Path
 
 from gpuorch_contracts import NodeHeartbeat, NodeRegistered
-
 from gpuorch_node_agent.entrypoint import build_simulated_agents, parse_config
 from gpuorch_node_agent.sim.nvml import SimulatedNvml
 from gpuorch_node_agent.sim.processes import StaticProcessTable

@@ -8,7 +8,6 @@ from fractions import Fraction
 
 import pynvml
 import pytest
-
 from gpuorch_node_agent.domain.mig_layout import plan_layout
 from gpuorch_node_agent.nvml.discovery import read_mig_offers
 from gpuorch_node_agent.nvml.reader import NvmlReader

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pynvml
 from gpuorch_contracts import NodeHeartbeat, NodeRegistered
-
 from gpuorch_node_agent.agent import NodeAgent
 from gpuorch_node_agent.sim.nvml import SimulatedNvml
 from gpuorch_node_agent.sim.processes import StaticProcessTable
@@ -57,7 +56,7 @@ def test_every_device_call_failing_leaves_fields_unknown():
 
 
 def test_single_failing_call_only_blanks_its_field():
-    agent, nvml = _agent(names=["nvmlDeviceGetTemperature"], error=pynvml.NVML_ERROR_UNKNOWN)
+    agent, _ = _agent(names=["nvmlDeviceGetTemperature"], error=pynvml.NVML_ERROR_UNKNOWN)
     agent.start()
     heartbeat = agent.heartbeat_messages()[-1]
     assert all(g.temperature_c is None and g.utilization_pct is not None for g in heartbeat.gpus)

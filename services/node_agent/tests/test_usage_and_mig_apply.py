@@ -10,7 +10,6 @@ from collections.abc import Iterator
 import pytest
 from gpuorch_contracts import ApplyMigLayout, GpuUsageSampled, MigGpuLayout, NodeRegistered
 from gpuorch_messaging.testing import RecordingPublisher
-
 from gpuorch_node_agent.agent import NodeAgent
 from gpuorch_node_agent.fleet import publish_batch
 from gpuorch_node_agent.handlers import ApplyMigLayoutHandler

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gpuorch_node_agent.domain.health import HealthBook
 from gpuorch_node_agent.domain.xid import (
     EVENT_CLOCK,

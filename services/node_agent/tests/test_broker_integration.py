@@ -1,0 +1,86 @@
+"""A small simulated fleet against the real RabbitMQ: registrations, heartbeats, a MIG command, a health event."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from gpuorch_contracts import (
+    EVENTS_EXCHANGE,
+    ApplyMigLayout,
+    GpuHealthChanged,
+    Message,
+    MigGpuLayout,
+    NodeHeartbeat,
+    NodeRegistered,
+)
+from gpuorch_messaging import Broker, QueueSpec
+from gpuorch_node_agent.entrypoint import build_simulated_agents, command_queue, parse_config
+from gpuorch_node_agent.fleet import FleetRunner
+from gpuorch_node_agent.handlers import dispatch, handlers
+from gpuorch_node_agent.sim.processes import StaticProcessTable
+from gpuorch_node_agent.sim.profiles import parse_profile_mix
+
+pytestmark = pytest.mark.integration
+
+
+async def _until(predicate, timeout_s: float = 10.0) -> None:
+    async def poll():
+        while not predicate():  # noqa: ASYNC110 - polls what a consumer task appends
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(poll(), timeout_s)
+
+
+async def test_fleet_heartbeats_and_mig_command_through_rabbitmq(amqp_url):
+    seen: list[Message] = []
+    observer = Broker(amqp_url, producer="test-observer")
+    await observer.connect()
+    await observer.consume(
+        QueueSpec(name="test.node-events", bindings=[(EVENTS_EXCHANGE, "node.#"), (EVENTS_EXCHANGE, "gpu.#")],
+                  max_length=1000),
+        lambda message: _append(seen, message),
+    )
+    config = parse_config(["--nvml", "sim", "--fleet-nodes", "h100x8:2,l4x4:1", "--fleet-name", "itest"], {})
+    agents = build_simulated_agents(parse_profile_mix("h100x8:2,l4x4:1", prefix="itest"), seed=1,
+                                    inventory_s=60, processes=StaticProcessTable())
+    broker = Broker(amqp_url, producer="node-agent/itest")
+    await broker.connect()
+    runner = FleetRunner(agents, broker, heartbeat_s=0.5, usage_s=1.0, seed=1)
+    await runner.start()
+    registry = handlers(runner.by_node_id, runner.publish_now)
+    await broker.consume(command_queue(config, [a.node_id for a in agents]), lambda m: dispatch(registry, m))
+    try:
+        node_ids = {a.node_id for a in agents}
+        await _until(lambda: {m.inventory.node_id for m in seen if isinstance(m, NodeRegistered)} == node_ids)
+        await _until(lambda: len([m for m in seen if isinstance(m, NodeHeartbeat)]) >= 6)
+        await _until(lambda: any(m.type == "gpu.usage_sampled" for m in seen))
+        heartbeats = [m for m in seen if isinstance(m, NodeHeartbeat) and m.node_id == "itest-00000"]
+        assert [h.sequence for h in heartbeats] == sorted(h.sequence for h in heartbeats)
+        assert all(h.producer == "node-agent/itest-00000" for h in heartbeats)
+
+        scheduler = Broker(amqp_url, producer="test-scheduler")
+        await scheduler.connect()
+        await scheduler.publish(ApplyMigLayout(node_id="itest-00001", layouts=[
+            MigGpuLayout(gpu_index=2, profiles=["1g.10gb"] * 7)]))
+        await scheduler.close()
+
+        def mig_registered() -> bool:
+            return any(isinstance(m, NodeRegistered) and m.inventory.node_id == "itest-00001"
+                       and len(m.inventory.gpus[2].mig_instances) == 7 for m in seen)
+
+        await _until(mig_registered)
+
+        agents[2].nvml.inject_xid(3, 95)
+        await _until(lambda: any(isinstance(m, GpuHealthChanged) and m.xid == 95 for m in seen))
+        event = next(m for m in seen if isinstance(m, GpuHealthChanged) and m.xid == 95)
+        assert (event.node_id, event.gpu_index, event.health) == ("itest-00002", 3, "unhealthy")
+        assert runner.stats.publish_failures == 0
+    finally:
+        await runner.stop()
+        await broker.close()
+        await observer.close()
+
+
+async def _append(seen: list[Message], message: Message) -> None:
+    seen.append(message)
