@@ -138,17 +138,18 @@ class TelemetryService:
             self._leader_conn = await asyncpg.connect(self.settings.database_url)
         leader = bool(await self._leader_conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", METRICS_LOCK))
         if not leader:
-            self.fleet.update(metrics.FleetSnapshot(leader=False))
+            self.fleet.update(self.settings.instance, metrics.FleetSnapshot(leader=False))
             return
         now = utc_now()
         freshness = self.settings.metrics_freshness_s
-        self.fleet.update(metrics.FleetSnapshot(
+        self.fleet.update(self.settings.instance, metrics.FleetSnapshot(
             gpus=list(await self.store.latest_gpu_samples(now, freshness)),
             jobs=list(await self.store.latest_job_usage(now, freshness)),
             alerts=list(await self.store.open_alert_counts()), leader=True,
         ))
 
     async def stop(self) -> None:
+        self.fleet.forget(self.settings.instance)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

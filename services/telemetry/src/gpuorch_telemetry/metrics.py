@@ -73,16 +73,21 @@ class FleetCollector(Collector):
     """Yields the fleet-wide gauges from the latest snapshot (refreshed by the service, read by scrapes)."""
 
     def __init__(self) -> None:
-        self._snapshot = FleetSnapshot()
+        self._snapshots: dict[str, FleetSnapshot] = {}
         self._lock = threading.Lock()
 
-    def update(self, snapshot: FleetSnapshot) -> None:
+    def update(self, instance: str, snapshot: FleetSnapshot) -> None:
+        """Store ``instance``'s latest snapshot (several services may share one process, e.g. in tests)."""
         with self._lock:
-            self._snapshot = snapshot
+            self._snapshots[instance] = snapshot
+
+    def forget(self, instance: str) -> None:
+        with self._lock:
+            self._snapshots.pop(instance, None)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            snap = self._snapshot
+            snap = next((s for s in self._snapshots.values() if s.leader), FleetSnapshot())
         leader = GaugeMetricFamily(
             "gpuorch_telemetry_metrics_leader", "1 on the instance that exports the fleet-wide gauges"
         )
