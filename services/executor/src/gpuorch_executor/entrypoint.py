@@ -31,6 +31,7 @@ from gpuorch_executor.handlers import NodeExecutor, NodeSettings
 
 log = get_logger("gpuorch_executor")
 FENCE_CHECK_INTERVAL_S = 0.5
+CLOSE_TIMEOUT_S = 2.0
 
 
 def executor_queue(node_id: str) -> QueueSpec:
@@ -79,12 +80,18 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         tasks.append(asyncio.create_task(_fence_loop(broker, executors, config)))
         await stop.wait()
     finally:
+        log.info("executor.stopping", note="jobs keep running under their supervisors")
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await broker.close()
+        log.info("executor.tasks_stopped")
+        try:
+            await asyncio.wait_for(broker.close(), CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("executor.broker_close_timeout", timeout_s=CLOSE_TIMEOUT_S)
+        log.info("executor.stopped")
 
 
 async def _fence_loop(broker: Broker, executors: list[NodeExecutor], config: ExecutorConfig) -> None:

@@ -63,7 +63,7 @@ def _release_cgroup(cgroup: str | None) -> None:
         Path(cgroup, "cgroup.kill").write_text("1")  # leftovers of the job that escaped its process group
     except OSError:
         pass
-    for _ in range(50):
+    for _ in range(25):  # the kernel frees a cgroup once its last process is reaped
         try:
             os.rmdir(cgroup)
             return
