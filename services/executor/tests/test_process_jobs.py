@@ -313,3 +313,43 @@ async def test_the_record_on_disk_follows_the_lifecycle(harness: Harness) -> Non
 
 def test_unknown_placement_id_has_no_record(harness: Harness) -> None:
     assert harness.executor.store.load(uuid.uuid4()) is None
+
+
+async def test_a_launch_recorded_but_never_started_is_started_by_the_redelivery(harness: Harness) -> None:
+    command = launch_job(["python", "-c", "print('once')"])
+    # The executor died after making the record durable and before starting the supervisor.
+    record = PlacementRecord(placement_id=command.placement_id, job_id=command.job_id, node_id=NODE,
+                             launch=command, log_path=str(harness.executor.store.log_path(command.job_id,
+                                                                                          command.placement_id)))
+    harness.executor.store.save(record)
+    counts = await harness.executor.reconcile()
+    assert counts["forgotten"] == 1 and not harness.publisher.published
+    await harness.executor.handle(command)  # the LaunchJob was never acked: it comes again
+    assert isinstance(await harness.until_ended(command.placement_id), JobFinished)
+    assert len(harness.publisher.of_type(JobStarted)) == 1
+
+
+async def test_a_job_whose_supervisor_died_is_watched_then_reported_lost(harness: Harness) -> None:
+    command = launch_job(["python", "-c", "print('ready', flush=True); import time; time.sleep(60)"])
+    await harness.executor.handle(command)
+    started = harness.publisher.of_type(JobStarted)[0]
+    record = harness.executor.records[command.placement_id]
+    assert record.supervisor_pid is not None
+    os.kill(record.supervisor_pid, signal.SIGKILL)
+    await harness.until(lambda: record.orphaned)
+    assert not terminal(harness.publisher, command.placement_id)  # the job still runs: nothing to report yet
+    os.kill(started.pid, signal.SIGKILL)
+    outcome = await harness.until_ended(command.placement_id)
+    assert isinstance(outcome, JobLost) and "supervisor died" in outcome.reason
+
+
+async def test_ended_placements_are_pruned_after_their_retention(harness: Harness) -> None:
+    command = launch_job(["python", "-c", "pass"])
+    await harness.executor.handle(command)
+    await harness.until_ended(command.placement_id)
+    assert harness.executor.prune() == 0  # still within its retention
+    harness.executor.settings.record_retention_s = -1.0
+    assert harness.executor.prune() == 1
+    assert command.placement_id not in harness.executor.records
+    assert harness.executor.store.load(command.placement_id) is None
+    assert Path(harness.publisher.of_type(JobStarted)[0].log_path or "").exists()  # the log stays

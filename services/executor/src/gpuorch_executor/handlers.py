@@ -47,6 +47,7 @@ from gpuorch_executor.placement_store import PlacementStore, read_tail
 log = get_logger(__name__)
 
 SUPERVISOR_MODULE = "gpuorch_executor.supervise"
+PRUNE_INTERVAL_S = 600.0
 ADOPTION_START_TOLERANCE_S = 5.0
 """A job pid found only through ``started.json`` is adopted if that process started this close to the record."""
 
@@ -62,6 +63,9 @@ class NodeSettings:
     python: str = sys.executable
     poll_interval_s: float = 0.1
     start_timeout_s: float = 15.0
+    record_retention_s: float = 7 * 24 * 3600.0
+    """How long an ended, fully published placement is remembered (so a redelivered LaunchJob starts nothing).
+    Must exceed the longest time a command can wait in the broker before being redelivered."""
 
     def __post_init__(self) -> None:
         if not self.producer:
@@ -312,9 +316,13 @@ class NodeExecutor:
     async def run(self) -> None:
         """Watch placements and publish outboxes until cancelled."""
         publisher_task = asyncio.create_task(self._publish_loop())
+        next_prune = time.monotonic() + PRUNE_INTERVAL_S
         try:
             while True:
                 await self.tick()
+                if time.monotonic() >= next_prune:
+                    self.prune()
+                    next_prune = time.monotonic() + PRUNE_INTERVAL_S
                 await asyncio.sleep(self.settings.poll_interval_s)
         finally:
             publisher_task.cancel()
@@ -470,6 +478,31 @@ class NodeExecutor:
                     self.store.save(record)
         return True
 
+    def prune(self) -> int:
+        """Forget ended placements whose events were all published longer than ``record_retention_s`` ago.
+
+        Their placement directory goes; their log file stays (``gpuctl logs`` reads it). Returns how many.
+        """
+        horizon = self.clock() - self.settings.record_retention_s
+        pruned = 0
+        for record in list(self.records.values()):
+            if record.active or record.outbox or self._command_lock(record.placement_id).locked():
+                continue
+            record_file = self.store.placement_dir(record.placement_id) / "record.json"
+            try:
+                if record_file.stat().st_mtime > horizon:
+                    continue
+            except FileNotFoundError:
+                pass
+            shutil.rmtree(self.store.placement_dir(record.placement_id), ignore_errors=True)
+            self.records.pop(record.placement_id, None)
+            self._command_locks.pop(record.placement_id, None)
+            self._publish_locks.pop(record.placement_id, None)
+            pruned += 1
+        if pruned:
+            log.info("executor.pruned", node_id=self.node_id, placements=pruned)
+        return pruned
+
     # -- restart ----------------------------------------------------------------------------------------------
 
     async def reconcile(self) -> dict[str, int]:
@@ -503,6 +536,7 @@ class NodeExecutor:
         for record in list(self.records.values()):
             if record.outbox:
                 await self.flush(record)
+        self.prune()
         log.info("reconcile.done", node_id=self.node_id, **counts)
         return counts
 
