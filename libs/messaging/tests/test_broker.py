@@ -14,9 +14,11 @@ from gpuorch_contracts import (
     JobAccepted,
     JobSpec,
     ProcessRun,
+    StopJob,
     SubmitJob,
 )
 from gpuorch_messaging import REASON_HEADER, Broker, PublishError, QueueSpec
+from gpuorch_messaging.broker import UNROUTED
 from gpuorch_messaging.testing import TcpProxy
 
 pytestmark = pytest.mark.integration
@@ -63,14 +65,28 @@ async def test_oversized_publish_is_refused(amqp_url: str) -> None:
         await broker.close()
 
 
-async def test_unroutable_publish_raises(amqp_url: str) -> None:
+async def test_unroutable_command_or_submission_raises(amqp_url: str) -> None:
     broker = Broker(amqp_url, producer="test")
     await broker.connect()
     try:
         with pytest.raises(PublishError, match="unroutable"):
-            await broker.publish(JobAccepted(job_id=uuid.uuid4(), spec=SPEC))
+            await broker.publish(SubmitJob(spec=SPEC))
+        with pytest.raises(PublishError, match="unroutable"):
+            await broker.publish(StopJob(node_id="nowhere", job_id=uuid.uuid4(), placement_id=uuid.uuid4()))
     finally:
         await broker.close()
+
+
+async def test_event_without_subscribers_is_kept_in_the_unrouted_queue(amqp_url: str) -> None:
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    try:
+        event = JobAccepted(job_id=uuid.uuid4(), spec=SPEC)
+        await broker.publish(event)
+    finally:
+        await broker.close()
+    kept = await _drain(amqp_url, UNROUTED, 1)
+    assert [m.message_id for m in kept] == [str(event.message_id)]
 
 
 async def test_published_message_is_handled_once_and_acked(amqp_url: str) -> None:

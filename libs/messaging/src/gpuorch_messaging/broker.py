@@ -56,6 +56,10 @@ QUEUE_HEADER = "x-gpuorch-original-queue"
 ROUTING_KEY_HEADER = "x-gpuorch-original-routing-key"
 EXCHANGE_HEADER = "x-gpuorch-original-exchange"
 EXCHANGES = (SUBMIT_EXCHANGE, EVENTS_EXCHANGE, COMMANDS_EXCHANGE, DEAD_LETTER_EXCHANGE)
+UNROUTED = "gpuorch.unrouted"
+"""Alternate exchange (and bounded queue) of ``gpuorch.events``: an event nobody subscribes to yet is kept here
+for inspection instead of being returned; commands and submissions have no alternate, so theirs raise."""
+UNROUTED_MAX_LENGTH = 10_000
 
 MESSAGES_PUBLISHED = Counter("gpuorch_messages_published_total", "Messages confirmed by the broker", ["type"])
 MESSAGES_CONSUMED = Counter("gpuorch_messages_consumed_total", "Messages handled and acked", ["queue", "type"])
@@ -145,10 +149,7 @@ class Broker:
     async def _open_publish_channel(self) -> AbstractRobustChannel:
         assert self._connection is not None
         channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
-        for name in EXCHANGES:
-            self._exchanges[name] = await channel.declare_exchange(
-                name, aio_pika.ExchangeType.TOPIC, durable=True
-            )
+        self._exchanges.update(await _declare_exchanges(channel))
         return channel  # type: ignore[return-value]
 
     def _on_close(self, *_: Any) -> None:
@@ -330,9 +331,22 @@ class Broker:
         await _quiet(incoming.ack())
 
 
-async def _declare(channel: Any, spec: QueueSpec) -> Any:
+async def _declare_exchanges(channel: Any) -> dict[str, Any]:
+    """Declare the topology's exchanges (idempotent; every process declares them the same way)."""
+    unrouted = await channel.declare_exchange(UNROUTED, aio_pika.ExchangeType.FANOUT, durable=True)
+    queue = await channel.declare_queue(UNROUTED, durable=True, arguments={
+        "x-queue-type": "quorum", "x-max-length": UNROUTED_MAX_LENGTH, "x-overflow": "drop-head"})
+    await queue.bind(unrouted)
+    exchanges = {}
     for name in EXCHANGES:
-        await channel.declare_exchange(name, aio_pika.ExchangeType.TOPIC, durable=True)
+        arguments = {"alternate-exchange": UNROUTED} if name == EVENTS_EXCHANGE else None
+        exchanges[name] = await channel.declare_exchange(
+            name, aio_pika.ExchangeType.TOPIC, durable=True, arguments=arguments)
+    return exchanges
+
+
+async def _declare(channel: Any, spec: QueueSpec) -> Any:
+    await _declare_exchanges(channel)
     if spec.dead_letter:
         dlq = await channel.declare_queue(
             f"{spec.name}.dlq", durable=True, arguments={"x-queue-type": "quorum"}

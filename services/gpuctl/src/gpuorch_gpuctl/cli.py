@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuorch_gpuctl import jobs_view
+from gpuorch_gpuctl.demo_cmd import demo
 from gpuorch_gpuctl.dlq_cmd import dlq_app
 from gpuorch_gpuctl.schema_cmd import schema_app
 
@@ -26,6 +27,7 @@ app = typer.Typer(help="gpuctl: submit, inspect and cancel gpuorch jobs.", no_ar
                   context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(schema_app, name="schema")
+app.command("demo")(demo)
 
 console = Console()
 err = Console(stderr=True)
@@ -219,18 +221,21 @@ def _colour(state: str) -> str:
 
 
 def _register_optional_commands() -> None:
-    """Commands whose modules come from other parts of the tree (replay, report, db)."""
-    from gpuorch_gpuctl import db_cmd, replay_cmd, report_cmd
+    """Commands whose modules come from other parts of the tree (replay, report, db), each mounted if present."""
+    import importlib
 
-    app.add_typer(db_cmd.db_app, name="db")
-    app.command("replay")(replay_cmd.replay)
-    app.command("report")(report_cmd.report)
+    for module, attach in (
+        ("db_cmd", lambda m: app.add_typer(m.db_app, name="db")),
+        ("replay_cmd", lambda m: app.command("replay")(m.replay)),
+        ("report_cmd", lambda m: app.command("report")(m.report)),
+    ):
+        try:
+            attach(importlib.import_module(f"gpuorch_gpuctl.{module}"))
+        except ModuleNotFoundError:  # pragma: no cover - only while the tree is being assembled
+            pass
 
 
-try:
-    _register_optional_commands()
-except ImportError:  # pragma: no cover - only while the tree is being assembled
-    pass
+_register_optional_commands()
 
 
 def main() -> None:  # pragma: no cover

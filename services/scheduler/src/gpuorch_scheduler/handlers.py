@@ -152,8 +152,11 @@ class SchedulerService:
                 incoming = message
                 decision = after_lost(self.state, message)
             case NodeRegistered():
-                incoming = message
                 self.last_seen[message.inventory.node_id] = self._clock()
+                known = self.state.nodes.get(message.inventory.node_id)
+                if known is not None and known.inventory_hash == message.inventory_hash:
+                    return  # a periodic re-registration with nothing new: the lease renewal is all it means
+                incoming = message
             case _ if isinstance(message, LOGGED_INCOMING):
                 incoming = message
             case _:

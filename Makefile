@@ -1,0 +1,31 @@
+# gpuorch developer entry points. `make demo` runs a simulated fleet through the real services; `make test` tests.
+UV ?= uv
+export PATH := $(HOME)/.local/bin:$(PATH)
+
+.PHONY: demo test lint bench schemas env servers clean
+
+env:
+	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	@$(UV) sync --frozen --quiet
+
+servers:
+	@bash deploy/local/ensure-servers.sh
+
+demo: env servers  ## a 3-node simulated fleet runs a mixed workload of real processes through every service
+	@$(UV) run gpuctl demo
+
+test: env servers  ## the whole suite against the real RabbitMQ and PostgreSQL
+	@$(UV) run pytest -q -p no:cacheprovider
+
+lint: env
+	@$(UV) run ruff check .
+	@$(UV) run mypy libs/*/src services/*/src
+
+bench: env servers  ## speed and scale figures, written as tables under bench/results/
+	@$(UV) run python bench/run_all.py
+
+schemas: env  ## regenerate the checked-in JSON Schemas and AsyncAPI document from the models
+	@$(UV) run gpuctl schema export --out libs/contracts/schemas
+
+clean:
+	rm -rf var .pytest_cache

@@ -1,0 +1,3 @@
+from gpuorch_gpuctl.cli import app
+
+app()

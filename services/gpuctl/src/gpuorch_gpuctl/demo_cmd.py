@@ -1,0 +1,223 @@
+"""gpuctl demo: a simulated 3-node GPU fleet running a mixed workload through the real services.
+
+It starts the scheduler, a node-agent fleet on the simulated NVML, an executor for the same nodes and telemetry,
+all on a fresh RabbitMQ vhost and a fresh PostgreSQL database; submits a mixed workload (multi-GPU training on
+NVLinked GPUs, inference on GPU shares, batch work, a job that fails, one that can never fit); shows progress
+live; prints the outcome; and stops every process it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from gpuorch_gpuctl.stack import LocalStack, SimNode
+
+console = Console(stderr=True)
+
+DEMO_NODES = [SimNode("node-1", "h100-80gb", 8), SimNode("node-2", "a100-80gb", 4), SimNode("node-3", "l4", 4)]
+
+WORK = (
+    "import os, sys, time, hashlib\n"
+    "seconds = float(sys.argv[1]); label = sys.argv[2]\n"
+    "deadline = time.time() + seconds; rounds = 0; digest = b'gpuorch'\n"
+    "while time.time() < deadline:\n"
+    "    for _ in range(2000):\n"
+    "        digest = hashlib.sha256(digest).digest()\n"
+    "    rounds += 1\n"
+    "print(f'{label}: {rounds * 2000} sha256 rounds on GPUs {os.environ.get(\"CUDA_VISIBLE_DEVICES\", \"-\")}')\n"
+)
+
+
+def demo_workload() -> list[dict[str, Any]]:
+    """The mixed workload: (name, spec fields, argv). At least 10 of these succeed on the demo fleet."""
+    def job(name: str, seconds: float, **spec: Any) -> dict[str, Any]:
+        usage = spec.pop("usage", "util=70,mem_mib=8000")
+        return {"name": name, "argv": ["python", "-c", WORK, str(seconds), name],
+                "env": {"GPUORCH_SIM_USAGE": usage}, **spec}
+
+    return [
+        {"name": "hello", "argv": ["python", "-c", "print(42)"], "env": {}, "resources": {"gpus": 1}},
+        job("train-llm-4gpu", 4, tier="training", priority_class="high", resources={"gpus": 4},
+            runtime_estimate_s=5, usage="util=95,mem_mib=70000"),
+        job("train-vision-2gpu", 3, tier="training", resources={"gpus": 2}, usage="util=88,mem_mib=30000"),
+        job("finetune-1gpu", 3, tier="training", resources={"gpus": 1}, tenant="research"),
+        *(job(f"infer-{i}", 2, tier="inference", resources={"gpu_milli": 250, "gpu_memory_mib": 8000},
+              tenant="serving", usage="util=30,mem_mib=6000") for i in range(4)),
+        job("embed-batch", 2, tier="batch", resources={"gpu_milli": 500}, tenant="research"),
+        job("etl-cpu-only", 1, tier="batch", priority_class="low"),
+        job("train-l4", 2, tier="training", resources={"gpus": 2, "gpu_models": ["L4"]}),
+        job("idle-notebook", 2, tier="batch", resources={"gpus": 1}, usage="util=0,mem_mib=500"),
+        {"name": "broken-job", "argv": ["python", "-c", "import sys; print('bad input'); sys.exit(3)"],
+         "env": {}, "resources": {"gpus": 1}},
+        {"name": "too-big", "argv": ["python", "-c", "pass"], "env": {}, "resources": {"gpus": 16}},
+    ]
+
+
+async def _fresh_database(database_url: str) -> None:
+    import asyncpg
+
+    base, name = database_url.rsplit("/", 1)
+    admin = await asyncpg.connect(f"{base}/postgres")
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+
+
+def _fresh_vhost(vhost: str) -> bool:
+    import httpx
+
+    api = os.environ.get("GPUORCH_AMQP_ADMIN", "http://127.0.0.1:15672")
+    try:
+        httpx.delete(f"{api}/api/vhosts/{vhost}", auth=("guest", "guest"), timeout=10)
+        httpx.put(f"{api}/api/vhosts/{vhost}", auth=("guest", "guest"), timeout=10).raise_for_status()
+        httpx.put(f"{api}/api/permissions/{vhost}/guest", auth=("guest", "guest"), timeout=10,
+                  json={"configure": ".*", "write": ".*", "read": ".*"}).raise_for_status()
+        return True
+    except httpx.HTTPError:
+        return False
+
+
+async def _submit_all(amqp_url: str, workload: list[dict[str, Any]]) -> dict[uuid.UUID, str]:
+    from gpuorch_contracts import JobSpec, SubmitJob
+    from gpuorch_messaging import Broker
+
+    broker = Broker(amqp_url, producer="gpuctl/demo")
+    await broker.connect()
+    ids: dict[uuid.UUID, str] = {}
+    try:
+        for item in workload:
+            fields = {k: v for k, v in item.items() if k not in ("argv", "env")}
+            spec = JobSpec.model_validate({**fields, "run": {"runtime": "process", "argv": item["argv"],
+                                                               "env": item["env"]}})
+            message = SubmitJob(spec=spec, producer="gpuctl/demo")
+            await broker.publish(message)
+            ids[message.job_id] = spec.name
+    finally:
+        await broker.close()
+    return ids
+
+
+async def _wait_for_scheduler(database_url: str, nodes: int, timeout_s: float) -> None:
+    import asyncpg
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            conn = await asyncpg.connect(database_url)
+            try:
+                count = await conn.fetchval("SELECT count(*) FROM nodes WHERE liveness = 'alive'")
+                if count >= nodes:
+                    return
+            finally:
+                await conn.close()
+        except (OSError, asyncpg.PostgresError):
+            pass
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"{nodes} nodes did not register within {timeout_s:.0f}s")
+
+
+async def _job_rows(database_url: str, ids: list[uuid.UUID]) -> list[dict[str, Any]]:
+    import asyncpg
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT * FROM jobs WHERE job_id = ANY($1::uuid[])", ids)
+    finally:
+        await conn.close()
+    return [dict(r) for r in rows]
+
+
+def _table(names: dict[uuid.UUID, str], rows: list[dict[str, Any]], elapsed: float) -> Table:
+    from gpuorch_gpuctl.jobs_view import gpu_text
+
+    by_id = {r["job_id"]: r for r in rows}
+    table = Table(title=f"gpuorch demo: {elapsed:.0f}s", expand=False)
+    for column in ("job", "state", "node", "gpus", "exit", "why / reason"):
+        table.add_column(column)
+    for job_id, name in names.items():
+        row = by_id.get(job_id)
+        if row is None:
+            table.add_row(name, "submitted", "-", "-", "-", "")
+            continue
+        colour = {"succeeded": "green", "failed": "red", "rejected": "red", "running": "cyan",
+                  "queued": "yellow"}.get(row["state"], "white")
+        table.add_row(name, f"[{colour}]{row['state']}[/{colour}]", ",".join(row["node_ids"] or []) or "-",
+                      gpu_text(row), "-" if row["exit_code"] is None else str(row["exit_code"]),
+                      (row["pending_reason"] or row["reason"] or "")[:70])
+    return table
+
+
+def demo(
+    timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 100.0,
+    root: Annotated[Path, typer.Option(help="where logs and executor state go")] = Path("var/demo"),
+    as_json: Annotated[bool, typer.Option("--json", help="print the outcome as JSON on stdout")] = False,
+) -> None:
+    """Run a simulated 3-node fleet with a mixed workload of real processes, then stop everything."""
+    started = time.monotonic()
+    vhost = "gpuorch-demo"
+    have_vhost = _fresh_vhost(vhost)
+    amqp_url = f"amqp://guest:guest@127.0.0.1:5672/{vhost if have_vhost else ''}"
+    database_url = os.environ.get("GPUORCH_DEMO_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/gpuorch_demo")
+    asyncio.run(_fresh_database(database_url))
+    root = root.resolve()
+    if root.exists():
+        import shutil
+
+        shutil.rmtree(root)
+    stack = LocalStack(root=root, amqp_url=amqp_url, database_url=database_url, nodes=DEMO_NODES,
+                       extra_env={"GPUORCH_HEARTBEAT_S": "2"})
+    workload = demo_workload()
+    outcome: dict[str, Any] = {}
+    with stack:
+        console.print(f"[bold]starting services[/bold] (logs in {root / 'logs'})")
+        stack.start_all()
+        try:
+            asyncio.run(_wait_for_scheduler(database_url, len(DEMO_NODES), 45))
+        except TimeoutError as exc:
+            for name in stack.processes:
+                console.print(f"[red]--- {name} ---[/red]\n{stack.tail(name)}")
+            raise typer.Exit(1) from exc
+        console.print(f"{len(DEMO_NODES)} simulated nodes registered; submitting {len(workload)} jobs")
+        names = asyncio.run(_submit_all(amqp_url, workload))
+        ids = list(names)
+        terminal = ("succeeded", "failed", "rejected", "cancelled")
+        rows: list[dict[str, Any]] = []
+        with Live(console=console, refresh_per_second=4) as live:
+            while time.monotonic() - started < timeout:
+                rows = asyncio.run(_job_rows(database_url, ids))
+                live.update(_table(names, rows, time.monotonic() - started))
+                if len(rows) == len(ids) and all(r["state"] in terminal for r in rows):
+                    break
+                if stack.dead():
+                    console.print(f"[red]service died: {', '.join(stack.dead())}[/red]")
+                    break
+                time.sleep(0.5)
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        nodes_used = sorted({n for r in rows if r["state"] == "succeeded" for n in (r["node_ids"] or [])})
+        outcome = {"seconds": round(time.monotonic() - started, 1), "jobs": len(ids), "states": counts,
+                   "nodes_used": nodes_used,
+                   "jobs_detail": [{"name": names[r["job_id"]], "state": r["state"], "node": (r["node_ids"] or [None])[0],
+                                    "exit_code": r["exit_code"]} for r in rows]}
+    console.print(f"[bold]done in {outcome['seconds']}s:[/bold] " + ", ".join(f"{v} {k}" for k, v in counts.items())
+                  + f"; nodes used: {', '.join(nodes_used)}")
+    console.print("try: uv run gpuctl jobs --dsn " + database_url + "   (the demo database stays until the next run)")
+    if as_json:
+        print(json.dumps(outcome))
+    if counts.get("succeeded", 0) < 10 or len(nodes_used) < 3:
+        console.print("[red]the demo expected at least 10 succeeded jobs on 3 nodes[/red]")
+        raise typer.Exit(1)

@@ -1,0 +1,58 @@
+"""One job end to end through the real services: submit -> accepted -> placed -> launched -> finished."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
+from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_messaging import Broker
+from gpuorch_scheduler.testing import registered_node
+
+from tests.e2e.harness import FakeNodes, publish_when_routable, wait_jobs_terminal, wait_rows
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+async def test_one_gpu_job_runs_with_its_gpu_uuid_and_reports_exit(stack: LocalStack, amqp_url: str,
+                                                                      pg_dsn: str) -> None:
+    stack.start_scheduler()
+    stack.start_executor()
+    await stack.queues_declared(["scheduler", "executor.node-1"])
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    nodes = FakeNodes(broker, [registered_node("node-1", gpus=2)])
+    try:
+        await nodes.start()
+        await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rs: len(rs) == 1, what="node registered")
+        spec = JobSpec(resources=GpuRequest(gpus=1), run=ProcessRun(argv=[
+            "python", "-c", "import os; print(42, os.environ['CUDA_VISIBLE_DEVICES'])"]))
+        failing = JobSpec(run=ProcessRun(argv=["python", "-c", "raise SystemExit(3)"]))
+        submits = [SubmitJob(spec=spec), SubmitJob(spec=failing)]
+        for submit in submits:
+            await publish_when_routable(broker, submit)
+        rows = await wait_jobs_terminal(pg_dsn, [s.job_id for s in submits], timeout_s=60)
+    finally:
+        await nodes.stop()
+        await broker.close()
+    ok, bad = rows[submits[0].job_id], rows[submits[1].job_id]
+    assert (ok["state"], ok["exit_code"], ok["node_ids"]) == ("succeeded", 0, ["node-1"])
+    gpu_uuid = json.loads(ok["assignments"])[0]["gpus"][0]["gpu_uuid"]
+    assert Path(ok["log_path"]).read_text().strip() == f"42 {gpu_uuid}"
+    assert (bad["state"], bad["exit_code"]) == ("failed", 3)
+
+    # the CLI reads the same read model
+    env = {"GPUORCH_DATABASE_URL": pg_dsn}
+    out = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "jobs", "--json"], capture_output=True, text=True,
+                         env={**__import__("os").environ, **env}, check=True)
+    listed = {j["id"]: j for j in json.loads(out.stdout)}
+    assert listed[str(submits[0].job_id)]["state"] == "succeeded"
+    assert listed[str(submits[0].job_id)]["exit_code"] == 0
+    assert listed[str(submits[0].job_id)]["node"] == "node-1"
+    logs = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "logs", str(submits[0].job_id)[:8]],
+                          capture_output=True, text=True, env={**__import__("os").environ, **env}, check=True)
+    assert logs.stdout.startswith("42 ")
