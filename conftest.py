@@ -40,7 +40,7 @@ def make_vhost() -> str:
 def drop_vhost(name: str) -> None:
     try:
         _mgmt("DELETE", f"/api/vhosts/{name}")
-    except Exception:  # noqa: BLE001 - cleanup is best effort
+    except Exception:
         pass
 
 
@@ -76,7 +76,7 @@ def make_database() -> str:
 def drop_database(name: str) -> None:
     try:
         asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    except Exception:  # noqa: BLE001 - cleanup is best effort
+    except Exception:
         pass
 
 
