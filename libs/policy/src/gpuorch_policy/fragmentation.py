@@ -38,25 +38,35 @@ class TaskMix:
     first (ties: larger type first), until `coverage` of all tasks is reached; CPU-only types included.
     """
 
-    def __init__(self, types: Sequence[TaskType], weights: Sequence[int]) -> None:
+    def __init__(
+        self, types: Sequence[TaskType], weights: Sequence[int], memory_mib: Sequence[int] | None = None
+    ) -> None:
         if len(types) != len(weights) or not types:
             raise ValueError("a task mix needs at least one type and one weight per type")
         self.types = tuple(types)
         self.weights = np.array(weights, dtype=np.int64)
+        memory = np.zeros(len(types), dtype=np.int64) if memory_mib is None else np.array(memory_mib, np.int64)
         self.total_weight = int(self.weights.sum())
         gpu = [k for k, t in enumerate(types) if t.num_gpu > 0 and t.gpu_milli > 0]
         self.gpu_cpu = np.array([types[k].cpu_milli for k in gpu], dtype=np.int64)
         self.gpu_milli = np.array([types[k].gpu_milli for k in gpu], dtype=np.int64)
         self.gpu_num = np.array([types[k].num_gpu for k in gpu], dtype=np.int64)
         self.gpu_weight = self.weights[gpu]
+        self.gpu_memory = memory[gpu]
+        self.gpu_whole = self.gpu_milli >= 1000
+        # shares_per_gpu[free milli, k]: how many GPU-type-k pieces fit in a GPU with that much free.
+        self.shares_per_gpu = (np.arange(1001)[:, None] // np.maximum(self.gpu_milli, 1)).astype(np.int64)
         self.gpu_models = [types[k].gpu_models for k in gpu]
         self._access: dict[tuple[str, ...], np.ndarray] = {}
 
     @classmethod
     def from_requests(cls, requests: Iterable[Request], coverage: float = 0.95) -> TaskMix:
-        counts = Counter(
-            TaskType(r.cpu_milli, r.gpu_milli if r.num_gpu else 0, r.num_gpu, tuple(r.gpu_models)) for r in requests
-        )
+        counts: Counter[TaskType] = Counter()
+        memory: Counter[TaskType] = Counter()
+        for r in requests:
+            key = TaskType(r.cpu_milli, r.gpu_milli if r.num_gpu else 0, r.num_gpu, tuple(r.gpu_models))
+            counts[key] += 1
+            memory[key] += r.memory_mib
         if not counts:
             raise ValueError("empty workload")
         total = sum(counts.values())
@@ -72,7 +82,9 @@ class TaskMix:
                 break
             chosen.append((task_type, count))
             cumulative += count
-        return cls([t for t, _ in chosen], [c for _, c in chosen])
+        return cls(
+            [t for t, _ in chosen], [c for _, c in chosen], [memory[t] // c for t, c in chosen]
+        )
 
     def access(self, cluster: Cluster) -> np.ndarray:
         """bool[model id + 1, gpu types]: may GPU type k run on a node of this model (row 0: CPU nodes)?"""
@@ -140,3 +152,66 @@ def sigmoid_score(frag_before: IntArray, frag_after: IntArray, weight: int) -> I
     """FGD's node score: int(100 * sigmoid((before - after) / 1000 GPU-milli)), truncated like Go's int64()."""
     x = (frag_before - frag_after) / weight / 1000.0
     return (1.0 / (1.0 + np.exp(-x)) * 100.0).astype(np.int64)
+
+
+# ---- capacity-aware fragmentation (gpuorch's default policy) ------------------------------------------------------
+#
+# FGD asks, per task type, "can this node host one more?". We ask "how much of this node's free GPU could tasks of
+# this type actually take?": instances limited by GPUs (shares per GPU: floor(free / share); whole: free GPUs / n),
+# by host CPU and by host memory. Free GPU-milli the type cannot take counts as fragment.
+#
+#     frag(node) = S - sum over GPU types k of f_k * min(gpu_k, cpu_free // c_k, mem_free // mem_k) * m_k * n_k
+
+
+def gpu_instances(mix: TaskMix, free: IntArray) -> IntArray:
+    """[..., k]: how many tasks of each GPU type the free GPU-milli could hold, ignoring CPU and memory."""
+    total = mix.shares_per_gpu[free].sum(axis=-2)
+    return np.asarray(np.where(mix.gpu_whole, total // mix.gpu_num, total))
+
+
+def usable_milli(
+    mix: TaskMix,
+    instances: IntArray,
+    cpu_free: IntArray,
+    mem_free: IntArray | None,
+    access: np.ndarray,
+) -> IntArray:
+    """[..., k]: GPU-milli tasks of type k could take, given GPU instances, host CPU and memory (and the model)."""
+    cap = instances
+    cap = np.minimum(cap, cpu_free[..., None] // np.maximum(mix.gpu_cpu, 1))
+    if mem_free is not None:
+        cap = np.minimum(cap, mem_free[..., None] // np.maximum(mix.gpu_memory, 1))
+    return np.asarray(np.maximum(cap, 0) * access * (mix.gpu_milli * mix.gpu_num))
+
+
+def capacity_frag(
+    mix: TaskMix, free: IntArray, cpu_free: IntArray, mem_free: IntArray | None, node_model: IntArray,
+    cluster: Cluster,
+) -> IntArray:
+    """Capacity-aware fragmentation times the mix's total weight, per row of `free`."""
+    access = mix.access(cluster)[node_model - NO_MODEL]
+    usable = usable_milli(mix, gpu_instances(mix, free), cpu_free, mem_free, access)
+    return np.asarray(free.sum(axis=-1) * mix.total_weight - (usable * mix.gpu_weight).sum(axis=-1))
+
+
+def capacity_frag_share(
+    mix: TaskMix, free: IntArray, cpu_free: IntArray, mem_free: IntArray | None, node_model: IntArray,
+    request_cpu: int, request_memory: int, share: int, cluster: Cluster,
+) -> tuple[IntArray, IntArray]:
+    """Capacity-aware weighted fragmentation before [nodes] and after putting the share on each slot [nodes, slots]
+    (slots with less than the share free give meaningless values; mask them)."""
+    access = mix.access(cluster)[node_model - NO_MODEL]
+    table = mix.shares_per_gpu
+    per_gpu = table[free]  # [n, s, k]
+    total = per_gpu.sum(axis=1)  # [n, k]
+    before_usable = usable_milli(
+        mix, np.where(mix.gpu_whole, total // mix.gpu_num, total), cpu_free, mem_free, access
+    )
+    weighted_free = free.sum(axis=-1) * mix.total_weight
+    before = weighted_free - (before_usable * mix.gpu_weight).sum(axis=-1)
+    total_after = total[:, None, :] - per_gpu + table[np.maximum(free - share, 0)]  # [n, s, k]
+    instances = np.where(mix.gpu_whole, total_after // mix.gpu_num, total_after)
+    mem_after = (mem_free - request_memory)[:, None] if mem_free is not None else None
+    usable = usable_milli(mix, instances, (cpu_free - request_cpu)[:, None], mem_after, access[:, None, :])
+    after = (weighted_free - share * mix.total_weight)[:, None] - (usable * mix.gpu_weight).sum(axis=-1)
+    return np.asarray(before), np.asarray(after)

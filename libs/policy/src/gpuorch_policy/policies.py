@@ -11,6 +11,7 @@ from gpuorch_policy.scorers import (
     DotProductScore,
     FgdScore,
     GpuClusteringScore,
+    GpuorchScore,
     GpuPackingScore,
     RandomScore,
 )
@@ -32,9 +33,10 @@ _BUILDERS: dict[str, Callable[[TaskMix], Policy]] = {
     "GpuPacking": lambda mix: Policy("GpuPacking", GpuPackingScore()),
     "BestFit": lambda mix: Policy("BestFit", BestFitScore()),
     "FGD": lambda mix: Policy("FGD", FgdScore(mix)),
+    "gpuorch": lambda mix: Policy("gpuorch", GpuorchScore(mix)),
 }
 
-DEFAULT_POLICY = "FGD"
+DEFAULT_POLICY = "gpuorch"
 
 
 def policy_names() -> list[str]:

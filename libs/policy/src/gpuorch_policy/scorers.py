@@ -20,6 +20,8 @@ import numpy as np
 from gpuorch_policy.cluster import Cluster, IntArray
 from gpuorch_policy.fragmentation import (
     TaskMix,
+    capacity_frag,
+    capacity_frag_share,
     frag_after_share,
     frag_weighted,
     sigmoid_score,
@@ -228,6 +230,57 @@ class FgdScore:
     ) -> tuple[IntArray, IntArray]:
         before, after, valid = self.frag_change(request, cluster, rows)
         per_option = np.where(valid, sigmoid_score(before[:, None], after, self.mix.total_weight), -1)
+        best = np.argmax(per_option, axis=1)
+        scores = per_option[np.arange(len(rows)), best]
+        picks = best if request.is_share else _no_pick(rows)
+        return scores.astype(np.int64), np.asarray(picks, dtype=np.int64)
+
+
+class GpuorchScore:
+    """gpuorch's default: capacity-aware fragmentation gradient with coarse scores and name-order consolidation.
+
+    Like FGD it scores the change of fragmentation against the task mix through a sigmoid, but fragmentation counts
+    what tasks of each type could really take from the node (instances limited by GPU shares, host CPU and host
+    memory), so it sees CPU- or memory-stranded GPUs and share leftovers that fit no typical share. `resolution`
+    is the number of score levels: coarse levels make near-equal nodes tie, and ties go to the first node by name,
+    which consolidates work onto few nodes (measured: finer scores do worse). See docs/placement.md.
+    """
+
+    name = "gpuorch"
+    node_local = True
+
+    def __init__(self, mix: TaskMix, resolution: int = 50, use_memory: bool = True) -> None:
+        self.mix = mix
+        self.resolution = resolution
+        self.use_memory = use_memory
+
+    def cache_key(self, request: Request) -> Hashable:
+        return (*_scoring_key(request), request.memory_mib if self.use_memory else 0)
+
+    def score(
+        self, request: Request, cluster: Cluster, rows: IntArray, rng: np.random.Generator | None
+    ) -> tuple[IntArray, IntArray]:
+        mix = self.mix
+        free = cluster.gpu_usable[rows]
+        cpu = cluster.cpu_free[rows]
+        mem = cluster.mem_free[rows] if self.use_memory else None
+        model = cluster.node_model[rows]
+        cpu_after = cpu - request.cpu_milli
+        mem_after = mem - request.memory_mib if mem is not None else None
+        if request.is_share:
+            before, after = capacity_frag_share(
+                mix, free, cpu, mem, model, request.cpu_milli, request.memory_mib, request.gpu_milli, cluster
+            )
+            valid = cluster.eligible_gpus(request, rows)
+        else:
+            before = capacity_frag(mix, free, cpu, mem, model, cluster)
+            eligible = cluster.eligible_gpus(request, rows) if request.num_gpu else free >= 0
+            left = take_gpus_best_fit(free, eligible, request.num_gpu, request.gpu_milli)
+            after = capacity_frag(mix, left, cpu_after, mem_after, model, cluster)[:, None]
+            valid = np.ones_like(after, dtype=np.bool_)
+        x = (before[:, None] - after) / mix.total_weight / 1000.0
+        levels = (1.0 / (1.0 + np.exp(-x)) * self.resolution).astype(np.int64)
+        per_option = np.where(valid, levels, -1)
         best = np.argmax(per_option, axis=1)
         scores = per_option[np.arange(len(rows)), best]
         picks = best if request.is_share else _no_pick(rows)

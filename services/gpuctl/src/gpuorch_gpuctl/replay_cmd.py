@@ -1,0 +1,282 @@
+"""`gpuctl replay`: replay a GPU-cluster trace (openb format) through the placement core, offline.
+
+Two modes:
+  arrivals (default): the FGD paper's protocol (shared/traces/openb/README.md): inflate the task list to `--tune` x
+      the cluster's GPU capacity, shuffle per seed, place one by one, nothing leaves. Reports allocated % at 100 %
+      arrived, unallocated % at 130 % arrived, the fragmentation curve, failed tasks and seconds per run.
+  jobs: tasks arrive at their creation time and leave at their deletion time (time-compressed); a queue in front of
+      the placer (FIFO, or priority with backfill). Reports queueing delay and completion time per tier.
+
+`--json` prints exactly one JSON object on stdout; progress goes to stderr. `--placements FILE` writes one JSON line
+per task in arrival order so the result can be checked independently (`--verify FILE` does that check).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gpuorch_policy import DEFAULT_POLICY, PUBLISHED, TaskMix, build_policy, policy_names
+from gpuorch_policy.jobs import QUEUE_POLICIES, jobs_from_tasks, replay_jobs
+from gpuorch_policy.openb import Task, parse_nodes, parse_tasks
+from gpuorch_policy.replay import ReplayResult, replay_protocol
+from gpuorch_policy.verify import check_placements
+
+CURVE_POINTS = tuple(range(0, 131, 10))
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'42-51' -> 42..51; '42,43' -> [42, 43]; both may be mixed ('1-3,7')."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part[1:]:
+            first, last = part.split("-", 1) if not part.startswith("-") else part[1:].split("-", 1)
+            lo, hi = int(first), int(last)
+            if hi < lo:
+                raise typer.BadParameter(f"seed range {part!r} runs backwards")
+            seeds.extend(range(lo, hi + 1))
+        else:
+            seeds.append(int(part))
+    if not seeds:
+        raise typer.BadParameter("no seeds given")
+    return seeds
+
+
+def _read_csv(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc}") from exc
+
+
+def _seed_summary(result: ReplayResult) -> dict[str, Any]:
+    return {
+        "seed": result.seed,
+        "allocated_pct_at_100": result.allocated_pct_at_100,
+        "unallocated_pct_at_130": result.unallocated_pct_at_130,
+        "failed": result.failed,
+        "tasks": result.tasks,
+        "seconds": round(result.seconds, 3),
+        "allocated_curve": {str(k): v for k, v in result.curve(result.allocated_pct, CURVE_POINTS).items()},
+        "frag_curve": {str(k): v for k, v in result.curve(result.frag_pct, CURVE_POINTS).items()},
+    }
+
+
+def _mean(values: list[float]) -> float:
+    clean = [v for v in values if v == v]
+    return round(sum(clean) / len(clean), 3) if clean else float("nan")
+
+
+def _mean_summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    mean: dict[str, Any] = {
+        key: _mean([s[key] for s in per_seed])
+        for key in ("allocated_pct_at_100", "unallocated_pct_at_130", "failed", "tasks", "seconds")
+    }
+    mean["seconds_total"] = round(sum(s["seconds"] for s in per_seed), 3)
+    for curve in ("allocated_curve", "frag_curve"):
+        points = sorted({p for s in per_seed for p in s[curve]}, key=int)
+        mean[curve] = {p: _mean([s[curve][p] for s in per_seed if p in s[curve]]) for p in points}
+    return mean
+
+
+def run_arrivals(
+    nodes_lines: list[str],
+    pods_lines: list[str],
+    policy_name: str,
+    seeds: list[int],
+    tune: float,
+    placements_out: Any | None = None,
+    progress: Progress | None = None,
+    log: Console | None = None,
+) -> dict[str, Any]:
+    """The arrivals protocol for every seed; returns the `--json` object. Usable from scripts (bench)."""
+    nodes = parse_nodes(nodes_lines)
+    tasks: list[Task] = parse_tasks(pods_lines)
+    mix = TaskMix.from_requests(t.request for t in tasks)
+    policy = build_policy(policy_name, mix)
+    per_seed = []
+    for seed in seeds:
+        task_id = None
+        if progress is not None:
+            task_id = progress.add_task(f"{policy.name} seed {seed}", total=None)
+
+        def on_progress(done: int, total: int, _task_id: Any = task_id) -> None:
+            if progress is not None and _task_id is not None:
+                progress.update(_task_id, completed=done, total=total)
+
+        started = time.perf_counter()
+        result = replay_protocol(
+            nodes, tasks, policy, seed, ratio=tune, mix=mix,
+            record_outcomes=placements_out is not None, on_progress=on_progress,
+        )
+        result.seconds = time.perf_counter() - started
+        if placements_out is not None:
+            for outcome in result.outcomes:
+                placements_out.write(
+                    json.dumps(
+                        {
+                            "seed": seed,
+                            "task": outcome.task,
+                            "source": outcome.source,
+                            "node": outcome.node,
+                            "gpus": [list(g) for g in outcome.gpus],
+                        }
+                    )
+                    + "\n"
+                )
+        per_seed.append(_seed_summary(result))
+        if log is not None:
+            log.print(
+                f"{policy.name} seed {seed}: unallocated {result.unallocated_pct_at_130:.2f} % at 130 % arrived, "
+                f"{result.seconds:.2f} s"
+            )
+    summary: dict[str, Any] = {"policy": policy.name, "tune": tune, "seeds": per_seed, "mean": _mean_summary(per_seed)}
+    if policy.name in PUBLISHED:
+        alloc, unalloc = PUBLISHED[policy.name]
+        summary["published"] = {"allocated_pct_at_100": alloc, "unallocated_pct_at_130": unalloc}
+    return summary
+
+
+def _print_arrivals(console: Console, summary: dict[str, Any]) -> None:
+    table = Table(title=f"{summary['policy']}: arrivals replay, tune {summary['tune']}")
+    for column in ("seed", "allocated % @100 % arrived", "unallocated % @130 % arrived", "failed", "tasks", "s"):
+        table.add_column(column, justify="right")
+    for s in summary["seeds"]:
+        table.add_row(
+            str(s["seed"]), f"{s['allocated_pct_at_100']:.2f}", f"{s['unallocated_pct_at_130']:.2f}",
+            str(s["failed"]), str(s["tasks"]), f"{s['seconds']:.2f}",
+        )
+    m = summary["mean"]
+    table.add_row(
+        "mean", f"{m['allocated_pct_at_100']:.2f}", f"{m['unallocated_pct_at_130']:.2f}",
+        f"{m['failed']:.1f}", f"{m['tasks']:.0f}", f"{m['seconds']:.2f} (total {m['seconds_total']:.1f})",
+    )
+    if "published" in summary:
+        p = summary["published"]
+        table.add_row("published", f"{p['allocated_pct_at_100']:.2f}", f"{p['unallocated_pct_at_130']:.2f}", "", "", "")
+    console.print(table)
+    curve = Table(title="mean curve: allocated % and fragmented % (FGD definition) by arrived %")
+    curve.add_column("arrived %", justify="right")
+    curve.add_column("allocated %", justify="right")
+    curve.add_column("fragmented %", justify="right")
+    for point, value in m["allocated_curve"].items():
+        curve.add_row(str(point), f"{value:.2f}", f"{m['frag_curve'].get(point, float('nan')):.2f}")
+    console.print(curve)
+
+
+def run_jobs(
+    nodes_lines: list[str], pods_lines: list[str], policy_name: str, queues: list[str], compression: float, load: float
+) -> dict[str, Any]:
+    nodes = parse_nodes(nodes_lines)
+    tasks = parse_tasks(pods_lines)
+    mix = TaskMix.from_requests(t.request for t in tasks)
+    policy = build_policy(policy_name, mix)
+    jobs = jobs_from_tasks(tasks, compression=compression, load=load)
+    runs = []
+    for queue in queues:
+        started = time.perf_counter()
+        result = replay_jobs(nodes, jobs, policy, queue_policy=queue)
+        record = asdict(result)
+        record["seconds"] = round(time.perf_counter() - started, 3)
+        runs.append(record)
+    return {"mode": "jobs", "policy": policy.name, "compression": compression, "load": load, "runs": runs}
+
+
+def _print_jobs(console: Console, summary: dict[str, Any]) -> None:
+    table = Table(
+        title=f"jobs replay, placement {summary['policy']}, compression {summary['compression']}, load {summary['load']}"
+    )
+    for column in ("queue", "tier", "jobs", "started", "wait mean", "wait p95", "completion mean", "completion p95"):
+        table.add_column(column, justify="right")
+    for run in summary["runs"]:
+        for tier, s in run["tiers"].items():
+            table.add_row(
+                run["queue_policy"], tier, str(s["jobs"]), str(s["started"]), f"{s['queueing_mean']:.1f}",
+                f"{s['queueing_p95']:.1f}", f"{s['completion_mean']:.1f}", f"{s['completion_p95']:.1f}",
+            )
+    console.print(table)
+
+
+def replay(
+    nodes: Annotated[Path, typer.Option("--nodes", help="node list CSV (sn, cpu_milli, memory_mib, gpu, model)")],
+    pods: Annotated[Path, typer.Option("--pods", help="task list CSV (name, cpu_milli, memory_mib, num_gpu, gpu_milli, ...)")],
+    policy: Annotated[
+        str, typer.Option("--policy", help=f"placement policy: {', '.join(policy_names())}")
+    ] = DEFAULT_POLICY,
+    seeds: Annotated[str, typer.Option("--seeds", help="seeds, e.g. 42-51 or 42,43")] = "42-51",
+    tune: Annotated[float, typer.Option("--tune", help="inflate the task list to this x GPU capacity")] = 1.3,
+    json_output: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
+    placements: Annotated[
+        Path | None, typer.Option("--placements", help="write one JSON line per task (arrival order) to FILE")
+    ] = None,
+    mode: Annotated[str, typer.Option("--mode", help="arrivals (paper protocol) or jobs (queue, jobs leave)")] = "arrivals",
+    queue: Annotated[
+        str, typer.Option("--queue", help=f"jobs mode: {', '.join(QUEUE_POLICIES)} or all")
+    ] = "all",
+    compression: Annotated[float, typer.Option("--compression", help="jobs mode: divide trace times by this")] = 1.0,
+    load: Annotated[float, typer.Option("--load", help="jobs mode: pack arrivals this much closer")] = 1.0,
+    verify: Annotated[
+        Path | None, typer.Option("--verify", help="check a --placements FILE against capacities instead of replaying")
+    ] = None,
+) -> None:
+    """Replay a trace through the placement core (FGD paper protocol, or a job-level queue replay)."""
+    console = Console()
+    err = Console(stderr=True)
+    nodes_lines, pods_lines = _read_csv(nodes), _read_csv(pods)
+    if policy.lower() not in {p.lower() for p in policy_names()}:
+        raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(policy_names())}")
+    if verify is not None:
+        records = [json.loads(line) for line in verify.read_text().splitlines() if line.strip()]
+        requests = {t.name: t.request for t in parse_tasks(pods_lines)}
+        problems = check_placements(parse_nodes(nodes_lines), requests, records)
+        report = {"records": len(records), "violations": len(problems), "first": problems[:20]}
+        if json_output:
+            print(json.dumps(report))
+        else:
+            console.print(f"{len(records)} placement records, {len(problems)} capacity violations")
+            for line in problems[:20]:
+                console.print(f"  {line}")
+        raise typer.Exit(1 if problems else 0)
+    if mode == "jobs":
+        queues = list(QUEUE_POLICIES) if queue == "all" else [queue]
+        for q in queues:
+            if q not in QUEUE_POLICIES:
+                raise typer.BadParameter(f"unknown queue policy {q!r}")
+        with err.status("replaying jobs ..."):
+            summary = run_jobs(nodes_lines, pods_lines, policy, queues, compression, load)
+        if json_output:
+            print(json.dumps(summary))
+        else:
+            _print_jobs(console, summary)
+        return
+    if mode != "arrivals":
+        raise typer.BadParameter(f"unknown mode {mode!r}: arrivals or jobs")
+    seed_list = parse_seeds(seeds)
+    out = placements.open("w") if placements is not None else None
+    try:
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=err, transient=True, disable=not err.is_terminal,
+        ) as progress:
+            summary = run_arrivals(
+                nodes_lines, pods_lines, policy, seed_list, tune, out, progress,
+                log=None if err.is_terminal else err,
+            )
+    finally:
+        if out is not None:
+            out.close()
+    if json_output:
+        print(json.dumps(summary))
+    else:
+        _print_arrivals(console, summary)
