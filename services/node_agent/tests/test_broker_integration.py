@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 async def _until(predicate, timeout_s: float = 10.0) -> None:
     async def poll():
-        while not predicate():  # noqa: ASYNC110 - polls what a consumer task appends
+        while not predicate():
             await asyncio.sleep(0.02)
 
     await asyncio.wait_for(poll(), timeout_s)

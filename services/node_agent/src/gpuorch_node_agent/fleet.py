@@ -3,11 +3,12 @@
 Contract:
 - each node heartbeats every ``heartbeat_s`` (first one at a seeded random phase within the interval, then
   ``heartbeat_s`` +/- ``jitter`` so nodes never synchronise) and sends a usage sample every ``usage_s``;
-- due messages of one tick go out in one ``publish_many`` batch (chunks of ``batch_size``);
+- due messages of one tick go out in one ``publish_many`` batch (chunks of ``batch_size``), published on tasks so
+  a slow confirm never delays the next tick; at most ``max_in_flight`` batches wait for confirms (back-pressure);
 - a health event goes out at once, on its own task, never waiting for a heartbeat tick;
 - a failed publish is logged and counted, never fatal: a heartbeat is latest-wins (the next one replaces it) and a
   node whose ``NodeRegistered`` failed re-sends its inventory with its next heartbeat;
-- ``stats`` counts what was published and the publish lag (confirm time minus due time).
+- ``stats`` counts what was published and each heartbeat's publish lag (confirm time minus its due time).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class FleetStats:
     publish_failures: int = 0
     nvml_event_failures: int = 0
     lag_s: list[float] = field(default_factory=list)
+    confirm_s: list[float] = field(default_factory=list)
+    """Duration of each heartbeat batch's publish (send until every message confirmed)."""
     health_lag_s: list[float] = field(default_factory=list)
 
     def lag_percentile(self, q: float) -> float | None:
@@ -61,7 +64,7 @@ class FleetRunner:
     def __init__(
         self, agents: Sequence[NodeAgent], publisher: Any, *, heartbeat_s: float = 10.0, usage_s: float = 60.0,
         jitter: float = 0.1, seed: int = 0, batch_size: int = 500, tick_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic, max_lag_samples: int = 200_000,
+        clock: Callable[[], float] = time.monotonic, max_lag_samples: int = 200_000, max_in_flight: int = 8,
     ) -> None:
         self.agents = list(agents)
         self.publisher = publisher
@@ -69,7 +72,7 @@ class FleetRunner:
         self.usage_s = usage_s
         self.jitter = jitter
         self.batch_size = batch_size
-        self.tick_s = tick_s if tick_s is not None else min(0.25, heartbeat_s / 10)
+        self.tick_s = tick_s if tick_s is not None else min(0.1, heartbeat_s / 10)
         self.clock = clock
         self.max_lag_samples = max_lag_samples
         self.stats = FleetStats()
@@ -81,6 +84,8 @@ class FleetRunner:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self._heartbeat_due: list[tuple[float, int]] = []
+        self._in_flight = asyncio.Semaphore(max_in_flight)
+        self._publishing: set[asyncio.Task[None]] = set()
         self._usage_due: list[tuple[float, int]] = []
 
     @property
@@ -111,7 +116,7 @@ class FleetRunner:
         for watcher in self._watchers:
             await asyncio.to_thread(watcher.ready.wait, 5.0)
         if startup:
-            await self._publish(startup, due=now)
+            await self._publish([(m, now) for m in startup])
         self._tasks = [asyncio.create_task(self._health_loop(), name="fleet-health"),
                        asyncio.create_task(self._schedule_loop(), name="fleet-schedule")]
 
@@ -140,6 +145,8 @@ class FleetRunner:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks = []
+        if self._publishing:
+            await asyncio.wait(set(self._publishing), timeout=5.0)
         for watcher in self._watchers:
             await asyncio.to_thread(watcher.stop)
         self._watchers = []
@@ -179,7 +186,7 @@ class FleetRunner:
             agent, _ = target
             message = agent.on_nvml_event(uuid, event_type, event_data)
             if message is not None:
-                await self._publish([message], due=seen_at)
+                await self._publish([(message, seen_at)])
                 self.stats.health_lag_s.append(self.clock() - seen_at)
 
     # -- schedules --------------------------------------------------------------------------------------------
@@ -187,21 +194,27 @@ class FleetRunner:
     async def _schedule_loop(self) -> None:
         while True:
             now = self.clock()
-            batch: list[Message] = []
-            due_at = now
+            batch: list[tuple[Message, float]] = []
             while self._heartbeat_due and self._heartbeat_due[0][0] <= now:
                 due, i = heapq.heappop(self._heartbeat_due)
-                due_at = min(due_at, due)
-                batch += self._safely(self.agents[i], self.agents[i].heartbeat_messages)
+                batch += [(m, due) for m in self._safely(self.agents[i], self.agents[i].heartbeat_messages)]
                 heapq.heappush(self._heartbeat_due, (due + self._next_interval(self.heartbeat_s), i))
             while self._usage_due and self._usage_due[0][0] <= now:
                 due, i = heapq.heappop(self._usage_due)
-                due_at = min(due_at, due)
-                batch += self._safely(self.agents[i], self.agents[i].usage_message)
+                batch += [(m, due) for m in self._safely(self.agents[i], self.agents[i].usage_message)]
                 heapq.heappush(self._usage_due, (due + self._next_interval(self.usage_s), i))
             for start in range(0, len(batch), self.batch_size):
-                await self._publish(batch[start:start + self.batch_size], due=due_at)
+                await self._in_flight.acquire()  # back-pressure: at most max_in_flight batches unconfirmed
+                task = asyncio.create_task(self._publish_released(batch[start:start + self.batch_size]))
+                self._publishing.add(task)
+                task.add_done_callback(self._publishing.discard)
             await asyncio.sleep(self.tick_s)
+
+    async def _publish_released(self, items: list[tuple[Message, float]]) -> None:
+        try:
+            await self._publish(items)
+        finally:
+            self._in_flight.release()
 
     def _next_interval(self, base: float) -> float:
         return base * (1.0 + self._random.uniform(-self.jitter, self.jitter))
@@ -214,9 +227,12 @@ class FleetRunner:
             log.error("agent.tick_failed", node_id=agent.node_id, error=repr(exc))
             return []
 
-    async def _publish(self, messages: list[Message], *, due: float) -> None:
-        if not messages:
+    async def _publish(self, items: list[tuple[Message, float]]) -> None:
+        """Publish ``(message, due time)`` pairs as one batch; count them and their lag once confirmed."""
+        if not items:
             return
+        messages = [m for m, _ in items]
+        started = self.clock()
         try:
             await publish_batch(self.publisher, messages)
         except Exception as exc:
@@ -227,12 +243,14 @@ class FleetRunner:
                 if isinstance(m, NodeRegistered) and m.inventory.node_id in by_id:
                     by_id[m.inventory.node_id].heartbeat.forget_sent()
             return
-        lag = self.clock() - due
-        for m in messages:
+        confirmed = self.clock()
+        if len(self.stats.confirm_s) < self.max_lag_samples:
+            self.stats.confirm_s.append(confirmed - started)
+        for m, due in items:
             if isinstance(m, NodeHeartbeat):
                 self.stats.heartbeats += 1
                 if len(self.stats.lag_s) < self.max_lag_samples:
-                    self.stats.lag_s.append(lag)
+                    self.stats.lag_s.append(confirmed - due)
             elif isinstance(m, NodeRegistered):
                 self.stats.registrations += 1
             elif m.TYPE == "gpu.usage_sampled":
@@ -242,5 +260,5 @@ class FleetRunner:
 
     async def publish_now(self, messages: list[Message]) -> None:
         """Publish messages produced outside the schedule (e.g. after a MIG change)."""
-        await self._publish(messages, due=self.clock())
+        await self._publish([(m, self.clock()) for m in messages])
         self._index_uuids()
