@@ -258,9 +258,9 @@ class NodeExecutor:
                 log.info("stop.already_ended", placement_id=str(record.placement_id))
                 await self.flush(record)
                 return
-            spec_grace = record.launch.spec.checkpoint.grace_s if record.launch else 0.0
-            grace = command.grace_s if "grace_s" in command.model_fields_set else spec_grace
-            await self.begin_stop(record, command.reason, grace)
+            # The StopJob's grace rules (the scheduler copies the spec's checkpoint.grace_s into it); a field
+            # set or not cannot be told apart once a message went through JSON, so there is no fallback.
+            await self.begin_stop(record, command.reason, command.grace_s)
             await self.flush(record)
 
     async def begin_stop(self, record: PlacementRecord, reason: StopReason, grace_s: float) -> None:
