@@ -11,7 +11,7 @@ from gpuorch_gpuctl.stack import LocalStack, SimNode
 
 @pytest.fixture
 def stack(tmp_path: Path, amqp_url: str, pg_dsn: str, request: pytest.FixtureRequest) -> Iterator[LocalStack]:
-    nodes = getattr(request, "param", None) or [SimNode("node-1", "a100-80gb", 4)]
+    nodes = getattr(request, "param", None) or [SimNode("node-1", "a100-80", 4)]
     local = LocalStack(root=tmp_path, amqp_url=amqp_url, database_url=pg_dsn, nodes=nodes,
                        extra_env={"GPUORCH_HEARTBEAT_S": "1", "GPUORCH_TICK_S": "0.5"})
     try:

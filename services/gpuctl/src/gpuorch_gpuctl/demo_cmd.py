@@ -25,7 +25,7 @@ from gpuorch_gpuctl.stack import LocalStack, SimNode
 
 console = Console(stderr=True)
 
-DEMO_NODES = [SimNode("node-1", "h100-80gb", 8), SimNode("node-2", "a100-80gb", 4), SimNode("node-3", "l4", 4)]
+DEMO_NODES = [SimNode("node-1", "h100", 8), SimNode("node-2", "a100-80", 4), SimNode("node-3", "l4", 4)]
 
 WORK = (
     "import os, sys, time, hashlib\n"
@@ -167,7 +167,7 @@ def demo(
 ) -> None:
     """Run a simulated 3-node fleet with a mixed workload of real processes, then stop everything."""
     started = time.monotonic()
-    vhost = "gpuorch-demo"
+    vhost = os.environ.get("GPUORCH_DEMO_VHOST", "gpuorch-demo")
     have_vhost = _fresh_vhost(vhost)
     amqp_url = f"amqp://guest:guest@127.0.0.1:5672/{vhost if have_vhost else ''}"
     database_url = os.environ.get("GPUORCH_DEMO_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/gpuorch_demo")
@@ -177,8 +177,9 @@ def demo(
         import shutil
 
         shutil.rmtree(root)
+    allow = {"tenants": {tenant: {"commands": ["python", "python3"]} for tenant in ("default", "research", "serving")}}
     stack = LocalStack(root=root, amqp_url=amqp_url, database_url=database_url, nodes=DEMO_NODES,
-                       extra_env={"GPUORCH_HEARTBEAT_S": "2"})
+                       extra_env={"GPUORCH_HEARTBEAT_S": "2", "GPUORCH_EXECUTOR_ALLOW": json.dumps(allow)})
     workload = demo_workload()
     outcome: dict[str, Any] = {}
     with stack:

@@ -19,11 +19,14 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class SimNode:
-    """A simulated GPU node: ``profile`` names a device profile of the simulated NVML (e.g. ``h100-80gb``)."""
+    """A simulated GPU node: ``profile`` names a device profile of the simulated NVML (``h100``, ``a100-80``,
+    ``l4``, ``t4``, ``v100``, or an openb model)."""
 
     node_id: str
     profile: str
     gpus: int
+    cpu_milli: int = 64000
+    memory_mib: int = 256 * 1024
 
 
 @dataclass
@@ -94,9 +97,14 @@ class LocalStack:
         return self._spawn(instance, "gpuorch-scheduler", {"GPUORCH_SCHEDULER_ID": instance, **env})
 
     def start_node_agents(self, **env: str) -> ServiceProcess:
-        fleet = ",".join(f"{n.node_id}={n.profile}x{n.gpus}" for n in self.nodes)
+        """One node-agent process simulating every node of ``nodes`` (a node list CSV in the openb format)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fleet_csv = self.root / "fleet.csv"
+        fleet_csv.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
+            f"{n.node_id},{n.cpu_milli},{n.memory_mib},{n.gpus},{n.profile}\n" for n in self.nodes))
         return self._spawn("node-agent", "gpuorch-node-agent", {
-            "GPUORCH_NVML": "sim", "GPUORCH_FLEET_NODES": fleet, "GPUORCH_HEARTBEAT_S": "2", **env,
+            "GPUORCH_NVML": "sim", "GPUORCH_FLEET_CSV": str(fleet_csv), "GPUORCH_FLEET_NAME": "local",
+            "GPUORCH_HEARTBEAT_S": "2", "GPUORCH_USAGE_S": "2", **env,
         })
 
     def start_executor(self, **env: str) -> ServiceProcess:
@@ -113,8 +121,9 @@ class LocalStack:
         their first registrations have somewhere to go."""
         self.start_scheduler()
         self.start_executor()
+        self.wait_for_queues(["scheduler"], timeout_s)  # the scheduler applied the migrations by then
         self.start_telemetry()
-        self.wait_for_queues(["scheduler", "telemetry.samples"], timeout_s)
+        self.wait_for_queues(["telemetry.samples"], timeout_s)
         self.start_node_agents()
 
     def wait_for_queues(self, names: list[str], timeout_s: float = 60.0) -> None:
