@@ -173,7 +173,7 @@ class NodeExecutor:
         self._supervisors[record.placement_id] = supervisor
         record.supervisor_pid = supervisor.pid
         record.supervisor_create_time = create_time_of(supervisor.pid)
-        self.store.save(record)
+        self.store.save(record, durable=False)
         await self._await_job_start(record)
 
     def _spawn_supervisor(self, placement_dir: Path) -> subprocess.Popen[bytes]:
@@ -475,7 +475,7 @@ class NodeExecutor:
                     return False
                 if record.outbox and record.outbox[0] is head:
                     record.outbox = record.outbox[1:]
-                    self.store.save(record)
+                    self.store.save(record, durable=False)
         return True
 
     def prune(self) -> int:

@@ -10,8 +10,9 @@ Layout (``GPUORCH_EXECUTOR_STATE_DIR``/<node_id>)::
     placements/<placement_id>/supervisor.log the supervisor's own stderr (empty unless it crashed)
     logs/<job_id>/<placement_id>.log         the job's stdout and stderr, interleaved (JobStarted.log_path)
 
-Every JSON file is written with ``write_json_atomically`` (temporary file, fsync, rename, directory fsync), so a
-SIGKILL or power cut leaves either the previous or the new version, never half a file.
+Every JSON file is written with ``write_json_atomically`` (temporary file, rename; plus fsyncs of file and
+directory for the writes that must survive a power cut: a record becoming known, running or ended, and the
+supervisor's ``exit.json``), so a crash leaves either the previous or the new version, never half a file.
 """
 
 from __future__ import annotations
@@ -50,9 +51,13 @@ class PlacementStore:
         self.checkpoint_file(record.placement_id).parent.mkdir(parents=True, exist_ok=True)
         self.log_path(record.job_id, record.placement_id).parent.mkdir(parents=True, exist_ok=True)
 
-    def save(self, record: PlacementRecord) -> None:
+    def save(self, record: PlacementRecord, *, durable: bool = True) -> None:
+        """Rewrite the record atomically; ``durable=False`` skips the fsyncs for facts a power cut makes moot
+        (pids of processes that a power cut kills anyway, an outbox entry already confirmed: at worst it is
+        published again with the same message id)."""
         self.placement_dir(record.placement_id).mkdir(parents=True, exist_ok=True)
-        write_json_atomically(self.placement_dir(record.placement_id) / "record.json", record.model_dump(mode="json"))
+        write_json_atomically(self.placement_dir(record.placement_id) / "record.json", record.model_dump(mode="json"),
+                              durable=durable)
 
     def load(self, placement_id: uuid.UUID) -> PlacementRecord | None:
         path = self.placement_dir(placement_id) / "record.json"
@@ -68,7 +73,7 @@ class PlacementStore:
 
     def write_launch(self, placement_id: uuid.UUID, launch: dict[str, Any]) -> Path:
         path = self.placement_dir(placement_id) / "launch.json"
-        write_json_atomically(path, launch)
+        write_json_atomically(path, launch, durable=False)  # read by the supervisor at once; moot after a power cut
         return path
 
     def read_started(self, placement_id: uuid.UUID) -> dict[str, Any] | None:

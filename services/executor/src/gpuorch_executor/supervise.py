@@ -28,19 +28,25 @@ from pathlib import Path
 from typing import Any
 
 
-def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` so that a reader (even after a power cut) sees the old file, or the whole new one."""
+def write_json_atomically(path: Path, data: dict[str, Any], *, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one, never a part.
+
+    ``durable`` also fsyncs the file and its directory, so that this holds after a power cut too; without it the
+    write survives any process crash (the page cache outlives processes) but maybe not a power cut.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
         json.dump(data, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
     os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    if durable:
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def _oom_kills(cgroup: str | None) -> int:
