@@ -9,10 +9,13 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 from gpuorch_contracts import Checkpoint, JobCheckpointed, JobFailed, JobFinished, JobLost, JobStarted, StopJob
+from gpuorch_messaging import PublishError
+from gpuorch_messaging.testing import RecordingPublisher
 
 from gpuorch_executor.domain.lifecycle import event_id
 from gpuorch_executor.domain.placement import PlacementRecord
@@ -353,3 +356,27 @@ async def test_ended_placements_are_pruned_after_their_retention(harness: Harnes
     assert command.placement_id not in harness.executor.records
     assert harness.executor.store.load(command.placement_id) is None
     assert Path(harness.publisher.of_type(JobStarted)[0].log_path or "").exists()  # the log stays
+
+
+class FlakyPublisher(RecordingPublisher):
+    """Records every attempt; the first attempt at each outcome raises, as a lost confirm would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: set[uuid.UUID] = set()
+
+    async def publish(self, message: Any, *, headers: Any = None) -> None:
+        await super().publish(message, headers=headers)
+        if message.TYPE in ("job.finished", "job.failed") and message.message_id not in self.refused:
+            self.refused.add(message.message_id)
+            raise PublishError("confirm lost")
+
+
+async def test_an_unconfirmed_outcome_is_published_again_with_the_same_id(harness: Harness) -> None:
+    harness.publisher = harness.executor.publisher = FlakyPublisher()  # type: ignore[misc]
+    command = launch_job(["python", "-c", "raise SystemExit(7)"])
+    await harness.executor.handle(command)
+    await harness.until(lambda: len(terminal(harness.publisher, command.placement_id)) == 2)
+    first, second = terminal(harness.publisher, command.placement_id)
+    assert first == second and first.exit_code == 7  # the same message: consumers dedupe it
+    await harness.until(lambda: not harness.executor.records[command.placement_id].outbox)
