@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import aio_pika
 import asyncpg
 import pytest
-from gpuorch_contracts import EVENTS_EXCHANGE, JobCancelled, JobQueued, decode
+from gpuorch_contracts import COMMANDS_EXCHANGE, EVENTS_EXCHANGE, JobQueued, StopJob, decode
 from gpuorch_messaging import Broker, QueueSpec
 from gpuorch_store.outbox import OutboxRelay, add_to_outbox
 
@@ -55,7 +55,9 @@ async def test_relay_publishes_confirmed_in_order_and_keeps_unroutable_rows(
 ) -> None:
     await broker.declare_queue(QueueSpec(name="test.queued", bindings=[(EVENTS_EXCHANGE, "job.queued")]))
     q1, q2, q3 = (JobQueued(job_id=uuid.uuid4(), pending_reason=f"r{n}", producer="s") for n in range(3))
-    cancelled = JobCancelled(job_id=uuid.uuid4(), reason="user asked", producer="s")
+    # a command for a node whose executor has not declared its queue yet is unroutable (events never are:
+    # gpuorch.events has an alternate exchange)
+    cancelled = StopJob(node_id="node-x", job_id=uuid.uuid4(), placement_id=uuid.uuid4(), producer="s")
     async with pool.acquire() as conn, conn.transaction():
         await add_to_outbox(conn, [q1, q2, cancelled, q3], headers={"x-test": "yes"})
 
@@ -66,7 +68,7 @@ async def test_relay_publishes_confirmed_in_order_and_keeps_unroutable_rows(
     assert [r["message_id"] for r in unsent] == [cancelled.message_id, q3.message_id]
     assert "unroutable" in unsent[0]["last_error"]
 
-    await broker.declare_queue(QueueSpec(name="test.cancelled", bindings=[(EVENTS_EXCHANGE, "job.cancelled")]))
+    await broker.declare_queue(QueueSpec(name="test.cancelled", bindings=[(COMMANDS_EXCHANGE, "node.node-x.#")]))
     second = await relay.relay_once()
     assert second.sent == 2 and second.error is None
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL") == 0
@@ -75,4 +77,5 @@ async def test_relay_publishes_confirmed_in_order_and_keeps_unroutable_rows(
     assert [decode(m.body) for m in queued] == [q1, q2, q3]
     assert [m.message_id for m in queued] == [str(q.message_id) for q in (q1, q2, q3)]
     assert all(m.headers.get("x-test") == "yes" and m.headers.get("type") == "job.queued" for m in queued)
+    # the later rows waited behind the unroutable one: strict order
     assert [decode(m.body) for m in await drain(amqp_url, "test.cancelled", 1)] == [cancelled]
