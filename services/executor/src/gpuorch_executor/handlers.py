@@ -302,12 +302,9 @@ class NodeExecutor:
             grace = max(0.0, kill_by_monotonic - time.monotonic())
             if record.launch is not None:
                 grace = min(grace, record.launch.spec.checkpoint.grace_s)
-            if record.stop is not None:
-                # Already stopping for another reason: only bring the kill forward.
-                await self.begin_stop(record, "fenced", grace)
-                continue
-            await self.begin_stop(record, "fenced", grace)
-            count += 1
+            already_stopping = record.stop is not None
+            await self.begin_stop(record, "fenced", grace)  # if already stopping: only brings the kill forward
+            count += 0 if already_stopping else 1
         log.warning("executor.fenced", node_id=self.node_id, placements=count)
         return count
 
