@@ -90,6 +90,9 @@ class Cluster:
         # Counts of placed tasks per GPU-affinity tag (0: share, k: k whole GPUs); used by GpuClustering.
         self.affinity_counts = np.zeros((n, 10), dtype=np.int64)
         self.version = np.zeros(n, dtype=np.int64)
+        # Per-node aggregates kept current by every change, so common filters need no per-GPU pass.
+        self.max_usable = self.gpu_usable.max(axis=1)
+        self.whole_usable = (self.gpu_usable >= GPU_MILLI).sum(axis=1)
 
     # ---- small derived facts -------------------------------------------------------------------------------
     @property
@@ -197,13 +200,19 @@ class Cluster:
         if request.num_gpu > 0:
             tag = 0 if request.is_share else min(request.num_gpu, 9)
             self.affinity_counts[i, tag] += sign
+        self._refresh(i)
+
+    def _refresh(self, i: int) -> None:
+        row = self.gpu_usable[i]
+        self.max_usable[i] = row.max()
+        self.whole_usable[i] = (row >= GPU_MILLI).sum()
         self.version[i] += 1
 
     def set_gpu_health(self, node_id: str, gpu_index: int, healthy: bool) -> None:
         i = self.index_of[node_id]
         self.gpu_healthy[i, gpu_index] = healthy
         self.gpu_usable[i, gpu_index] = self.gpu_free[i, gpu_index] if healthy else 0
-        self.version[i] += 1
+        self._refresh(i)
 
 
 def whole_gpu_nodes(rows: Sequence[tuple[str, int, int, int, str]]) -> list[NodeView]:

@@ -59,6 +59,8 @@ class GpuModel:
     def mask(self, request: Request, cluster: Cluster) -> BoolArray:
         if request.num_gpu == 0:
             return np.ones(cluster.size, dtype=np.bool_)
+        if not request.gpu_models:
+            return np.asarray(cluster.gpu_count >= request.num_gpu)
         present = cluster.gpu_present
         accepted = cluster.accepted_models(request)
         if accepted is not None:
@@ -108,6 +110,11 @@ class GpuCapacity:
     def mask(self, request: Request, cluster: Cluster) -> BoolArray:
         if request.num_gpu == 0:
             return np.ones(cluster.size, dtype=np.bool_)
+        if not request.gpu_models and not request.gpu_memory_mib:
+            if request.num_gpu == 1:
+                return np.asarray(cluster.max_usable >= request.gpu_milli)
+            if request.gpu_milli >= GPU_MILLI:
+                return np.asarray(cluster.whole_usable >= request.num_gpu)
         return np.asarray(cluster.eligible_gpus(request).sum(axis=1) >= request.num_gpu)
 
     def explain(self, request: Request, cluster: Cluster, candidates: BoolArray) -> str:

@@ -32,8 +32,8 @@ class Policy:
 
 
 def feasible_mask(request: Request, cluster: Cluster, filters: Sequence[Filter]) -> BoolArray:
-    mask = np.ones(cluster.size, dtype=np.bool_)
-    for flt in filters:
+    mask = np.array(filters[0].mask(request, cluster), dtype=np.bool_) if filters else np.ones(cluster.size, bool)
+    for flt in filters[1:]:
         mask &= flt.mask(request, cluster)
     return mask
 

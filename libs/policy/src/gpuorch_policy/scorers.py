@@ -249,7 +249,7 @@ class GpuorchScore:
     name = "gpuorch"
     node_local = True
 
-    def __init__(self, mix: TaskMix, resolution: int = 50, use_memory: bool = True) -> None:
+    def __init__(self, mix: TaskMix, resolution: int = 50, use_memory: bool = False) -> None:
         self.mix = mix
         self.resolution = resolution
         self.use_memory = use_memory
