@@ -80,3 +80,34 @@ async def test_failed_commit_reloads_state_from_the_log(migrated_dsn: str) -> No
         assert await conn.fetchval("SELECT count(*) FROM events WHERE type = 'job.accepted'") == 1
     finally:
         await conn.close()
+
+
+async def test_every_message_about_a_job_carries_its_submission_trace(migrated_dsn: str) -> None:
+    from gpuorch_observability import configure_tracing, tracer
+
+    configure_tracing("test")
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        service = SchedulerService(conn)
+        await service.recover()
+        await service.handle(node("n1", gpus=1))
+        blocker = SubmitJob(spec=JobSpec(run=RUN, resources=GpuRequest(gpus=1)))
+        await service.handle(blocker)
+        traced = SubmitJob(spec=JobSpec(run=RUN, resources=GpuRequest(gpus=1)))
+        with tracer().start_as_current_span("consume job.submit") as span:
+            await service.handle(traced)
+            trace_id = format(span.get_span_context().trace_id, "032x")
+        # free the GPU in another context: the placement of the traced job must still join its trace
+        first = service.state.jobs[blocker.job_id]
+        restarted = SchedulerService(conn)
+        await restarted.recover()
+        await restarted.handle(JobFinished(job_id=blocker.job_id, placement_id=first.placement_id, node_id="n1",
+                                           exit_code=0, duration_s=1))
+        rows = await conn.fetch(
+            "SELECT type, headers::text AS headers FROM outbox WHERE convert_from(body, 'UTF8') LIKE '%' || $1 || '%' ORDER BY id",
+            str(traced.job_id))
+        kinds = {r["type"]: json.loads(r["headers"]).get("traceparent", "").split("-")[1] for r in rows}
+        assert set(kinds) >= {"job.accepted", "job.queued", "job.placed", "launch_job"}
+        assert set(kinds.values()) == {trace_id}
+    finally:
+        await conn.close()

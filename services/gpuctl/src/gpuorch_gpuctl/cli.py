@@ -96,17 +96,26 @@ def submit(
 
 
 async def _publish(amqp_url: str, message: Any) -> None:
+    """Publish with confirms inside a ``gpuctl <type>`` span: the root of the job's trace in Jaeger."""
     from gpuorch_messaging import Broker, PublishError
+    from gpuorch_observability import configure_tracing, tracer
+    from opentelemetry import trace
 
+    configure_tracing("gpuctl", os.environ.get("GPUORCH_OTLP_ENDPOINT"))
     broker = Broker(amqp_url, producer="gpuctl", publish_timeout_s=15)
     try:
         await broker.connect(timeout_s=10)
-        await broker.publish(message)
+        with tracer("gpuctl").start_as_current_span(f"gpuctl {message.TYPE}", kind=trace.SpanKind.PRODUCER,
+                                                      attributes={"gpuorch.job_id": str(message.job_id)}):
+            await broker.publish(message)
     except (PublishError, ConnectionError) as exc:
         err.print(f"[red]not submitted:[/red] {exc} (is the scheduler running?)")
         raise typer.Exit(1) from exc
     finally:
         await broker.close()
+        provider = trace.get_tracer_provider()
+        if hasattr(provider, "force_flush"):
+            provider.force_flush(5000)
 
 
 @app.command()

@@ -37,7 +37,7 @@ from gpuorch_contracts import (
     NodeRegistered,
     SubmitJob,
 )
-from gpuorch_observability import get_logger
+from gpuorch_observability import get_logger, inject_trace
 from gpuorch_store import (
     NewEvent,
     add_to_outbox,
@@ -105,7 +105,7 @@ class SchedulerService:
             if not batch:
                 break
             for stored in batch:
-                state.apply(stored.to_message())
+                state.apply(stored.to_message(), stored.headers)
                 state.position = stored.position
                 replayed += 1
         self.state = state
@@ -202,7 +202,7 @@ class SchedulerService:
             logged += cycle.decision.logged
             published += cycle.decision.published
             notices = self._pending_notices(cycle.pending, touched_jobs)
-            await add_to_outbox(self._conn, [*logged, *published, *notices])
+            await self._queue_for_publishing([*logged, *published, *notices])
             await self._write_read_models(touched_jobs, touched_nodes, rejected)
             if self._events_since_snapshot >= self.config.snapshot_every_events:
                 await save_snapshot(self._conn, STREAM, self.state.position, self.state.to_snapshot())
@@ -214,16 +214,40 @@ class SchedulerService:
                                 touched_nodes: set[str], rejected: list[JobRejected]) -> None:
         if not events:
             return
-        positions = await append_reporting_duplicates(self._conn, [NewEvent.from_message(STREAM, e) for e in events])
-        for event, position in zip(events, positions, strict=True):
+        headers = [self._trace_headers(e) for e in events]
+        positions = await append_reporting_duplicates(
+            self._conn, [NewEvent.from_message(STREAM, e, headers=h) for e, h in zip(events, headers, strict=True)])
+        for event, header, position in zip(events, headers, positions, strict=True):
             if position is None:
                 continue
             if isinstance(event, JobRejected):
                 rejected.append(event)
-            self._apply(event, position, touched_jobs, touched_nodes)
+            self._apply(event, position, touched_jobs, touched_nodes, header)
 
-    def _apply(self, event: Message, position: int, touched_jobs: set[uuid.UUID], touched_nodes: set[str]) -> None:
-        self.state.apply(event)
+    def _trace_headers(self, message: Message) -> dict[str, Any]:
+        """The trace a message about a job belongs to: the job's submission trace, else the current span."""
+        job = self.state.jobs.get(getattr(message, "job_id", None))  # type: ignore[arg-type]
+        if job is not None and job.traceparent:
+            return {"traceparent": job.traceparent}
+        return dict(inject_trace({}))
+
+    async def _queue_for_publishing(self, messages: list[Message]) -> None:
+        """Outbox rows in order, each carrying the trace context of the job it is about."""
+        run: list[Message] = []
+        run_headers: dict[str, Any] | None = None
+        for message in messages:
+            headers = self._trace_headers(message)
+            if run and headers != run_headers:
+                await add_to_outbox(self._conn, run, headers=run_headers)
+                run = []
+            run.append(message)
+            run_headers = headers
+        if run:
+            await add_to_outbox(self._conn, run, headers=run_headers)
+
+    def _apply(self, event: Message, position: int, touched_jobs: set[uuid.UUID], touched_nodes: set[str],
+               headers: dict[str, Any] | None = None) -> None:
+        self.state.apply(event, headers)
         self.state.position = position
         self._events_since_snapshot += 1
         job_id = getattr(event, "job_id", None)

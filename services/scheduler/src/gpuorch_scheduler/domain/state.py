@@ -58,6 +58,8 @@ class JobRecord:
     log_path: str | None = None
     checkpointed: bool = False
     enqueued_at: float = 0.0
+    traceparent: str | None = None
+    """W3C trace context of the submission, so every later message about the job joins the same trace."""
 
     @property
     def holds_capacity(self) -> bool:
@@ -70,7 +72,7 @@ class JobRecord:
             "assignments": [a.model_dump(mode="json") for a in self.assignments], "placed_at": self.placed_at,
             "started_at": self.started_at, "ended_at": self.ended_at, "exit_code": self.exit_code,
             "reason": self.reason, "requeues": self.requeues, "log_path": self.log_path,
-            "checkpointed": self.checkpointed, "enqueued_at": self.enqueued_at,
+            "checkpointed": self.checkpointed, "enqueued_at": self.enqueued_at, "traceparent": self.traceparent,
         }
 
     @classmethod
@@ -82,7 +84,7 @@ class JobRecord:
             assignments=[NodeAssignment.model_validate(a) for a in raw["assignments"]],
             placed_at=raw["placed_at"], started_at=raw["started_at"], ended_at=raw["ended_at"],
             exit_code=raw["exit_code"], reason=raw["reason"], requeues=raw["requeues"], log_path=raw["log_path"],
-            checkpointed=raw["checkpointed"], enqueued_at=raw["enqueued_at"],
+            checkpointed=raw["checkpointed"], enqueued_at=raw["enqueued_at"], traceparent=raw.get("traceparent"),
         )
 
 
@@ -124,14 +126,16 @@ class SchedulerState:
 
     # -- the fold ---------------------------------------------------------------------------------------------
 
-    def apply(self, event: Message) -> None:
-        """Apply one logged event. Pure: depends only on the event (its ``occurred_at`` is the time)."""
+    def apply(self, event: Message, headers: dict[str, Any] | None = None) -> None:
+        """Apply one logged event with the headers logged beside it. Pure: depends only on the event and its
+        headers (the event's ``occurred_at`` is the time)."""
         at = event.occurred_at.timestamp()
         match event:
             case JobAccepted():
                 if event.job_id not in self.jobs:
                     self.jobs[event.job_id] = JobRecord(
-                        job_id=event.job_id, spec=event.spec, accepted_at=at, enqueued_at=at
+                        job_id=event.job_id, spec=event.spec, accepted_at=at, enqueued_at=at,
+                        traceparent=(headers or {}).get("traceparent"),
                     )
             case JobRejected():
                 pass  # never entered the queue
