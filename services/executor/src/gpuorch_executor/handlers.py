@@ -159,7 +159,7 @@ class NodeExecutor:
             await self._end_unstarted(record, Outcome("failed", "launch_error", str(exc), None, 0.0))
             return
         for note in supervised.notes:
-            log.warning("launch.note", placement_id=str(record.placement_id), note=note)
+            log.debug("launch.note", placement_id=str(record.placement_id), note=note)
         record.cgroup = supervised.cgroup
         record.container_name = supervised.container_name
         record.memory_limited = supervised.memory_limited
