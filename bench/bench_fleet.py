@@ -68,12 +68,12 @@ async def bench(nodes: int, mix: str, heartbeat_s: float, usage_s: float, durati
         t0 = time.perf_counter()
         agents = build_simulated_agents(specs, seed=7, inventory_s=60.0)
         runner = FleetRunner(agents, broker, heartbeat_s=heartbeat_s, usage_s=usage_s, seed=7)
-        await runner.start()
-        startup_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
         config = parse_config(["--nvml", "sim", "--fleet-nodes", mix, "--fleet-name", "bench"], {})
         await broker.consume(command_queue(config, [a.node_id for a in agents]), _ignore)
-        bindings_s = time.perf_counter() - t1
+        bindings_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        await runner.start()
+        startup_s = time.perf_counter() - t1
         await asyncio.sleep(heartbeat_s)  # warm-up: every node has sent its first heartbeat
         hb0, reg0, usage0 = runner.stats.heartbeats, runner.stats.registrations, runner.stats.usage_samples
         runner.stats.lag_s.clear()

@@ -200,6 +200,8 @@ class NodeAgent:
                 continue
             results.append(apply_mig_layout(self.nvml, layout.gpu_index, self.handles[layout.gpu_index],
                                             list(layout.profiles)))
+        for result in results:
+            self.offers.pop(result.gpu_index, None)  # read the profile table again (MIG mode may have changed)
         if any(r.applied for r in results):
             self._topology = None  # NVLink P2P is off for MIG-enabled GPUs
             self.refresh_inventory()

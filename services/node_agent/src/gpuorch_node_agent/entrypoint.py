@@ -179,11 +179,11 @@ async def run(config: AgentConfig) -> FleetRunner:
         publisher = broker
     runner = FleetRunner(agents, publisher, heartbeat_s=config.heartbeat_s, usage_s=config.usage_s,
                          seed=config.sim_seed)
-    await runner.start()
-    if broker is not None:
+    if broker is not None:  # bind before heartbeats start: 5,000 bindings take a while
         registry = handlers(runner.by_node_id, runner.publish_now)
         await broker.consume(command_queue(config, [a.node_id for a in agents]),
                              lambda message: dispatch(registry, message))
+    await runner.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):

@@ -64,7 +64,7 @@ class FleetRunner:
     def __init__(
         self, agents: Sequence[NodeAgent], publisher: Any, *, heartbeat_s: float = 10.0, usage_s: float = 60.0,
         jitter: float = 0.1, seed: int = 0, batch_size: int = 500, tick_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic, max_lag_samples: int = 200_000, max_in_flight: int = 8,
+        clock: Callable[[], float] = time.monotonic, max_lag_samples: int = 200_000, max_in_flight: int = 2,
     ) -> None:
         self.agents = list(agents)
         self.publisher = publisher

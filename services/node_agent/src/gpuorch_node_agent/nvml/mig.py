@@ -58,6 +58,13 @@ def _full_compute_profile(nvml: Any, gpu_instance: Any, slices: int) -> int:
     raise LookupError(f"no compute-instance profile with {slices} slices")
 
 
+def _quietly_disable_mig(nvml: Any, handle: Any) -> None:
+    try:
+        nvml.nvmlDeviceSetMigMode(handle, 0)
+    except nvml.NVMLError:
+        pass
+
+
 def apply_mig_layout(nvml: Any, index: int, handle: Any, profiles: list[str]) -> MigApplyResult:
     reader = NvmlReader(nvml)
     try:
@@ -81,17 +88,25 @@ def apply_mig_layout(nvml: Any, index: int, handle: Any, profiles: list[str]) ->
             return MigApplyResult(index, False, f"clearing MIG on GPU {index} failed: {exc}")
         return MigApplyResult(index, True, "MIG disabled")
     offers = read_mig_offers(nvml, reader, handle)
-    plan = plan_layout(offers, profiles)
-    if not plan.ok:
-        return MigApplyResult(index, False, f"GPU {index}: {plan.refusal}")
-    try:
-        if not mode[0]:
+    enabled_now = False
+    if not mode[0]:
+        try:  # some drivers list MIG profiles only once MIG mode is on
             nvml.nvmlDeviceSetMigMode(handle, 1)
+            enabled_now = True
             if not nvml.nvmlDeviceGetMigMode(handle)[0]:
                 return MigApplyResult(index, False, f"GPU {index}: enabling MIG waits for a GPU reset")
+        except nvml.NVMLError as exc:
+            return MigApplyResult(index, False, f"GPU {index}: enabling MIG mode failed: {exc}")
+        offers = offers or read_mig_offers(nvml, reader, handle)
+    plan = plan_layout(offers, profiles)
+    if not plan.ok:
+        if enabled_now:
+            _quietly_disable_mig(nvml, handle)
+        return MigApplyResult(index, False, f"GPU {index}: {plan.refusal}")
+    try:
         _destroy_all(nvml, handle)
     except nvml.NVMLError as exc:
-        return MigApplyResult(index, False, f"GPU {index}: preparing MIG failed, layout unchanged: {exc}")
+        return MigApplyResult(index, False, f"GPU {index}: removing the old instances failed: {exc}")
     try:
         for planned in plan.instances:
             placement = nvml.c_nvmlGpuInstancePlacement_t(planned.start, planned.profile.placement_size)

@@ -4,7 +4,7 @@ Contract:
 - same function names and argument order as ``pynvml`` for every call the agent makes; constants, ``NVMLError``
   and its per-code subclasses, and the ``c_nvml*`` structures are pynvml's own objects (copied onto this class), so
   ``except nvml.NVMLError_NotSupported`` or ``err.value == nvml.NVML_ERROR_GPU_IS_LOST`` behave as with the real
-  library; return shapes are pynvml's (``c_nvmlMemory_t`` with ``.total/.used/.free`` in bytes, lists of friendly
+  library; return shapes are pynvml's (an object with ``c_nvmlMemory_t``'s ``.total/.used/.free`` in bytes, lists of friendly
   process objects, ``[current, pending]`` for MIG mode, ctypes GPU/compute-instance handles ...);
 - a function it does not implement raises ``NVMLError_FunctionNotFound``, as an old driver would;
 - device UUIDs are deterministic from (node id, index) and unique per node; MIG UUIDs from (node id, index,
@@ -121,6 +121,8 @@ class SimGpu:
     remap_pending: bool = False
     remap_failed: bool = False
     mig_generation: int = 0
+    usage_cache: tuple[Any, int, list[Any], float] | None = None
+    """(process table snapshot, mig_generation, processes, util) of the last computation."""
 
     def mig_devices(self) -> list[SimMigDevice]:
         devices = []
@@ -131,6 +133,24 @@ class SimGpu:
                 if mig is not None:
                     devices.append(mig)
         return devices
+
+
+class SimMemory:
+    """``c_nvmlMemory_t``'s fields (bytes), as a plain object: ctypes structures cost too much in a 5,000-node fleet."""
+
+    __slots__ = ("free", "total", "used")
+
+    def __init__(self, total: int, free: int, used: int) -> None:
+        self.total, self.free, self.used = total, free, used
+
+
+class SimUtilization:
+    """``c_nvmlUtilization_t``'s fields (percent), as a plain object."""
+
+    __slots__ = ("gpu", "memory")
+
+    def __init__(self, gpu: int, memory: int) -> None:
+        self.gpu, self.memory = gpu, memory
 
 
 @dataclass
@@ -360,7 +380,9 @@ class SimulatedNvml:
             total = gpu.profile.memory_mib
             used = sum(mem for _, mem, _ in self._gpu_processes(gpu))
         used = min(used, total)
-        memory = _pynvml.c_nvmlMemory_t() if not version else _pynvml.c_nvmlMemory_v2_t()
+        if not version:
+            return SimMemory(total << 20, (total - used) << 20, used << 20)
+        memory = _pynvml.c_nvmlMemory_v2_t()
         memory.total, memory.used, memory.free = total << 20, used << 20, (total - used) << 20
         return memory
 
@@ -368,11 +390,8 @@ class SimulatedNvml:
         gpu = self._gpu(handle)
         if gpu.mig_current:
             raise _pynvml.NVMLError(_pynvml.NVML_ERROR_NOT_SUPPORTED)
-        util = _pynvml.c_nvmlUtilization_t()
-        util.gpu = round(self._gpu_util(gpu))
-        memory = self.nvmlDeviceGetMemoryInfo(gpu)
-        util.memory = round(min(100.0, util.gpu * 0.6)) if memory.used else 0
-        return util
+        busy = round(self._gpu_util(gpu))
+        return SimUtilization(busy, round(min(100.0, busy * 0.6)) if self._gpu_processes(gpu) else 0)
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
         gpu = self._gpu(handle)
@@ -510,6 +529,7 @@ class SimulatedNvml:
         if mode != gpu.mig_current and (self._gpu_processes(gpu) or gpu.gpu_instances):
             raise _pynvml.NVMLError(_pynvml.NVML_ERROR_IN_USE)
         gpu.mig_current = gpu.mig_pending = mode  # the simulated GPU resets at once
+        gpu.mig_generation += 1
         return _pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
@@ -647,6 +667,7 @@ class SimulatedNvml:
         if gi.compute_instances:
             raise _pynvml.NVMLError(_pynvml.NVML_ERROR_IN_USE)
         del gi.gpu.gpu_instances[gi.gi_id]
+        gi.gpu.mig_generation += 1
         self._handles.pop(gi.key, None)
         return _pynvml.NVML_SUCCESS
 
@@ -713,6 +734,7 @@ class SimulatedNvml:
         if self._resolved([mig.uuid], mig.gpu_instance.spec.memory_mib, mig.gpu):
             raise _pynvml.NVMLError(_pynvml.NVML_ERROR_IN_USE)
         del mig.gpu_instance.compute_instances[ci.ci_id]
+        mig.gpu.mig_generation += 1
         self._handles.pop(ci.key, None)
         return _pynvml.NVML_SUCCESS
 
@@ -793,7 +815,15 @@ class SimulatedNvml:
         return result
 
     def _gpu_processes(self, gpu: SimGpu) -> list[tuple[SimProcess, int, SimMigDevice | None]]:
+        return self._usage(gpu)[0]
+
+    def _usage(self, gpu: SimGpu) -> tuple[list[tuple[SimProcess, int, SimMigDevice | None]], float]:
+        """Processes on the GPU (with their memory) and the GPU's utilisation, recomputed only when the process
+        table was rescanned or the MIG layout changed."""
         table = self.processes.snapshot()
+        cached = gpu.usage_cache
+        if cached is not None and cached[0] is table and cached[1] == gpu.mig_generation:
+            return cached[2], cached[3]
         found: list[tuple[SimProcess, int, SimMigDevice | None]] = []
         left = gpu.profile.memory_mib
         for proc in table.get(gpu.uuid, ()):
@@ -805,7 +835,9 @@ class SimulatedNvml:
                 capacity = mig.gpu_instance.spec.memory_mib
                 for proc in table.get(mig.uuid, ()):
                     found.append((proc, self._process_memory(gpu, mig.uuid, proc, capacity), mig))
-        return found
+        util = self._compute_util(gpu, found)
+        gpu.usage_cache = (table, gpu.mig_generation, found, util)
+        return found, util
 
     def _process_memory(self, gpu: SimGpu, uuid: str, proc: SimProcess, capacity_mib: int) -> int:
         usage = proc.usage
@@ -821,7 +853,9 @@ class SimulatedNvml:
         return float(40 + int(56 * _stable_fraction(self.seed, gpu.uuid, proc.pid, "util")))
 
     def _gpu_util(self, gpu: SimGpu) -> float:
-        procs = self._gpu_processes(gpu)
+        return self._usage(gpu)[1]
+
+    def _compute_util(self, gpu: SimGpu, procs: list[tuple[SimProcess, int, SimMigDevice | None]]) -> float:
         if not procs:
             return 0.0
         if gpu.mig_current:
