@@ -380,3 +380,17 @@ async def test_an_unconfirmed_outcome_is_published_again_with_the_same_id(harnes
     first, second = terminal(harness.publisher, command.placement_id)
     assert first == second and first.exit_code == 7  # the same message: consumers dedupe it
     await harness.until(lambda: not harness.executor.records[command.placement_id].outbox)
+
+
+async def test_outcomes_are_counted_for_prometheus(harness: Harness) -> None:
+    from prometheus_client import REGISTRY
+
+    def count() -> float:
+        return REGISTRY.get_sample_value("gpuorch_executor_outcomes_total",
+                                         {"node_id": NODE, "outcome": "failed", "cause": "nonzero_exit"}) or 0.0
+
+    before = count()
+    command = launch_job(["python", "-c", "raise SystemExit(2)"])
+    await harness.executor.handle(command)
+    await harness.until_ended(command.placement_id)
+    assert count() == before + 1

@@ -35,6 +35,7 @@ import psutil
 from gpuorch_contracts import MESSAGE_TYPES, LaunchJob, Message, ProcessRun, StopJob
 from gpuorch_messaging.abc import Publisher, PublishError
 from gpuorch_observability import get_logger
+from prometheus_client import Counter, Gauge, Histogram
 
 from gpuorch_executor.backends.base import Backend, JobLaunch, create_time_of, same_process
 from gpuorch_executor.domain.allowlist import DEFAULT_ALLOW_LIST, AllowList, Refusal
@@ -45,6 +46,13 @@ from gpuorch_executor.domain.reports import checkpointed_event, lost_event, outc
 from gpuorch_executor.placement_store import PlacementStore, read_tail
 
 log = get_logger(__name__)
+
+LAUNCHES = Counter("gpuorch_executor_launches_total", "Placements started", ["node_id", "runtime"])
+OUTCOMES = Counter("gpuorch_executor_outcomes_total", "Placements ended, by outcome and failure cause",
+                   ["node_id", "outcome", "cause"])
+LAUNCH_SECONDS = Histogram("gpuorch_executor_launch_seconds", "LaunchJob received -> job running and recorded",
+                           buckets=(0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 15))
+RUNNING = Gauge("gpuorch_executor_running_placements", "Placements running or stopping", ["node_id"])
 
 SUPERVISOR_MODULE = "gpuorch_executor.supervise"
 PRUNE_INTERVAL_S = 600.0
@@ -121,7 +129,11 @@ class NodeExecutor:
                 log.warning("launch.refused", placement_id=str(command.placement_id), reason=refusal.reason)
                 await self._end_unstarted(record, Outcome("failed", "refused", refusal.reason, None, 0.0))
                 return
+            began = time.perf_counter()
             await self._start(record, command)
+            if record.state == "running":
+                LAUNCHES.labels(self.node_id, record.runtime).inc()
+                LAUNCH_SECONDS.observe(time.perf_counter() - began)
             await self.flush(record, raise_errors=True)
 
     def _refusal(self, command: LaunchJob) -> Refusal | None:
@@ -339,6 +351,7 @@ class NodeExecutor:
         for placement_id, supervisor in list(self._supervisors.items()):
             if supervisor.poll() is not None:
                 del self._supervisors[placement_id]
+        RUNNING.labels(self.node_id).set(sum(1 for r in self.records.values() if r.state in ("running", "stopping")))
         for record in list(self.records.values()):
             if not record.active or self._command_lock(record.placement_id).locked():
                 continue
@@ -441,6 +454,7 @@ class NodeExecutor:
     def _end(self, record: PlacementRecord, event: Message) -> None:
         record.advance("ended")
         record.outcome_type = event.TYPE
+        OUTCOMES.labels(self.node_id, event.TYPE.removeprefix("job."), getattr(event, "cause", "") or "").inc()
         record.outbox = [*record.outbox, event.model_dump(mode="json")]
         self.records[record.placement_id] = record
         self.store.save(record)
