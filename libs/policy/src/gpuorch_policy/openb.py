@@ -105,7 +105,7 @@ def inflate(tasks: Sequence[Task], capacity_milli: int, ratio: float, rng: np.ra
             Task(
                 name=f"{drawn.name}-tuned-{copy_number}",
                 request=drawn.request,
-                source=drawn.source,
+                source=drawn.source or drawn.name,
                 qos=drawn.qos,
                 creation_time=drawn.creation_time,
                 deletion_time=drawn.deletion_time,

@@ -45,7 +45,7 @@ class Scorer(Protocol):
     ) -> tuple[IntArray, IntArray]: ...
 
 
-def _scoring_key(request: Request) -> Hashable:
+def _scoring_key(request: Request) -> tuple[Hashable, ...]:
     return (request.cpu_milli, request.num_gpu, request.gpu_milli, request.gpu_models, request.gpu_memory_mib)
 
 
@@ -253,6 +253,25 @@ class GpuorchScore:
         self.mix = mix
         self.resolution = resolution
         self.use_memory = use_memory
+        # Memo of each node's fragmentation by node version (it does not depend on the request): a pure cache.
+        self._memo_cluster: Cluster | None = None
+        self._memo_frag = np.zeros(0, dtype=np.int64)
+        self._memo_version = np.zeros(0, dtype=np.int64)
+
+    def _frag_now(self, cluster: Cluster, rows: IntArray) -> IntArray:
+        size = cluster.size
+        if self._memo_cluster is not cluster or len(self._memo_version) != size:
+            self._memo_cluster = cluster
+            self._memo_frag = np.zeros(size, dtype=np.int64)
+            self._memo_version = np.full(size, -1, dtype=np.int64)
+        stale = rows[self._memo_version[rows] != cluster.version[rows]]
+        if len(stale):
+            mem = cluster.mem_free[stale] if self.use_memory else None
+            self._memo_frag[stale] = capacity_frag(
+                self.mix, cluster.gpu_usable[stale], cluster.cpu_free[stale], mem, cluster.node_model[stale], cluster
+            )
+            self._memo_version[stale] = cluster.version[stale]
+        return self._memo_frag[rows]
 
     def cache_key(self, request: Request) -> Hashable:
         return (*_scoring_key(request), request.memory_mib if self.use_memory else 0)
@@ -273,7 +292,7 @@ class GpuorchScore:
             )
             valid = cluster.eligible_gpus(request, rows)
         else:
-            before = capacity_frag(mix, free, cpu, mem, model, cluster)
+            before = self._frag_now(cluster, rows)
             eligible = cluster.eligible_gpus(request, rows) if request.num_gpu else free >= 0
             left = take_gpus_best_fit(free, eligible, request.num_gpu, request.gpu_milli)
             after = capacity_frag(mix, left, cpu_after, mem_after, model, cluster)[:, None]

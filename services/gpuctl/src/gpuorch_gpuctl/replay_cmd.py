@@ -20,15 +20,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
 from gpuorch_policy import DEFAULT_POLICY, PUBLISHED, TaskMix, build_policy, policy_names
 from gpuorch_policy.jobs import QUEUE_POLICIES, jobs_from_tasks, replay_jobs
 from gpuorch_policy.openb import Task, parse_nodes, parse_tasks
 from gpuorch_policy.replay import ReplayResult, replay_protocol
 from gpuorch_policy.verify import check_placements
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 CURVE_POINTS = tuple(range(0, 131, 10))
 
@@ -60,7 +59,7 @@ def _read_csv(path: Path) -> list[str]:
         raise typer.BadParameter(f"cannot read {path}: {exc}") from exc
 
 
-def _seed_summary(result: ReplayResult) -> dict[str, Any]:
+def _seed_summary(result: ReplayResult, points: tuple[int, ...] = CURVE_POINTS) -> dict[str, Any]:
     return {
         "seed": result.seed,
         "allocated_pct_at_100": result.allocated_pct_at_100,
@@ -68,8 +67,8 @@ def _seed_summary(result: ReplayResult) -> dict[str, Any]:
         "failed": result.failed,
         "tasks": result.tasks,
         "seconds": round(result.seconds, 3),
-        "allocated_curve": {str(k): v for k, v in result.curve(result.allocated_pct, CURVE_POINTS).items()},
-        "frag_curve": {str(k): v for k, v in result.curve(result.frag_pct, CURVE_POINTS).items()},
+        "allocated_curve": {str(k): v for k, v in result.curve(result.allocated_pct, points).items()},
+        "frag_curve": {str(k): v for k, v in result.curve(result.frag_pct, points).items()},
     }
 
 
@@ -99,6 +98,7 @@ def run_arrivals(
     placements_out: Any | None = None,
     progress: Progress | None = None,
     log: Console | None = None,
+    curve_points: tuple[int, ...] = CURVE_POINTS,
 ) -> dict[str, Any]:
     """The arrivals protocol for every seed; returns the `--json` object. Usable from scripts (bench)."""
     nodes = parse_nodes(nodes_lines)
@@ -135,7 +135,7 @@ def run_arrivals(
                     )
                     + "\n"
                 )
-        per_seed.append(_seed_summary(result))
+        per_seed.append(_seed_summary(result, curve_points))
         if log is not None:
             log.print(
                 f"{policy.name} seed {seed}: unallocated {result.unallocated_pct_at_130:.2f} % at 130 % arrived, "
