@@ -138,6 +138,7 @@ async def test_stop_sends_checkpoint_signal_and_reports_confirmation(harness: Ha
     assert isinstance(outcome, JobFailed)
     assert outcome.cause == "killed" and outcome.exit_code == 0
     assert "preempt" in outcome.reason and "checkpoint confirmed" in outcome.reason
+    assert outcome.stop_reason == "preempt"
     assert not harness.executor.records[command.placement_id].stop.killed  # it left before the grace ran out
 
 
@@ -173,6 +174,7 @@ async def test_max_runtime_stops_the_job(harness: Harness) -> None:
     await harness.executor.handle(command)
     outcome = await harness.until_ended(command.placement_id)
     assert isinstance(outcome, JobFailed) and outcome.cause == "max_runtime"
+    assert outcome.stop_reason == "max_runtime"
     assert "SIGTERM" in outcome.reason  # the checkpoint signal ended it, within its grace
 
 
@@ -190,6 +192,7 @@ async def test_failures_are_classified(harness: Harness, argv: list[str], cause:
     outcome = await harness.until_ended(command.placement_id)
     assert isinstance(outcome, JobFailed)
     assert (outcome.cause, outcome.exit_code) == (cause, exit_code)
+    assert outcome.stop_reason is None  # it ended by itself
     assert words in outcome.reason
 
 
@@ -248,7 +251,7 @@ async def test_stop_before_launch_means_the_launch_never_runs(harness: Harness) 
     await harness.executor.handle(StopJob(node_id=NODE, job_id=command.job_id, placement_id=command.placement_id))
     await harness.executor.handle(command)
     [outcome] = terminal(harness.publisher, command.placement_id)
-    assert isinstance(outcome, JobFailed) and outcome.cause == "killed"
+    assert isinstance(outcome, JobFailed) and outcome.cause == "killed" and outcome.stop_reason == "cancel"
     assert not harness.publisher.of_type(JobStarted)
 
 
@@ -303,6 +306,7 @@ async def test_fence_stops_every_job_and_reports_them_lost(harness: Harness) -> 
     for command in commands:
         outcome = await harness.until_ended(command.placement_id)
         assert isinstance(outcome, JobFailed) and outcome.cause == "lost" and "fenced" in outcome.reason
+        assert outcome.stop_reason == "fenced"
 
 
 async def test_the_record_on_disk_follows_the_lifecycle(harness: Harness) -> None:

@@ -220,6 +220,10 @@ class JobFailed(Message):
     reason: ShortText
     exit_code: int | None = None
     duration_s: float | None = Field(default=None, ge=0)
+    stop_reason: Literal["cancel", "preempt", "max_runtime", "drain", "fenced"] | None = Field(
+        default=None, description="set by the executor when the placement ended because it was stopped "
+        "(a StopJob's reason, max runtime, or fencing); None when the job ended by itself",
+    )
 
 
 class JobCheckpointed(Message):

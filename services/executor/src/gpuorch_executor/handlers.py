@@ -264,7 +264,8 @@ class NodeExecutor:
                 record = PlacementRecord(placement_id=command.placement_id, job_id=command.job_id,
                                          node_id=self.node_id)
                 await self._end_unstarted(record, Outcome(
-                    "failed", "killed", f"stopped: {command.reason} before it was launched", None, 0.0))
+                    "failed", "killed", f"stopped: {command.reason} before it was launched", None, 0.0,
+                    command.reason))
                 return
             if not record.active:
                 log.info("stop.already_ended", placement_id=str(record.placement_id))

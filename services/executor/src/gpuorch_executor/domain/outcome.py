@@ -6,8 +6,9 @@ Rules, first match wins (``classify``):
    run`` exiting 125, 126 or 127) -> ``launch_error``;
 2. the executor stopped it because its max runtime ran out -> ``max_runtime``;
 3. the executor stopped it because it lost the broker past the fencing deadline -> ``lost`` (reason says fenced);
-4. the scheduler stopped it (cancel, preempt, drain) -> ``killed`` with ``stop_reason`` (whatever the exit code:
-   a job that exits 0 after its checkpoint signal did not complete, it was stopped);
+4. the scheduler stopped it (cancel, preempt, drain) -> ``killed`` (whatever the exit code: a job that exits 0
+   after its checkpoint signal did not complete, it was stopped). Rules 2-4 set ``Outcome.stop_reason``
+   (``JobFailed.stop_reason``), so the scheduler can tell "stopped as asked" from "failed by itself";
 5. the kernel OOM-killed a process of the job's cgroup (``memory.events`` ``oom_kill`` grew), or a container
    with a memory limit exited 137 -> ``host_oom``;
 6. the job failed (non-zero exit or a signal) and the tail of its output names a CUDA out-of-memory error
@@ -66,6 +67,8 @@ class Outcome:
     reason: str
     exit_code: int | None
     duration_s: float
+    stop_reason: StopReason | None = None
+    """Why the executor stopped the job, when it ended because it was stopped (``JobFailed.stop_reason``)."""
 
 
 def signal_name(number: int) -> str:
@@ -92,14 +95,16 @@ def classify(report: ExitReport, stop_reason: StopReason | None = None, checkpoi
         tail = report.output_tail.strip().splitlines()[-1:] or [""]
         return Outcome("failed", "launch_error", f"docker run exited {report.exit_code}: {tail[0]}"[:1024],
                        report.exit_code, report.duration_s)
-    if stop_reason == "max_runtime":
-        return failed("max_runtime", f"max runtime exceeded; stopped by the executor ({how})")
-    if stop_reason == "fenced":
-        return failed("lost", f"fenced: the executor lost the broker past its fencing deadline and stopped the "
-                              f"job ({how})")
     if stop_reason is not None:
-        note = ", checkpoint confirmed" if checkpointed else ""
-        return failed("killed", f"stopped: {stop_reason}{note} ({how})")
+        if stop_reason == "max_runtime":
+            cause, reason = "max_runtime", f"max runtime exceeded; stopped by the executor ({how})"
+        elif stop_reason == "fenced":
+            cause, reason = "lost", (f"fenced: the executor lost the broker past its fencing deadline and stopped "
+                                     f"the job ({how})")
+        else:
+            note = ", checkpoint confirmed" if checkpointed else ""
+            cause, reason = "killed", f"stopped: {stop_reason}{note} ({how})"
+        return Outcome("failed", cause, reason[:1024], exit_code, report.duration_s, stop_reason)
     if report.oom_kills > 0:
         return failed("host_oom", f"out of host memory: the kernel OOM killer struck {report.oom_kills} time(s) "
                                   f"({how})")

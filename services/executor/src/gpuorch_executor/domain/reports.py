@@ -34,7 +34,7 @@ def outcome_event(record: PlacementRecord, outcome: Outcome, producer: str) -> M
     if outcome.kind == "finished":
         return JobFinished(**common, exit_code=outcome.exit_code or 0, duration_s=duration)
     return JobFailed(**common, cause=outcome.cause, reason=outcome.reason, exit_code=outcome.exit_code,
-                     duration_s=duration)
+                     duration_s=duration, stop_reason=outcome.stop_reason)
 
 
 def lost_event(record: PlacementRecord, reason: str, producer: str) -> JobLost:
