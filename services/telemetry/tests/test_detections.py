@@ -178,3 +178,33 @@ async def test_gpu_health_events_and_ecc_samples_raise_and_resolve(store: Teleme
     await handlers.handle(broken)
     ecc = [m for m in publisher.of_type(AlertRaised) if m.gpu_uuid == ecc_gpu.uuid]
     assert len(ecc) == 1 and "row remap failed" in ecc[0].explanation and ecc[0].advice == "Replace the GPU."
+
+
+async def test_job_events_in_any_order_build_the_same_job_map(store: TelemetryStore) -> None:
+    clock = Clock(utc_now())
+    handlers = TelemetryHandlers(store=store, publisher=RecordingPublisher(), detection=CONFIG, clock=clock)
+    job = _whole_gpu_job("late-accept", "node-3", 0, 4242, tenant="team-z")
+    accepted, placed, started = job.lifecycle(clock.now - timedelta(minutes=5), clock.now - timedelta(minutes=4))
+    for message in (started, placed, accepted):  # competing instances may apply them in any order
+        await handlers.handle(message)
+    row = await store.pool.fetchrow("SELECT * FROM telemetry_jobs WHERE job_id = $1", job.job_id)
+    assert (row["state"], row["tenant"], row["placement_id"]) == ("running", "team-z", job.placement_id)
+    gpu = SimulatedGpu(node_id="node-3", index=0, uuid=gpu_uuid("node-3", 0), profile=PROFILES["normal"],
+                       pids=[4242])
+    await handlers.handle(usage_message("node-3", [gpu], clock.now))
+    tenant = await store.pool.fetchval("SELECT tenant FROM telemetry_job_samples WHERE job_id = $1", job.job_id)
+    assert tenant == "team-z"
+
+    # A requeue applied after the next placement (another instance was faster) keeps the newer placement.
+    from gpuorch_contracts import JobPlaced, JobRequeued
+
+    replaced = JobPlaced(job_id=job.job_id, placement_id=uuid.uuid4(), occurred_at=clock.now,
+                         assignments=[{"node_id": "node-4", "gpus": [{"gpu_uuid": gpu_uuid("node-4", 1),
+                                                                     "gpu_index": 1}]}])
+    await handlers.handle(replaced)
+    await handlers.handle(JobRequeued(job_id=job.job_id, reason="preempted", requeues=1,
+                                      occurred_at=clock.now - timedelta(seconds=1)))
+    active = await store.pool.fetch(
+        "SELECT node_id FROM telemetry_job_allocations WHERE job_id = $1 AND released_at IS NULL", job.job_id
+    )
+    assert [r["node_id"] for r in active] == ["node-4"]

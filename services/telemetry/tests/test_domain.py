@@ -149,3 +149,25 @@ def test_xid_health_event_explains_the_class() -> None:
     finding = health_event_finding("n1", "GPU-a", "unhealthy", "fell off the bus", 79, "drain", None, None)
     assert finding is not None and finding.severity == "critical" and "fallen off the bus" in finding.explanation
     assert health_event_finding("n1", "GPU-a", "healthy", "ok", None, "none", None, None) is None
+
+
+async def test_a_failing_message_fails_alone_and_the_rest_of_its_batch_commits() -> None:
+    import asyncio
+
+    from gpuorch_contracts import GpuUsageSampled
+    from gpuorch_telemetry.handlers import SampleBatcher
+    from gpuorch_telemetry.store import IngestOutcome
+
+    committed: list[str] = []
+
+    async def flush(batch: list[GpuUsageSampled]) -> IngestOutcome:
+        if any(m.node_id == "poison" for m in batch):
+            raise ValueError("cannot store")
+        committed.extend(m.node_id for m in batch)
+        return IngestOutcome(applied=len(batch))
+
+    batcher = SampleBatcher(flush, max_batch=3, max_delay_s=10)
+    messages = [GpuUsageSampled(node_id=name, samples=[]) for name in ("a", "poison", "b")]
+    results = await asyncio.gather(*(batcher.submit(m) for m in messages), return_exceptions=True)
+    assert [isinstance(r, ValueError) for r in results] == [False, True, False]
+    assert committed == ["a", "b"]

@@ -7,6 +7,7 @@ Environment:
     GPUORCH_TELEMETRY_INSTANCE  this instance's name (default telemetry/<hostname>-<pid>)
     GPUORCH_TELEMETRY_PREFETCH  unacked deliveries in flight (default 1024)
     GPUORCH_TELEMETRY_EVALUATION_INTERVAL_S   how often each running job is evaluated (default 60)
+    GPUORCH_TELEMETRY_EXPORT_GPU_METRICS      0 to leave per-GPU DCGM gauges to dcgm-exporter (default 1)
     GPUORCH_TELEMETRY_RAW_RETENTION_DAYS / _ROLLUP_RETENTION_DAYS / _BUCKET_S / _SAMPLE_INTERVAL_S
     GPUORCH_TELEMETRY_<DETECTION FIELD>       any DetectionConfig threshold, e.g. GPUORCH_TELEMETRY_WINDOW_S=600
 
@@ -59,6 +60,8 @@ class Settings:
     maintenance_tick_s: float = 60.0
     metrics_refresh_s: float = 15.0
     metrics_freshness_s: float = 60.0
+    export_gpu_metrics: bool = True
+    """Export the DCGM-named per-GPU gauges (one series per GPU and metric: ~240k series at 40,000 GPUs)."""
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
 
@@ -84,6 +87,7 @@ class Settings:
             instance=env.get("GPUORCH_TELEMETRY_INSTANCE", f"telemetry/{socket.gethostname()}-{os.getpid()}"),
             prefetch=int(number("GPUORCH_TELEMETRY_PREFETCH", 1024)),
             evaluation_interval_s=number("GPUORCH_TELEMETRY_EVALUATION_INTERVAL_S", 60.0),
+            export_gpu_metrics=env.get("GPUORCH_TELEMETRY_EXPORT_GPU_METRICS", "1") not in ("0", "false", "no"),
             detection=detection, retention=retention,
         )
 
@@ -143,7 +147,7 @@ class TelemetryService:
         now = utc_now()
         freshness = self.settings.metrics_freshness_s
         self.fleet.update(self.settings.instance, metrics.FleetSnapshot(
-            gpus=list(await self.store.latest_gpu_samples(now, freshness)),
+            gpus=list(await self.store.latest_gpu_samples(now, freshness)) if self.settings.export_gpu_metrics else [],
             jobs=list(await self.store.latest_job_usage(now, freshness)),
             alerts=list(await self.store.open_alert_counts()), leader=True,
         ))

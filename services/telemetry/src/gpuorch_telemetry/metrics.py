@@ -85,9 +85,17 @@ class FleetCollector(Collector):
         with self._lock:
             self._snapshots.pop(instance, None)
 
+    def describe(self) -> Iterator[Metric]:
+        """Every family this collector may yield (so ``/metrics?name[]=...`` can skip it when not asked for)."""
+        yield from self._families(FleetSnapshot(leader=True))
+
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             snap = next((s for s in self._snapshots.values() if s.leader), FleetSnapshot())
+        yield from self._families(snap)
+
+    @staticmethod
+    def _families(snap: FleetSnapshot) -> Iterator[Metric]:
         leader = GaugeMetricFamily(
             "gpuorch_telemetry_metrics_leader", "1 on the instance that exports the fleet-wide gauges"
         )

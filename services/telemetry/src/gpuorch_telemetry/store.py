@@ -345,17 +345,21 @@ class TelemetryStore:
     async def record_job_requeued(self, job_id: uuid.UUID, at: datetime) -> None:
         """The placement is gone and the job waits again: release its devices and stop evaluating it."""
         async with self.pool.acquire() as conn, conn.transaction():
+            # A placement newer than the requeue (its JobPlaced applied first by another instance) is kept.
             await conn.execute(
                 "UPDATE telemetry_jobs SET state = 'queued', placement_id = NULL, next_evaluation_at = NULL, "
-                "updated_at = now() WHERE job_id = $1 AND ended_at IS NULL",
-                job_id,
-            )
-            await conn.execute(
-                "UPDATE telemetry_job_allocations SET released_at = $2 WHERE job_id = $1 AND released_at IS NULL",
+                "updated_at = now() WHERE job_id = $1 AND ended_at IS NULL AND coalesce(placed_at <= $2, true)",
                 job_id, at,
             )
             await conn.execute(
-                "UPDATE telemetry_job_processes SET ended_at = $2 WHERE job_id = $1 AND ended_at IS NULL", job_id, at
+                "UPDATE telemetry_job_allocations SET released_at = $2 "
+                "WHERE job_id = $1 AND released_at IS NULL AND placed_at <= $2",
+                job_id, at,
+            )
+            await conn.execute(
+                "UPDATE telemetry_job_processes SET ended_at = $2 "
+                "WHERE job_id = $1 AND ended_at IS NULL AND started_at <= $2",
+                job_id, at,
             )
 
     async def job_on_gpu(self, node_id: str, gpu_uuid: str, gpu_index: int) -> tuple[uuid.UUID, str] | None:
