@@ -266,3 +266,22 @@ def test_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "gpuorch-executor"
     assert script.exists()
     assert json.dumps(str(script))
+
+
+async def test_a_second_executor_on_the_same_state_directory_refuses_to_start(
+    amqp_url: str, commander: Broker, tmp_path: Path
+) -> None:
+    first = ExecutorProcess(amqp_url, tmp_path / "state", "node-1", tmp_path / "first.log")
+    second = ExecutorProcess(amqp_url, tmp_path / "state", "node-1", tmp_path / "second.log")
+    first.start()
+    try:
+        command = for_node(launch_job(["python", "-c", "pass"]), "node-1")
+        await publish_when_routable(commander, command)  # the first one is up and consuming
+        second.start()
+        assert second.process is not None
+        assert await asyncio.to_thread(second.process.wait, 30) == 3
+        assert "executor.state_dir_in_use" in (tmp_path / "second.log").read_text()
+        assert first.process is not None and first.process.poll() is None
+    finally:
+        first.terminate()
+        second.terminate()

@@ -398,3 +398,16 @@ async def test_outcomes_are_counted_for_prometheus(harness: Harness) -> None:
     await harness.executor.handle(command)
     await harness.until_ended(command.placement_id)
     assert count() == before + 1
+
+
+async def test_a_stray_sigterm_to_the_supervisor_does_not_orphan_the_job(harness: Harness) -> None:
+    command = launch_job(["python", "-c", "import signal, time; print(signal.getsignal(signal.SIGTERM) == "
+                                          "signal.SIG_DFL, flush=True); time.sleep(0.5)"])
+    await harness.executor.handle(command)
+    record = harness.executor.records[command.placement_id]
+    assert record.supervisor_pid is not None
+    await harness.until(lambda: bool(log_text(harness.publisher.of_type(JobStarted)[0])))
+    os.kill(record.supervisor_pid, signal.SIGTERM)
+    outcome = await harness.until_ended(command.placement_id)
+    assert isinstance(outcome, JobFinished)  # the supervisor stayed and reported the real exit
+    assert log_text(harness.publisher.of_type(JobStarted)[0]).strip() == "True"  # the job has default handlers

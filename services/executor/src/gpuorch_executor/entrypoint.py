@@ -28,6 +28,7 @@ from gpuorch_executor.config import ENVIRONMENT_HELP, ExecutorConfig
 from gpuorch_executor.domain.allowlist import load_allow_list
 from gpuorch_executor.domain.fencing import BrokerFence
 from gpuorch_executor.handlers import NodeExecutor, NodeSettings
+from gpuorch_executor.placement_store import StateDirectoryInUse
 
 log = get_logger("gpuorch_executor")
 FENCE_CHECK_INTERVAL_S = 0.5
@@ -60,7 +61,6 @@ def build_backends(config: ExecutorConfig) -> dict[str, Backend]:
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     producer = "executor/" + ",".join(config.node_ids)
     broker = Broker(config.amqp_url, producer=producer, connection_name=f"executor {producer}")
-    await broker.connect()
     allow_list = load_allow_list(config.allow)
     backends = build_backends(config)
     executors = [
@@ -69,6 +69,9 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
                                   poll_interval_s=config.poll_interval_s), broker)
         for node_id in config.node_ids
     ]
+    for executor in executors:
+        executor.store.lock()  # held until this process exits, however it exits
+    await broker.connect()
     tasks: list[asyncio.Task[None]] = []
     try:
         for executor in executors:
@@ -125,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(signum, stop.set)
         await serve(config, stop)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except StateDirectoryInUse as exc:
+        log.error("executor.state_dir_in_use", error=str(exc))
+        return 3
     return 0
 
 

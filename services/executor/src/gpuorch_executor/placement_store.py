@@ -17,7 +17,9 @@ supervisor's ``exit.json``), so a crash leaves either the previous or the new ve
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,10 @@ from gpuorch_executor.supervise import write_json_atomically
 CHECKPOINT_FILE_NAME = "confirmed"
 
 
+class StateDirectoryInUse(RuntimeError):
+    """Another executor process holds this node's state directory."""
+
+
 class PlacementStore:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
@@ -35,6 +41,22 @@ class PlacementStore:
         self.logs_dir = state_dir / "logs"
         self.placements_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
+
+    def lock(self) -> int:
+        """Take this node's state directory for this process (an flock, released even by SIGKILL).
+
+        Two executors adopting and reporting the same placements would break "exactly one outcome"; the second
+        one fails here instead. Returns the descriptor to keep open.
+        """
+        fd = os.open(self.state_dir / "executor.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StateDirectoryInUse(f"another executor holds {self.state_dir}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        return fd
 
     def placement_dir(self, placement_id: uuid.UUID) -> Path:
         return self.placements_dir / str(placement_id)

@@ -84,8 +84,15 @@ def supervise(placement_dir: Path) -> int:
     started_mono = time.monotonic()
 
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    # The supervisor lives as long as its job: a stray SIGTERM/SIGINT/SIGHUP (a service manager stopping the
+    # executor's whole group, a closed terminal) must not orphan the job and lose its exit status. The job itself
+    # gets default dispositions back before exec.
+    for stray in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(stray, signal.SIG_IGN)
 
     def prepare_child() -> None:
+        for stray in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(stray, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         if cgroup:
             with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
