@@ -30,6 +30,8 @@ from gpuorch_contracts import (
 from gpuorch_messaging import Broker, PublishError
 from gpuorch_messaging.testing import TcpProxy
 
+from gpuorch_executor.placement_store import PlacementStore
+
 from .conftest import launch_job
 
 pytestmark = pytest.mark.integration
@@ -268,20 +270,14 @@ def test_console_script_is_installed() -> None:
     assert json.dumps(str(script))
 
 
-async def test_a_second_executor_on_the_same_state_directory_refuses_to_start(
-    amqp_url: str, commander: Broker, tmp_path: Path
-) -> None:
-    first = ExecutorProcess(amqp_url, tmp_path / "state", "node-1", tmp_path / "first.log")
-    second = ExecutorProcess(amqp_url, tmp_path / "state", "node-1", tmp_path / "second.log")
-    first.start()
+def test_a_second_executor_on_the_same_state_directory_refuses_to_start(amqp_url: str, tmp_path: Path) -> None:
+    holder = PlacementStore(tmp_path / "state" / "node-1")  # as a running executor would hold it
+    fd = holder.lock()
     try:
-        command = for_node(launch_job(["python", "-c", "pass"]), "node-1")
-        await publish_when_routable(commander, command)  # the first one is up and consuming
+        second = ExecutorProcess(amqp_url, tmp_path / "state", "node-1", tmp_path / "second.log")
         second.start()
         assert second.process is not None
-        assert await asyncio.to_thread(second.process.wait, 30) == 3
+        assert second.process.wait(30) == 3
         assert "executor.state_dir_in_use" in (tmp_path / "second.log").read_text()
-        assert first.process is not None and first.process.poll() is None
     finally:
-        first.terminate()
-        second.terminate()
+        os.close(fd)
