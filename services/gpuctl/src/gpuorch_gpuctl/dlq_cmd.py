@@ -39,7 +39,7 @@ async def _dead_letters(amqp_url: str, queues: list[str], limit: int) -> list[di
                 queue = await channel.declare_queue(f"{queue_name}.dlq", passive=True)
             except Exception:
                 continue
-            held = []
+            held: list[Any] = []
             while len(held) < limit:
                 message = await queue.get(no_ack=False, fail=False)
                 if message is None:
