@@ -61,6 +61,13 @@ UNROUTED = "gpuorch.unrouted"
 for inspection instead of being returned; commands and submissions have no alternate, so theirs raise."""
 UNROUTED_MAX_LENGTH = 10_000
 
+_LIFECYCLE_LOGGED = frozenset({
+    "job.submit", "job.cancel", "job.accepted", "job.rejected", "job.placed", "job.started", "job.finished",
+    "job.failed", "job.lost", "job.checkpointed", "job.preempting", "job.requeued", "job.cancelled",
+    "launch_job", "stop_job", "apply_mig_layout", "node.registered", "node.liveness_changed", "gpu.health_changed",
+})
+"""Message types logged at info when handled (one line per job event, with trace and job ids); others at no level."""
+
 MESSAGES_PUBLISHED = Counter("gpuorch_messages_published_total", "Messages confirmed by the broker", ["type"])
 MESSAGES_CONSUMED = Counter("gpuorch_messages_consumed_total", "Messages handled and acked", ["queue", "type"])
 MESSAGES_DEAD_LETTERED = Counter("gpuorch_messages_dead_lettered_total", "Messages dead-lettered", ["queue", "cause"])
@@ -306,6 +313,8 @@ class Broker:
                 log.warning("consume.ack_failed", queue=spec.name, error=repr(exc))
                 return
             MESSAGES_CONSUMED.labels(spec.name, message.TYPE).inc()
+            if message.TYPE in _LIFECYCLE_LOGGED:
+                log.info("message.handled", queue=spec.name)
 
     async def _dead_letter(
         self, consumer: _Consumer, incoming: AbstractIncomingMessage, reason: str, *, cause: str
