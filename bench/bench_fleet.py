@@ -7,7 +7,8 @@ What it does: makes a fresh RabbitMQ vhost (management API, like the test fixtur
 queues for ``node.heartbeat``, ``node.registered`` and ``gpu.#`` (x-max-length + drop-head: what the deployment's
 topology does, so publishes are routable and nothing piles up), builds the fleet in this process (one NVML event
 thread, one /proc scan per second), consumes the fleet's command queue (one binding per node), then runs for
-``--duration-s`` after a warm-up of one heartbeat interval and prints one table:
+``--duration-s`` after a warm-up of two heartbeat intervals and prints one table (also written to
+``bench/results/fleet.md`` and ``fleet.json``):
 
 - CPU %: psutil's CPU time of this process over the measured window (100 % = one core);
 - RSS MiB: resident memory at the end;
@@ -21,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import psutil
@@ -48,6 +51,7 @@ def _mgmt(method: str, path: str, body: dict[str, str] | None = None) -> httpx.R
 
 
 async def bench(nodes: int, mix: str, heartbeat_s: float, usage_s: float, duration_s: float) -> dict[str, object]:
+    """Run the fleet against a fresh vhost; returns the figures printed by ``main``."""
     vhost = f"gpuorch-bench-{uuid.uuid4().hex[:10]}"
     _mgmt("PUT", f"/api/vhosts/{vhost}")
     _mgmt("PUT", f"/api/permissions/{vhost}/guest", {"configure": ".*", "write": ".*", "read": ".*"})
@@ -74,7 +78,7 @@ async def bench(nodes: int, mix: str, heartbeat_s: float, usage_s: float, durati
         t1 = time.perf_counter()
         await runner.start()
         startup_s = time.perf_counter() - t1
-        await asyncio.sleep(heartbeat_s)  # warm-up: every node has sent its first heartbeat
+        await asyncio.sleep(2 * heartbeat_s)  # warm-up: the start-up registrations are out, heartbeats steady
         hb0, reg0, usage0 = runner.stats.heartbeats, runner.stats.registrations, runner.stats.usage_samples
         runner.stats.lag_s.clear()
         runner.stats.confirm_s.clear()
@@ -129,12 +133,18 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=60.0)
     args = parser.parse_args()
     result = asyncio.run(bench(args.nodes, args.mix, args.heartbeat_s, args.usage_s, args.duration_s))
+    result["cpus_on_machine"] = os.cpu_count()
+    result["load_avg_1m"] = round(os.getloadavg()[0], 2)
     width = max(len(k) for k in result)
-    print(f"{'metric':<{width}}  value")
-    print(f"{'-' * width}  -----")
-    for key, value in result.items():
-        print(f"{key:<{width}}  {value}")
+    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  -----"]
+    lines += [f"{key:<{width}}  {value}" for key, value in result.items()]
+    table = "\n".join(lines)
+    print(table)
     sys.stdout.flush()
+    results = Path(__file__).resolve().parent / "results"
+    results.mkdir(exist_ok=True)
+    (results / "fleet.md").write_text(f"# bench_fleet\n\n```\n{table}\n```\n")
+    (results / "fleet.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
