@@ -176,9 +176,9 @@ class Broker:
     async def close(self) -> None:
         for consumer in self._consumers:
             if consumer.queue is not None and consumer.tag is not None:
-                try:
-                    await consumer.queue.cancel(consumer.tag)
-                except Exception:
+                try:  # after a reconnect the broker may never answer the cancel: don't wait for it long
+                    await asyncio.wait_for(consumer.queue.cancel(consumer.tag), timeout=2)
+                except Exception:  # noqa: BLE001 - closing anyway
                     pass
         if self._connection is not None:
             await self._connection.close()

@@ -34,7 +34,7 @@ from typing import Any
 import psutil
 from gpuorch_contracts import MESSAGE_TYPES, LaunchJob, Message, ProcessRun, StopJob
 from gpuorch_messaging.abc import Publisher, PublishError
-from gpuorch_observability import get_logger
+from gpuorch_observability import get_logger, inject_trace
 from prometheus_client import Counter, Gauge, Histogram
 
 from gpuorch_executor.backends.base import Backend, JobLaunch, create_time_of, same_process
@@ -123,6 +123,7 @@ class NodeExecutor:
                 runtime=command.spec.run.runtime,
                 log_path=str(self.store.log_path(command.job_id, command.placement_id)),
                 checkpoint_file=str(self.store.checkpoint_file(command.placement_id)),
+                traceparent=inject_trace({}).get("traceparent"),
             )
             refusal = self._refusal(command)
             if refusal is not None:
@@ -262,7 +263,7 @@ class NodeExecutor:
             if record is None:
                 # Stopped before its launch arrived: remember it, so that a late LaunchJob starts nothing.
                 record = PlacementRecord(placement_id=command.placement_id, job_id=command.job_id,
-                                         node_id=self.node_id)
+                                         node_id=self.node_id, traceparent=inject_trace({}).get("traceparent"))
                 await self._end_unstarted(record, Outcome(
                     "failed", "killed", f"stopped: {command.reason} before it was launched", None, 0.0,
                     command.reason))
@@ -477,8 +478,9 @@ class NodeExecutor:
             while record.outbox:
                 head = record.outbox[0]
                 message = MESSAGE_TYPES[head["type"]].model_validate(head)
+                headers = {"traceparent": record.traceparent} if record.traceparent else None
                 try:
-                    await self.publisher.publish(message)
+                    await self.publisher.publish(message, headers=headers)
                 except PublishError as exc:
                     log.warning("publish.deferred", placement_id=str(record.placement_id), type=message.TYPE,
                                 error=str(exc))

@@ -57,6 +57,8 @@ class PlacementRecord(BaseModel):
     orphaned: bool = False
     """The supervisor vanished while the job still ran: its exit status can no longer be known."""
     outbox: list[dict[str, Any]] = []
+    traceparent: str | None = None
+    """W3C trace context of the command that created the record: every event about it joins that trace."""
     """Events (contract JSON) to publish, in order; removed one by one as the broker confirms them."""
     outcome_type: str | None = None
 
