@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
-from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
+from gpuorch_contracts import JobSpec, ProcessRun, SubmitJob
 from gpuorch_gpuctl.stack import LocalStack
 from gpuorch_messaging import Broker
 from gpuorch_scheduler.testing import registered_node
@@ -29,17 +30,19 @@ async def test_one_gpu_job_runs_with_its_gpu_uuid_and_reports_exit(stack: LocalS
     try:
         await nodes.start()
         await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rs: len(rs) == 1, what="node registered")
-        spec = JobSpec(resources=GpuRequest(gpus=1), run=ProcessRun(argv=[
-            "python", "-c", "import os; print(42, os.environ['CUDA_VISIBLE_DEVICES'])"]))
-        failing = JobSpec(run=ProcessRun(argv=["python", "-c", "raise SystemExit(3)"]))
-        submits = [SubmitJob(spec=spec), SubmitJob(spec=failing)]
-        for submit in submits:
-            await publish_when_routable(broker, submit)
-        rows = await wait_jobs_terminal(pg_dsn, [s.job_id for s in submits], timeout_s=60)
+        # the way a person submits: gpuctl submit prints the job id
+        submitted = subprocess.run(
+            [sys.executable, "-m", "gpuorch_gpuctl", "submit", "--gpus", "1", "--amqp-url", amqp_url, "--",
+             "python", "-c", "import os; print(42, os.environ['CUDA_VISIBLE_DEVICES'])"],
+            capture_output=True, text=True, check=True)
+        cli_job = uuid.UUID(submitted.stdout.strip())
+        failing = SubmitJob(spec=JobSpec(run=ProcessRun(argv=["python", "-c", "raise SystemExit(3)"])))
+        await publish_when_routable(broker, failing)
+        rows = await wait_jobs_terminal(pg_dsn, [cli_job, failing.job_id], timeout_s=60)
     finally:
         await nodes.stop()
         await broker.close()
-    ok, bad = rows[submits[0].job_id], rows[submits[1].job_id]
+    ok, bad = rows[cli_job], rows[failing.job_id]
     assert (ok["state"], ok["exit_code"], ok["node_ids"]) == ("succeeded", 0, ["node-1"])
     gpu_uuid = json.loads(ok["assignments"])[0]["gpus"][0]["gpu_uuid"]
     assert Path(ok["log_path"]).read_text().strip() == f"42 {gpu_uuid}"
@@ -50,9 +53,9 @@ async def test_one_gpu_job_runs_with_its_gpu_uuid_and_reports_exit(stack: LocalS
     out = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "jobs", "--json"], capture_output=True, text=True,
                          env={**__import__("os").environ, **env}, check=True)
     listed = {j["id"]: j for j in json.loads(out.stdout)}
-    assert listed[str(submits[0].job_id)]["state"] == "succeeded"
-    assert listed[str(submits[0].job_id)]["exit_code"] == 0
-    assert listed[str(submits[0].job_id)]["node"] == "node-1"
-    logs = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "logs", str(submits[0].job_id)[:8]],
+    assert listed[str(cli_job)]["state"] == "succeeded"
+    assert listed[str(cli_job)]["exit_code"] == 0
+    assert listed[str(cli_job)]["node"] == "node-1"
+    logs = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "logs", str(cli_job)[:8]],
                           capture_output=True, text=True, env={**__import__("os").environ, **env}, check=True)
     assert logs.stdout.startswith("42 ")
