@@ -68,6 +68,7 @@ class LocalStack:
             "GPUORCH_AMQP_URL": self.amqp_url,
             "GPUORCH_DATABASE_URL": self.database_url,
             "GPUORCH_LOG_LEVEL": env.get("GPUORCH_LOG_LEVEL", "INFO"),
+            "GPUORCH_METRICS_PORT": "0",  # several stacks may run side by side; a test asks for a port
             "PYTHONUNBUFFERED": "1",
         })
         env.update(self.extra_env)
