@@ -10,7 +10,15 @@ from gpuorch_node_agent.sim.processes import StaticProcessTable
 from gpuorch_node_agent.sim.profiles import device_profile, parse_node_csv, parse_profile_mix
 
 UUID = re.compile(r"^(GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-OPENB_CSV = Path("/work/shared/traces/openb/openb_node_list_gpu_node.csv")
+def _openb_csv() -> Path:
+    """shared/ sits beside the repository (CI lays a copy there); GPUORCH_OPENB_DIR overrides."""
+    import os
+
+    root = os.environ.get("GPUORCH_OPENB_DIR") or str(Path(__file__).resolve().parents[3].parent / "shared/traces/openb")
+    return Path(root) / "openb_node_list_gpu_node.csv"
+
+
+OPENB_CSV = _openb_csv()
 
 
 def _agents(mix: str, seed: int = 1):
@@ -102,3 +110,14 @@ def test_config_from_environment_and_flags():
     config = parse_config([], env)
     assert (config.nvml, config.heartbeat_s, config.is_fleet, config.node_id) == ("sim", 5.0, True, "n7")
     assert parse_config(["--heartbeat-s", "2"], env).heartbeat_s == 2.0
+
+
+def test_inventory_is_resent_periodically_even_when_unchanged() -> None:
+    from gpuorch_contracts import GpuLive, NodeInventory, NodeRegistered
+    from gpuorch_node_agent.domain.heartbeat import HeartbeatState
+
+    state = HeartbeatState(node_id="n1", reregister_every=3)
+    inventory = NodeInventory(node_id="n1", cpu_milli=1000, memory_mib=1024)
+    kinds = [[type(m) for m in state.messages(inventory, [GpuLive(index=0)])] for _ in range(7)]
+    registered_at = [i for i, k in enumerate(kinds) if NodeRegistered in k]
+    assert registered_at == [0, 3, 6]

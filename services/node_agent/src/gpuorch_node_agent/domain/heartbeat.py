@@ -5,6 +5,9 @@
   followed by a ``NodeHeartbeat`` carrying the new hash;
 - otherwise only a ``NodeHeartbeat`` (compact live state, the hash, a sequence number that grows by one per
   heartbeat so receivers can drop stale ones);
+- every ``reregister_every`` heartbeats the inventory is sent again even if unchanged, so a scheduler that missed
+  it (started after this node on a fresh broker, or restored from an old backup) learns the node within that many
+  heartbeats; receivers ignore an inventory whose hash they already know;
 - ``forget_sent`` makes the next call re-send the inventory (e.g. after the broker lost a publish).
 """
 
@@ -24,12 +27,14 @@ class HeartbeatState:
     producer: str = "node-agent"
     sequence: int = 0
     sent_hash: str | None = None
+    reregister_every: int = 30
 
     def messages(self, inventory: NodeInventory, gpus: Sequence[GpuLive], *, nvml_errors: Sequence[str] = ()
                  ) -> list[Message]:
         digest = inventory_hash(inventory)
         out: list[Message] = []
-        if digest != self.sent_hash:
+        periodic = self.reregister_every > 0 and self.sequence > 0 and self.sequence % self.reregister_every == 0
+        if digest != self.sent_hash or periodic:
             out.append(NodeRegistered(inventory=inventory, inventory_hash=digest, producer=self.producer))
             self.sent_hash = digest
         out.append(NodeHeartbeat(
