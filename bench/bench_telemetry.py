@@ -108,7 +108,9 @@ def _node_template(node: int, gpus: int, busy: bool) -> str:
     return message.model_dump_json().replace("2000-01-01T00:00:00Z", PLACEHOLDER_AT)
 
 
-async def bench(nodes: int, gpus: int, period_s: float, jobs: int, warmup_s: float, duration_s: float) -> None:
+async def bench(
+    nodes: int, gpus: int, period_s: float, jobs: int, warmup_s: float, duration_s: float, window_s: float
+) -> None:
     vhost = f"gpuorch-bench-{uuid.uuid4().hex[:10]}"
     database = f"gpuorch_bench_{uuid.uuid4().hex[:10]}"
     _mgmt("PUT", f"/api/vhosts/{vhost}")
@@ -123,7 +125,8 @@ async def bench(nodes: int, gpus: int, period_s: float, jobs: int, warmup_s: flo
     try:
         await migrate(dsn)
         env = {**os.environ, "GPUORCH_AMQP_URL": url, "GPUORCH_DATABASE_URL": dsn, "GPUORCH_METRICS_PORT": str(port),
-               "GPUORCH_LOG_LEVEL": "WARNING", "GPUORCH_TELEMETRY_INSTANCE": "telemetry/bench"}
+               "GPUORCH_LOG_LEVEL": "WARNING", "GPUORCH_TELEMETRY_INSTANCE": "telemetry/bench",
+               "GPUORCH_TELEMETRY_WINDOW_S": str(window_s)}
         child = subprocess.Popen([sys.executable, "-m", "gpuorch_telemetry.entrypoint"], env=env)
         process = psutil.Process(child.pid)
         deadline = time.monotonic() + 60
@@ -224,7 +227,8 @@ async def bench(nodes: int, gpus: int, period_s: float, jobs: int, warmup_s: flo
             ("queue depth at end of window", f"{depth}"),
             ("drain after producer stopped", f"{drain_s:.1f} s"),
             ("rows: gpu samples / job samples", f"{gpu_rows} / {job_rows}"),
-            ("job evaluations during run", f"{final.get('gpuorch_telemetry_jobs_evaluated_total', 0):.0f}"),
+            ("job evaluations during run", f"{final.get('gpuorch_telemetry_jobs_evaluated_total', 0):.0f} "
+                                           f"(window {window_s:g} s, each running job every 60 s)"),
             ("full /metrics scrape (fleet leader)", f"{scrape_s:.2f} s, {series} series, "
                                                       f"{gpu_series} GPUs in DCGM_FI_DEV_GPU_UTIL"),
             ("measured window", f"{window:.0f} s after {warmup_s:g} s warm-up"),
@@ -255,8 +259,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000, help="8-GPU jobs placed on the first nodes")
     parser.add_argument("--warmup-s", type=float, default=10.0)
     parser.add_argument("--duration-s", type=float, default=60.0)
+    parser.add_argument("--window-s", type=float, default=30.0,
+                        help="detection window: short, so that job evaluations run during the measurement")
     args = parser.parse_args()
-    asyncio.run(bench(args.nodes, args.gpus, args.period_s, args.jobs, args.warmup_s, args.duration_s))
+    asyncio.run(bench(args.nodes, args.gpus, args.period_s, args.jobs, args.warmup_s, args.duration_s,
+                      args.window_s))
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ class TelemetryService:
         await self.broker.consume(queue_spec(s.prefetch), self.handlers.handle)
         handlers = self.handlers
         self._tasks = [
-            asyncio.create_task(self._every(s.evaluation_tick_s, "evaluate", handlers.evaluate_due_jobs)),
+            asyncio.create_task(self._every(s.evaluation_tick_s, "evaluate", handlers.evaluate_until_idle)),
             asyncio.create_task(self._every(s.publish_tick_s, "publish", handlers.publish_pending)),
             asyncio.create_task(self._every(s.maintenance_tick_s, "maintain", handlers.maintain)),
             asyncio.create_task(self._every(s.metrics_refresh_s, "metrics", self.refresh_fleet_metrics)),

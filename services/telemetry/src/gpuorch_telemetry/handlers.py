@@ -84,11 +84,13 @@ def alert_message(row: AlertRow, *, producer: str) -> Message:
 
 
 class SampleBatcher:
-    """Gathers concurrently delivered samples into one ingest transaction.
+    """Gathers concurrently delivered samples into few, large ingest transactions.
 
-    ``submit`` returns when the message's batch committed (or raises if it could not be stored). A batch flushes
-    when it holds ``max_batch`` messages or ``max_delay_s`` after its first message. If a batch fails, its messages
-    are retried one by one so that one bad message fails alone (and is dead-lettered alone).
+    ``submit`` returns when the message's batch committed (or raises if it could not be stored). Up to
+    ``max_concurrent_flushes`` flushers run; each takes up to ``max_batch`` pending messages at the moment it is
+    free, so batches grow by themselves under load. With no flusher running, a flush starts when ``max_batch``
+    messages wait or ``max_delay_s`` after the first one. If a batch fails, its messages are retried one by one so
+    that one bad message fails alone (and is dead-lettered alone).
     """
 
     def __init__(
@@ -98,55 +100,63 @@ class SampleBatcher:
         self._flush = flush
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
+        self.max_concurrent_flushes = max_concurrent_flushes
         self._pending: list[tuple[GpuUsageSampled, asyncio.Future[None]]] = []
         self._timer: asyncio.TimerHandle | None = None
-        self._slots = asyncio.Semaphore(max_concurrent_flushes)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._flushers: set[asyncio.Task[None]] = set()
 
     async def submit(self, message: GpuUsageSampled) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((message, future))
         if len(self._pending) >= self.max_batch:
-            self._flush_now()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.max_delay_s, self._flush_now)
+            self._start_flusher()
+        elif not self._flushers and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.max_delay_s, self._start_flusher)
         await future
 
-    def _flush_now(self) -> None:
+    def _start_flusher(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch, self._pending = self._pending, []
-        if batch:
-            task = asyncio.get_running_loop().create_task(self._run(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        if self._pending and len(self._flushers) < self.max_concurrent_flushes:
+            task = asyncio.get_running_loop().create_task(self._flush_while_pending())
+            self._flushers.add(task)
+            task.add_done_callback(self._flushers.discard)
+
+    async def _flush_while_pending(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+                await self._run(batch)
+        finally:
+            # Leave the set in the same step as the last emptiness check: a later submit then starts a timer.
+            self._flushers.discard(asyncio.current_task())  # type: ignore[arg-type]
 
     async def _run(self, batch: list[tuple[GpuUsageSampled, asyncio.Future[None]]]) -> None:
-        async with self._slots:
-            try:
-                await self._flush([m for m, _ in batch])
-            except Exception as exc:
-                if len(batch) == 1:
-                    _settle(batch[0][1], exc)
-                    return
-                log.warning("telemetry.batch_failed_retrying_singly", size=len(batch), error=repr(exc))
-                for message, future in batch:
-                    try:
-                        await self._flush([message])
-                    except Exception as single_exc:
-                        _settle(future, single_exc)
-                    else:
-                        _settle(future, None)
+        try:
+            await self._flush([m for m, _ in batch])
+        except Exception as exc:  # noqa: BLE001 - isolate the failing message(s) below
+            if len(batch) == 1:
+                _settle(batch[0][1], exc)
                 return
+            log.warning("telemetry.batch_failed_retrying_singly", size=len(batch), error=repr(exc))
+            for message, future in batch:
+                try:
+                    await self._flush([message])
+                except Exception as single_exc:  # noqa: BLE001 - reported to the message's handler
+                    _settle(future, single_exc)
+                else:
+                    _settle(future, None)
+            return
         for _, future in batch:
             _settle(future, None)
 
     async def drain(self) -> None:
         """Flush what is pending and wait for every flush in flight."""
-        self._flush_now()
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self._start_flusher()
+        while self._flushers:
+            await asyncio.gather(*list(self._flushers), return_exceptions=True)
+            self._start_flusher()
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
@@ -245,6 +255,15 @@ class TelemetryHandlers:
         if raised or resolved:
             await self.publish_pending()
         return len(jobs), raised, resolved
+
+    async def evaluate_until_idle(self) -> int:
+        """Evaluate batch after batch until no job is due (so a large fleet never falls behind its interval)."""
+        total = 0
+        while True:
+            jobs, _, _ = await self.evaluate_due_jobs()
+            total += jobs
+            if jobs < self.evaluation_batch:
+                return total
 
     async def publish_pending(self) -> int:
         """Publish committed but unpublished alert steps (raise, then resolution) with broker confirms."""
