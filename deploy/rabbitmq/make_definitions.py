@@ -1,0 +1,289 @@
+"""Least-privilege RabbitMQ definitions for gpuorch: every user, its permissions and topic permissions.
+
+    uv run python deploy/rabbitmq/make_definitions.py > deploy/rabbitmq/definitions.json      # the compose fleet
+    uv run python deploy/rabbitmq/make_definitions.py --vhost gpuorch \\
+        --executor executor-gpu-a=gpu-a --node-agent node-agent-gpu-a=node-agent.gpu-a:gpu-a \\
+        --passwords-from-env > definitions.json                                           # a real fleet
+
+Pipeline::
+
+    service topology (queue names, binding keys, routing keys: the same strings the entrypoints use)
+        -> Grant per user (configure / write / read regexes + topic permissions per exchange)
+        -> definitions JSON (users with salted SHA-256 hashes, vhost, permissions, topic_permissions)
+
+RabbitMQ's rules (access-control guide, AMQP 0-9-1 table), which the regexes below follow exactly:
+
+- ``exchange.declare`` / ``queue.declare`` (not passive): configure on the entity. Passive declares need nothing.
+- ``exchange.declare`` with an alternate exchange: also write on the AE and read on the exchange being declared.
+- ``queue.declare`` with ``x-dead-letter-exchange``: also write on the DLX and read on the queue.
+- ``queue.bind``: write on the queue, read on the exchange; on a topic exchange the binding key must also match
+  the user's topic *read* regex for that exchange, if the user has topic permissions there.
+- ``basic.publish``: write on the exchange; on a topic exchange the routing key must also match the topic *write*
+  regex, if the user has topic permissions for that exchange (none defined = every key allowed).
+- ``basic.consume`` / ``basic.get``: read on the queue.
+- Regexes match names only: an exchange and a queue with the same name (``gpuorch.unrouted``) share the rights.
+
+What every ``gpuorch_messaging.Broker`` does on connect (and again per consumer channel), hence every service user
+needs it: declare ``gpuorch.unrouted`` (fanout exchange and bounded queue) and bind them; declare the four topic
+exchanges, ``gpuorch.events`` with ``gpuorch.unrouted`` as alternate exchange. For each consumer queue ``Q``:
+declare ``Q.dlq`` and bind it to ``gpuorch.dlx`` with key ``Q``; declare ``Q`` with ``gpuorch.dlx`` as DLX; bind
+``Q``; consume ``Q``; dead-letter invalid messages by publishing to ``gpuorch.dlx`` with key ``Q``.
+
+The ``submitter`` uses no ``Broker``: it publishes to the existing ``gpuorch.submit`` (a passive declare at most),
+so it has no configure right at all. Passwords: ``--passwords-from-env`` reads ``GPUORCH_RABBITMQ_PASSWORD_<USER>``
+(upper case, ``-``/``.`` as ``_``) for every user; without it every password is ``<user>-dev`` (development only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+SUBMIT = "gpuorch.submit"
+EVENTS = "gpuorch.events"
+COMMANDS = "gpuorch.commands"
+DLX = "gpuorch.dlx"
+UNROUTED = "gpuorch.unrouted"
+TOPOLOGY_EXCHANGES = (SUBMIT, EVENTS, COMMANDS, DLX)
+
+SCHEDULER_QUEUES = ("scheduler", "scheduler.heartbeats")
+SCHEDULER_SUBMIT_KEYS = ("job.submit", "job.cancel")
+SCHEDULER_EVENT_BINDINGS = (
+    "job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed", "node.registered",
+    "gpu.health_changed", "node.heartbeat",
+)
+SCHEDULER_EVENTS = (
+    "job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting", "job.requeued", "job.cancelled",
+    "job.failed", "node.liveness_changed", "alert.fleet",
+)
+SCHEDULER_COMMANDS = ("launch_job", "stop_job")
+EXECUTOR_COMMANDS = ("launch_job", "stop_job")
+EXECUTOR_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed")
+NODE_AGENT_COMMANDS = ("apply_mig_layout",)
+NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", "gpu.usage_sampled")
+TELEMETRY_QUEUE = "telemetry.samples"
+TELEMETRY_EVENT_BINDINGS = ("gpu.usage_sampled", "gpu.health_changed", "job.*")
+TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made")
+SUBMIT_KEYS = ("job.submit", "job.cancel")
+NOTHING = "^$"
+
+
+def exactly(names: Iterable[str]) -> str:
+    """A regex matching exactly these names (escaped, anchored); ``^$`` (nothing) for none."""
+    unique = sorted(set(names))
+    if not unique:
+        return NOTHING
+    return "^(" + "|".join(re.escape(name) for name in unique) + ")$"
+
+
+def command_keys(node_ids: Iterable[str], commands: Iterable[str]) -> list[str]:
+    return [f"node.{node}.{command}" for node in node_ids for command in commands]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One user's rights in the vhost: resource regexes plus topic regexes per topic exchange (write, read)."""
+
+    user: str
+    configure: str
+    write: str
+    read: str
+    topics: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    purpose: str = ""
+
+
+def broker_user(user: str, *, queues: Sequence[str], bindings: Mapping[str, Sequence[str]],
+                publishes: Mapping[str, Sequence[str]], key_patterns: Mapping[str, str] | None = None,
+                purpose: str) -> Grant:
+    """A service that connects with ``gpuorch_messaging.Broker``, owns ``queues`` and publishes ``publishes``.
+
+    ``bindings``: exchange -> binding keys of its queues; ``publishes``: exchange -> routing keys it publishes
+    (``key_patterns`` replaces the list by a regex where the keys cannot be listed, e.g. every node id).
+    Topic permissions pin every topic exchange it touches to exactly those keys (dead letters: its queue names);
+    exchanges it may neither write nor read get none (the resource permissions refuse them already).
+    """
+    dead_letter_queues = [f"{q}.dlq" for q in queues]
+    own = [*queues, *dead_letter_queues]
+    configure = exactly([*TOPOLOGY_EXCHANGES, UNROUTED, *own])
+    write = exactly([UNROUTED, DLX, *own, *publishes])
+    read = exactly([UNROUTED, EVENTS, DLX, *queues, *bindings])
+    topics: dict[str, tuple[str, str]] = {}
+    for exchange in TOPOLOGY_EXCHANGES:
+        written = list(publishes.get(exchange, ()))
+        bound = list(bindings.get(exchange, ()))
+        if exchange == DLX:
+            written, bound = list(queues), list(queues)
+        pattern = (key_patterns or {}).get(exchange)
+        if written or bound or pattern:
+            topics[exchange] = (pattern or exactly(written), exactly(bound))
+    return Grant(user, configure, write, read, topics, purpose=purpose)
+
+
+def scheduler(user: str = "scheduler") -> Grant:
+    """The scheduler addresses every node: launch/stop commands for ``node.<any node id>``."""
+    any_node = r"^node\..+\.(" + "|".join(re.escape(c) for c in SCHEDULER_COMMANDS) + r")$"
+    return broker_user(
+        user, queues=SCHEDULER_QUEUES,
+        bindings={SUBMIT: SCHEDULER_SUBMIT_KEYS, EVENTS: SCHEDULER_EVENT_BINDINGS},
+        publishes={EVENTS: SCHEDULER_EVENTS, COMMANDS: ()}, key_patterns={COMMANDS: any_node},
+        purpose="consumes scheduler + scheduler.heartbeats; publishes job decisions and launch/stop commands",
+    )
+
+
+def executor(user: str, node_ids: Sequence[str]) -> Grant:
+    """One executor process serving ``node_ids`` (queues ``executor.<node id>``)."""
+    return broker_user(
+        user, queues=[f"executor.{n}" for n in node_ids],
+        bindings={COMMANDS: command_keys(node_ids, EXECUTOR_COMMANDS)},
+        publishes={EVENTS: EXECUTOR_EVENTS},
+        purpose=f"consumes executor.<node> for {', '.join(node_ids)}; publishes job.started/finished/failed/lost/checkpointed",
+    )
+
+
+def node_agent(user: str, queue: str, node_ids: Sequence[str]) -> Grant:
+    """One node-agent process: queue ``node-agent.<node id>`` (single node) or ``node-agent.fleet.<fleet>``."""
+    return broker_user(
+        user, queues=[queue], bindings={COMMANDS: command_keys(node_ids, NODE_AGENT_COMMANDS)},
+        publishes={EVENTS: NODE_AGENT_EVENTS},
+        purpose=f"consumes {queue} (MIG layouts for {', '.join(node_ids)}); publishes node.registered/heartbeat, gpu.*",
+    )
+
+
+def telemetry(user: str = "telemetry") -> Grant:
+    return broker_user(
+        user, queues=[TELEMETRY_QUEUE], bindings={EVENTS: TELEMETRY_EVENT_BINDINGS},
+        publishes={EVENTS: TELEMETRY_EVENTS},
+        purpose="consumes telemetry.samples (competing consumers); publishes alert.raised/resolved, recommendation.made",
+    )
+
+
+def submitter(user: str = "submitter") -> Grant:
+    """Other systems: publish ``job.submit`` / ``job.cancel`` to ``gpuorch.submit``; nothing else."""
+    return Grant(user, configure=NOTHING, write=exactly([SUBMIT]), read=NOTHING,
+                 topics={SUBMIT: (exactly(SUBMIT_KEYS), NOTHING)},
+                 purpose="publishes job.submit/job.cancel to gpuorch.submit only; declares, binds and reads nothing")
+
+
+def operator(user: str = "gpuctl") -> Grant:
+    """``gpuctl``: submit/cancel, list and replay dead letters (to whatever exchange and key they came from)."""
+    return Grant(
+        user, configure=exactly([*TOPOLOGY_EXCHANGES, UNROUTED]),
+        write=exactly([SUBMIT, EVENTS, COMMANDS, UNROUTED]),
+        read=r"^(gpuorch\.events|gpuorch\.unrouted|.+\.dlq)$",
+        purpose="gpuctl: submit/cancel, dlq list (basic.get on *.dlq) and replay to any gpuorch exchange and key",
+    )
+
+
+def administrator(user: str = "admin") -> Grant:
+    return Grant(user, ".*", ".*", ".*", tags=("administrator",),
+                 purpose="people: management UI and rabbitmqctl; no service uses it")
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Which executor and node-agent users exist: (user, node ids) and (user, queue, node ids)."""
+
+    executors: Sequence[tuple[str, Sequence[str]]]
+    node_agents: Sequence[tuple[str, str, Sequence[str]]]
+
+
+COMPOSE_NODES = ("sim-00000", "sim-00001", "sim-00002")
+COMPOSE_FLEET = Fleet(
+    executors=[("executor-sim", COMPOSE_NODES)],
+    node_agents=[("node-agent-sim", "node-agent.fleet.sim", COMPOSE_NODES)],
+)
+
+
+def grants(fleet: Fleet = COMPOSE_FLEET) -> list[Grant]:
+    return [
+        administrator(), scheduler(), telemetry(), submitter(), operator(),
+        *(executor(user, nodes) for user, nodes in fleet.executors),
+        *(node_agent(user, queue, nodes) for user, queue, nodes in fleet.node_agents),
+    ]
+
+
+def password_hash(user: str, password: str) -> str:
+    """RabbitMQ's ``rabbit_password_hashing_sha256``: base64(salt + sha256(salt + password)), 4-byte salt.
+
+    The salt is derived from user and password so the same inputs give the same file (reviewable diffs).
+    """
+    salt = hashlib.sha256(f"gpuorch:{user}:{password}".encode()).digest()[:4]
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+def password_variable(user: str) -> str:
+    return "GPUORCH_RABBITMQ_PASSWORD_" + re.sub(r"[^A-Za-z0-9]", "_", user).upper()
+
+
+def dev_password(user: str) -> str:
+    return f"{user}-dev"
+
+
+def definitions(all_grants: Sequence[Grant], vhost: str = "gpuorch",
+                passwords: Mapping[str, str] | None = None) -> dict[str, object]:
+    """The definitions document (``load_definitions`` / ``POST /api/definitions``) for ``all_grants``."""
+    passwords = passwords or {}
+    users, permissions, topic_permissions = [], [], []
+    for grant in all_grants:
+        password = passwords.get(grant.user, dev_password(grant.user))
+        users.append({"name": grant.user, "password_hash": password_hash(grant.user, password),
+                      "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": list(grant.tags)})
+        permissions.append({"user": grant.user, "vhost": vhost, "configure": grant.configure,
+                            "write": grant.write, "read": grant.read})
+        for exchange, (write, read) in sorted(grant.topics.items()):
+            topic_permissions.append({"user": grant.user, "vhost": vhost, "exchange": exchange,
+                                      "write": write, "read": read})
+    return {
+        "users": users, "vhosts": [{"name": vhost}], "permissions": permissions,
+        "topic_permissions": topic_permissions, "parameters": [], "global_parameters": [], "policies": [],
+        "queues": [], "exchanges": [], "bindings": [],
+    }
+
+
+def _parse_executor(text: str) -> tuple[str, list[str]]:
+    user, _, nodes = text.partition("=")
+    if not user or not nodes:
+        raise argparse.ArgumentTypeError("expected USER=NODE[,NODE...]")
+    return user, [n for n in nodes.split(",") if n]
+
+
+def _parse_node_agent(text: str) -> tuple[str, str, list[str]]:
+    user, _, rest = text.partition("=")
+    queue, _, nodes = rest.partition(":")
+    if not user or not queue or not nodes:
+        raise argparse.ArgumentTypeError("expected USER=QUEUE:NODE[,NODE...]")
+    return user, queue, [n for n in nodes.split(",") if n]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--vhost", default="gpuorch")
+    parser.add_argument("--executor", action="append", type=_parse_executor, default=[],
+                        metavar="USER=NODE[,NODE...]", help="an executor user and the node ids it serves (repeatable)")
+    parser.add_argument("--node-agent", action="append", type=_parse_node_agent, default=[],
+                        metavar="USER=QUEUE:NODE[,NODE...]", help="a node-agent user, its queue and nodes (repeatable)")
+    parser.add_argument("--passwords-from-env", action="store_true",
+                        help="read every password from GPUORCH_RABBITMQ_PASSWORD_<USER> (all must be set)")
+    args = parser.parse_args(argv)
+    fleet = Fleet(args.executor, args.node_agent) if (args.executor or args.node_agent) else COMPOSE_FLEET
+    all_grants = grants(fleet)
+    passwords: dict[str, str] = {}
+    if args.passwords_from_env:
+        missing = [password_variable(g.user) for g in all_grants if password_variable(g.user) not in os.environ]
+        if missing:
+            parser.error("missing " + ", ".join(missing))
+        passwords = {g.user: os.environ[password_variable(g.user)] for g in all_grants}
+    json.dump(definitions(all_grants, args.vhost, passwords), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
