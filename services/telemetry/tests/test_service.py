@@ -12,10 +12,10 @@ import pytest
 from gpuorch_contracts import GpuAllocation, utc_now
 from gpuorch_messaging import Broker
 from gpuorch_messaging.testing import RecordingPublisher
-from gpuorch_observability import start_metrics_server
 from gpuorch_telemetry.domain.detection import DetectionConfig
 from gpuorch_telemetry.entrypoint import Settings, TelemetryService
 from gpuorch_telemetry.handlers import TelemetryHandlers
+from gpuorch_telemetry.metrics import serve_metrics
 from gpuorch_telemetry.simulation import PROFILES, SimulatedGpu, gpu_uuid, simulated_job, usage_message
 from gpuorch_telemetry.store import RetentionPolicy, TelemetryStore
 
@@ -130,7 +130,7 @@ async def _evaluate_all(handlers: TelemetryHandlers) -> tuple[int, int]:
 
 async def test_metrics_endpoint_is_scraped(services: list[TelemetryService], amqp_url: str) -> None:
     port = _free_port()
-    start_metrics_server(port, addr="127.0.0.1")
+    serve_metrics(port, addr="127.0.0.1")
     job = simulated_job("serve", "node-7", [GpuAllocation(gpu_uuid=gpu_uuid("node-7", 0), gpu_index=0)], 100,
                         tenant="team-m")
     publisher = Broker(amqp_url, producer="test")
@@ -153,12 +153,16 @@ async def test_metrics_endpoint_is_scraped(services: list[TelemetryService], amq
     async with httpx.AsyncClient() as client:
         body = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
     uuid0 = gpu_uuid("node-7", 0)
-    assert f'DCGM_FI_DEV_GPU_UTIL{{Hostname="node-7",UUID="{uuid0}",device="nvidia0",gpu="0"}} 85.0' in body
-    assert f'DCGM_FI_DEV_FB_USED{{Hostname="node-7",UUID="{uuid0}",device="nvidia0",gpu="0"}} 60000.0' in body
+    assert f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{uuid0}",device="nvidia0",Hostname="node-7"}} 85.0' in body
+    assert f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{uuid0}",device="nvidia0",Hostname="node-7"}} 60000.0' in body
     assert 'gpuorch_tenant_gpus_used{tenant="team-m"} 0.85' in body
     assert f'gpuorch_job_gpu_memory_used_bytes{{job_id="{job.job_id}",job_name="serve",tenant="team-m",' in body
     assert "gpuorch_telemetry_metrics_leader 1.0" in body
     assert 'gpuorch_telemetry_samples_ingested_total{outcome="applied"}' in body
+    async with httpx.AsyncClient() as client:
+        only = (await client.get(f"http://127.0.0.1:{port}/metrics",
+                                 params={"name[]": "gpuorch_telemetry_samples_ingested_total"})).text
+    assert "gpuorch_telemetry_samples_ingested_total" in only and "DCGM_FI_DEV_GPU_UTIL" not in only
 
 
 async def test_rollups_keep_accounting_after_raw_retention(migrated_dsn: str) -> None:

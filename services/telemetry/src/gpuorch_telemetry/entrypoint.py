@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import asyncpg
 from gpuorch_contracts import EVENTS_EXCHANGE, utc_now
 from gpuorch_messaging import Broker, QueueSpec
-from gpuorch_observability import configure, get_logger, start_metrics_server
+from gpuorch_observability import configure, get_logger
 
 from gpuorch_telemetry import metrics
 from gpuorch_telemetry.domain.detection import DetectionConfig
@@ -59,7 +59,8 @@ class Settings:
     publish_tick_s: float = 5.0
     maintenance_tick_s: float = 60.0
     metrics_refresh_s: float = 15.0
-    metrics_freshness_s: float = 60.0
+    metrics_freshness_s: float = 25.0
+    """A GPU or job without a sample this recent is left out of the fleet gauges."""
     export_gpu_metrics: bool = True
     """Export the DCGM-named per-GPU gauges (one series per GPU and metric: ~240k series at 40,000 GPUs)."""
     detection: DetectionConfig = field(default_factory=DetectionConfig)
@@ -114,7 +115,7 @@ class TelemetryService:
         )
         await self.handlers.maintain()
         if serve_metrics and s.metrics_port:
-            start_metrics_server(s.metrics_port)
+            metrics.serve_metrics(s.metrics_port)
         await self.broker.consume(queue_spec(s.prefetch), self.handlers.handle)
         handlers = self.handlers
         self._tasks = [
@@ -146,8 +147,12 @@ class TelemetryService:
             return
         now = utc_now()
         freshness = self.settings.metrics_freshness_s
+        gpu_text = b""
+        if self.settings.export_gpu_metrics:
+            rows = await self.store.latest_gpu_samples(now, freshness)
+            gpu_text = await asyncio.to_thread(metrics.render_gpu_metrics, list(rows))
         self.fleet.update(self.settings.instance, metrics.FleetSnapshot(
-            gpus=list(await self.store.latest_gpu_samples(now, freshness)) if self.settings.export_gpu_metrics else [],
+            gpu_text=gpu_text,
             jobs=list(await self.store.latest_job_usage(now, freshness)),
             alerts=list(await self.store.open_alert_counts()), leader=True,
         ))

@@ -12,6 +12,7 @@ double-counts): dcgm-exporter names where the meaning is the same, with dcgm-exp
     DCGM_FI_DEV_GPU_TEMP      gauge  °C     GPU temperature
     DCGM_FI_DEV_POWER_USAGE   gauge  W      power draw
     DCGM_FI_DEV_SM_CLOCK      gauge  MHz    SM clock
+(the per-GPU families are rendered to text once per refresh and appended by ``serve_metrics``)
     gpuorch_gpu_throttled     gauge  0/1    any throttle reason reported (label ``reason``)
     gpuorch_job_gpus_allocated / gpuorch_job_gpus_used / gpuorch_job_gpus_idle          GPUs (shares count fractionally)
     gpuorch_job_gpu_memory_allocated_bytes / gpuorch_job_gpu_memory_used_bytes
@@ -63,7 +64,8 @@ def record_ingest(outcome: IngestOutcome, committed_at: datetime) -> None:
 
 @dataclass
 class FleetSnapshot:
-    gpus: list[Any] = field(default_factory=list)
+    gpu_text: bytes = b""
+    """Per-GPU families, pre-rendered (``render_gpu_metrics``)."""
     jobs: list[Any] = field(default_factory=list)
     alerts: list[Any] = field(default_factory=list)
     leader: bool = False
@@ -80,6 +82,11 @@ class FleetCollector(Collector):
         """Store ``instance``'s latest snapshot (several services may share one process, e.g. in tests)."""
         with self._lock:
             self._snapshots[instance] = snapshot
+
+    def gpu_text(self) -> bytes:
+        with self._lock:
+            snap = next((s for s in self._snapshots.values() if s.leader), None)
+        return snap.gpu_text if snap is not None else b""
 
     def forget(self, instance: str) -> None:
         with self._lock:
@@ -103,7 +110,6 @@ class FleetCollector(Collector):
         yield leader
         if not snap.leader:
             return
-        yield from _gpu_families(snap.gpus)
         yield from _job_families(snap.jobs)
         alerts = GaugeMetricFamily(
             "gpuorch_telemetry_alerts_open", "Open alerts and recommendations", labels=["category", "kind", "severity"]
@@ -123,26 +129,32 @@ _DCGM = (
     ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda r: r["power_w"]),
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda r: r["sm_clock_mhz"]),
 )
-_GPU_LABELS = ["gpu", "UUID", "device", "Hostname"]
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _gpu_families(rows: list[Any]) -> Iterator[Metric]:
+def render_gpu_metrics(rows: list[Any]) -> bytes:
+    """The per-GPU families in Prometheus text format, rendered once per refresh instead of once per scrape
+    (at 40,000 GPUs prometheus-client's generic rendering takes seconds of the event loop's GIL)."""
+    labels = [
+        f'gpu="{r["gpu_index"]}",UUID="{_escape(r["gpu_uuid"])}",device="nvidia{r["gpu_index"]}",'
+        f'Hostname="{_escape(r["node_id"])}"'
+        for r in rows
+    ]
+    lines: list[str] = []
     for name, doc, value in _DCGM:
-        family = GaugeMetricFamily(name, doc, labels=_GPU_LABELS)
-        for r in rows:
+        lines.append(f"# HELP {name} {doc}")
+        lines.append(f"# TYPE {name} gauge")
+        for r, label in zip(rows, labels, strict=True):
             v = value(r)
             if v is not None:
-                family.add_metric([str(r["gpu_index"]), r["gpu_uuid"], f"nvidia{r['gpu_index']}", r["node_id"]],
-                                  float(v))
-        yield family
-    throttled = GaugeMetricFamily(
-        "gpuorch_gpu_throttled", "1 while the GPU reports this throttle reason", labels=[*_GPU_LABELS, "reason"]
-    )
-    for r in rows:
+                lines.append(f"{name}{{{label}}} {float(v)}")
+    lines.append("# HELP gpuorch_gpu_throttled 1 while the GPU reports this throttle reason")
+    lines.append("# TYPE gpuorch_gpu_throttled gauge")
+    for r, label in zip(rows, labels, strict=True):
         for reason in r["throttle_reasons"] or []:
-            throttled.add_metric([str(r["gpu_index"]), r["gpu_uuid"], f"nvidia{r['gpu_index']}", r["node_id"],
-                                  reason], 1.0)
-    yield throttled
+            lines.append(f'gpuorch_gpu_throttled{{{label},reason="{_escape(reason)}"}} 1.0')
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _job_families(rows: list[Any]) -> Iterator[Metric]:
@@ -193,3 +205,38 @@ def register_fleet_collector() -> FleetCollector:
         REGISTRY.register(FLEET)
         _registered = True
     return FLEET
+
+
+def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve ``/metrics`` (default registry plus the fleet's pre-rendered per-GPU text) in a daemon thread.
+
+    ``?name[]=...`` restricts the registry part to those names (and leaves the per-GPU text out unless one of the
+    DCGM names is asked for), as prometheus-client's own server does.
+    """
+    import threading
+    from socketserver import ThreadingMixIn
+    from urllib.parse import parse_qs
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    class _Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class _QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
+            pass
+
+    gpu_names = {name for name, _, _ in _DCGM} | {"gpuorch_gpu_throttled"}
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+        registry = REGISTRY.restricted_registry(names) if names else REGISTRY
+        body = generate_latest(registry)  # type: ignore[arg-type]
+        if not names or gpu_names & set(names):
+            body += FLEET.gpu_text()
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))])
+        return [body]
+
+    server = make_server(addr, port, app, _Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
