@@ -1,0 +1,139 @@
+"""deploy/ stays consistent: every YAML parses, Dockerfiles name real workspace members and their console scripts,
+compose credentials and node ids match the broker definitions, Prometheus scrapes the ports the services serve,
+and the Kubernetes workloads keep their GPU-node and non-root settings."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")])
+SERVICE_IMAGES = {"scheduler": "gpuorch-scheduler", "telemetry": "gpuorch-telemetry", "node-agent": "gpuorch-node-agent",
+                  "executor": "gpuorch-executor", "gpuctl": "gpuorch-gpuctl"}
+
+
+def load_all(path: Path) -> list[Any]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def compose() -> dict[str, Any]:
+    return load_all(DEPLOY / "compose.yaml")[0]
+
+
+def k8s_objects() -> list[dict[str, Any]]:
+    docs = [doc for path in sorted((DEPLOY / "k8s").glob("*.yaml")) for doc in load_all(path)]
+    return [doc for doc in docs if doc["kind"] != "Kustomization"]
+
+
+def workspace_scripts() -> dict[str, set[str]]:
+    """Workspace member name -> its console scripts."""
+    members: dict[str, set[str]] = {}
+    for pyproject in [*ROOT.glob("libs/*/pyproject.toml"), *ROOT.glob("services/*/pyproject.toml")]:
+        project = tomllib.loads(pyproject.read_text())["project"]
+        members[project["name"]] = set(project.get("scripts", {}))
+    return members
+
+
+def test_yaml_files_exist_and_parse() -> None:
+    assert len(YAML_FILES) >= 10
+    for path in YAML_FILES:
+        assert load_all(path), f"{path} is empty"
+
+
+@pytest.mark.parametrize("image", sorted(SERVICE_IMAGES))
+def test_dockerfile_syncs_a_workspace_member_and_runs_its_script(image: str) -> None:
+    dockerfile = (DEPLOY / "docker" / f"{image}.Dockerfile").read_text()
+    package = re.search(r"uv sync --frozen --no-dev --no-editable --package (\S+)", dockerfile)
+    entrypoint = re.search(r'^ENTRYPOINT \["([^"]+)"\]$', dockerfile, re.MULTILINE)
+    assert package and entrypoint
+    assert package.group(1) == SERVICE_IMAGES[image]
+    assert entrypoint.group(1) in workspace_scripts()[package.group(1)]
+    assert re.search(r"^USER 10001:10001$", dockerfile, re.MULTILINE), "runtime stage must not run as root"
+    assert (DEPLOY / "docker" / f"{image}.Dockerfile.dockerignore").exists()
+
+
+def test_gpu_images_ask_the_nvidia_toolkit_for_the_right_driver_parts() -> None:
+    agent = (DEPLOY / "docker" / "node-agent.Dockerfile").read_text()
+    executor = (DEPLOY / "docker" / "executor.Dockerfile").read_text()
+    assert "NVIDIA_VISIBLE_DEVICES=all" in agent and "NVIDIA_DRIVER_CAPABILITIES=utility" in agent
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in executor
+    assert "AS container" in executor and "/usr/local/bin/docker" in executor
+
+
+def test_compose_services_log_in_as_users_of_the_definitions_with_their_own_queues() -> None:
+    definitions = json.loads((DEPLOY / "rabbitmq" / "definitions.json").read_text())
+    users = {u["name"] for u in definitions["users"]}
+    permissions = {p["user"]: p for p in definitions["permissions"]}
+    services = compose()["services"]
+    for name, service in services.items():
+        url = service.get("environment", {}).get("GPUORCH_AMQP_URL")
+        if url is None:
+            continue
+        parts = urlsplit(url)
+        assert parts.username in users, f"{name} logs in as unknown user {parts.username}"
+        assert parts.password == f"{parts.username}-dev", f"{name}: not the generator's development password"
+        assert parts.path == "/" + definitions["vhosts"][0]["name"]
+        assert parts.username not in ("admin", "guest"), f"{name} must use its own least-privilege user"
+    executor = services["executor"]["environment"]
+    read = permissions[urlsplit(executor["GPUORCH_AMQP_URL"]).username]["read"]
+    for node in executor["GPUORCH_NODE_IDS"].split(","):
+        assert re.search(read, f"executor.{node}"), f"executor user may not consume executor.{node}"
+    agent = services["node-agent"]["environment"]
+    read = permissions[urlsplit(agent["GPUORCH_AMQP_URL"]).username]["read"]
+    assert re.search(read, f"node-agent.fleet.{agent['GPUORCH_FLEET_NAME']}")
+
+
+def test_prometheus_scrapes_the_metrics_ports_compose_sets() -> None:
+    config = load_all(DEPLOY / "prometheus" / "prometheus.yml")[0]
+    targets = {t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    for name, service in compose()["services"].items():
+        port = service.get("environment", {}).get("GPUORCH_METRICS_PORT")
+        if port:
+            assert f"{name}:{port}" in targets
+
+
+def test_kubernetes_workloads_run_on_gpu_nodes_and_as_non_root() -> None:
+    objects = k8s_objects()
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert {("Deployment", "scheduler"), ("Deployment", "telemetry"), ("DaemonSet", "executor"),
+            ("DaemonSet", "node-agent"), ("Namespace", "gpuorch")} <= kinds
+    workloads = [o for o in objects if o["kind"] in ("Deployment", "DaemonSet", "Job")]
+    for workload in workloads:
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["automountServiceAccountToken"] is False
+        for container in pod["containers"]:
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        if workload["kind"] == "DaemonSet":
+            assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+            assert pod["runtimeClassName"] == "nvidia"
+            assert "all-credentials" not in {m["name"] for c in pod["containers"] for m in c.get("volumeMounts", [])}
+    scheduler = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "scheduler")
+    assert scheduler["spec"]["replicas"] == 2
+    for service in (o for o in objects if o["kind"] == "Service"):
+        annotations = service["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert int(annotations["prometheus.io/port"]) == service["spec"]["ports"][0]["port"]
+    listed = set(load_all(DEPLOY / "k8s" / "kustomization.yaml")[0]["resources"])
+    assert listed == {p.name for p in (DEPLOY / "k8s").glob("*.yaml")} - {"kustomization.yaml"}
+
+
+def test_docker_compose_accepts_the_file() -> None:
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
+        pytest.skip("no docker compose client here")
+    result = subprocess.run([docker, "compose", "-f", str(DEPLOY / "compose.yaml"), "config", "--quiet"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
