@@ -14,7 +14,8 @@ sample on its 10 s period (spread evenly, confirmed by the broker) for a warm-up
   ``gpuorch_telemetry_ingest_lag_seconds`` histogram over the window, interpolated within buckets like
   Prometheus' histogram_quantile);
 - CPU % and RSS of the telemetry process (psutil; 100 % = one core), queue depth at the end, drain time after the
-  producer stops, rows written, and how many job evaluations ran meanwhile.
+  producer stops, rows written, and how many job evaluations ran meanwhile (detection window ``--window-s``);
+- how long full ``/metrics`` scrapes took: one every 15 s during the run (as Prometheus would), one at the end.
 The producer pre-renders each node's JSON body once and only swaps the message id and timestamp per send; telemetry
 still decodes and validates every message in full.
 """
@@ -166,6 +167,18 @@ async def bench(
         before: dict[str, float] = {}
         cpu0 = wall0 = 0.0
         published0 = 0
+        scrape_times: list[float] = []
+
+        async def prometheus() -> None:  # a full scrape every 15 s, as Prometheus would do
+            while True:
+                await asyncio.sleep(15)
+                began = time.perf_counter()
+                curl = await asyncio.create_subprocess_exec(  # its own process, like Prometheus
+                    "curl", "-sf", "-o", "/dev/null", f"http://127.0.0.1:{port}/metrics")
+                await curl.wait()
+                scrape_times.append(time.perf_counter() - began)
+
+        scraper = asyncio.create_task(prometheus())
         t0 = time.perf_counter()
         next_node = 0.0
         cursor = 0
@@ -192,6 +205,7 @@ async def bench(
             await asyncio.sleep(max(0.0, t0 + elapsed + tick_s - time.perf_counter()))
         after, cpu = _scrape(port), process.cpu_times()
         window = time.perf_counter() - wall0
+        scraper.cancel()
         cpu_pct = 100 * (cpu.user + cpu.system - cpu0) / window
         rss_mib = process.memory_info().rss / 2**20
         depth = _mgmt("GET", f"/api/queues/{vhost}/telemetry.samples").json().get("messages", 0)
@@ -231,6 +245,7 @@ async def bench(
                                            f"(window {window_s:g} s, each running job every 60 s)"),
             ("full /metrics scrape (fleet leader)", f"{scrape_s:.2f} s, {series} series, "
                                                       f"{gpu_series} GPUs in DCGM_FI_DEV_GPU_UTIL"),
+            ("scrapes every 15 s during the run", ", ".join(f"{t:.2f} s" for t in scrape_times) or "-"),
             ("measured window", f"{window:.0f} s after {warmup_s:g} s warm-up"),
         ]
         width = max(len(k) for k, _ in rows)
