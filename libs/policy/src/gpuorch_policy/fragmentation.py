@@ -164,24 +164,23 @@ def sigmoid_score(frag_before: IntArray, frag_after: IntArray, weight: int) -> I
 
 
 def gpu_instances(mix: TaskMix, free: IntArray) -> IntArray:
-    """[..., k]: how many tasks of each GPU type the free GPU-milli could hold, ignoring CPU and memory."""
-    total = mix.shares_per_gpu[free].sum(axis=-2)
-    return np.asarray(np.where(mix.gpu_whole, total // mix.gpu_num, total))
+    """[..., k]: how many tasks of each GPU type the free GPU-milli could hold, ignoring CPU and memory.
+    (A share type has num_gpu 1, so dividing by num_gpu serves both kinds.)"""
+    return np.asarray(mix.shares_per_gpu[free].sum(axis=-2) // mix.gpu_num)
 
 
-def usable_milli(
-    mix: TaskMix,
-    instances: IntArray,
-    cpu_free: IntArray,
-    mem_free: IntArray | None,
-    access: np.ndarray,
-) -> IntArray:
-    """[..., k]: GPU-milli tasks of type k could take, given GPU instances, host CPU and memory (and the model)."""
-    cap = instances
-    cap = np.minimum(cap, cpu_free[..., None] // np.maximum(mix.gpu_cpu, 1))
+def host_instances(mix: TaskMix, cpu_free: IntArray, mem_free: IntArray | None) -> IntArray:
+    """[..., k]: how many tasks of each GPU type the host CPU (and memory) could hold."""
+    cap = cpu_free[..., None] // np.maximum(mix.gpu_cpu, 1)
     if mem_free is not None:
         cap = np.minimum(cap, mem_free[..., None] // np.maximum(mix.gpu_memory, 1))
-    return np.asarray(np.maximum(cap, 0) * access * (mix.gpu_milli * mix.gpu_num))
+    return np.asarray(np.maximum(cap, 0))
+
+
+def _coefficients(mix: TaskMix, node_model: IntArray, cluster: Cluster) -> np.ndarray:
+    """[n, k]: weight x GPU-milli per task of type k, 0 where the node's model is refused."""
+    access = mix.access(cluster)[node_model - NO_MODEL]
+    return np.asarray(access * (mix.gpu_weight * mix.gpu_milli * mix.gpu_num))
 
 
 def capacity_frag(
@@ -189,9 +188,9 @@ def capacity_frag(
     cluster: Cluster,
 ) -> IntArray:
     """Capacity-aware fragmentation times the mix's total weight, per row of `free`."""
-    access = mix.access(cluster)[node_model - NO_MODEL]
-    usable = usable_milli(mix, gpu_instances(mix, free), cpu_free, mem_free, access)
-    return np.asarray(free.sum(axis=-1) * mix.total_weight - (usable * mix.gpu_weight).sum(axis=-1))
+    cap = np.minimum(gpu_instances(mix, free), host_instances(mix, cpu_free, mem_free))
+    coef = _coefficients(mix, node_model, cluster)
+    return np.asarray(free.sum(axis=-1) * mix.total_weight - (cap * coef).sum(axis=-1))
 
 
 def capacity_frag_share(
@@ -200,18 +199,16 @@ def capacity_frag_share(
 ) -> tuple[IntArray, IntArray]:
     """Capacity-aware weighted fragmentation before [nodes] and after putting the share on each slot [nodes, slots]
     (slots with less than the share free give meaningless values; mask them)."""
-    access = mix.access(cluster)[node_model - NO_MODEL]
+    coef = _coefficients(mix, node_model, cluster)
     table = mix.shares_per_gpu
     per_gpu = table[free]  # [n, s, k]
     total = per_gpu.sum(axis=1)  # [n, k]
-    before_usable = usable_milli(
-        mix, np.where(mix.gpu_whole, total // mix.gpu_num, total), cpu_free, mem_free, access
-    )
+    host_before = host_instances(mix, cpu_free, mem_free)
     weighted_free = free.sum(axis=-1) * mix.total_weight
-    before = weighted_free - (before_usable * mix.gpu_weight).sum(axis=-1)
+    before = weighted_free - (np.minimum(total // mix.gpu_num, host_before) * coef).sum(axis=-1)
     total_after = total[:, None, :] - per_gpu + table[np.maximum(free - share, 0)]  # [n, s, k]
-    instances = np.where(mix.gpu_whole, total_after // mix.gpu_num, total_after)
-    mem_after = (mem_free - request_memory)[:, None] if mem_free is not None else None
-    usable = usable_milli(mix, instances, (cpu_free - request_cpu)[:, None], mem_after, access[:, None, :])
-    after = (weighted_free - share * mix.total_weight)[:, None] - (usable * mix.gpu_weight).sum(axis=-1)
+    mem_after = mem_free - request_memory if mem_free is not None else None
+    host_after = host_instances(mix, cpu_free - request_cpu, mem_after)  # [n, k]
+    cap = np.minimum(total_after // mix.gpu_num, host_after[:, None, :])
+    after = (weighted_free - share * mix.total_weight)[:, None] - np.einsum("nsk,nk->ns", cap, coef)
     return np.asarray(before), np.asarray(after)

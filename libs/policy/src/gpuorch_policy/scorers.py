@@ -249,10 +249,21 @@ class GpuorchScore:
     name = "gpuorch"
     node_local = True
 
-    def __init__(self, mix: TaskMix, resolution: int = 50, use_memory: bool = False) -> None:
+    def __init__(
+        self,
+        mix: TaskMix,
+        resolution: int = 30,
+        use_memory: bool = True,
+        exact_gpu_choice: bool = False,
+        cpu_tasks_to_busy_gpus: bool = True,
+        bucket_milli: int = 0,
+    ) -> None:
         self.mix = mix
+        self.bucket_milli = bucket_milli
+        self.cpu_tasks_to_busy_gpus = cpu_tasks_to_busy_gpus
         self.resolution = resolution
         self.use_memory = use_memory
+        self.exact_gpu_choice = exact_gpu_choice
         # Memo of each node's fragmentation by node version (it does not depend on the request): a pure cache.
         self._memo_cluster: Cluster | None = None
         self._memo_frag = np.zeros(0, dtype=np.int64)
@@ -298,9 +309,23 @@ class GpuorchScore:
             after = capacity_frag(mix, left, cpu_after, mem_after, model, cluster)[:, None]
             valid = np.ones_like(after, dtype=np.bool_)
         x = (before[:, None] - after) / mix.total_weight / 1000.0
-        levels = (1.0 / (1.0 + np.exp(-x)) * self.resolution).astype(np.int64)
+        if self.bucket_milli > 0:
+            gain = (before[:, None] - after) // mix.total_weight  # milli of fragmentation removed (floor)
+            floor_level = -(3400 // self.bucket_milli)
+            levels = np.maximum(np.floor_divide(gain, self.bucket_milli), floor_level) - floor_level
+        else:
+            levels = (1.0 / (1.0 + np.exp(-x)) * self.resolution).astype(np.int64)
         per_option = np.where(valid, levels, -1)
-        best = np.argmax(per_option, axis=1)
+        if self.exact_gpu_choice and request.is_share:
+            # the GPU inside the node: least fragmentation exactly (then tightest fit); the node keeps its level
+            fine = np.where(valid, -after * 1024 - free, np.iinfo(np.int64).min)
+            best = np.argmax(fine, axis=1)
+        else:
+            best = np.argmax(per_option, axis=1)
         scores = per_option[np.arange(len(rows)), best]
+        if self.cpu_tasks_to_busy_gpus and request.num_gpu == 0:
+            # Among equal levels, a CPU-only task goes where the fewest GPU-milli are free: CPU next to busy GPUs
+            # is CPU that GPU tasks could not have used anyway.
+            scores = scores * 100_000 + (99_999 - np.minimum(free.sum(axis=1), 99_999))
         picks = best if request.is_share else _no_pick(rows)
         return scores.astype(np.int64), np.asarray(picks, dtype=np.int64)

@@ -19,10 +19,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from gpuorch_policy import DEFAULT_POLICY, PUBLISHED, TaskMix, build_policy, policy_names
 from gpuorch_policy.jobs import QUEUE_POLICIES, jobs_from_tasks, replay_jobs
-from gpuorch_policy.openb import Task, parse_nodes, parse_tasks
+from gpuorch_policy.openb import Task, inflate, parse_nodes, parse_tasks
 from gpuorch_policy.replay import ReplayResult, replay_protocol
 from gpuorch_policy.verify import check_placements
 from rich.console import Console
@@ -176,12 +177,24 @@ def _print_arrivals(console: Console, summary: dict[str, Any]) -> None:
 
 
 def run_jobs(
-    nodes_lines: list[str], pods_lines: list[str], policy_name: str, queues: list[str], compression: float, load: float
+    nodes_lines: list[str],
+    pods_lines: list[str],
+    policy_name: str,
+    queues: list[str],
+    compression: float,
+    load: float,
+    tune: float = 0.0,
+    seed: int = 42,
 ) -> dict[str, Any]:
+    """The job-level replay for each queue policy; `tune` > 0 first inflates the task list like the arrivals
+    protocol (copies keep their source's times), so that demand can exceed the fleet."""
     nodes = parse_nodes(nodes_lines)
     tasks = parse_tasks(pods_lines)
     mix = TaskMix.from_requests(t.request for t in tasks)
     policy = build_policy(policy_name, mix)
+    if tune > 0:
+        capacity = sum(len(n.gpus) for n in nodes) * 1000
+        tasks = inflate(tasks, capacity, tune, np.random.default_rng(seed))
     jobs = jobs_from_tasks(tasks, compression=compression, load=load)
     runs = []
     for queue in queues:
@@ -190,12 +203,16 @@ def run_jobs(
         record = asdict(result)
         record["seconds"] = round(time.perf_counter() - started, 3)
         runs.append(record)
-    return {"mode": "jobs", "policy": policy.name, "compression": compression, "load": load, "runs": runs}
+    return {
+        "mode": "jobs", "policy": policy.name, "compression": compression, "load": load, "tune": tune, "seed": seed,
+        "jobs": len(jobs), "runs": runs,
+    }
 
 
 def _print_jobs(console: Console, summary: dict[str, Any]) -> None:
     table = Table(
-        title=f"jobs replay, placement {summary['policy']}, compression {summary['compression']}, load {summary['load']}"
+        title=f"jobs replay ({summary['jobs']} jobs, tune {summary['tune']}, seed {summary['seed']}), placement "
+        f"{summary['policy']}, compression {summary['compression']}, load {summary['load']}"
     )
     for column in ("queue", "tier", "jobs", "started", "wait mean", "wait p95", "completion mean", "completion p95"):
         table.add_column(column, justify="right")
@@ -225,7 +242,9 @@ def replay(
         str, typer.Option("--queue", help=f"jobs mode: {', '.join(QUEUE_POLICIES)} or all")
     ] = "all",
     compression: Annotated[float, typer.Option("--compression", help="jobs mode: divide trace times by this")] = 1.0,
-    load: Annotated[float, typer.Option("--load", help="jobs mode: pack arrivals this much closer")] = 1.0,
+    load: Annotated[
+        float, typer.Option("--load", help="jobs mode: pack arrivals this much closer (the openb trace needs ~1e4+)")
+    ] = 1.0,
     verify: Annotated[
         Path | None, typer.Option("--verify", help="check a --placements FILE against capacities instead of replaying")
     ] = None,
@@ -254,7 +273,9 @@ def replay(
             if q not in QUEUE_POLICIES:
                 raise typer.BadParameter(f"unknown queue policy {q!r}")
         with err.status("replaying jobs ..."):
-            summary = run_jobs(nodes_lines, pods_lines, policy, queues, compression, load)
+            summary = run_jobs(
+                nodes_lines, pods_lines, policy, queues, compression, load, tune, parse_seeds(seeds)[0]
+            )
         if json_output:
             print(json.dumps(summary))
         else:
