@@ -45,8 +45,8 @@ def run_cycle(state: SchedulerState, now: float = 0.0):  # type: ignore[no-untyp
 @pytest.mark.parametrize(
     ("resources", "expect_reason"),
     [
-        (GpuRequest(gpus=3), "needs 3 free GPUs on one node; largest free: 2"),
-        (GpuRequest(gpus=1, gpu_models=["H100-80GB"]), "largest free: 0"),
+        (GpuRequest(gpus=3), "needs 3 GPUs on one node; the largest node has 2"),
+        (GpuRequest(gpus=1, gpu_models=["H100-80GB"]), "of model H100-80GB on one node; models here: A100-80GB"),
         (GpuRequest(mig_profiles=["3g.40gb"]), "no free MIG instance of 3g.40gb"),
     ],
 )
@@ -76,7 +76,7 @@ def test_whole_gpu_jobs_fill_then_wait_with_reason() -> None:
     assert [p.job_id for p in placed] == ids[:2]
     launches = [c for c in result.decision.published if isinstance(c, LaunchJob)]
     assert {c.gpus[0].gpu_uuid for c in launches} == {"GPU-n1-0", "GPU-n1-1"}
-    assert result.pending == {ids[2]: "needs 1 free GPUs on one node; largest free: 0 (1 node)"}
+    assert result.pending[ids[2]].reason == "needs 1 GPUs on one node; largest free: 0"
     assert state.capacity_violations() == []
 
 
@@ -119,7 +119,7 @@ def test_gang_is_all_or_nothing_across_nodes() -> None:
     result = run_cycle(state)
     placed = {e.job_id for e in result.decision.logged if isinstance(e, JobPlaced)}
     assert placed == {blocker}
-    assert "gang needs 2 nodes, 1 fit now" in result.pending[gang]
+    assert "gang needs 2 nodes, 1 fit now" in result.pending[gang].reason
 
 
 def test_finish_frees_capacity_for_the_next_job() -> None:

@@ -261,6 +261,9 @@ class JobRequeued(Message):
     job_id: uuid.UUID
     reason: ShortText
     requeues: int = Field(ge=0)
+    preempted: bool = Field(
+        default=False, description="requeued after a preemption (does not count against max_requeues)",
+    )
 
 
 class JobCancelled(Message):

@@ -31,6 +31,7 @@ from gpuorch_contracts import (
     JobLost,
     JobQueued,
     JobRejected,
+    JobRequeued,
     JobStarted,
     Message,
     NodeHeartbeat,
@@ -49,15 +50,20 @@ from gpuorch_store import (
 from prometheus_client import Counter, Gauge, Histogram
 
 from gpuorch_scheduler.domain.decide import (
+    CycleLimits,
     Decision,
     LivenessPolicy,
+    Waiting,
     admit,
     after_lost,
+    after_stop_confirmed,
     cancel,
     liveness,
     overdue,
+    preemption_timeouts,
     schedule,
 )
+from gpuorch_scheduler.domain.queueing import QueuePolicy
 from gpuorch_scheduler.domain.state import JobRecord, SchedulerState
 
 log = get_logger(__name__)
@@ -66,7 +72,12 @@ STREAM = "scheduler"
 LOGGED_INCOMING = (JobStarted, JobFinished, JobFailed, JobCheckpointed, JobLost, NodeRegistered, GpuHealthChanged)
 
 DECISION_SECONDS = Histogram("gpuorch_scheduler_cycle_seconds", "Time to handle one message incl. commit")
+SCHEDULE_SECONDS = Histogram("gpuorch_scheduler_decision_seconds",
+                             "Time of one pure scheduling cycle (placement decisions for the whole queue)",
+                             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
 PLACEMENTS = Counter("gpuorch_scheduler_placements_total", "Jobs placed")
+PREEMPTIONS = Counter("gpuorch_scheduler_preemptions_total", "Placements asked to stop for a preemption")
+REQUEUES = Counter("gpuorch_scheduler_requeues_total", "Jobs requeued", ["cause"])
 QUEUE_DEPTH = Gauge("gpuorch_scheduler_queue_depth", "Jobs waiting", ["tier"])
 NODES = Gauge("gpuorch_scheduler_nodes", "Nodes by liveness", ["liveness"])
 
@@ -74,7 +85,12 @@ NODES = Gauge("gpuorch_scheduler_nodes", "Nodes by liveness", ["liveness"])
 @dataclass
 class SchedulerConfig:
     liveness: LivenessPolicy = field(default_factory=LivenessPolicy)
+    queues: QueuePolicy = field(default_factory=QueuePolicy)
+    limits: CycleLimits = field(default_factory=CycleLimits)
     snapshot_every_events: int = 500
+    snapshot_every_s: float = 300.0
+    preemption_margin_s: float = 60.0
+    """Seconds past a victim's checkpoint grace after which a silent preemption is requeued anyway."""
 
 
 class SchedulerService:
@@ -87,11 +103,13 @@ class SchedulerService:
         self._clock = clock
         self.state = SchedulerState()
         self.last_seen: dict[str, float] = {}
-        self.pending: dict[uuid.UUID, str] = {}
+        self.pending: dict[uuid.UUID, Waiting] = {}
         self._lock = asyncio.Lock()
         self._needs_reload = True
         self._events_since_snapshot = 0
+        self._last_snapshot_at = clock()
         self._alert_active = False
+        self._overdue_stopped: set[uuid.UUID] = set()
 
     # -- recovery ---------------------------------------------------------------------------------------------
 
@@ -139,9 +157,10 @@ class SchedulerService:
     async def _handle(self, message: Message) -> None:
         incoming: Message | None = None
         decision = Decision()
+        follow_up: uuid.UUID | None = None
         match message:
             case SubmitJob():
-                decision = admit(self.state, message)
+                decision = admit(self.state, message, self.config.queues, self._clock())
             case CancelJob():
                 decision = cancel(self.state, message)
             case JobFailed() if message.cause == "lost" and message.placement_id and message.node_id:
@@ -151,6 +170,9 @@ class SchedulerService:
             case JobLost():
                 incoming = message
                 decision = after_lost(self.state, message)
+            case JobFailed() | JobFinished():
+                incoming = message
+                follow_up = message.job_id
             case NodeRegistered():
                 self.last_seen[message.inventory.node_id] = self._clock()
                 known = self.state.nodes.get(message.inventory.node_id)
@@ -162,7 +184,7 @@ class SchedulerService:
             case _:
                 log.warning("scheduler.ignored_message", type=message.TYPE)
                 return
-        await self._commit(incoming, decision)
+        await self._commit(incoming, decision, follow_up)
 
     async def tick(self) -> None:
         """Periodic work: lease transitions, overdue jobs, and a scheduling cycle for what changed meanwhile."""
@@ -172,7 +194,10 @@ class SchedulerService:
                     await self.recover()
                 now = self._clock()
                 decision, alert = liveness(self.state, self.last_seen, now, self.config.liveness)
-                decision.extend(overdue(self.state, now))
+                stops = overdue(self.state, now, self._overdue_stopped)
+                self._overdue_stopped.update(getattr(m, "placement_id", None) for m in stops.published)  # type: ignore[misc]
+                decision.extend(stops)
+                decision.extend(preemption_timeouts(self.state, now, self.config.preemption_margin_s))
                 if alert and not self._alert_active:
                     log.error("scheduler.mass_silence", explanation=alert)
                     decision.published.append(FleetAlert(kind="mass_silence", explanation=alert,
@@ -183,7 +208,10 @@ class SchedulerService:
                 self._needs_reload = True
                 raise
 
-    async def _commit(self, incoming: Message | None, decision: Decision) -> None:
+    async def _commit(self, incoming: Message | None, decision: Decision,
+                      follow_up: uuid.UUID | None = None) -> None:
+        """Append ``incoming`` and ``decision``, decide what follows (a preempted job whose stop is now confirmed
+        is requeued), run a scheduling cycle, and commit all of it with the outbox rows and read models."""
         now = self._clock()
         touched_jobs: set[uuid.UUID] = set()
         touched_nodes: set[str] = set()
@@ -194,26 +222,39 @@ class SchedulerService:
                 if positions[0] is None:
                     return  # already applied: a redelivery
                 self._apply(incoming, positions[0], touched_jobs, touched_nodes)
+            if follow_up is not None:
+                decision.extend(after_stop_confirmed(self.state, follow_up))
             logged = list(decision.logged)
             published = list(decision.published)
             await self._append_and_apply(logged, touched_jobs, touched_nodes, rejected)
-            cycle = schedule(self.state, now)
+            started = time.perf_counter()
+            cycle = schedule(self.state, now, self.config.queues, self.config.limits)
+            SCHEDULE_SECONDS.observe(time.perf_counter() - started)
             await self._append_and_apply(cycle.decision.logged, touched_jobs, touched_nodes, rejected)
             logged += cycle.decision.logged
             published += cycle.decision.published
             notices = self._pending_notices(cycle.pending, touched_jobs)
             await self._queue_for_publishing([*logged, *published, *notices])
             await self._write_read_models(touched_jobs, touched_nodes, rejected)
-            if self._events_since_snapshot >= self.config.snapshot_every_events:
+            if self._events_since_snapshot >= self.config.snapshot_every_events or (
+                self._events_since_snapshot and now - self._last_snapshot_at >= self.config.snapshot_every_s
+            ):
                 await save_snapshot(self._conn, STREAM, self.state.position, self.state.to_snapshot())
                 self._events_since_snapshot = 0
+                self._last_snapshot_at = now
         PLACEMENTS.inc(sum(1 for m in logged if m.TYPE == "job.placed"))
+        PREEMPTIONS.inc(cycle.preemptions)
+        for m in logged:
+            if isinstance(m, JobRequeued):
+                REQUEUES.labels("preempted" if m.preempted else "lost").inc()
         self._export_gauges()
 
     async def _append_and_apply(self, events: list[Message], touched_jobs: set[uuid.UUID],
                                 touched_nodes: set[str], rejected: list[JobRejected]) -> None:
         if not events:
             return
+        stamp = datetime.fromtimestamp(self._clock(), UTC)
+        events[:] = [e.model_copy(update={"occurred_at": stamp}) for e in events]  # decisions happen at our time
         headers = [self._trace_headers(e) for e in events]
         positions = await append_reporting_duplicates(
             self._conn, [NewEvent.from_message(STREAM, e, headers=h) for e, h in zip(events, headers, strict=True)])
@@ -258,13 +299,22 @@ class SchedulerService:
         if node_id is not None:
             touched_nodes.add(node_id)
 
-    def _pending_notices(self, pending: dict[uuid.UUID, str], touched: set[uuid.UUID]) -> list[Message]:
-        """A JobQueued notice for every job whose pending reason changed; remembers the new reasons."""
+    def _pending_notices(self, pending: dict[uuid.UUID, Waiting], touched: set[uuid.UUID]) -> list[Message]:
+        """A JobQueued notice for every job whose pending reason or estimated start (by more than a minute)
+        changed; remembers them. A cycle that did not estimate a job keeps its last estimate."""
         notices: list[Message] = []
-        for job_id, reason in pending.items():
-            if self.pending.get(job_id) != reason:
-                notices.append(JobQueued(job_id=job_id, pending_reason=reason))
+        for job_id, waiting in pending.items():
+            before = self.pending.get(job_id)
+            if not waiting.estimated and before is not None:
+                waiting = Waiting(waiting.reason, before.estimated_start, False)
+                pending[job_id] = waiting
+            if before is None or before.reason != waiting.reason or _moved(before.estimated_start,
+                                                                           waiting.estimated_start):
+                notices.append(JobQueued(job_id=job_id, pending_reason=waiting.reason[:1000],
+                                         estimated_start_s=waiting.estimated_start))
                 touched.add(job_id)
+            elif before.estimated_start != waiting.estimated_start:
+                pending[job_id] = before  # small drift: keep what was published
         for job_id in set(self.pending) - set(pending):
             touched.add(job_id)
         self.pending = dict(pending)
@@ -307,27 +357,37 @@ def _ts(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, UTC) if value is not None else None
 
 
-def _job_row(job: JobRecord, pending_reason: str | None) -> tuple[Any, ...]:
+def _moved(before: float | None, after: float | None) -> bool:
+    if before is None or after is None:
+        return before != after
+    return abs(before - after) > 60.0
+
+
+def _job_row(job: JobRecord, waiting: Waiting | None) -> tuple[Any, ...]:
     spec = job.spec
+    queued = job.state == "queued" and waiting is not None
     return (
         job.job_id, spec.name, spec.tenant, spec.tier, spec.priority_class, job.state,
         json.dumps(spec.model_dump(mode="json")), job.placement_id, [a.node_id for a in job.assignments],
         json.dumps([a.model_dump(mode="json") for a in job.assignments]), job.exit_code, job.reason,
-        pending_reason if job.state == "queued" else None, job.requeues, job.log_path,
+        waiting.reason if queued else None, job.requeues, job.log_path,  # type: ignore[union-attr]
         _ts(job.accepted_at), _ts(job.placed_at), _ts(job.started_at), _ts(job.ended_at),
+        _ts(waiting.estimated_start) if queued else None,  # type: ignore[union-attr]
     )
 
 
 _UPSERT_JOB = """
 INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, placement_id, node_ids, assignments,
-                  exit_code, reason, pending_reason, requeues, log_path, submitted_at, placed_at, started_at, ended_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10::text::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+                  exit_code, reason, pending_reason, requeues, log_path, submitted_at, placed_at, started_at, ended_at,
+                  estimated_start)
+VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10::text::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, $19,
+        $20)
 ON CONFLICT (job_id) DO UPDATE SET
     state = excluded.state, placement_id = excluded.placement_id, node_ids = excluded.node_ids,
     assignments = excluded.assignments, exit_code = excluded.exit_code, reason = excluded.reason,
     pending_reason = excluded.pending_reason, requeues = excluded.requeues, log_path = excluded.log_path,
     placed_at = excluded.placed_at, started_at = excluded.started_at, ended_at = excluded.ended_at,
-    updated_at = now()
+    estimated_start = excluded.estimated_start, updated_at = now()
 """
 
 _UPSERT_NODE = """

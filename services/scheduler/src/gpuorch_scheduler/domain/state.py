@@ -60,6 +60,11 @@ class JobRecord:
     enqueued_at: float = 0.0
     traceparent: str | None = None
     """W3C trace context of the submission, so every later message about the job joins the same trace."""
+    preempting_at: float | None = None
+    """When the scheduler asked this placement to stop for a preemption (JobPreempting)."""
+    stopped_nodes: list[str] = field(default_factory=list)
+    """Nodes whose executor confirmed the preempted placement ended (capacity is held until all did)."""
+    preemptions: int = 0
 
     @property
     def holds_capacity(self) -> bool:
@@ -73,6 +78,8 @@ class JobRecord:
             "started_at": self.started_at, "ended_at": self.ended_at, "exit_code": self.exit_code,
             "reason": self.reason, "requeues": self.requeues, "log_path": self.log_path,
             "checkpointed": self.checkpointed, "enqueued_at": self.enqueued_at, "traceparent": self.traceparent,
+            "preempting_at": self.preempting_at, "stopped_nodes": list(self.stopped_nodes),
+            "preemptions": self.preemptions,
         }
 
     @classmethod
@@ -85,6 +92,8 @@ class JobRecord:
             placed_at=raw["placed_at"], started_at=raw["started_at"], ended_at=raw["ended_at"],
             exit_code=raw["exit_code"], reason=raw["reason"], requeues=raw["requeues"], log_path=raw["log_path"],
             checkpointed=raw["checkpointed"], enqueued_at=raw["enqueued_at"], traceparent=raw.get("traceparent"),
+            preempting_at=raw.get("preempting_at"), stopped_nodes=list(raw.get("stopped_nodes", [])),
+            preemptions=raw.get("preemptions", 0),
         )
 
 
@@ -156,7 +165,13 @@ class SchedulerState:
             case JobFailed():
                 job = self.jobs.get(event.job_id)
                 current = job is not None and event.placement_id in (None, job.placement_id)
-                if job is not None and current and (
+                if job is not None and current and job.state == "preempting" and stopped_as_asked(event):
+                    # the preempted placement ended on this node: the scheduler requeues once every node did
+                    if event.node_id is not None and event.node_id not in job.stopped_nodes:
+                        job.stopped_nodes.append(event.node_id)
+                    elif event.node_id is None:
+                        job.stopped_nodes = [a.node_id for a in job.assignments]
+                elif job is not None and current and (
                     job.holds_capacity or (event.placement_id is None and job.state == "queued")
                 ):
                     self._end(job, "failed", at, event.exit_code, event.reason)
@@ -171,14 +186,18 @@ class SchedulerState:
                     job.checkpointed = True
             case JobPreempting():
                 job = self._current(event.job_id, event.placement_id)
-                if job is not None and job.holds_capacity:
+                if job is not None and job.holds_capacity and job.state != "preempting":
                     job.state, job.reason = "preempting", event.reason
+                    job.preempting_at, job.stopped_nodes = at, []
             case JobRequeued():
                 job = self.jobs.get(event.job_id)
                 if job is not None and job.state not in TERMINAL_STATES:
                     job.state, job.placement_id, job.assignments = "queued", None, []
                     job.placed_at = job.started_at = None
                     job.requeues, job.reason, job.enqueued_at = event.requeues, event.reason, at
+                    job.preempting_at, job.stopped_nodes = None, []
+                    if event.preempted:
+                        job.preemptions += 1
             case JobCancelled():
                 job = self.jobs.get(event.job_id)
                 if job is not None and job.state not in TERMINAL_STATES:
@@ -275,6 +294,11 @@ class SchedulerState:
             record_n = NodeRecord.from_dict(node)
             state.nodes[record_n.node_id] = record_n
         return state
+
+
+def stopped_as_asked(event: JobFailed) -> bool:
+    """Did this placement end because the scheduler (or fencing) stopped it, rather than by itself?"""
+    return event.stop_reason in ("preempt", "drain", "fenced") or event.cause in ("killed", "lost")
 
 
 def _gpu_or_mig(inventory: NodeInventory, gpu_uuid: str) -> list[bool]:
