@@ -9,9 +9,7 @@ ACCESS_REFUSED (403).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -20,7 +18,6 @@ from urllib.parse import quote
 
 import aio_pika
 import aiormq.exceptions
-import httpx
 import pytest
 from gpuorch_contracts import (
     AlertRaised,
@@ -38,73 +35,39 @@ from gpuorch_scheduler.entrypoint import scheduler_queues
 from gpuorch_scheduler.testing import registered_node
 from gpuorch_telemetry.entrypoint import queue_spec as telemetry_queue
 
-from conftest import AMQP_HOST, AMQP_MGMT, AMQP_PORT
+from conftest import AMQP_HOST, AMQP_PORT
+from tests.deploy.broker_users import BrokerUsers, gen, management_api
 
 pytestmark = pytest.mark.integration
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-
-
-def _load_generator() -> Any:
-    spec = importlib.util.spec_from_file_location("make_definitions", DEPLOY / "rabbitmq" / "make_definitions.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _load_generator()
 SPEC = JobSpec.model_validate({"name": "lp", "run": {"runtime": "process", "argv": ["python", "-c", "1"]}})
 
 
-class Users:
-    """The generator's users under unique names in one vhost; ``url(role)`` is that user's AMQP URL."""
+class Users(BrokerUsers):
+    """The generator's users under unique names (role -> name) in one vhost."""
 
     def __init__(self, vhost: str) -> None:
-        self.vhost = vhost
         suffix = uuid.uuid4().hex[:8]
         self.names = {role: f"{role}-{suffix}" for role in (
             "scheduler", "telemetry", "submitter", "gpuctl", "executor-1", "executor-2", "node-agent-1")}
         n = self.names
-        self.grants = [
+        super().__init__(vhost, [
             gen.scheduler(n["scheduler"]), gen.telemetry(n["telemetry"]), gen.submitter(n["submitter"]),
             gen.operator(n["gpuctl"]), gen.executor(n["executor-1"], ["node-1"]),
             gen.executor(n["executor-2"], ["node-2"]),
             gen.node_agent(n["node-agent-1"], "node-agent.node-1", ["node-1"]),
-        ]
-        url = httpx.URL(AMQP_MGMT)
-        self.api = httpx.Client(base_url=f"{url.scheme}://{url.host}:{url.port}",
-                                auth=(url.username or "guest", url.password or "guest"), timeout=30)
+        ])
 
-    def create(self) -> None:
-        document = gen.definitions(self.grants, self.vhost)
-        v = quote(self.vhost, safe="")
-        for user in document["users"]:
-            self.api.put(f"/api/users/{user['name']}", json={"password": gen.dev_password(user["name"]),
-                                                             "tags": ""}).raise_for_status()
-        for p in document["permissions"]:
-            body = {k: p[k] for k in ("configure", "write", "read")}
-            self.api.put(f"/api/permissions/{v}/{p['user']}", json=body).raise_for_status()
-        for t in document["topic_permissions"]:
-            body = {k: t[k] for k in ("exchange", "write", "read")}
-            self.api.put(f"/api/topic-permissions/{v}/{t['user']}", json=body).raise_for_status()
-
-    def delete(self) -> None:
-        for name in self.names.values():
-            self.api.delete(f"/api/users/{name}")
-        self.api.close()
-
-    def url(self, role: str) -> str:
-        name = self.names[role]
-        return f"amqp://{name}:{gen.dev_password(name)}@{AMQP_HOST}:{AMQP_PORT}/{quote(self.vhost, safe='')}"
+    def url(self, role: str) -> str:  # type: ignore[override]
+        return super().url(self.names[role])
 
 
 @pytest.fixture
 def users(amqp_vhost: str) -> Iterator[Users]:
     created = Users(amqp_vhost)
+    created.create()
     try:
-        created.create()
         yield created
     finally:
         created.delete()
@@ -336,9 +299,7 @@ async def test_definitions_document_imports_and_its_password_hashes_log_in(amqp_
     grants = [gen.submitter(f"submitter-{suffix}"), gen.administrator(f"admin-{suffix}")]
     document = gen.definitions(grants, amqp_vhost)
     document["vhosts"] = []  # the fixture made it
-    url = httpx.URL(AMQP_MGMT)
-    with httpx.Client(base_url=f"{url.scheme}://{url.host}:{url.port}",
-                      auth=(url.username or "guest", url.password or "guest"), timeout=30) as api:
+    with management_api() as api:
         try:
             api.post("/api/definitions", json=document).raise_for_status()
             v = quote(amqp_vhost, safe="")

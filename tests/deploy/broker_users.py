@@ -1,0 +1,75 @@
+"""Load users from deploy/rabbitmq/make_definitions.py into a test vhost through the management API.
+
+``BrokerUsers(vhost, grants)`` creates each grant's user (password: the generator's development password), its
+permissions and topic permissions; ``delete()`` removes the users again (users are global, not per vhost).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from conftest import AMQP_HOST, AMQP_MGMT, AMQP_PORT
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def load_generator() -> Any:
+    """deploy/rabbitmq/make_definitions.py as a module (it is a script, not a package)."""
+    name = "gpuorch_deploy_make_definitions"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, DEPLOY / "rabbitmq" / "make_definitions.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = load_generator()
+
+
+def management_api() -> httpx.Client:
+    url = httpx.URL(AMQP_MGMT)
+    return httpx.Client(base_url=f"{url.scheme}://{url.host}:{url.port}",
+                        auth=(url.username or "guest", url.password or "guest"), timeout=30)
+
+
+class BrokerUsers:
+    def __init__(self, vhost: str, grants: Sequence[Any]) -> None:
+        self.vhost = vhost
+        self.grants = list(grants)
+        self.api = management_api()
+
+    def create(self) -> BrokerUsers:
+        document = gen.definitions(self.grants, self.vhost)
+        v = quote(self.vhost, safe="")
+        try:
+            for user in document["users"]:
+                self.api.put(f"/api/users/{user['name']}",
+                             json={"password": gen.dev_password(user["name"]), "tags": ""}).raise_for_status()
+            for p in document["permissions"]:
+                body = {k: p[k] for k in ("configure", "write", "read")}
+                self.api.put(f"/api/permissions/{v}/{p['user']}", json=body).raise_for_status()
+            for t in document["topic_permissions"]:
+                body = {k: t[k] for k in ("exchange", "write", "read")}
+                self.api.put(f"/api/topic-permissions/{v}/{t['user']}", json=body).raise_for_status()
+        except Exception:
+            self.delete()
+            raise
+        return self
+
+    def delete(self) -> None:
+        for grant in self.grants:
+            self.api.delete(f"/api/users/{grant.user}")
+        self.api.close()
+
+    def url(self, user: str) -> str:
+        return f"amqp://{user}:{gen.dev_password(user)}@{AMQP_HOST}:{AMQP_PORT}/{quote(self.vhost, safe='')}"
