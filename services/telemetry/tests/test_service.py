@@ -153,8 +153,8 @@ async def test_metrics_endpoint_is_scraped(services: list[TelemetryService], amq
     async with httpx.AsyncClient() as client:
         body = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
     uuid0 = gpu_uuid("node-7", 0)
-    assert f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{uuid0}",device="nvidia0",Hostname="node-7"}} 85.0' in body
-    assert f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{uuid0}",device="nvidia0",Hostname="node-7"}} 60000.0' in body
+    assert f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{uuid0}",device="nvidia0",Hostname="node-7"}} 85\n' in body
+    assert f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{uuid0}",device="nvidia0",Hostname="node-7"}} 60000\n' in body
     assert 'gpuorch_tenant_gpus_used{tenant="team-m"} 0.85' in body
     assert f'gpuorch_job_gpu_memory_used_bytes{{job_id="{job.job_id}",job_name="serve",tenant="team-m",' in body
     assert "gpuorch_telemetry_metrics_leader 1.0" in body

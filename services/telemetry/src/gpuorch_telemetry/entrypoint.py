@@ -149,8 +149,8 @@ class TelemetryService:
         freshness = self.settings.metrics_freshness_s
         gpu_text = b""
         if self.settings.export_gpu_metrics:
-            rows = await self.store.latest_gpu_samples(now, freshness)
-            gpu_text = await asyncio.to_thread(metrics.render_gpu_metrics, list(rows))
+            gpu_text = await self.store.gpu_metrics_text(now, freshness, metrics.DCGM_FAMILIES,
+                                                         *metrics.THROTTLE_FAMILY)
         self.fleet.update(self.settings.instance, metrics.FleetSnapshot(
             gpu_text=gpu_text,
             jobs=list(await self.store.latest_job_usage(now, freshness)),

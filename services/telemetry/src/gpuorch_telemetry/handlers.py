@@ -22,6 +22,7 @@ at-least-once delivery and competing consumers are safe. Alerts are published af
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -209,7 +210,10 @@ class TelemetryHandlers:
             await self.store.record_job_requeued(message.job_id, message.occurred_at)
 
     def _first_evaluation(self, at: datetime) -> datetime:
-        return at + timedelta(seconds=self.detection.window_s * self.detection.min_coverage)
+        """Once a window's worth of samples can exist, plus up to 10 % of the interval so that jobs placed
+        together are not all evaluated in the same tick."""
+        return at + timedelta(seconds=self.detection.window_s * self.detection.min_coverage
+                              + random.uniform(0, 0.1 * self.evaluation_interval_s))
 
     async def _ingest(self, batch: list[GpuUsageSampled]) -> IngestOutcome:
         outcome = await self.store.ingest_samples(batch, self.clock())

@@ -12,7 +12,7 @@ double-counts): dcgm-exporter names where the meaning is the same, with dcgm-exp
     DCGM_FI_DEV_GPU_TEMP      gauge  °C     GPU temperature
     DCGM_FI_DEV_POWER_USAGE   gauge  W      power draw
     DCGM_FI_DEV_SM_CLOCK      gauge  MHz    SM clock
-(the per-GPU families are rendered to text once per refresh and appended by ``serve_metrics``)
+(the per-GPU families are rendered to text by PostgreSQL once per refresh and appended by ``serve_metrics``)
     gpuorch_gpu_throttled     gauge  0/1    any throttle reason reported (label ``reason``)
     gpuorch_job_gpus_allocated / gpuorch_job_gpus_used / gpuorch_job_gpus_idle          GPUs (shares count fractionally)
     gpuorch_job_gpu_memory_allocated_bytes / gpuorch_job_gpu_memory_used_bytes
@@ -65,7 +65,7 @@ def record_ingest(outcome: IngestOutcome, committed_at: datetime) -> None:
 @dataclass
 class FleetSnapshot:
     gpu_text: bytes = b""
-    """Per-GPU families, pre-rendered (``render_gpu_metrics``)."""
+    """Per-GPU families, pre-rendered (``TelemetryStore.gpu_metrics_text``)."""
     jobs: list[Any] = field(default_factory=list)
     alerts: list[Any] = field(default_factory=list)
     leader: bool = False
@@ -119,44 +119,16 @@ class FleetCollector(Collector):
         yield alerts
 
 
-_DCGM = (
-    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda r: r["util_pct"]),
-    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda r: r["memory_used_mib"]),
-    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).",
-     lambda r: (r["memory_total_mib"] - r["memory_used_mib"])
-     if r["memory_total_mib"] is not None and r["memory_used_mib"] is not None else None),
-    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda r: r["temperature_c"]),
-    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda r: r["power_w"]),
-    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda r: r["sm_clock_mhz"]),
+DCGM_FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "util_pct"),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "memory_used_mib"),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", "memory_total_mib - memory_used_mib"),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "temperature_c"),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "power_w"),
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "sm_clock_mhz"),
 )
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def render_gpu_metrics(rows: list[Any]) -> bytes:
-    """The per-GPU families in Prometheus text format, rendered once per refresh instead of once per scrape
-    (at 40,000 GPUs prometheus-client's generic rendering takes seconds of the event loop's GIL)."""
-    labels = [
-        f'gpu="{r["gpu_index"]}",UUID="{_escape(r["gpu_uuid"])}",device="nvidia{r["gpu_index"]}",'
-        f'Hostname="{_escape(r["node_id"])}"'
-        for r in rows
-    ]
-    lines: list[str] = []
-    for name, doc, value in _DCGM:
-        lines.append(f"# HELP {name} {doc}")
-        lines.append(f"# TYPE {name} gauge")
-        for r, label in zip(rows, labels, strict=True):
-            v = value(r)
-            if v is not None:
-                lines.append(f"{name}{{{label}}} {float(v)}")
-    lines.append("# HELP gpuorch_gpu_throttled 1 while the GPU reports this throttle reason")
-    lines.append("# TYPE gpuorch_gpu_throttled gauge")
-    for r, label in zip(rows, labels, strict=True):
-        for reason in r["throttle_reasons"] or []:
-            lines.append(f'gpuorch_gpu_throttled{{{label},reason="{_escape(reason)}"}} 1.0')
-    return ("\n".join(lines) + "\n").encode()
-
-
+"""(name, help, SQL expression over the latest sample's columns), rendered by ``TelemetryStore.gpu_metrics_text``."""
+THROTTLE_FAMILY = ("gpuorch_gpu_throttled", "1 while the GPU reports this throttle reason")
 def _job_families(rows: list[Any]) -> Iterator[Metric]:
     job_labels = ["job_id", "job_name", "tenant", "tier"]
     per_job = {
@@ -227,7 +199,7 @@ def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
             pass
 
-    gpu_names = {name for name, _, _ in _DCGM} | {"gpuorch_gpu_throttled"}
+    gpu_names = {name for name, _, _ in DCGM_FAMILIES} | {THROTTLE_FAMILY[0]}
 
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")

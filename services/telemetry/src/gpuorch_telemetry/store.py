@@ -452,7 +452,10 @@ class TelemetryStore:
                 SELECT job_id FROM telemetry_jobs WHERE next_evaluation_at <= $1
                 ORDER BY next_evaluation_at LIMIT $2 FOR UPDATE SKIP LOCKED
             )
-            UPDATE telemetry_jobs j SET next_evaluation_at = $1::timestamptz + make_interval(secs => $3::float8), last_evaluated_at = $1
+            -- +-10 % jitter spreads jobs placed together over the interval instead of evaluating them in one burst
+            UPDATE telemetry_jobs j
+            SET next_evaluation_at = $1::timestamptz + make_interval(secs => $3::float8 * (0.9 + 0.2 * random())),
+                last_evaluated_at = $1
             FROM due WHERE j.job_id = due.job_id
             RETURNING j.*
             """,
@@ -633,18 +636,48 @@ class TelemetryStore:
 
     # -- metrics ------------------------------------------------------------------------------------------------
 
-    async def latest_gpu_samples(self, now: datetime, freshness_s: float) -> list[asyncpg.Record]:
-        return await self.pool.fetch(
-            """
-            SELECT DISTINCT ON (node_id, gpu_uuid) node_id, gpu_uuid, gpu_index, util_pct, memory_used_mib,
-                   memory_total_mib, temperature_c, power_w, sm_clock_mhz, throttle_reasons, ecc_uncorrected
-            FROM telemetry_gpu_samples
-            WHERE sampled_at > $1::timestamptz - make_interval(secs => $2::float8)
-              AND sampled_at <= $1::timestamptz + interval '1 minute'
-            ORDER BY node_id, gpu_uuid, sampled_at DESC
-            """,
-            now, freshness_s,
+    async def gpu_metrics_text(
+        self, now: datetime, freshness_s: float, families: Sequence[tuple[str, str, str]], throttle_family: str,
+        throttle_help: str,
+    ) -> bytes:
+        """The latest sample of every GPU seen within ``freshness_s``, rendered by PostgreSQL as Prometheus text.
+
+        ``families`` are (metric name, help, SQL expression over the latest row's columns); the expressions are
+        the caller's constants, never user input. Labels follow dcgm-exporter: ``gpu``, ``UUID``, ``device``,
+        ``Hostname``. Rendering in the database keeps ~250,000 lines off this process's event loop.
+        """
+        parts = []
+        args: list[Any] = [now, freshness_s]
+        for name, help_text, expression in families:
+            args.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n")
+            parts.append(
+                f"${len(args)} || coalesce(string_agg('{name}{{' || l || '}} ' || ({expression})::float8::text,"
+                f" E'\\n') FILTER (WHERE ({expression}) IS NOT NULL) || E'\\n', '')"
+            )
+        args.append(f"# HELP {throttle_family} {throttle_help}\n# TYPE {throttle_family} gauge\n")
+        throttled = (
+            f"${len(args)} || coalesce((SELECT string_agg('{throttle_family}{{' || l || ',reason=\"' || "
+            f"telemetry_label_escape(reason) || '\"}} 1', E'\\n') || E'\\n' "
+            f"FROM labelled, unnest(throttle_reasons) AS reason), '')"
         )
+        sql = f"""
+            WITH latest AS (
+                SELECT DISTINCT ON (node_id, gpu_uuid) node_id, gpu_uuid, gpu_index, util_pct, memory_used_mib,
+                       memory_total_mib, temperature_c, power_w, sm_clock_mhz, throttle_reasons, ecc_uncorrected
+                FROM telemetry_gpu_samples
+                WHERE sampled_at > $1::timestamptz - make_interval(secs => $2::float8)
+                  AND sampled_at <= $1::timestamptz + interval '1 minute'
+                ORDER BY node_id, gpu_uuid, sampled_at DESC
+            ), labelled AS (
+                SELECT *, 'gpu="' || gpu_index || '",UUID="' || telemetry_label_escape(gpu_uuid)
+                          || '",device="nvidia' || gpu_index || '",Hostname="' || telemetry_label_escape(node_id)
+                          || '"' AS l
+                FROM latest
+            )
+            SELECT {" || ".join(parts)} || {throttled} FROM labelled
+        """
+        text = await self.pool.fetchval(sql, *args)
+        return (text or "").encode()
 
     async def latest_job_usage(self, now: datetime, freshness_s: float) -> list[asyncpg.Record]:
         """Per running job: allocation and latest use (summed over its devices)."""
