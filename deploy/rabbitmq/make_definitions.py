@@ -1,9 +1,10 @@
 """Least-privilege RabbitMQ definitions for gpuorch: every user, its permissions and topic permissions.
 
     uv run python deploy/rabbitmq/make_definitions.py > deploy/rabbitmq/definitions.json      # the compose fleet
-    uv run python deploy/rabbitmq/make_definitions.py --vhost gpuorch \\
-        --executor executor-gpu-a=gpu-a --node-agent node-agent-gpu-a=node-agent.gpu-a:gpu-a \\
-        --passwords-from-env > definitions.json                                           # a real fleet
+    uv run python deploy/rabbitmq/make_definitions.py --gpu-node gpu-a --gpu-node gpu-b \
+        --generate-passwords --output definitions.json --k8s-secrets secrets.yaml              # Kubernetes
+    uv run python deploy/rabbitmq/make_definitions.py --executor executor-rack1=n1,n2 \
+        --node-agent node-agent-rack1=node-agent.fleet.rack1:n1,n2 --passwords-from-env       # any layout
 
 Pipeline::
 
@@ -42,6 +43,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -263,6 +265,22 @@ def _parse_node_agent(text: str) -> tuple[str, str, list[str]]:
     return user, queue, [n for n in nodes.split(",") if n]
 
 
+def kubernetes_secrets(all_grants: Sequence[Grant], passwords: Mapping[str, str], *, vhost: str,
+                       amqp_host: str, amqp_port: int, node_users: Iterable[str]) -> str:
+    """Secrets ``gpuorch-amqp`` (URL per cluster-wide user) and ``gpuorch-node-credentials`` (password per
+    per-node user), as deploy/k8s reads them, as a YAML stream (keys and values JSON-quoted)."""
+    per_node = set(node_users)
+    urls = {g.user: f"amqp://{g.user}:{passwords[g.user]}@{amqp_host}:{amqp_port}/{vhost}"
+            for g in all_grants if g.user not in per_node}
+    node_passwords = {g.user: passwords[g.user] for g in all_grants if g.user in per_node}
+    documents = []
+    for name, data in (("gpuorch-amqp", urls), ("gpuorch-node-credentials", node_passwords)):
+        lines = ["apiVersion: v1", "kind: Secret", "metadata:", f"  name: {name}", "type: Opaque", "stringData:"]
+        lines += [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in data.items()] or ["  {}"]
+        documents.append("\n".join(lines) + "\n")
+    return "---\n".join(documents)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--vhost", default="gpuorch")
@@ -270,19 +288,43 @@ def main(argv: Sequence[str] | None = None) -> None:
                         metavar="USER=NODE[,NODE...]", help="an executor user and the node ids it serves (repeatable)")
     parser.add_argument("--node-agent", action="append", type=_parse_node_agent, default=[],
                         metavar="USER=QUEUE:NODE[,NODE...]", help="a node-agent user, its queue and nodes (repeatable)")
-    parser.add_argument("--passwords-from-env", action="store_true",
+    parser.add_argument("--gpu-node", action="append", default=[], metavar="NODE",
+                        help="one GPU node run by the DaemonSets: users executor-NODE (queue executor.NODE) and "
+                             "node-agent-NODE (queue node-agent.NODE) (repeatable)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--passwords-from-env", action="store_true",
                         help="read every password from GPUORCH_RABBITMQ_PASSWORD_<USER> (all must be set)")
+    source.add_argument("--generate-passwords", action="store_true",
+                        help="a random URL-safe password per user (use with --k8s-secrets to keep them)")
+    parser.add_argument("--k8s-secrets", metavar="PATH",
+                        help="also write Secrets gpuorch-amqp and gpuorch-node-credentials with these passwords")
+    parser.add_argument("--amqp-host", default="gpuorch-rabbitmq", help="broker host in the Secrets' URLs")
+    parser.add_argument("--amqp-port", type=int, default=5672)
+    parser.add_argument("--output", metavar="PATH", help="write the definitions here instead of stdout")
     args = parser.parse_args(argv)
-    fleet = Fleet(args.executor, args.node_agent) if (args.executor or args.node_agent) else COMPOSE_FLEET
+    executors = [*args.executor, *((f"executor-{n}", [n]) for n in args.gpu_node)]
+    agents = [*args.node_agent, *((f"node-agent-{n}", f"node-agent.{n}", [n]) for n in args.gpu_node)]
+    fleet = Fleet(executors, agents) if (executors or agents) else COMPOSE_FLEET
     all_grants = grants(fleet)
-    passwords: dict[str, str] = {}
+    passwords = {g.user: dev_password(g.user) for g in all_grants}
     if args.passwords_from_env:
         missing = [password_variable(g.user) for g in all_grants if password_variable(g.user) not in os.environ]
         if missing:
             parser.error("missing " + ", ".join(missing))
         passwords = {g.user: os.environ[password_variable(g.user)] for g in all_grants}
-    json.dump(definitions(all_grants, args.vhost, passwords), sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    elif args.generate_passwords:
+        passwords = {g.user: secrets.token_hex(24) for g in all_grants}
+    document = json.dumps(definitions(all_grants, args.vhost, passwords), indent=2) + "\n"
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(document)
+    else:
+        sys.stdout.write(document)
+    if args.k8s_secrets:
+        node_users = [user for user, _ in executors] + [user for user, _, _ in agents]
+        with open(args.k8s_secrets, "w", encoding="utf-8") as fh:
+            fh.write(kubernetes_secrets(all_grants, passwords, vhost=args.vhost, amqp_host=args.amqp_host,
+                                        amqp_port=args.amqp_port, node_users=node_users))
 
 
 if __name__ == "__main__":

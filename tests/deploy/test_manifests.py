@@ -137,3 +137,29 @@ def test_docker_compose_accepts_the_file() -> None:
     result = subprocess.run([docker, "compose", "-f", str(DEPLOY / "compose.yaml"), "config", "--quiet"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_kubernetes_credentials_match_the_definitions_and_the_daemonsets(tmp_path: Path) -> None:
+    from tests.deploy.broker_users import gen
+
+    secrets_path, definitions_path = tmp_path / "secrets.yaml", tmp_path / "definitions.json"
+    gen.main(["--gpu-node", "gpu-a", "--gpu-node", "gpu-b", "--generate-passwords",
+              "--k8s-secrets", str(secrets_path), "--output", str(definitions_path)])
+    definitions = json.loads(definitions_path.read_text())
+    hashes = {u["name"]: u["password_hash"] for u in definitions["users"]}
+    reads = {p["user"]: p["read"] for p in definitions["permissions"]}
+    secrets = {doc["metadata"]["name"]: doc["stringData"] for doc in load_all(secrets_path)}
+    for user, password in secrets["gpuorch-node-credentials"].items():
+        assert gen.password_hash(user, password) == hashes[user]
+        role, node = re.fullmatch(r"(executor|node-agent)-(gpu-[ab])", user).groups()  # type: ignore[union-attr]
+        assert re.search(reads[user], f"{role}.{node}") and not re.search(reads[user], f"{role}.gpu-c")
+    for user, url in secrets["gpuorch-amqp"].items():
+        parts = urlsplit(url)
+        assert parts.username == user and gen.password_hash(user, parts.password) == hashes[user]
+    assert len(set(secrets["gpuorch-node-credentials"].values())) == 4  # generated, not shared
+    # the DaemonSets build the user name as <role>-<node name> and read the key of the same name
+    for name in ("executor", "node-agent"):
+        pod = next(o for o in k8s_objects() if o["kind"] == "DaemonSet" and o["metadata"]["name"] == name)
+        script = " ".join(pod["spec"]["template"]["spec"]["containers"][0]["command"])
+        copy = " ".join(pod["spec"]["template"]["spec"]["initContainers"][-1]["command"])
+        assert f"amqp://{name}-${{GPUORCH_NODE_ID}}:" in script and f"/credentials/all/{name}-${{NODE_NAME}}" in copy
