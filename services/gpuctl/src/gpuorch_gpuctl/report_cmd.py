@@ -196,7 +196,10 @@ def write_charts(report: Report, out_dir: Path) -> list[Path]:
     ax.set_ylim(0, 100)
     ax.set_ylabel("utilisation %")
     ax.set_title(f"GPU utilisation, last {report.since}")
-    ax.legend(loc="upper right", fontsize="small")
+    if ax.get_lines():
+        ax.legend(loc="upper right", fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no telemetry rolled up in this period", ha="center", transform=ax.transAxes)
     fig.autofmt_xdate()
     paths.append(_save(fig, out_dir / "utilisation.png"))
 
@@ -296,6 +299,8 @@ def report(
         payload["files"] = [str(p) for p in written]
         print(json.dumps(payload, default=str, indent=2))
         return
+    if not result.jobs:
+        console.print(f"No job usage rolled up in the last {since} (telemetry rolls up 5-minute buckets).")
     render_tables(result, console)
     for path in written:
         console.print(f"wrote {path}")
