@@ -208,3 +208,26 @@ async def test_job_events_in_any_order_build_the_same_job_map(store: TelemetrySt
         "SELECT node_id FROM telemetry_job_allocations WHERE job_id = $1 AND released_at IS NULL", job.job_id
     )
     assert [r["node_id"] for r in active] == ["node-4"]
+
+
+async def test_an_unpublishable_alert_does_not_fail_its_message_and_is_published_later(store: TelemetryStore) -> None:
+    from gpuorch_messaging import PublishError
+
+    class Unroutable(RecordingPublisher):
+        broken = True
+
+        async def publish(self, message, *, headers=None):  # type: ignore[no-untyped-def]
+            if self.broken:
+                raise PublishError("unroutable: no queue bound")
+            await super().publish(message, headers=headers)
+
+    publisher = Unroutable()
+    handlers = TelemetryHandlers(store=store, publisher=publisher, detection=CONFIG, clock=Clock(utc_now()))
+    await handlers.handle(GpuHealthChanged(node_id="node-9", gpu_uuid="GPU-9", gpu_index=0, health="unhealthy",
+                                           reason="XID 48", xid=48))  # must not raise: the alert is committed
+    assert [a.kind for a in await store.alerts(open_only=True)] == ["gpu_unhealthy"]
+    assert publisher.published == []
+    publisher.broken = False
+    assert await handlers.publish_pending() == 1
+    [raised] = publisher.of_type(AlertRaised)
+    assert raised.evidence["xid"] == 48 and "double-bit ECC" in raised.explanation

@@ -219,13 +219,13 @@ class TelemetryHandlers:
         outcome = await self.store.ingest_samples(batch, self.clock())
         metrics.record_ingest(outcome, utc_now())
         if outcome.new_alerts:
-            await self.publish_pending()
+            await self._publish_after_commit()
         return outcome
 
     async def _ended(self, job_id: uuid.UUID, state: str, at: datetime) -> None:
         resolved = await self.store.record_job_ended(job_id, state, at, f"job {state}")
         if resolved:
-            await self.publish_pending()
+            await self._publish_after_commit()
 
     async def on_health_changed(self, message: GpuHealthChanged) -> None:
         now = self.clock()
@@ -240,7 +240,7 @@ class TelemetryHandlers:
             )
         else:
             await self.store.raise_finding(finding, now)
-        await self.publish_pending()
+        await self._publish_after_commit()
 
     async def evaluate_due_jobs(self) -> tuple[int, int, int]:
         """Evaluate the jobs due now (claimed for this instance); returns (jobs, raised, resolved)."""
@@ -257,7 +257,7 @@ class TelemetryHandlers:
         raised, resolved = await self.store.apply_evaluations(evaluations, now)
         metrics.JOBS_EVALUATED.inc(len(jobs))
         if raised or resolved:
-            await self.publish_pending()
+            await self._publish_after_commit()
         return len(jobs), raised, resolved
 
     async def evaluate_until_idle(self) -> int:
@@ -268,6 +268,14 @@ class TelemetryHandlers:
             total += jobs
             if jobs < self.evaluation_batch:
                 return total
+
+    async def _publish_after_commit(self) -> None:
+        """Publish now what was just committed; a failure (broker down, no queue bound to ``alert.*``) must not
+        fail the message that caused it: the rows stay unpublished and the periodic ``publish_pending`` retries."""
+        try:
+            await self.publish_pending()
+        except Exception as exc:  # noqa: BLE001 - retried by the periodic duty
+            log.warning("telemetry.publish_deferred", error=repr(exc))
 
     async def publish_pending(self) -> int:
         """Publish committed but unpublished alert steps (raise, then resolution) with broker confirms."""
