@@ -128,7 +128,7 @@ DCGM_FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "sm_clock_mhz"),
 )
 """(name, help, SQL expression over the latest sample's columns), rendered by ``TelemetryStore.gpu_metrics_text``."""
-THROTTLE_FAMILY = ("gpuorch_gpu_throttled", "1 while the GPU reports this throttle reason")
+THROTTLE_FAMILY = ("gpuorch_gpu_throttled", "1 while the GPU reports this clock event reason (NVML name)")
 def _job_families(rows: list[Any]) -> Iterator[Metric]:
     job_labels = ["job_id", "job_name", "tenant", "tier"]
     per_job = {

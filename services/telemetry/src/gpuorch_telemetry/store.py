@@ -769,7 +769,8 @@ SELECT bucket, node_id, gpu_uuid, min(gpu_index), count(*), sum(dt),
        coalesce(sum(util_pct * dt) FILTER (WHERE util_pct IS NOT NULL), 0),
        coalesce(sum(dt) FILTER (WHERE util_pct IS NOT NULL), 0), max(util_pct), max(memory_used_mib),
        coalesce(sum(memory_used_mib * dt), 0), max(memory_total_mib), max(temperature_c),
-       coalesce(sum(power_w * dt), 0), coalesce(sum(dt) FILTER (WHERE cardinality(throttle_reasons) > 0), 0),
+       coalesce(sum(power_w * dt), 0), coalesce(sum(dt) FILTER (WHERE EXISTS (
+           SELECT 1 FROM unnest(throttle_reasons) AS reason WHERE reason ~* '(thermal|power|slowdown)')), 0),
        coalesce(sum(dt) FILTER (WHERE process_count = 0 AND coalesce(util_pct, 0) < $6::float8), 0)
 FROM d GROUP BY bucket, node_id, gpu_uuid
 ON CONFLICT DO NOTHING
