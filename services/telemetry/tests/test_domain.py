@@ -171,3 +171,18 @@ async def test_a_failing_message_fails_alone_and_the_rest_of_its_batch_commits()
     results = await asyncio.gather(*(batcher.submit(m) for m in messages), return_exceptions=True)
     assert [isinstance(r, ValueError) for r in results] == [False, True, False]
     assert committed == ["a", "b"]
+
+
+def test_settings_from_environment() -> None:
+    from gpuorch_telemetry.entrypoint import Settings
+
+    settings = Settings.from_env({
+        "GPUORCH_AMQP_URL": "amqp://x", "GPUORCH_DATABASE_URL": "postgresql://y", "GPUORCH_TELEMETRY_WINDOW_S": "120",
+        "GPUORCH_TELEMETRY_IDLE_UTIL_PCT": "3", "GPUORCH_TELEMETRY_RAW_RETENTION_DAYS": "7",
+        "GPUORCH_TELEMETRY_EXPORT_GPU_METRICS": "0",
+    })
+    assert settings.detection.window_s == 120 and settings.detection.idle_util_pct == 3
+    assert settings.retention.raw_days == 7 and settings.retention.idle_util_pct == 3
+    assert settings.export_gpu_metrics is False
+    with pytest.raises(SystemExit):
+        Settings.from_env({"GPUORCH_AMQP_URL": "amqp://x"})

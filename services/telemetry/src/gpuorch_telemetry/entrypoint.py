@@ -82,6 +82,9 @@ class Settings:
             sample_interval_s=number("GPUORCH_TELEMETRY_SAMPLE_INTERVAL_S", 10.0),
             idle_util_pct=detection.idle_util_pct,
         )
+        missing = [name for name in ("GPUORCH_AMQP_URL", "GPUORCH_DATABASE_URL") if not env.get(name)]
+        if missing:
+            raise SystemExit(f"gpuorch-telemetry: set {' and '.join(missing)}")
         return cls(
             amqp_url=env["GPUORCH_AMQP_URL"], database_url=env["GPUORCH_DATABASE_URL"],
             metrics_port=int(env.get("GPUORCH_METRICS_PORT", "9108")),
