@@ -120,9 +120,14 @@ async def test_broker_closing_a_running_services_connection_is_survived(
         await wait_jobs_terminal(pg_dsn, [first.job_id])
         # the broker closes every connection of the services (as `rabbitmqctl close_connection` would)
         async with httpx.AsyncClient(base_url="http://127.0.0.1:15672", auth=("guest", "guest")) as api:
-            listed = (await api.get(f"/api/vhosts/{amqp_vhost}/connections")).json()
-            services = [c for c in listed if str(c.get("client_properties", {}).get("connection_name", ""))
-                        .startswith(("scheduler", "executor"))]
+            services: list[dict] = []
+            for _ in range(60):  # the management API lists connections only after its next stats round (~5 s)
+                listed = (await api.get(f"/api/vhosts/{amqp_vhost}/connections")).json()
+                services = [c for c in listed if str(c.get("client_properties", {}).get("connection_name", ""))
+                            .startswith(("scheduler", "executor"))]
+                if len(services) >= 2:
+                    break
+                await asyncio.sleep(0.5)
             assert len(services) >= 2, listed
             for c in services:
                 await api.delete(f"/api/connections/{c['name']}", headers={"X-Reason": "test restart"})
