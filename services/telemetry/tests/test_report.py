@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 async def test_report_ranks_idle_work_and_writes_charts(migrated_dsn: str, tmp_path: Path) -> None:
     wall = datetime.now(UTC).replace(second=0, microsecond=0)
     closed_until = wall.replace(minute=wall.minute - wall.minute % 5)
-    now = closed_until + timedelta(minutes=2)  # rollups then cover [start, closed_until): 38 minutes
+    now = closed_until + timedelta(minutes=2)  # rollups cover [start, closed_until): 38 minutes; 2 stay pending
     start = now - timedelta(minutes=40)
     store = await TelemetryStore.open(migrated_dsn, max_size=2)
     try:
@@ -45,14 +45,18 @@ async def test_report_ranks_idle_work_and_writes_charts(migrated_dsn: str, tmp_p
         moments = [start + timedelta(seconds=s) for s in range(0, 2400, 10)]
         await asyncio.gather(*(handlers.handle(usage_message("node-1", gpus, t)) for t in moments))
         await handlers.evaluate_due_jobs()
+        app = typer.Typer()
+        app.command()(report)
+        runner = CliRunner()
+        fresh = await asyncio.to_thread(runner.invoke, app, ["--since", "1h", "--json", "--dsn", migrated_dsn])
         while await store.roll_up(now):
             pass
     finally:
         await store.close()
-
-    app = typer.Typer()
-    app.command()(report)
-    runner = CliRunner()
+    # Before any rollup the raw samples answer; after it, rollups plus the tail not rolled up yet: same figures.
+    assert fresh.exit_code == 0, fresh.output
+    before_rollup = {j["name"]: j for j in json.loads(fresh.output)["jobs"]}
+    assert before_rollup["forgotten-notebook"]["idle_gpu_hours"] == pytest.approx(2 * 40 / 60)
     result = await asyncio.to_thread(
         runner.invoke, app, ["--since", "1h", "--json", "--out", str(tmp_path), "--dsn", migrated_dsn]
     )
@@ -60,7 +64,8 @@ async def test_report_ranks_idle_work_and_writes_charts(migrated_dsn: str, tmp_p
     payload = json.loads(result.output)
     first, second = payload["jobs"]
     assert first["name"] == "forgotten-notebook" and first["tenant"] == "nlp"
-    assert first["idle_gpu_hours"] == pytest.approx(2 * 38 / 60)  # 2 GPUs for the 38 rolled-up minutes
+    assert first["idle_gpu_hours"] == pytest.approx(2 * 40 / 60)  # 2 GPUs for 40 minutes: 38 rolled up + 2 pending
+    assert first["allocated_gpu_hours"] == pytest.approx(before_rollup["forgotten-notebook"]["allocated_gpu_hours"])
     assert first["detections"] == "idle" and "Stop or cancel" in first["advice"]
     assert second["name"] == "busy-train" and second["mean_util_pct"] == pytest.approx(85.0)
     assert second["idle_gpu_hours"] == 0 and second["peak_memory_mib_per_gpu"] == 60000

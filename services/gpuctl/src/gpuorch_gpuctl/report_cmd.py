@@ -4,8 +4,8 @@ Reads telemetry's rollups in PostgreSQL (``telemetry_job_rollups``, ``telemetry_
 ``telemetry_alerts``; the histogram functions come from migration 0202) and prints, per tenant and per job, the GPUs
 and GPU memory allocated against what was used, mean and p95 utilisation, idle GPU-hours, energy, and the advice
 telemetry gave. ``--out DIR`` also writes PNG charts (utilisation over time, allocation vs use, idle GPU-hours) and
-a self-contained ``report.html`` with the charts inlined. A bucket appears once rolled up (telemetry rolls a 5-min
-bucket about a minute after it closes), so the newest minutes are not in the report yet.
+a self-contained ``report.html`` with the charts inlined. Rolled-up buckets are read together with the raw samples
+not rolled up yet (views ``telemetry_*_rollups_pending``, migration 0204), so the newest minutes are included.
 
 The SQL lives here on purpose: a CLI must not import a service.
 """
@@ -28,13 +28,21 @@ from rich.console import Console
 from rich.table import Table
 
 JOBS_SQL = """
-WITH dev AS (
+WITH usage AS (
+    SELECT bucket, job_id, device_uuid, tenant, node_id, alloc_milli, alloc_memory_mib, samples, observed_s,
+           util_pct_s, util_s, util_max, util_hist, memory_used_max, memory_mib_s, energy_j, idle_s
+    FROM telemetry_job_rollups WHERE bucket >= $1
+    UNION ALL
+    SELECT bucket, job_id, device_uuid, tenant, node_id, alloc_milli, alloc_memory_mib, samples, observed_s,
+           util_pct_s, util_s, util_max, util_hist, memory_used_max, memory_mib_s, energy_j, idle_s
+    FROM telemetry_job_rollups_pending WHERE bucket >= $1
+), dev AS (
     SELECT job_id, device_uuid, min(tenant) AS tenant, max(alloc_milli) AS milli,
            max(alloc_memory_mib) AS alloc_memory_mib, sum(observed_s) AS observed_s,
            max(memory_used_max) AS peak_memory_mib, sum(memory_mib_s) / nullif(sum(observed_s), 0) AS mean_memory_mib,
            sum(util_pct_s) AS util_pct_s, sum(util_s) AS util_s, telemetry_hist_sum(util_hist) AS hist,
            sum(energy_j) AS energy_j, sum(idle_s) AS idle_s
-    FROM telemetry_job_rollups WHERE bucket >= $1
+    FROM usage
     GROUP BY job_id, device_uuid
 )
 SELECT d.job_id::text AS job_id, min(d.tenant) AS tenant, coalesce(j.name, '') AS name,
@@ -63,13 +71,19 @@ GROUP BY job_id
 TENANT_SERIES_SQL = """
 SELECT bucket, tenant, sum(util_pct_s * alloc_milli) / nullif(sum(util_s * alloc_milli), 0) AS util_pct,
        sum(observed_s * alloc_milli / 1000.0) / nullif(max(observed_s), 0) AS gpus_allocated
-FROM telemetry_job_rollups WHERE bucket >= $1
+FROM (SELECT bucket, tenant, util_pct_s, util_s, observed_s, alloc_milli FROM telemetry_job_rollups
+      UNION ALL
+      SELECT bucket, tenant, util_pct_s, util_s, observed_s, alloc_milli FROM telemetry_job_rollups_pending) u
+WHERE bucket >= $1
 GROUP BY bucket, tenant ORDER BY bucket
 """
 
 FLEET_SERIES_SQL = """
 SELECT bucket, sum(util_pct_s) / nullif(sum(util_s), 0) AS util_pct, count(DISTINCT (node_id, gpu_uuid)) AS gpus
-FROM telemetry_gpu_rollups WHERE bucket >= $1
+FROM (SELECT bucket, node_id, gpu_uuid, util_pct_s, util_s FROM telemetry_gpu_rollups
+      UNION ALL
+      SELECT bucket, node_id, gpu_uuid, util_pct_s, util_s FROM telemetry_gpu_rollups_pending) g
+WHERE bucket >= $1
 GROUP BY bucket ORDER BY bucket
 """
 
@@ -300,7 +314,7 @@ def report(
         print(json.dumps(payload, default=str, indent=2))
         return
     if not result.jobs:
-        console.print(f"No job usage rolled up in the last {since} (telemetry rolls up 5-minute buckets).")
+        console.print(f"No job usage recorded in the last {since}.")
     render_tables(result, console)
     for path in written:
         console.print(f"wrote {path}")
