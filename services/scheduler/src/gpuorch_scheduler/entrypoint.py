@@ -32,6 +32,7 @@ from gpuorch_observability import configure, get_logger, start_metrics_server
 from gpuorch_store import OutboxRelay, ensure_database, migrate
 
 from gpuorch_scheduler.domain.decide import LivenessPolicy
+from gpuorch_scheduler.domain.queueing import QueuePolicy
 from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
 
 log = get_logger(__name__)
@@ -47,6 +48,14 @@ ENVIRONMENT = {
     "GPUORCH_SUSPECT_AFTER_S": ("seconds without heartbeat before a node is suspect", "15"),
     "GPUORCH_LOST_AFTER_S": ("seconds without heartbeat before a node is lost (> executor fencing deadline)", "90"),
     "GPUORCH_TICK_S": ("seconds between liveness/scheduling ticks", "1"),
+    "GPUORCH_QUOTAS": ('tenant quotas as JSON: {"team-a": {"gpus": 8, "gpu_memory_mib": 655360}, "*": {"gpus": 2}}',
+                       ""),
+    "GPUORCH_QUOTAS_FILE": ("path of a JSON file with the quotas (read at start; GPUORCH_QUOTAS wins)", ""),
+    "GPUORCH_AGEING_POINTS_PER_MINUTE": ("priority points a waiting job gains per minute (normal=100, high=500)", "1"),
+    "GPUORCH_PREEMPTION_MARGIN_S": ("seconds past a victim's checkpoint grace before a silent preemption is requeued",
+                                    "60"),
+    "GPUORCH_SNAPSHOT_EVERY_EVENTS": ("snapshot the state every N logged events", "500"),
+    "GPUORCH_SNAPSHOT_EVERY_S": ("... or every T seconds when anything was logged", "300"),
     "GPUORCH_METRICS_PORT": ("Prometheus /metrics port (0 = off)", "0"),
     "GPUORCH_OTLP_ENDPOINT": ("OTLP/HTTP collector URL, e.g. http://jaeger:4318 (unset = no export)", ""),
     "GPUORCH_LOG_LEVEL": ("log level", "INFO"),
@@ -64,11 +73,15 @@ class Settings:
     metrics_port: int
     otlp_endpoint: str | None
     log_level: str
+    queues: QueuePolicy
+    preemption_margin_s: float
+    snapshot_every_events: int
+    snapshot_every_s: float
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
     epilog = "environment variables:\n" + "\n".join(
-        f"  {name:<26} {text} (default: {default or 'unset'})" for name, (text, default) in ENVIRONMENT.items()
+        f"  {name:<33} {text} (default: {default or 'unset'})" for name, (text, default) in ENVIRONMENT.items()
     )
     parser = argparse.ArgumentParser(
         prog="gpuorch-scheduler", description="The gpuorch scheduler: queues, placement, node liveness.",
@@ -79,12 +92,23 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     def env(name: str) -> str:
         return os.environ.get(name, ENVIRONMENT[name][1])
 
+    quotas_text = env("GPUORCH_QUOTAS")
+    if not quotas_text and env("GPUORCH_QUOTAS_FILE"):
+        with open(env("GPUORCH_QUOTAS_FILE"), encoding="utf-8") as quotas_file:
+            quotas_text = quotas_file.read()
+    try:
+        queues = QueuePolicy.from_json(quotas_text, float(env("GPUORCH_AGEING_POINTS_PER_MINUTE")))
+    except ValueError as exc:
+        parser.error(f"GPUORCH_QUOTAS: {exc}")
     return Settings(
         amqp_url=env("GPUORCH_AMQP_URL"), database_url=env("GPUORCH_DATABASE_URL"),
         instance=env("GPUORCH_SCHEDULER_ID"), suspect_after_s=float(env("GPUORCH_SUSPECT_AFTER_S")),
         lost_after_s=float(env("GPUORCH_LOST_AFTER_S")), tick_s=float(env("GPUORCH_TICK_S")),
         metrics_port=int(env("GPUORCH_METRICS_PORT")), otlp_endpoint=env("GPUORCH_OTLP_ENDPOINT") or None,
-        log_level=env("GPUORCH_LOG_LEVEL"),
+        log_level=env("GPUORCH_LOG_LEVEL"), queues=queues,
+        preemption_margin_s=float(env("GPUORCH_PREEMPTION_MARGIN_S")),
+        snapshot_every_events=int(env("GPUORCH_SNAPSHOT_EVERY_EVENTS")),
+        snapshot_every_s=float(env("GPUORCH_SNAPSHOT_EVERY_S")),
     )
 
 
@@ -118,7 +142,9 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
                 return
         log.info("scheduler.leader", instance=settings.instance)
         service = SchedulerService(conn, SchedulerConfig(
-            liveness=LivenessPolicy(suspect_after_s=settings.suspect_after_s, lost_after_s=settings.lost_after_s)))
+            liveness=LivenessPolicy(suspect_after_s=settings.suspect_after_s, lost_after_s=settings.lost_after_s),
+            queues=settings.queues, preemption_margin_s=settings.preemption_margin_s,
+            snapshot_every_events=settings.snapshot_every_events, snapshot_every_s=settings.snapshot_every_s))
         await service.recover()
         broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}")
         await broker.connect()
