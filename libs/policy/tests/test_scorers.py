@@ -104,3 +104,24 @@ def test_whole_gpus_go_to_the_first_free_indexes() -> None:
     decision = place(Request(num_gpu=2, gpu_milli=1000), cluster, Policy("fgd", FgdScore(MIX)))
     assert isinstance(decision, Placement)
     assert decision.gpus == ((0, 1000), (2, 1000))
+
+
+def test_two_whole_gpus_prefer_an_nvlink_pair() -> None:
+    from gpuorch_policy import Cluster, GpuView, NodeView
+
+    node = NodeView("n", 64000, 262144, tuple(GpuView(i, "A100") for i in range(4)), nvlink_pairs=((1, 2),))
+    decision = place(Request(num_gpu=2, gpu_milli=1000), Cluster([node]), Policy("fgd", FgdScore(MIX)))
+    assert isinstance(decision, Placement)
+    assert decision.gpus == ((1, 1000), (2, 1000))
+
+
+def test_gang_is_all_or_nothing_on_distinct_nodes() -> None:
+    from gpuorch_policy import Unfit, place_gang
+
+    cluster = make_cluster(make_node("a", gpus=2), make_node("b", gpus=2), make_node("c", gpus=2, used=(1000, 1000)))
+    policy = Policy("fgd", FgdScore(MIX))
+    members = place_gang(Request(num_gpu=2, gpu_milli=1000), 2, cluster, policy)
+    assert isinstance(members, list) and sorted(p.node_id for p in members) == ["a", "b"]
+    refused = place_gang(Request(num_gpu=2, gpu_milli=1000), 3, cluster, policy)
+    assert isinstance(refused, Unfit) and "only 2 members" in refused.reasons[0]
+    assert cluster.gpu_free.sum() == 4000  # the input cluster is untouched

@@ -15,7 +15,7 @@ No I/O, no broker, no database, no clock: time, when needed, is passed in.
 from gpuorch_policy.cluster import CapacityError, Cluster, whole_gpu_nodes
 from gpuorch_policy.filters import DEFAULT_FILTERS, Filter, GpuCapacity, GpuModel, HostCpu, HostMemory, status_of
 from gpuorch_policy.fragmentation import TaskMix, TaskType
-from gpuorch_policy.framework import IncrementalPlacer, Policy, feasible_mask, place, unfit_reasons
+from gpuorch_policy.framework import IncrementalPlacer, Policy, feasible_mask, place, place_gang, unfit_reasons
 from gpuorch_policy.model import (
     GPU_MILLI,
     FilterCode,
@@ -56,6 +56,7 @@ __all__ = [
     "build_policy",
     "feasible_mask",
     "place",
+    "place_gang",
     "policy_names",
     "status_of",
     "unfit_reasons",

@@ -69,8 +69,15 @@ def choose_gpus(request: Request, cluster: Cluster, row: int, pick: int) -> tupl
     if request.is_share:
         slot = pick if pick >= 0 else int(best_fit_share_slot(request, cluster, np.array([row]))[0])
         return ((slot, request.gpu_milli),)
-    eligible = np.flatnonzero(cluster.eligible_gpus(request, np.array([row]))[0])
-    return tuple((int(s), request.gpu_milli) for s in eligible[: request.num_gpu])
+    eligible = [int(s) for s in np.flatnonzero(cluster.eligible_gpus(request, np.array([row]))[0])]
+    chosen = eligible[: request.num_gpu]
+    links = cluster.nvlink_pairs[row]
+    if request.num_gpu == 2 and links:
+        free = set(eligible)
+        linked = sorted((min(a, b), max(a, b)) for a, b in links if a in free and b in free)
+        if linked:
+            chosen = list(linked[0])  # an NVLink-joined pair when the node has one free
+    return tuple((s, request.gpu_milli) for s in chosen)
 
 
 def _select(cluster: Cluster, rows: IntArray, scores: IntArray) -> int:
@@ -95,6 +102,24 @@ def place(
     row = int(rows[best])
     gpus = choose_gpus(request, cluster, row, int(picks[best]))
     return Placement(node_id=cluster.node_ids[row], gpus=gpus, score=int(scores[best]))
+
+
+def place_gang(
+    request: Request, members: int, cluster: Cluster, policy: Policy, rng: np.random.Generator | None = None
+) -> list[Placement] | Unfit:
+    """All or nothing: `members` copies of `request`, each on a different node. Pure: works on a copy of the
+    cluster; returns every member's placement, or Unfit naming how many members fit."""
+    trial = cluster.copy()
+    placed: list[Placement] = []
+    for member in range(members):
+        trial.schedulable = trial.schedulable.copy()
+        decision = place(request, trial, policy, rng)
+        if not isinstance(decision, Placement):
+            return Unfit((f"gang of {members}: only {member} members fit on distinct nodes", *decision.reasons))
+        placed.append(decision)
+        trial.assign(request, decision)
+        trial.schedulable[trial.index_of[decision.node_id]] = False  # one member per node
+    return placed
 
 
 class _ScoreCache:
