@@ -69,7 +69,8 @@ SCHEDULER_COMMANDS = ("launch_job", "stop_job")
 EXECUTOR_COMMANDS = ("launch_job", "stop_job")
 EXECUTOR_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed")
 NODE_AGENT_COMMANDS = ("apply_mig_layout",)
-NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", "gpu.usage_sampled")
+NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", "gpu.usage_sampled",
+                     "node.mig_layout_applied")
 TELEMETRY_QUEUE = "telemetry.samples"
 TELEMETRY_EVENT_BINDINGS = ("gpu.usage_sampled", "gpu.health_changed", "job.*")
 TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made")

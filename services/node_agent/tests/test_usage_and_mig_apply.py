@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from gpuorch_contracts import ApplyMigLayout, GpuUsageSampled, MigGpuLayout, NodeRegistered
+from gpuorch_contracts import ApplyMigLayout, GpuUsageSampled, MigGpuLayout, MigLayoutApplied, NodeRegistered
 from gpuorch_messaging.testing import RecordingPublisher
 from gpuorch_node_agent.agent import NodeAgent
 from gpuorch_node_agent.fleet import publish_batch
@@ -88,6 +88,10 @@ async def test_mig_apply_refused_while_work_runs_then_applied(spawn):
     refused, applied = handler.outcomes[agent.node_id]
     assert not refused.applied and f"pid {job.pid}" in refused.reason and "drain" in refused.reason
     assert applied.applied
+    answer = publisher.of_type(MigLayoutApplied)[-1]
+    assert answer.command_id == str(command.message_id)
+    assert [(o.gpu_index, o.applied) for o in answer.outcomes] == [(0, False), (1, True)]
+    assert "drain" in answer.outcomes[0].reason
     inventory = publisher.of_type(NodeRegistered)[-1].inventory
     assert inventory.gpus[0].mig_enabled is False and inventory.gpus[0].mig_instances == []
     assert sorted(m.profile for m in inventory.gpus[1].mig_instances) == ["1g.10gb", "2g.20gb", "4g.40gb"]
@@ -100,8 +104,11 @@ async def test_mig_apply_refused_while_work_runs_then_applied(spawn):
     sample = _samples(agent)[1]
     assert [(p.pid, p.gpu_instance_uuid, p.gpu_memory_mib) for p in sample.processes] == [
         (mig_job.pid, mig_uuid, 1000)]
+    registrations = len(publisher.of_type(NodeRegistered))
     await handler(ApplyMigLayout(node_id=agent.node_id, layouts=[MigGpuLayout(gpu_index=1, profiles=[])]))
     assert not handler.outcomes[agent.node_id][0].applied
+    assert not publisher.of_type(MigLayoutApplied)[-1].outcomes[0].applied  # a refusal is answered, not silent
+    assert len(publisher.of_type(NodeRegistered)) == registrations  # nothing changed, no new inventory
 
     job.kill()
     job.wait()

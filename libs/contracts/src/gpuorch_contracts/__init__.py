@@ -39,7 +39,9 @@ from gpuorch_contracts.nodes import (
     GpuLive,
     GpuSample,
     GpuUsageSampled,
+    MigGpuOutcome,
     MigInstance,
+    MigLayoutApplied,
     NodeHeartbeat,
     NodeInventory,
     NodeLivenessChanged,
@@ -62,7 +64,7 @@ from gpuorch_contracts.telemetry import AlertRaised, AlertResolved, Recommendati
 __all__ = [
     "COMMANDS_EXCHANGE", "DEAD_LETTER_EXCHANGE", "EVENTS_EXCHANGE", "MAX_MESSAGE_BYTES", "MESSAGE_TYPES",
     "PRIORITY_VALUE", "SUBMIT_EXCHANGE", "TERMINAL_STATES",
-    "ApplyMigLayout", "FleetAlert", "NodeLivenessChanged", "CancelJob", "Checkpoint", "ContainerRun", "Gang", "GpuAllocation", "GpuHealthChanged",
+    "ApplyMigLayout", "FleetAlert", "MigGpuOutcome", "MigLayoutApplied", "NodeLivenessChanged", "CancelJob", "Checkpoint", "ContainerRun", "Gang", "GpuAllocation", "GpuHealthChanged",
     "GpuInfo", "GpuLive", "GpuRequest", "GpuSample", "GpuUsageSampled", "JobAccepted", "JobCancelled",
     "JobCheckpointed", "JobFailed", "JobFinished", "JobLost", "JobPlaced", "JobPreempting", "JobQueued",
     "JobRejected", "JobRequeued", "JobSpec", "JobStarted", "LaunchJob", "Message", "MigGpuLayout", "MigInstance",

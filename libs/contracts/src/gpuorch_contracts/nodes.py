@@ -169,3 +169,20 @@ class FleetAlert(Message):
     kind: Name
     explanation: ShortText
     node_ids: Annotated[list[Name], Field(max_length=10000)] = []
+
+
+class MigGpuOutcome(Strict):
+    gpu_index: int = Field(ge=0, le=1024)
+    applied: bool
+    reason: ShortText = ""
+
+
+class MigLayoutApplied(Message):
+    """The node-agent's answer to an ``ApplyMigLayout``: per GPU, applied or refused with the reason (e.g. work
+    still running that was not drained). Sent for every command, so a refusal is never silent."""
+
+    TYPE = "node.mig_layout_applied"
+    type: Literal["node.mig_layout_applied"] = "node.mig_layout_applied"
+    node_id: Name
+    command_id: Annotated[str, Field(max_length=64)]
+    outcomes: Annotated[list[MigGpuOutcome], Field(max_length=64)]

@@ -3,6 +3,7 @@
 ``ApplyMigLayoutHandler``: applies an ``ApplyMigLayout`` to the node it names, if this process runs that node.
 - Each GPU of the command is applied or refused on its own; a refusal (work still running, layout against NVIDIA's
   rules, unhealthy GPU, no MIG support) changes nothing on that GPU and is logged with its reason.
+- Every command is answered with one ``MigLayoutApplied`` event carrying each GPU's outcome and reason.
 - When any GPU changed, the node's new inventory is published at once (``NodeRegistered`` + ``NodeHeartbeat``).
 - A command for a node this process does not run is ignored (logged); a refusal is a decision, not an error, so the
   handler returns normally and the command is acked (retrying would not drain the GPU).
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from gpuorch_contracts import ApplyMigLayout, Message
+from gpuorch_contracts import ApplyMigLayout, Message, MigGpuOutcome, MigLayoutApplied
 from gpuorch_observability import get_logger
 
 from gpuorch_node_agent.agent import NodeAgent
@@ -47,8 +48,12 @@ class ApplyMigLayoutHandler:
             else:
                 log.warning("mig.refused", node_id=message.node_id, gpu_index=result.gpu_index,
                             reason=result.reason, message_id=str(message.message_id))
-        if any(r.applied for r in results):
-            await self.publish(agent.heartbeat_messages())
+        answer = MigLayoutApplied(
+            node_id=message.node_id, command_id=str(message.message_id),
+            outcomes=[MigGpuOutcome(gpu_index=r.gpu_index, applied=r.applied, reason=r.reason[:1024])
+                      for r in results],
+        )
+        await self.publish([answer, *(agent.heartbeat_messages() if any(r.applied for r in results) else [])])
 
 
 def handlers(agents: Mapping[str, NodeAgent], publish: Callable[[list[Message]], Awaitable[None]]
