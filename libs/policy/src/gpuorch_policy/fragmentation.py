@@ -57,7 +57,7 @@ class TaskMix:
         # shares_per_gpu[free milli, k]: how many GPU-type-k pieces fit in a GPU with that much free.
         self.shares_per_gpu = (np.arange(1001)[:, None] // np.maximum(self.gpu_milli, 1)).astype(np.int64)
         self.gpu_models = [types[k].gpu_models for k in gpu]
-        self._access: dict[tuple[str, ...], np.ndarray] = {}
+        self._access: dict[tuple[str, ...], np.ndarray] = {}  # per model list: access and coefficient tables
 
     @classmethod
     def from_requests(cls, requests: Iterable[Request], coverage: float = 0.95) -> TaskMix:
@@ -85,6 +85,15 @@ class TaskMix:
         return cls(
             [t for t, _ in chosen], [c for _, c in chosen], [memory[t] // c for t, c in chosen]
         )
+
+    def coefficient_table(self, cluster: Cluster) -> np.ndarray:
+        """[model id + 1, gpu types]: weight x GPU-milli of one task of type k on a node of that model (0: refused)."""
+        key = ("coef", *cluster.model_names)
+        table = self._access.get(key)
+        if table is None:
+            table = self.access(cluster) * (self.gpu_weight * self.gpu_milli * self.gpu_num)
+            self._access[key] = table
+        return table
 
     def access(self, cluster: Cluster) -> np.ndarray:
         """bool[model id + 1, gpu types]: may GPU type k run on a node of this model (row 0: CPU nodes)?"""
@@ -179,8 +188,7 @@ def host_instances(mix: TaskMix, cpu_free: IntArray, mem_free: IntArray | None) 
 
 def _coefficients(mix: TaskMix, node_model: IntArray, cluster: Cluster) -> np.ndarray:
     """[n, k]: weight x GPU-milli per task of type k, 0 where the node's model is refused."""
-    access = mix.access(cluster)[node_model - NO_MODEL]
-    return np.asarray(access * (mix.gpu_weight * mix.gpu_milli * mix.gpu_num))
+    return np.asarray(mix.coefficient_table(cluster)[node_model - NO_MODEL])
 
 
 def capacity_frag(

@@ -92,11 +92,13 @@ def replay_arrivals(
     arrived = np.empty(n)
     allocated = np.empty(n)
     frag = np.empty(n)
-    frag_now = 0.0
     frag_point = -1
+    node_frag = np.zeros(cluster.size)
+    frag_seen = np.full(cluster.size, -1, dtype=np.int64)
     arrived_milli = 0
     allocated_milli = 0
     failed = 0
+    frag_now = 0.0
     outcomes: list[TaskOutcome] = []
     for step, task in enumerate(workload):
         request = task.request
@@ -114,11 +116,14 @@ def replay_arrivals(
         arrived[step] = arrived_milli
         allocated[step] = allocated_milli
         point = int(arrived_milli * 100 // capacity)
-        if point != frag_point:  # sampled once per arrived percent: a full-cluster pass is ~1 ms
+        if point != frag_point:  # sampled once per arrived percent, recomputing only the nodes that changed
             frag_point = point
-            frag_now = float(
-                frag_weighted(mix, cluster.gpu_usable, cluster.cpu_free, cluster.node_model, cluster).sum()
+            changed = np.flatnonzero(frag_seen != cluster.version)
+            node_frag[changed] = frag_weighted(
+                mix, cluster.gpu_usable[changed], cluster.cpu_free[changed], cluster.node_model[changed], cluster
             )
+            frag_seen[changed] = cluster.version[changed]
+            frag_now = float(node_frag.sum())
         frag[step] = frag_now
         if on_progress is not None and (step % 500 == 0 or step == n - 1):
             on_progress(step + 1, n)
