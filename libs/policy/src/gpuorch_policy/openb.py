@@ -115,6 +115,11 @@ def inflate(tasks: Sequence[Task], capacity_milli: int, ratio: float, rng: np.ra
         copy_number += 1
 
 
+def inflate_seeded(tasks: Sequence[Task], capacity_milli: int, ratio: float, seed: int) -> list[Task]:
+    """`inflate` driven by a generator seeded with `seed` (order kept: originals first, then the copies)."""
+    return inflate(tasks, capacity_milli, ratio, np.random.default_rng(seed))
+
+
 def protocol_workload(tasks: Sequence[Task], capacity_milli: int, ratio: float, seed: int) -> list[Task]:
     """Steps 2 and 3: inflate to `ratio` x capacity, then shuffle, both driven by one generator seeded with `seed`."""
     rng = np.random.default_rng(seed)

@@ -19,11 +19,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 from gpuorch_policy import DEFAULT_POLICY, PUBLISHED, TaskMix, build_policy, policy_names
 from gpuorch_policy.jobs import QUEUE_POLICIES, jobs_from_tasks, replay_jobs
-from gpuorch_policy.openb import Task, inflate, parse_nodes, parse_tasks
+from gpuorch_policy.openb import Task, inflate_seeded, parse_nodes, parse_tasks
 from gpuorch_policy.replay import ReplayResult, replay_protocol
 from gpuorch_policy.verify import check_placements
 from rich.console import Console
@@ -194,7 +193,7 @@ def run_jobs(
     policy = build_policy(policy_name, mix)
     if tune > 0:
         capacity = sum(len(n.gpus) for n in nodes) * 1000
-        tasks = inflate(tasks, capacity, tune, np.random.default_rng(seed))
+        tasks = inflate_seeded(tasks, capacity, tune, seed)
     jobs = jobs_from_tasks(tasks, compression=compression, load=load)
     runs = []
     for queue in queues:
