@@ -18,6 +18,7 @@ def stack(tmp_path: Path, amqp_url: str, pg_dsn: str, request: pytest.FixtureReq
         yield local
     finally:
         local.stop_all()
+        local.kill_jobs()
         if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
             for name in local.processes:
                 print(f"--- {name} ---\n{local.tail(name, 60)}")

@@ -191,6 +191,32 @@ class LocalStack:
                 os.killpg(process.popen.pid, signal.SIGKILL)
                 process.popen.wait(10)
 
+    def kill_jobs(self) -> int:
+        """SIGKILL every job this stack's executor started (their supervisors outlive the executor by design)
+        and the supervisors; returns how many processes were killed. Used when tearing the stack down."""
+        import psutil
+
+        marker = str(self.root / "executor")
+        supervisors = []
+        for process in psutil.process_iter(["pid", "cmdline"]):
+            cmdline = process.info.get("cmdline") or []
+            if any(marker in part for part in cmdline) and "gpuorch_executor.supervise" in " ".join(cmdline):
+                supervisors.append(process)
+        victims = []
+        for supervisor in supervisors:
+            try:
+                victims += supervisor.children(recursive=True)
+            except psutil.Error:
+                pass
+            victims.append(supervisor)
+        for victim in victims:
+            try:
+                victim.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(victims, timeout=5)
+        return len(victims)
+
     def dead(self) -> list[str]:
         """Names of services that exited on their own, with their exit codes."""
         return [f"{p.name} (exit {p.popen.returncode})" for p in self.processes.values()
@@ -207,3 +233,4 @@ class LocalStack:
 
     def __exit__(self, *_: object) -> None:
         self.stop_all()
+        self.kill_jobs()

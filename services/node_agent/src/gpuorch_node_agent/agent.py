@@ -29,6 +29,7 @@ from gpuorch_node_agent.domain.heartbeat import HeartbeatState
 from gpuorch_node_agent.domain.inventory import build_gpu_live, build_gpu_sample, build_inventory
 from gpuorch_node_agent.domain.mig_layout import MigProfileOffer
 from gpuorch_node_agent.domain.xid import EVENT_XID, GPU_LOST, classify_event
+from gpuorch_node_agent.host_processes import HostProcessSampler
 from gpuorch_node_agent.nvml.discovery import (
     device_handles,
     read_hardware,
@@ -66,6 +67,7 @@ class NodeAgent:
         self._inventory_stale = True
         self._refreshed_at = -1e18
         self._initialized = False
+        self.host_processes = HostProcessSampler()
 
     # -- discovery -------------------------------------------------------------------------------------------
 
@@ -148,8 +150,12 @@ class NodeAgent:
             readings.append(read_sample(self.nvml, self.reader, index, handle, self.uuid_of(index), mig_uuids))
         messages = self._health_messages(self._lost_changes(readings))
         if readings:
-            messages.append(GpuUsageSampled(node_id=self.node_id, samples=[build_gpu_sample(r) for r in readings],
-                                            producer=self.producer))
+            samples = [build_gpu_sample(r) for r in readings]
+            facts = self.host_processes.sample(p.pid for s in samples for p in s.processes)
+            samples = [s.model_copy(update={"processes": [
+                p.model_copy(update=vars(facts[p.pid])) if p.pid in facts else p for p in s.processes]})
+                for s in samples]
+            messages.append(GpuUsageSampled(node_id=self.node_id, samples=samples, producer=self.producer))
         return messages
 
     def _lost_changes(self, readings: list[GpuReading]) -> list[HealthChange]:

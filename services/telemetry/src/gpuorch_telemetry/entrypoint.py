@@ -10,6 +10,8 @@ Environment:
     GPUORCH_TELEMETRY_EXPORT_GPU_METRICS      0 to leave per-GPU DCGM gauges to dcgm-exporter (default 1)
     GPUORCH_TELEMETRY_RAW_RETENTION_DAYS / _ROLLUP_RETENTION_DAYS / _BUCKET_S / _SAMPLE_INTERVAL_S
     GPUORCH_TELEMETRY_<DETECTION FIELD>       any DetectionConfig threshold, e.g. GPUORCH_TELEMETRY_WINDOW_S=600
+    GPUORCH_OTLP_ENDPOINT       OTLP/HTTP collector URL for traces (OTEL_EXPORTER_OTLP_ENDPOINT is also read)
+    GPUORCH_LOG_LEVEL           log level (default INFO)
 
 Several instances consume the one durable quorum queue ``telemetry.samples`` side by side (competing consumers).
 """
@@ -187,9 +189,20 @@ async def run(settings: Settings) -> None:
     await service.stop()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import sys
+
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(
+        prog="gpuorch-telemetry", description="gpuorch telemetry: usage history, per-job accounting, detections.",
+        epilog=doc[doc.index("Environment:"):], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv if argv is not None else sys.argv[1:])
+    missing = [name for name in ("GPUORCH_AMQP_URL", "GPUORCH_DATABASE_URL") if not os.environ.get(name)]
+    if missing:
+        parser.error(f"set {' and '.join(missing)} (see --help)")
     configure("telemetry", log_level=os.environ.get("GPUORCH_LOG_LEVEL", "INFO"),
-              otlp_endpoint=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+              otlp_endpoint=os.environ.get("GPUORCH_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
     asyncio.run(run(Settings.from_env()))
 
 

@@ -1,0 +1,38 @@
+"""Host-side process facts (real processes): CPU of a busy process, I/O-free sleeper, process group."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from gpuorch_node_agent.host_processes import HostProcessSampler
+
+
+def test_busy_process_shows_cpu_and_a_sleeper_does_not() -> None:
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        sampler = HostProcessSampler()
+        first = sampler.sample([busy.pid, idle.pid])
+        assert first[busy.pid].host_cpu_pct is None  # no rate before a second sample
+        time.sleep(1.0)
+        second = sampler.sample([busy.pid, idle.pid])
+        assert second[busy.pid].host_cpu_pct is not None and second[busy.pid].host_cpu_pct > 30
+        assert second[idle.pid].host_cpu_pct is not None and second[idle.pid].host_cpu_pct < 10
+        assert second[busy.pid].pgid == busy.pid  # its own session: its own group
+        assert second[idle.pid].pgid == os.getpgid(os.getpid())
+        assert second[idle.pid].io_wait_pct is not None and second[idle.pid].io_wait_pct < 10
+    finally:
+        busy.kill()
+        idle.kill()
+        busy.wait()
+        idle.wait()
+
+
+def test_vanished_process_yields_unknowns() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    facts = HostProcessSampler().sample([gone.pid])
+    assert facts[gone.pid].host_cpu_pct is None and facts[gone.pid].pgid is None
