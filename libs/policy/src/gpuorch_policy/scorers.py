@@ -242,8 +242,9 @@ class GpuorchScore:
     Like FGD it scores the change of fragmentation against the task mix through a sigmoid, but fragmentation counts
     what tasks of each type could really take from the node (instances limited by GPU shares, host CPU and host
     memory), so it sees CPU- or memory-stranded GPUs and share leftovers that fit no typical share. `resolution`
-    is the number of score levels: coarse levels make near-equal nodes tie, and ties go to the first node by name,
-    which consolidates work onto few nodes (measured: finer scores do worse). See docs/placement.md.
+    is the number of score levels: coarse levels make near-equal nodes tie (measured: finer scores do worse).
+    Within a level: CPU-only tasks go beside the busiest GPUs; GPU tasks where the most CPU per free GPU remains;
+    then the first node by name. The other switches exist for the measurements in docs/placement.md.
     """
 
     name = "gpuorch"
@@ -257,8 +258,10 @@ class GpuorchScore:
         exact_gpu_choice: bool = False,
         cpu_tasks_to_busy_gpus: bool = True,
         bucket_milli: int = 0,
+        prefer_cpu_rich: bool = True,
     ) -> None:
         self.mix = mix
+        self.prefer_cpu_rich = prefer_cpu_rich
         self.bucket_milli = bucket_milli
         self.cpu_tasks_to_busy_gpus = cpu_tasks_to_busy_gpus
         self.resolution = resolution
@@ -327,5 +330,12 @@ class GpuorchScore:
             # Among equal levels, a CPU-only task goes where the fewest GPU-milli are free: CPU next to busy GPUs
             # is CPU that GPU tasks could not have used anyway.
             scores = scores * 100_000 + (99_999 - np.minimum(free.sum(axis=1), 99_999))
+        elif self.prefer_cpu_rich and request.num_gpu > 0:
+            # Among equal levels, a GPU task goes where the most host CPU per free GPU remains (whole cores per
+            # GPU; a node it fills completely counts as very rich): GPUs left behind stay usable by CPU-hungry
+            # tasks instead of being stranded on CPU-poor nodes.
+            gpu_left = np.maximum(free.sum(axis=1) - request.gpu_milli_total, 100)
+            cores_per_gpu = np.clip((cpu - request.cpu_milli) // gpu_left, 0, 99_999)
+            scores = scores * 100_000 + cores_per_gpu
         picks = best if request.is_share else _no_pick(rows)
         return scores.astype(np.int64), np.asarray(picks, dtype=np.int64)
