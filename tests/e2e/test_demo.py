@@ -35,3 +35,5 @@ def test_demo_runs_a_mixed_workload_on_three_simulated_nodes(tmp_path: Path) -> 
     assert by_name["broken-job"]["state"] == "failed" and by_name["broken-job"]["exit_code"] == 3
     assert by_name["too-big"]["state"] == "rejected"
     assert by_name["train-l4"]["node"] == "node-3"
+    findings = {(a["job"], a["kind"]) for a in outcome["advice"]}
+    assert {("idle-notebook", "idle"), ("oversized-train", "oversized")} <= findings

@@ -187,10 +187,10 @@ def _idle(job: JobFacts, devices: list[DeviceWindow], config: DetectionConfig) -
     mean_util = (sum(d.mean_util_pct or 0.0 for d in measured) / len(measured)) if measured else None
     max_util = max((d.max_util_pct or 0.0 for d in measured), default=None)
     if no_process:
-        why = f"no process ran on its {gpus:g} allocated GPU(s) during the last {minutes:.0f} min"
+        why = f"no process ran on its {gpus:g} allocated GPU(s) during the last {_span(minutes * 60)}"
     elif mean_util is not None and len(measured) == len(devices) and mean_util < config.idle_util_pct:
         why = (f"its processes used {mean_util:.1f} % of the {gpus:g} allocated GPU(s) on average over the last "
-               f"{minutes:.0f} min (idle below {config.idle_util_pct:g} %)")
+               f"{_span(minutes * 60)} (idle below {config.idle_util_pct:g} %)")
     else:
         return None
     return Finding(
@@ -271,7 +271,7 @@ def _throttled(job: JobFacts, devices: list[DeviceWindow], config: DetectionConf
         category="alert", kind=THROTTLED, severity="warning", dedup_key=job_dedup_key(THROTTLED, job.job_id),
         job_id=job.job_id, tenant=job.tenant, node_id=d.node_id, gpu_uuid=d.gpu_uuid,
         explanation=(f"GPU {d.gpu_uuid} of {_label(job)} on node {d.node_id} was {cause}-throttled in "
-                     f"{share * 100:.0f} % of the samples of the last {config.window_s / 60:.0f} min {detail}, "
+                     f"{share * 100:.0f} % of the samples of the last {_span(config.window_s)} {detail}, "
                      f"so the job runs slower than the hardware allows.").replace("  ", " "),
         evidence={
             "throttled_pct": round(share * 100, 1), "thermal_pct": round(100 * d.thermal_samples / max(1, d.samples), 1),
@@ -308,7 +308,7 @@ def _memory_pressure(job: JobFacts, devices: list[DeviceWindow], config: Detecti
         explanation=(f"{_label(job)} uses {d.peak_memory_mib / 1024:.1f} GiB of its {alloc / 1024:.1f} GiB of GPU "
                      f"memory ({100 * d.peak_memory_mib / alloc:.0f} % at peak) and stayed above "
                      f"{config.pressure_memory_ratio * 100:.0f} % in {share * 100:.0f} % of the last "
-                     f"{config.window_s / 60:.0f} min."),
+                     f"{_span(config.window_s)}."),
         evidence={
             "peak_memory_mib": float(d.peak_memory_mib), "mean_memory_mib": round(d.mean_memory_mib, 1),
             "allocated_memory_mib": float(alloc), "peak_ratio": round(d.peak_memory_mib / alloc, 3),
@@ -447,3 +447,8 @@ def gpu_health_findings(
                   "remapped_rows_failed": float(bool(remapped_rows_failed))},
         advice=advice,
     )
+
+
+def _span(seconds: float) -> str:
+    """A window in words: '10 min', '90 s'."""
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
