@@ -91,6 +91,11 @@ class SchedulerConfig:
     snapshot_every_s: float = 300.0
     preemption_margin_s: float = 60.0
     """Seconds past a victim's checkpoint grace after which a silent preemption is requeued anyway."""
+    inline_cycle_max_queue: int = 500
+    """With more jobs queued than this, a message runs a scheduling cycle in its own transaction only if the last
+    cycle is older than ``min_cycle_interval_s``; otherwise the next tick's cycle decides (bounds the cost of a
+    deep queue per message)."""
+    min_cycle_interval_s: float = 0.5
 
 
 class SchedulerService:
@@ -110,6 +115,7 @@ class SchedulerService:
         self._last_snapshot_at = clock()
         self._alert_active = False
         self._overdue_stopped: set[uuid.UUID] = set()
+        self._last_cycle_at = 0.0
 
     # -- recovery ---------------------------------------------------------------------------------------------
 
@@ -184,7 +190,13 @@ class SchedulerService:
             case _:
                 log.warning("scheduler.ignored_message", type=message.TYPE)
                 return
-        await self._commit(incoming, decision, follow_up)
+        no_capacity_change = isinstance(message, JobStarted | JobCheckpointed)
+        await self._commit(incoming, decision, follow_up, cycle=not no_capacity_change and self._cycle_due())
+
+    def _cycle_due(self) -> bool:
+        if self._clock() - self._last_cycle_at >= self.config.min_cycle_interval_s:
+            return True
+        return len(self.state.queued_jobs()) <= self.config.inline_cycle_max_queue
 
     async def tick(self) -> None:
         """Periodic work: lease transitions, overdue jobs, and a scheduling cycle for what changed meanwhile."""
@@ -209,7 +221,7 @@ class SchedulerService:
                 raise
 
     async def _commit(self, incoming: Message | None, decision: Decision,
-                      follow_up: uuid.UUID | None = None) -> None:
+                      follow_up: uuid.UUID | None = None, cycle: bool = True) -> None:
         """Append ``incoming`` and ``decision``, decide what follows (a preempted job whose stop is now confirmed
         is requeued), run a scheduling cycle, and commit all of it with the outbox rows and read models."""
         now = self._clock()
@@ -227,13 +239,18 @@ class SchedulerService:
             logged = list(decision.logged)
             published = list(decision.published)
             await self._append_and_apply(logged, touched_jobs, touched_nodes, rejected)
-            started = time.perf_counter()
-            cycle = schedule(self.state, now, self.config.queues, self.config.limits)
-            SCHEDULE_SECONDS.observe(time.perf_counter() - started)
-            await self._append_and_apply(cycle.decision.logged, touched_jobs, touched_nodes, rejected)
-            logged += cycle.decision.logged
-            published += cycle.decision.published
-            notices = self._pending_notices(cycle.pending, touched_jobs)
+            notices: list[Message] = []
+            preemptions = 0
+            if cycle:
+                started = time.perf_counter()
+                result = schedule(self.state, now, self.config.queues, self.config.limits)
+                SCHEDULE_SECONDS.observe(time.perf_counter() - started)
+                self._last_cycle_at = now
+                preemptions = result.preemptions
+                await self._append_and_apply(result.decision.logged, touched_jobs, touched_nodes, rejected)
+                logged += result.decision.logged
+                published += result.decision.published
+                notices = self._pending_notices(result.pending, touched_jobs)
             await self._queue_for_publishing([*logged, *published, *notices])
             await self._write_read_models(touched_jobs, touched_nodes, rejected)
             if self._events_since_snapshot >= self.config.snapshot_every_events or (
@@ -243,7 +260,7 @@ class SchedulerService:
                 self._events_since_snapshot = 0
                 self._last_snapshot_at = now
         PLACEMENTS.inc(sum(1 for m in logged if m.TYPE == "job.placed"))
-        PREEMPTIONS.inc(cycle.preemptions)
+        PREEMPTIONS.inc(preemptions)
         for m in logged:
             if isinstance(m, JobRequeued):
                 REQUEUES.labels("preempted" if m.preempted else "lost").inc()

@@ -252,7 +252,7 @@ def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = Non
     for job in preempting:
         future.release_assignments(job.spec, job.assignments)
     usage = TenantUsage.of(state)
-    cycle = _Cycle(state, now, policy, limits, fleet, future, usage, decision)
+    cycle = _Cycle(state, now, policy, limits, fleet, future, usage, decision, active)
     for job in fair_order(queued, now, policy, usage):
         pending_for = cycle.decide(job)
         if pending_for is not None:
@@ -264,8 +264,11 @@ class _Cycle:
     """The working memory of one scheduling cycle (a function split for reading, not an object with a life)."""
 
     def __init__(self, state: SchedulerState, now: float, policy: QueuePolicy, limits: CycleLimits,
-                 fleet: FleetView, future: FleetView, usage: TenantUsage, decision: Decision) -> None:
+                 fleet: FleetView, future: FleetView, usage: TenantUsage, decision: Decision,
+                 active: list[JobRecord]) -> None:
         self.state, self.now, self.policy, self.limits = state, now, policy, limits
+        self.active = active
+        """Jobs holding capacity at the start of the cycle (decisions of this cycle are not applied yet)."""
         self.fleet, self.future, self.usage, self.decision = fleet, future, usage, decision
         self.reservations: list[_Reservation] = []
         self.unfit: dict[object, str] = {}
@@ -275,11 +278,14 @@ class _Cycle:
         self.victims: set[uuid.UUID] = set()
         self.preemptions = 0
         self.preemption_attempts = 0
+        self.future_differs = any(j.state == "preempting" for j in active)
+        """Whether ``future`` may hold room that ``fleet`` lacks (jobs being preempted); else it is not asked."""
+        self.future_unfit: set[object] = set()
 
     def decide(self, job: JobRecord) -> Waiting | None:
         spec = job.spec
         ask = self.fleet.ask(spec)
-        demand = TenantUsage.amounts(job, None)
+        demand = TenantUsage.requested(spec)
         within_quota = self.usage.within_quota(spec.tenant, self.policy, demand[:2])
         if not within_quota and not spec.preemptible:
             return Waiting(f"waits for its tenant's quota: {self.usage.quota_text(spec.tenant, self.policy)}; "
@@ -299,10 +305,14 @@ class _Cycle:
             return None
         self.unfit[key] = fit
         # room that jobs already being preempted will free: the first job in order claims it
-        later = self.future.find(ask, blocked)
+        later: list[NodeAssignment] | str = "same as now"
+        if self.future_differs and key not in self.future_unfit:
+            later = self.future.find(ask, blocked)
+            if isinstance(later, str):
+                self.future_unfit.add(key)
         if not isinstance(later, str):
             self.future.take_assignments(spec, later)
-            ends = [j for j in self.state.active_jobs() if j.state == "preempting"
+            ends = [j for j in self.active if j.state == "preempting"
                     and {a.node_id for a in j.assignments} & {a.node_id for a in later}]
             start = max((_expected_end(j, self.now) for j in ends), default=self.now)
             return Waiting(f"waiting for {len(ends) or 'the'} preempted job(s) to stop and free "
@@ -329,7 +339,7 @@ class _Cycle:
                 if excess > 1e-9:
                     over[tenant] = excess
         candidates = []
-        for victim in self.state.active_jobs():
+        for victim in self.active:
             if victim.state not in ("placed", "running") or not victim.spec.preemptible \
                     or victim.job_id in self.victims:
                 continue
@@ -383,6 +393,8 @@ class _Cycle:
                 for a in victim.assignments)
         self.future.take_assignments(job.spec, fit)
         self.preemptions += len(chosen)
+        self.future_differs = True
+        self.future_unfit.clear()  # the victims' room is new room
         start = self.now + max(v.spec.checkpoint.grace_s for v in chosen)
         return Waiting(f"preempting {len(chosen)} lower-priority job(s) on "
                        f"{', '.join(sorted({a.node_id for a in fit}))}; starts when they have stopped", start)
@@ -414,7 +426,7 @@ class _Cycle:
     def _releases(self) -> list[tuple[float, JobRecord]]:
         cached: list[tuple[float, JobRecord]] | None = getattr(self, "_release_list", None)
         if cached is None:
-            jobs = [*self.state.active_jobs(), *self.placed_now]
+            jobs = [*self.active, *self.placed_now]
             cached = sorted(((_expected_end(j, self.now), j) for j in jobs), key=lambda p: (p[0], str(p[1].job_id)))
             self._release_list = cached
         return cached

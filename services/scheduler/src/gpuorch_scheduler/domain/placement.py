@@ -46,6 +46,7 @@ from gpuorch_policy.cluster import IntArray
 from gpuorch_scheduler.domain.state import JobRecord, NodeRecord, SchedulerState
 
 HEALTHY = ("healthy", "degraded")
+_ASKS: dict[tuple[int, int], tuple[JobSpec, Ask]] = {}
 DEFAULT_GPU_MEMORY_MIB = 81920
 
 
@@ -214,7 +215,16 @@ class FleetView:
     # -- fitting --------------------------------------------------------------------------------------------
 
     def ask(self, spec: JobSpec) -> Ask:
-        return ask_for(spec, self.largest_gpu_memory_mib)
+        """``ask_for`` memoised per spec object (specs are immutable once accepted)."""
+        key = (id(spec), self.largest_gpu_memory_mib)
+        cached = _ASKS.get(key)
+        if cached is not None and cached[0] is spec:
+            return cached[1]
+        ask = ask_for(spec, self.largest_gpu_memory_mib)
+        if len(_ASKS) > 200_000:
+            _ASKS.clear()
+        _ASKS[key] = (spec, ask)
+        return ask
 
     def find(self, ask: Ask, blocked: frozenset[str] = frozenset()) -> list[NodeAssignment] | str:
         """Assignments for ``ask`` (one per gang node, each on a different node), or why it does not fit now.

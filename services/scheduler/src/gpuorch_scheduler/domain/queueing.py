@@ -30,6 +30,7 @@ from gpuorch_scheduler.domain.placement import DEFAULT_GPU_MEMORY_MIB, demand_of
 from gpuorch_scheduler.domain.state import JobRecord, SchedulerState
 
 TIERS = ("training", "inference", "batch")
+_REQUESTED: dict[int, tuple[JobSpec, tuple[float, float, float, float]]] = {}
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class TenantUsage:
 
     held: dict[str, list[float]] = field(default_factory=dict)
     totals: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)
+    _shares: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, state: SchedulerState) -> TenantUsage:
@@ -98,14 +100,28 @@ class TenantUsage:
         row = self.held.setdefault(tenant, [0.0, 0.0, 0.0, 0.0])
         for k, value in enumerate(amounts):
             row[k] += sign * value
+        self._shares.pop(tenant, None)
+
+    @staticmethod
+    def requested(spec: JobSpec) -> tuple[float, float, float, float]:
+        """What a job of this spec will hold, estimated before placement (memoised per spec object)."""
+        key = id(spec)
+        cached = _REQUESTED.get(key)
+        if cached is not None and cached[0] is spec:
+            return cached[1]
+        gpus, mem = demand_of(spec)
+        value = (gpus, float(mem), float(spec.cpu_milli * spec.gang.nodes), float(spec.memory_mib * spec.gang.nodes))
+        if len(_REQUESTED) > 200_000:
+            _REQUESTED.clear()
+        _REQUESTED[key] = (spec, value)
+        return value
 
     @staticmethod
     def amounts(job: JobRecord, state: SchedulerState | None) -> tuple[float, float, float, float]:
         """A job's holding: from its placement when placed, else estimated from its spec."""
         spec = job.spec
         if not job.assignments:
-            gpus, mem = demand_of(spec)
-            return gpus, float(mem), float(spec.cpu_milli * spec.gang.nodes), float(spec.memory_mib * spec.gang.nodes)
+            return TenantUsage.requested(spec)
         gpus = mem = 0.0
         for assignment in job.assignments:
             totals = {}
@@ -119,10 +135,14 @@ class TenantUsage:
         return gpus, mem, float(spec.cpu_milli * n), float(spec.memory_mib * n)
 
     def dominant_share(self, tenant: str) -> float:
-        row = self.held.get(tenant)
-        if row is None:
-            return 0.0
-        return max(v / t for v, t in zip(row, self.totals, strict=True))
+        share = self._shares.get(tenant)
+        if share is None:
+            row = self.held.get(tenant)
+            totals = self.totals
+            share = 0.0 if row is None else max(row[0] / totals[0], row[1] / totals[1], row[2] / totals[2],
+                                                row[3] / totals[3])
+            self._shares[tenant] = share
+        return share
 
     def within_quota(self, tenant: str, policy: QueuePolicy, extra: tuple[float, float] = (0.0, 0.0)) -> bool:
         """Would the tenant stay within its quota holding ``extra`` more (GPUs, GPU memory)?"""
