@@ -33,13 +33,13 @@ from gpuorch_policy import (
     GPU_MILLI,
     Cluster,
     GpuView,
+    IncrementalPlacer,
     NodeView,
     Placement,
     Policy,
     Request,
     TaskMix,
     build_policy,
-    place,
 )
 from gpuorch_policy.cluster import IntArray
 
@@ -112,13 +112,12 @@ class NvlinkLocality:
             return scores, picks
         bonus = np.zeros(len(rows), dtype=np.int64)
         eligible = cluster.eligible_gpus(request, rows)
+        weights = 1 << np.arange(eligible.shape[1], dtype=np.int64)
+        masks = (eligible.astype(np.int64) * weights).sum(axis=1)
         for k, row in enumerate(rows):
             links = self.links[int(row)]
-            if links:
-                slots = [int(s) for s in np.flatnonzero(eligible[k])]
-                chosen = nvlink_first(slots, request.num_gpu, links)
-                if _connected(chosen, links):
-                    bonus[k] = 1
+            if links and _clique_possible(int(masks[k]), request.num_gpu, links):
+                bonus[k] = 1
         return (bonus * 1_000_000 + scores).astype(np.int64), picks
 
 
@@ -140,6 +139,22 @@ def nvlink_first(slots: list[int], count: int, links: frozenset[tuple[int, int]]
     return sorted(best)
 
 
+_CLIQUES: dict[tuple[int, int, frozenset[tuple[int, int]]], bool] = {}
+
+
+def _clique_possible(mask: int, count: int, links: frozenset[tuple[int, int]]) -> bool:
+    """Can ``count`` of the slots in bit ``mask`` be all NVLink-connected? Memoised (few distinct answers)."""
+    key = (mask, count, links)
+    known = _CLIQUES.get(key)
+    if known is None:
+        slots = [s for s in range(mask.bit_length()) if mask >> s & 1]
+        known = _connected(nvlink_first(slots, count, links), links)
+        if len(_CLIQUES) > 100_000:
+            _CLIQUES.clear()
+        _CLIQUES[key] = known
+    return known
+
+
 def _connected(slots: list[int], links: frozenset[tuple[int, int]]) -> bool:
     return all((a, b) in links for a in slots for b in slots if a < b)
 
@@ -153,6 +168,15 @@ class FleetView:
     nodes: dict[str, NodeRecord]
     mig_free: dict[str, list[FreeMig]] = field(default_factory=dict)
     largest_gpu_memory_mib: int = DEFAULT_GPU_MEMORY_MIB
+    _placer: IncrementalPlacer | None = None
+
+    @property
+    def placer(self) -> IncrementalPlacer:
+        """The core's placer with per-(shape, node version) score caching: after the first job of a shape, only
+        nodes that changed are scored again."""
+        if self._placer is None:
+            self._placer = IncrementalPlacer(self.cluster, self.policy)
+        return self._placer
 
     # -- building -------------------------------------------------------------------------------------------
 
@@ -243,7 +267,7 @@ class FleetView:
                     cluster.schedulable[i] = False
             result: list[NodeAssignment] = []
             for rank in range(ask.nodes):
-                decision = place(ask.request, cluster, self.policy)
+                decision = self.placer.place(ask.request)
                 if not isinstance(decision, Placement):
                     reason = decision.reasons[0] if decision.reasons else "does not fit"
                     if blocked and reason.startswith("every node"):
