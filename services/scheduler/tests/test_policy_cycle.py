@@ -289,3 +289,12 @@ def test_a_job_finishing_on_its_own_while_preempted_succeeds() -> None:
     state.apply(JobFinished(job_id=victim, placement_id=job.placement_id, node_id="n1", exit_code=0, duration_s=3))
     assert state.jobs[victim].state == "succeeded"
     assert not after_stop_confirmed(state, victim)
+
+
+def test_quotas_are_read_from_json_and_bad_ones_are_refused() -> None:
+    policy = QueuePolicy.from_json('{"a": {"gpus": 8, "gpu_memory_mib": 655360}, "*": {"gpus": 2}}')
+    assert policy.quota_of("a") == Quota(8, 655360)
+    assert policy.quota_of("zzz") == Quota(gpus=2)
+    assert QueuePolicy.from_json("").quota_of("a") is None
+    with pytest.raises(ValueError, match="expected"):
+        QueuePolicy.from_json('{"a": {"gpu": 8}}')
