@@ -57,9 +57,9 @@ def demo_workload() -> list[dict[str, Any]]:
         job("embed-batch", 2, tier="batch", resources={"gpu_milli": 500}, tenant="research"),
         job("etl-cpu-only", 1, tier="batch", priority_class="low"),
         job("train-l4", 2, tier="training", resources={"gpus": 2, "gpu_models": ["L4"]}),
-        {"name": "idle-notebook", "argv": ["python", "-c", "import time; time.sleep(9); print('notebook closed')"],
+        {"name": "idle-notebook", "argv": ["python", "-c", "import time; time.sleep(18); print('notebook closed')"],
          "env": {"GPUORCH_SIM_USAGE": "util=0,mem_mib=500"}, "resources": {"gpus": 1}, "tenant": "research"},
-        job("oversized-train", 9, tier="training", resources={"gpus": 1}, usage="util=60,mem_mib=4000",
+        job("oversized-train", 20, tier="training", resources={"gpus": 1}, usage="util=60,mem_mib=4000",
             model={"parameter_count": 350_000_000, "dtype": "fp32"}),
         {"name": "broken-job", "argv": ["python", "-c", "import sys; print('bad input'); sys.exit(3)"],
          "env": {}, "resources": {"gpus": 1}},
@@ -201,7 +201,7 @@ def demo(
         shutil.rmtree(root)
     allow = {"tenants": {tenant: {"commands": ["python", "python3"]} for tenant in ("default", "research", "serving")}}
     # telemetry judges over seconds here instead of the production minutes, so the demo shows its advice
-    quick_telemetry = {"GPUORCH_USAGE_S": "1", "GPUORCH_TELEMETRY_WINDOW_S": "5", "GPUORCH_TELEMETRY_MIN_COVERAGE": "0.5",
+    quick_telemetry = {"GPUORCH_USAGE_S": "1", "GPUORCH_TELEMETRY_WINDOW_S": "5", "GPUORCH_TELEMETRY_MIN_COVERAGE": "0.3",
                        "GPUORCH_TELEMETRY_OVERSIZED_MIN_OBSERVED_S": "5",
                        "GPUORCH_TELEMETRY_EVALUATION_INTERVAL_S": "1", "GPUORCH_TELEMETRY_SAMPLE_INTERVAL_S": "1"}
     stack = LocalStack(root=root, amqp_url=amqp_url, database_url=database_url, nodes=DEMO_NODES,
