@@ -8,6 +8,7 @@ import pytest
 from gpuorch_contracts import (
     CancelJob,
     GpuRequest,
+    JobFailed,
     JobFinished,
     JobPlaced,
     JobSpec,
@@ -146,7 +147,15 @@ def test_cancel_of_running_job_stops_it() -> None:
     for e in decision.logged:
         state.apply(e)
     assert state.jobs[job].state == "cancelled"
-    assert state.gpu_usage() == {}
+    assert state.gpu_usage() != {}  # held until the executor confirms the stop: no double booking meanwhile
+    again = accepted(state, JobSpec(run=RUN, resources=GpuRequest(gpus=1)))
+    waiting = run_cycle(state)
+    assert "cancelled job(s) to stop" in waiting.pending[again].reason
+    stop = decision.published[0]
+    state.apply(JobFailed(job_id=job, placement_id=stop.placement_id, node_id="n1", cause="killed",  # type: ignore[attr-defined]
+                          reason="stopped: cancel", stop_reason="cancel"))
+    assert state.jobs[job].state == "cancelled" and state.gpu_usage() == {}
+    assert [e.job_id for e in run_cycle(state).decision.logged if isinstance(e, JobPlaced)] == [again]
 
 
 def test_lost_node_requeues_its_jobs_after_the_lost_deadline_only() -> None:

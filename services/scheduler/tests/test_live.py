@@ -196,3 +196,36 @@ async def test_a_silent_node_is_suspect_then_lost_and_its_job_moves_but_mass_sil
         await healthy.stop()
         await doomed.stop()
         await broker.close()
+
+
+@pytest.mark.timeout(200)
+async def test_cancelling_a_running_job_holds_its_gpu_until_the_executor_stopped_it(
+    stack: LocalStack, amqp_url: str, pg_dsn: str
+) -> None:
+    stack.start_scheduler()
+    stack.start_executor()
+    await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    nodes = FakeNodes(broker, [registered_node("node-1", gpus=1)])
+    slow_to_stop = "import signal, time; signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1.5), exit(0))); " \
+                   "time.sleep(600)"
+    try:
+        await nodes.start()
+        first = SubmitJob(spec=JobSpec(resources=GpuRequest(gpus=1), checkpoint={"grace_s": 10},  # type: ignore[arg-type]
+                                       run=ProcessRun(argv=["python", "-c", slow_to_stop])))
+        await publish_when_routable(broker, first)
+        await wait_rows(pg_dsn, "SELECT state FROM jobs WHERE job_id = $1", first.job_id,
+                        until=lambda rs: rs and rs[0]["state"] == "running", what="first running")
+        await broker.publish(CancelJob(job_id=first.job_id))
+        second = SubmitJob(spec=JobSpec(resources=GpuRequest(gpus=1), run=ProcessRun(argv=["python", "-c", "pass"])))
+        await broker.publish(second)
+        rows = await wait_jobs_terminal(pg_dsn, [first.job_id, second.job_id], timeout_s=60)
+    finally:
+        await nodes.stop()
+        await broker.close()
+    assert (rows[first.job_id]["state"], rows[second.job_id]["state"]) == ("cancelled", "succeeded")
+    events = await events_of(pg_dsn)
+    stopped = next(e["position"] for e in events if e["type"] == "job.failed" and e["job_id"] == str(first.job_id))
+    placed = next(e["position"] for e in events if e["type"] == "job.placed" and e["job_id"] == str(second.job_id))
+    assert placed > stopped  # the second job got the GPU only once the cancelled one had really ended

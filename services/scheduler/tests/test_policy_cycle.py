@@ -147,7 +147,7 @@ def test_preemption_handshake_holds_capacity_until_the_executor_confirms() -> No
     # nothing is placed while the victim still holds its GPU, and no second victim is chosen
     again = cycle(state, NOW + 2)
     assert placed(again) == [] and not any(isinstance(e, JobPreempting) for e in again.decision.logged)
-    assert "waiting for 1 preempted job(s) to stop" in again.pending[urgent].reason
+    assert "waiting for 1 preempted or cancelled job(s) to stop" in again.pending[urgent].reason
     placement = state.jobs[victim].placement_id
     state.apply(JobCheckpointed(job_id=victim, placement_id=placement, node_id="n1"))
     assert not after_stop_confirmed(state, victim)  # a checkpoint is not yet a stop

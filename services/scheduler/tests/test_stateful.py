@@ -156,10 +156,15 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.run(self.svc.handle(JobStarted(job_id=job.job_id, placement_id=job.placement_id,  # type: ignore[arg-type]
                                                 node_id=a.node_id, occurred_at=self.at())))
 
-    @precondition(lambda self: self.service is not None and self._jobs_in("running", "preempting"))
+    def _ending(self) -> list[uuid.UUID]:
+        """Jobs an executor may report ended: running, being preempted, or cancelled and still stopping."""
+        return sorted((j.job_id for j in self.svc.state.jobs.values()
+                       if j.state in ("running", "preempting") or j.stopping_nodes), key=str)
+
+    @precondition(lambda self: self.service is not None and self._ending())
     @rule(pick=st.integers(0, 100), outcome=st.sampled_from(["finished", "failed", "stopped"]))
     def executor_reports_end(self, pick: int, outcome: str) -> None:
-        ids = self._jobs_in("running", "preempting")
+        ids = self._ending()
         job = self.svc.state.jobs[ids[pick % len(ids)]]
         node_id = job.assignments[0].node_id
         if outcome == "finished":

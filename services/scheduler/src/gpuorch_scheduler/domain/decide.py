@@ -145,7 +145,7 @@ def requeued_after_preemption(job: JobRecord, reason: str) -> Decision:
 
 def after_lost(state: SchedulerState, event: JobLost) -> Decision:
     job = state.jobs.get(event.job_id)
-    if job is None or job.placement_id != event.placement_id or not job.holds_capacity:
+    if job is None or job.placement_id != event.placement_id or job.state not in ("placed", "running", "preempting"):
         return Decision()
     return requeue_or_fail(job, f"lost on {event.node_id}: {event.reason}")
 
@@ -213,7 +213,14 @@ class _Reservation:
     nodes: frozenset[str]
 
 
+def _stopping(job: JobRecord) -> bool:
+    """Being stopped: preempted, or cancelled while running; its room frees once the executors confirm."""
+    return job.state == "preempting" or bool(job.stopping_nodes)
+
+
 def _expected_end(job: JobRecord, now: float) -> float:
+    if job.stopping_nodes:
+        return max(now, (job.ended_at or now) + job.spec.checkpoint.grace_s)
     if job.state == "preempting" and job.preempting_at is not None:
         return max(now, job.preempting_at + job.spec.checkpoint.grace_s)
     length = job.spec.runtime_estimate_s or job.spec.max_runtime_s
@@ -248,8 +255,7 @@ def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = Non
     sample = [j.spec for j in (queued[:500] + active[:500])]
     fleet = FleetView.from_state(state, mix_sample=sample)
     future = fleet.copy()  # capacity once the jobs being preempted have stopped, minus what waiting jobs claimed
-    preempting = [j for j in active if j.state == "preempting"]
-    for job in preempting:
+    for job in [j for j in active if _stopping(j)]:
         future.release_assignments(job.spec, job.assignments)
     usage = TenantUsage.of(state)
     cycle = _Cycle(state, now, policy, limits, fleet, future, usage, decision, active)
@@ -278,7 +284,7 @@ class _Cycle:
         self.victims: set[uuid.UUID] = set()
         self.preemptions = 0
         self.preemption_attempts = 0
-        self.future_differs = any(j.state == "preempting" for j in active)
+        self.future_differs = any(_stopping(j) for j in active)
         """Whether ``future`` may hold room that ``fleet`` lacks (jobs being preempted); else it is not asked."""
         self.future_unfit: set[object] = set()
 
@@ -312,10 +318,10 @@ class _Cycle:
                 self.future_unfit.add(key)
         if not isinstance(later, str):
             self.future.take_assignments(spec, later)
-            ends = [j for j in self.active if j.state == "preempting"
+            ends = [j for j in self.active if _stopping(j)
                     and {a.node_id for a in j.assignments} & {a.node_id for a in later}]
             start = max((_expected_end(j, self.now) for j in ends), default=self.now)
-            return Waiting(f"waiting for {len(ends) or 'the'} preempted job(s) to stop and free "
+            return Waiting(f"waiting for {len(ends) or 'the'} preempted or cancelled job(s) to stop and free "
                            f"{', '.join(a.node_id for a in later)}", start)
         if within_quota and self.preemption_attempts < self.limits.preemption_attempts \
                 and ask.shape not in self.no_victims:
@@ -491,6 +497,8 @@ def liveness(
             decision.logged.append(NodeLivenessChanged(
                 node_id=node_id, liveness="lost", reason=f"no heartbeat for {age:.0f}s", occurred_at=at(now)))
             for job in state.active_jobs():
+                if job.state in TERMINAL_STATES:
+                    continue  # a cancelled placement still stopping: the lost event frees it
                 if job.job_id not in requeued and any(a.node_id == node_id for a in job.assignments):
                     requeued.add(job.job_id)
                     decision.extend(requeue_or_fail(job, f"node {node_id} lost"))

@@ -65,10 +65,12 @@ class JobRecord:
     stopped_nodes: list[str] = field(default_factory=list)
     """Nodes whose executor confirmed the preempted placement ended (capacity is held until all did)."""
     preemptions: int = 0
+    stopping_nodes: list[str] = field(default_factory=list)
+    """Nodes of a cancelled placement whose executor has not yet confirmed it ended: its capacity stays held."""
 
     @property
     def holds_capacity(self) -> bool:
-        return self.state in ACTIVE_STATES
+        return self.state in ACTIVE_STATES or bool(self.stopping_nodes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,7 +81,7 @@ class JobRecord:
             "reason": self.reason, "requeues": self.requeues, "log_path": self.log_path,
             "checkpointed": self.checkpointed, "enqueued_at": self.enqueued_at, "traceparent": self.traceparent,
             "preempting_at": self.preempting_at, "stopped_nodes": list(self.stopped_nodes),
-            "preemptions": self.preemptions,
+            "preemptions": self.preemptions, "stopping_nodes": list(self.stopping_nodes),
         }
 
     @classmethod
@@ -93,7 +95,7 @@ class JobRecord:
             exit_code=raw["exit_code"], reason=raw["reason"], requeues=raw["requeues"], log_path=raw["log_path"],
             checkpointed=raw["checkpointed"], enqueued_at=raw["enqueued_at"], traceparent=raw.get("traceparent"),
             preempting_at=raw.get("preempting_at"), stopped_nodes=list(raw.get("stopped_nodes", [])),
-            preemptions=raw.get("preemptions", 0),
+            preemptions=raw.get("preemptions", 0), stopping_nodes=list(raw.get("stopping_nodes", [])),
         )
 
 
@@ -158,6 +160,8 @@ class SchedulerState:
                 job = self._current(event.job_id, event.placement_id)
                 if job is not None and job.state in ("placed", "running"):
                     job.state, job.started_at, job.log_path = "running", at, event.log_path
+            case JobFinished() | JobFailed() | JobLost() if self._stop_confirmed(event):
+                pass  # a cancelled placement ended on that node: its capacity there is free now
             case JobFinished():
                 job = self._current(event.job_id, event.placement_id)
                 if job is not None and job.holds_capacity:
@@ -201,6 +205,8 @@ class SchedulerState:
             case JobCancelled():
                 job = self.jobs.get(event.job_id)
                 if job is not None and job.state not in TERMINAL_STATES:
+                    if job.holds_capacity:  # held until the executors confirm the stop (or the node is lost)
+                        job.stopping_nodes = sorted({a.node_id for a in job.assignments} - set(job.stopped_nodes))
                     self._end(job, "cancelled", at, None, event.reason)
             case NodeRegistered():
                 node = self.nodes.get(event.inventory.node_id)
@@ -219,8 +225,23 @@ class SchedulerState:
                 node = self.nodes.get(event.node_id)
                 if node is not None:
                     node.liveness = event.liveness
+                if event.liveness == "lost":  # whatever ran there is gone (fenced) by now
+                    for job in self.jobs.values():
+                        if event.node_id in job.stopping_nodes:
+                            job.stopping_nodes.remove(event.node_id)
             case _:
                 raise TypeError(f"the scheduler log holds no {event.TYPE!r} events")
+
+    def _stop_confirmed(self, event: JobFinished | JobFailed | JobLost) -> bool:
+        """Record the end of a cancelled placement on one node; True if the event was that."""
+        job = self.jobs.get(event.job_id)
+        if job is None or not job.stopping_nodes or event.placement_id not in (None, job.placement_id):
+            return False
+        if event.node_id is None:
+            job.stopping_nodes = []
+        elif event.node_id in job.stopping_nodes:
+            job.stopping_nodes.remove(event.node_id)
+        return True
 
     def _current(self, job_id: uuid.UUID, placement_id: uuid.UUID) -> JobRecord | None:
         """The job if ``placement_id`` is its current placement (events of older placements are history)."""
