@@ -55,7 +55,7 @@ async def test_services_run_a_job_with_least_privilege_users(
 ) -> None:
     stack.start_scheduler(GPUORCH_AMQP_URL=users["scheduler"])
     stack.start_executor(GPUORCH_AMQP_URL=users["executor"])
-    await stack.queues_declared(["scheduler", f"executor.{NODE}"], timeout_s=60)
+    await stack.queues_declared(["scheduler", "scheduler.heartbeats", f"executor.{NODE}"], timeout_s=60)
     stack.start_telemetry(GPUORCH_AMQP_URL=users["telemetry"])
     await stack.queues_declared(["telemetry.samples"], timeout_s=60)
     stack.start_node_agents(GPUORCH_AMQP_URL=users["node-agent"])

@@ -30,7 +30,7 @@ async def test_connection_drops_mid_flow_and_every_job_completes_exactly_once(
     stack.amqp_url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/{amqp_vhost}"
     stack.start_scheduler()
     stack.start_executor()
-    await stack.queues_declared(["scheduler", "executor.node-1"])
+    await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
     runs = tmp_path / "runs.txt"
     broker = Broker(amqp_url, producer="test")  # the test itself talks to the broker directly
     await broker.connect()
@@ -74,7 +74,7 @@ async def test_malformed_submission_is_dead_lettered_with_reason_while_valid_job
     stack: LocalStack, amqp_url: str, pg_dsn: str, body: bytes
 ) -> None:
     stack.start_scheduler()
-    await stack.queues_declared(["scheduler"])
+    await stack.queues_declared(["scheduler", "scheduler.heartbeats"])
     connection = await aio_pika.connect(amqp_url)
     broker = Broker(amqp_url, producer="test")
     await broker.connect()
@@ -108,7 +108,7 @@ async def test_broker_closing_a_running_services_connection_is_survived(
 
     stack.start_scheduler()
     stack.start_executor()
-    await stack.queues_declared(["scheduler", "executor.node-1"])
+    await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
     broker = Broker(amqp_url, producer="test")
     await broker.connect()
     nodes = FakeNodes(broker, [registered_node("node-1", gpus=1)])

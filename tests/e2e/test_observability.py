@@ -66,7 +66,7 @@ async def test_one_job_is_one_trace_across_services_with_ids_in_logs_and_metrics
     stack.extra_env["GPUORCH_OTLP_ENDPOINT"] = collector.url
     stack.start_scheduler(GPUORCH_METRICS_PORT=str(metrics_port))
     stack.start_executor()
-    await stack.queues_declared(["scheduler", "executor.node-1"])
+    await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
     configure_tracing("test-submitter")
     broker = Broker(amqp_url, producer="test")
     await broker.connect()

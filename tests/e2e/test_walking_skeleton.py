@@ -23,7 +23,7 @@ async def test_one_gpu_job_runs_with_its_gpu_uuid_and_reports_exit(stack: LocalS
                                                                       pg_dsn: str) -> None:
     stack.start_scheduler()
     stack.start_executor()
-    await stack.queues_declared(["scheduler", "executor.node-1"])
+    await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
     broker = Broker(amqp_url, producer="test")
     await broker.connect()
     nodes = FakeNodes(broker, [registered_node("node-1", gpus=2)])

@@ -77,7 +77,7 @@ def test_whole_gpu_jobs_fill_then_wait_with_reason() -> None:
     assert [p.job_id for p in placed] == ids[:2]
     launches = [c for c in result.decision.published if isinstance(c, LaunchJob)]
     assert {c.gpus[0].gpu_uuid for c in launches} == {"GPU-n1-0", "GPU-n1-1"}
-    assert result.pending[ids[2]].reason == "needs 1 GPUs on one node; largest free: 0"
+    assert result.pending[ids[2]].reason == "needs 1 GPU on one node; largest free: 0"
     assert state.capacity_violations() == []
 
 

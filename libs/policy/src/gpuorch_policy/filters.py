@@ -77,7 +77,7 @@ class GpuModel:
                 f"needs {_describe_gpus(request)} of model {wanted} on one node; "
                 f"models here: {', '.join(models) or 'none'}"
             )
-        return f"needs {request.num_gpu} GPUs on one node; the largest node has {most}"
+        return f"needs {_describe_gpus(request)} on one node; the largest node has {most}"
 
 
 class HostCpu:
@@ -125,7 +125,8 @@ class GpuCapacity:
         whole = request.num_gpu and request.gpu_milli >= GPU_MILLI
         counts = cluster.eligible_gpus(request, rows).sum(axis=1) if len(rows) else np.zeros(1)
         largest = int(counts.max()) if len(counts) else 0
-        what = "GPUs" if whole else f"GPUs with {request.gpu_milli} milli free"
+        plural = "s" if request.num_gpu != 1 else ""
+        what = f"GPU{plural}" if whole else f"GPU{plural} with {request.gpu_milli} milli free"
         return f"needs {request.num_gpu} {what} on one node; largest free: {largest}"
 
 

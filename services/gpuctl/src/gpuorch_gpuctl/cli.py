@@ -146,14 +146,16 @@ def jobs(
     if as_json:
         print(json.dumps([jobs_view.public_row(r) for r in rows], default=str))
         return
-    table = Table("id", "name", "tenant", "tier", "state", "node", "gpus", "exit", "age", "reason")
+    table = Table("id", "name", "tenant", "tier", "state", "node", "gpus", "exit", "age", "starts in", "reason")
     now = time.time()
     for r in rows:
+        estimated = r.get("estimated_start")
+        starts_in = f"~{max(0.0, estimated.timestamp() - now):.0f}s" if estimated and r["state"] == "queued" else ""
         table.add_row(
             str(r["job_id"])[:8], r["name"], r["tenant"], r["tier"], _colour(r["state"]),
             ",".join(r["node_ids"] or []) or "-", jobs_view.gpu_text(r),
             "-" if r["exit_code"] is None else str(r["exit_code"]),
-            f"{now - r['submitted_at'].timestamp():.0f}s", (r["pending_reason"] or r["reason"] or "")[:60],
+            f"{now - r['submitted_at'].timestamp():.0f}s", starts_in, (r["pending_reason"] or r["reason"] or "")[:60],
         )
     console.print(table)
 

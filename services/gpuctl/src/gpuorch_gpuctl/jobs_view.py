@@ -121,12 +121,12 @@ def public_row(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
         "gpus": gpu_text(row), "exit_code": row["exit_code"], "reason": row["reason"],
         "pending_reason": row["pending_reason"], "submitted_at": row["submitted_at"],
         "started_at": row["started_at"], "ended_at": row["ended_at"], "requeues": row["requeues"],
+        "estimated_start": row.get("estimated_start"),
     }
     if full:
         spec = row.get("spec")
         out["spec"] = json.loads(spec) if isinstance(spec, str) else spec
         out["placement_id"] = str(row["placement_id"]) if row.get("placement_id") else None
         out["log_path"] = row.get("log_path")
-        out["estimated_start"] = row.get("estimated_start")
         out["priority_class"] = row.get("priority_class")
     return out

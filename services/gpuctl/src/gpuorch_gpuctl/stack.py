@@ -122,7 +122,8 @@ class LocalStack:
         their first registrations have somewhere to go."""
         self.start_scheduler()
         self.start_executor()
-        self.wait_for_queues(["scheduler"], timeout_s)  # the scheduler applied the migrations by then
+        # the scheduler applied the migrations by then, and its queues are bound (heartbeats' comes last)
+        self.wait_for_queues(["scheduler", "scheduler.heartbeats"], timeout_s)
         self.start_telemetry()
         self.wait_for_queues(["telemetry.samples"], timeout_s)
         self.start_node_agents()
