@@ -119,6 +119,9 @@ def drill(jobs: int, kills: int, seed: int, standby: bool) -> None:
 
 
 def main() -> None:
+    from gpuorch_observability import configure_logging
+
+    configure_logging("bench-scheduler", "WARNING")  # the drill's in-process consumers log every message at info
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=["all", "drill", "latency"], default="all")
     parser.add_argument("--jobs", type=int, default=1000)
