@@ -36,3 +36,23 @@ def test_vanished_process_yields_unknowns() -> None:
     gone.wait()
     facts = HostProcessSampler().sample([gone.pid])
     assert facts[gone.pid].host_cpu_pct is None and facts[gone.pid].pgid is None
+
+
+def test_metrics_collector_reports_the_fleet_counters() -> None:
+    from gpuorch_node_agent.fleet import FleetRunner
+    from gpuorch_node_agent.metrics import FleetCollector
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    class Agent:
+        handles = [object(), object()]
+        node_id = "n1"
+
+    runner = FleetRunner([Agent()], publisher=None)  # type: ignore[list-item]
+    runner.stats.heartbeats = 7
+    runner.stats.lag_s = [0.1, 0.2, 0.3]
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(runner))
+    text = generate_latest(registry).decode()
+    assert "gpuorch_node_agent_gpus 2.0" in text
+    assert "gpuorch_node_agent_heartbeats_total 7.0" in text
+    assert 'gpuorch_node_agent_heartbeat_lag_seconds{quantile="0.5"} 0.2' in text

@@ -51,6 +51,7 @@ ENVIRONMENT = (
     ("fleet_name", "GPUORCH_FLEET_NAME", "sim", "name of this fleet (queue and node id prefix)"),
     ("log_level", "GPUORCH_LOG_LEVEL", "INFO", "log level"),
     ("otlp_endpoint", "GPUORCH_OTLP_ENDPOINT", None, "OTLP/HTTP endpoint for traces (none: not exported)"),
+    ("metrics_port", "GPUORCH_METRICS_PORT", "0", "Prometheus /metrics port (0: off)"),
 )
 
 
@@ -69,6 +70,7 @@ class AgentConfig:
     fleet_name: str
     log_level: str
     otlp_endpoint: str | None
+    metrics_port: int = 0
     stdout: bool = False
     duration_s: float | None = None
 
@@ -98,7 +100,8 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         sim_profile=args.sim_profile, sim_seed=int(args.sim_seed), heartbeat_s=float(args.heartbeat_s),
         usage_s=float(args.usage_s), inventory_s=float(args.inventory_s), fleet_nodes=args.fleet_nodes,
         fleet_csv=args.fleet_csv, fleet_name=args.fleet_name, log_level=args.log_level,
-        otlp_endpoint=args.otlp_endpoint, stdout=args.stdout, duration_s=args.duration_s,
+        otlp_endpoint=args.otlp_endpoint, metrics_port=int(args.metrics_port), stdout=args.stdout,
+        duration_s=args.duration_s,
     )
 
 
@@ -179,6 +182,13 @@ async def run(config: AgentConfig) -> FleetRunner:
         publisher = broker
     runner = FleetRunner(agents, publisher, heartbeat_s=config.heartbeat_s, usage_s=config.usage_s,
                          seed=config.sim_seed)
+    if config.metrics_port:
+        from gpuorch_observability import start_metrics_server
+
+        from gpuorch_node_agent.metrics import register
+
+        register(runner)
+        start_metrics_server(config.metrics_port)
     if broker is not None:  # bind before heartbeats start: 5,000 bindings take a while
         registry = handlers(runner.by_node_id, runner.publish_now)
         await broker.consume(command_queue(config, [a.node_id for a in agents]),
