@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -83,3 +85,19 @@ async def publish_when_routable(broker: Broker, message: Message, timeout_s: flo
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.3)
+
+
+@asynccontextmanager
+async def nodes_online(amqp_url: str, pg_dsn: str, registrations: list[NodeRegistered]) -> AsyncIterator[Broker]:
+    """The test's own broker connection, with fake nodes registered (seen in the read model) and heartbeating."""
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    nodes = FakeNodes(broker, registrations)
+    try:
+        await nodes.start()
+        await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rs: len(rs) >= len(registrations),
+                        what="nodes registered")
+        yield broker
+    finally:
+        await nodes.stop()
+        await broker.close()

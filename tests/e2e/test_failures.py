@@ -14,7 +14,7 @@ from gpuorch_messaging import REASON_HEADER, Broker
 from gpuorch_messaging.testing import TcpProxy
 from gpuorch_scheduler.testing import registered_node
 
-from tests.e2e.harness import FakeNodes, publish_when_routable, wait_jobs_terminal, wait_rows
+from tests.e2e.harness import nodes_online, publish_when_routable, wait_jobs_terminal, wait_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -32,28 +32,22 @@ async def test_connection_drops_mid_flow_and_every_job_completes_exactly_once(
     stack.start_executor()
     await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
     runs = tmp_path / "runs.txt"
-    broker = Broker(amqp_url, producer="test")  # the test itself talks to the broker directly
-    await broker.connect()
-    nodes = FakeNodes(broker, [registered_node("node-1", gpus=4)])
-    try:
-        await nodes.start()
-        await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rs: len(rs) == 1, what="node registered")
-        submits = [SubmitJob(spec=JobSpec(resources=GpuRequest(gpus=1),
-                                          run=ProcessRun(argv=["python", "-c", RECORD_RUN, str(runs)])))
-                   for _ in range(8)]
-        for i, submit in enumerate(submits):
-            await publish_when_routable(broker, submit)
-            if i in (2, 5):
-                await asyncio.sleep(0.8)
-                await proxy.cut()  # every service connection drops at once, mid-flow
-        await asyncio.sleep(1.0)
-        await proxy.cut()
-        assert proxy.cuts == 3
-        rows = await wait_jobs_terminal(pg_dsn, [s.job_id for s in submits], timeout_s=120)
-        events = await wait_rows(pg_dsn, "SELECT type, payload::text AS payload FROM events", until=lambda rs: True)
+    try:  # the test itself talks to the broker directly, not through the proxy
+        async with nodes_online(amqp_url, pg_dsn, [registered_node("node-1", gpus=4)]) as broker:
+            submits = [SubmitJob(spec=JobSpec(resources=GpuRequest(gpus=1),
+                                              run=ProcessRun(argv=["python", "-c", RECORD_RUN, str(runs)])))
+                       for _ in range(8)]
+            for i, submit in enumerate(submits):
+                await publish_when_routable(broker, submit)
+                if i in (2, 5):
+                    await asyncio.sleep(0.8)
+                    await proxy.cut()  # every service connection drops at once, mid-flow
+            await asyncio.sleep(1.0)
+            await proxy.cut()
+            assert proxy.cuts == 3
+            rows = await wait_jobs_terminal(pg_dsn, [s.job_id for s in submits], timeout_s=120)
+            events = await wait_rows(pg_dsn, "SELECT type, payload::text AS payload FROM events", until=lambda rs: True)
     finally:
-        await nodes.stop()
-        await broker.close()
         await proxy.stop()
     assert {r["state"] for r in rows.values()} == {"succeeded"}
     ran = runs.read_text().split()
@@ -109,12 +103,7 @@ async def test_broker_closing_a_running_services_connection_is_survived(
     stack.start_scheduler()
     stack.start_executor()
     await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
-    broker = Broker(amqp_url, producer="test")
-    await broker.connect()
-    nodes = FakeNodes(broker, [registered_node("node-1", gpus=1)])
-    try:
-        await nodes.start()
-        await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rs: len(rs) == 1, what="node registered")
+    async with nodes_online(amqp_url, pg_dsn, [registered_node("node-1", gpus=1)]) as broker:
         first = SubmitJob(spec=JobSpec(resources=GpuRequest(gpus=1), run=ProcessRun(argv=["python", "-c", "pass"])))
         await broker.publish(first)
         await wait_jobs_terminal(pg_dsn, [first.job_id])
@@ -134,8 +123,5 @@ async def test_broker_closing_a_running_services_connection_is_survived(
         second = SubmitJob(spec=JobSpec(resources=GpuRequest(gpus=1), run=ProcessRun(argv=["python", "-c", "pass"])))
         await publish_when_routable(broker, second)
         rows = await wait_jobs_terminal(pg_dsn, [second.job_id], timeout_s=60)
-    finally:
-        await nodes.stop()
-        await broker.close()
     assert rows[second.job_id]["state"] == "succeeded"
     assert stack.dead() == []

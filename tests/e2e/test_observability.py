@@ -12,12 +12,11 @@ import httpx
 import pytest
 from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
 from gpuorch_gpuctl.stack import LocalStack
-from gpuorch_messaging import Broker
 from gpuorch_observability import configure_tracing, inject_trace, tracer
 from gpuorch_scheduler.testing import registered_node
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.e2e.harness import FakeNodes, publish_when_routable, wait_jobs_terminal, wait_rows
+from tests.e2e.harness import nodes_online, publish_when_routable, wait_jobs_terminal
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -68,12 +67,7 @@ async def test_one_job_is_one_trace_across_services_with_ids_in_logs_and_metrics
     stack.start_executor()
     await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
     configure_tracing("test-submitter")
-    broker = Broker(amqp_url, producer="test")
-    await broker.connect()
-    nodes = FakeNodes(broker, [registered_node("node-1", gpus=1)])
-    try:
-        await nodes.start()
-        await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rs: len(rs) == 1, what="node registered")
+    async with nodes_online(amqp_url, pg_dsn, [registered_node("node-1", gpus=1)]) as broker:
         submit = SubmitJob(spec=JobSpec(resources=GpuRequest(gpus=1), run=ProcessRun(argv=["python", "-c", "pass"])))
         with tracer().start_as_current_span("submit") as span:
             trace_id = format(span.get_span_context().trace_id, "032x")
@@ -81,9 +75,6 @@ async def test_one_job_is_one_trace_across_services_with_ids_in_logs_and_metrics
             assert inject_trace({})["traceparent"].split("-")[1] == trace_id
         await wait_jobs_terminal(pg_dsn, [submit.job_id])
         scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-    finally:
-        await nodes.stop()
-        await broker.close()
     stack.stop_all()  # flushes the services' span exporters
 
     in_trace = {(service.split("/")[0], name) for service, tid, name in collector.spans if tid == trace_id}

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 from gpuorch_contracts import JobSpec, ProcessRun, SubmitJob
 from gpuorch_gpuctl.stack import LocalStack
-from gpuorch_messaging import Broker
 from gpuorch_scheduler.testing import registered_node
 
-from tests.e2e.harness import FakeNodes, publish_when_routable, wait_jobs_terminal, wait_rows
+from tests.e2e.harness import nodes_online, publish_when_routable, wait_jobs_terminal
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -24,12 +23,7 @@ async def test_one_gpu_job_runs_with_its_gpu_uuid_and_reports_exit(stack: LocalS
     stack.start_scheduler()
     stack.start_executor()
     await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
-    broker = Broker(amqp_url, producer="test")
-    await broker.connect()
-    nodes = FakeNodes(broker, [registered_node("node-1", gpus=2)])
-    try:
-        await nodes.start()
-        await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rs: len(rs) == 1, what="node registered")
+    async with nodes_online(amqp_url, pg_dsn, [registered_node("node-1", gpus=2)]) as broker:
         # the way a person submits: gpuctl submit prints the job id
         submitted = subprocess.run(
             [sys.executable, "-m", "gpuorch_gpuctl", "submit", "--gpus", "1", "--amqp-url", amqp_url, "--",
@@ -39,9 +33,6 @@ async def test_one_gpu_job_runs_with_its_gpu_uuid_and_reports_exit(stack: LocalS
         failing = SubmitJob(spec=JobSpec(run=ProcessRun(argv=["python", "-c", "raise SystemExit(3)"])))
         await publish_when_routable(broker, failing)
         rows = await wait_jobs_terminal(pg_dsn, [cli_job, failing.job_id], timeout_s=60)
-    finally:
-        await nodes.stop()
-        await broker.close()
     ok, bad = rows[cli_job], rows[failing.job_id]
     assert (ok["state"], ok["exit_code"], ok["node_ids"]) == ("succeeded", 0, ["node-1"])
     gpu_uuid = json.loads(ok["assignments"])[0]["gpus"][0]["gpu_uuid"]

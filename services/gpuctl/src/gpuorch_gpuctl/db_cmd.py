@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
 import typer
@@ -56,8 +57,19 @@ def migrate_command(
         applied = await migrate(dsn, progress=_progress)
         return {"database_created": created, "applied": applied}
 
+    result = _run(run)
+    if as_json:
+        print(json.dumps(result))
+    else:
+        print(f"applied {len(result['applied'])} migration(s)")
+        for name in result["applied"]:
+            print(f"  {name}")
+
+
+def _run(work: Callable[[], Coroutine[Any, Any, dict[str, Any]]]) -> dict[str, Any]:
+    """Run a database command; a migration problem or an unreachable database exits with a clear message."""
     try:
-        result = asyncio.run(run())
+        return asyncio.run(work())
     except MigrationError as exc:
         raise _fail(str(exc)) from exc
     except (OSError, ValueError) as exc:
@@ -66,12 +78,6 @@ def migrate_command(
         if type(exc).__module__.startswith("asyncpg"):
             raise _fail(f"{type(exc).__name__}: {exc}") from exc
         raise
-    if as_json:
-        print(json.dumps(result))
-    else:
-        print(f"applied {len(result['applied'])} migration(s)")
-        for name in result["applied"]:
-            print(f"  {name}")
 
 
 @db_app.command("status")
@@ -97,16 +103,7 @@ def status_command(dsn: DsnOpt = DEFAULT_DSN, as_json: JsonOpt = False) -> None:
             }
         return {"migrations": rows, "outbox": backlog}
 
-    try:
-        result = asyncio.run(run())
-    except MigrationError as exc:
-        raise _fail(str(exc)) from exc
-    except (OSError, ValueError) as exc:
-        raise _fail(f"cannot reach the database: {exc}") from exc
-    except Exception as exc:
-        if type(exc).__module__.startswith("asyncpg"):
-            raise _fail(f"{type(exc).__name__}: {exc}") from exc
-        raise
+    result = _run(run)
     if as_json:
         print(json.dumps(result))
         return
