@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -411,3 +412,37 @@ async def test_a_stray_sigterm_to_the_supervisor_does_not_orphan_the_job(harness
     outcome = await harness.until_ended(command.placement_id)
     assert isinstance(outcome, JobFinished)  # the supervisor stayed and reported the real exit
     assert log_text(harness.publisher.of_type(JobStarted)[0]).strip() == "True"  # the job has default handlers
+
+
+async def _launch_cancelled_while_starting(harness: Harness, command: Any) -> PlacementRecord:
+    """Start handling ``command`` and cancel the handler while it waits for the job to start, as the broker
+    adapter's delivery task is cancelled when the connection drops mid-launch."""
+    handling = asyncio.create_task(harness.executor.handle(command))
+    await asyncio.sleep(0)  # the handler runs up to its first wait: the supervisor is spawned, the job not started
+    record = harness.executor.records[command.placement_id]
+    assert record.state == "launching" and record.supervisor_pid is not None
+    handling.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handling
+    return record
+
+
+async def test_a_launch_interrupted_while_starting_is_finished_by_the_watch_loop(harness: Harness) -> None:
+    command = launch_job(["python", "-c", "print('ran')"])
+    await _launch_cancelled_while_starting(harness, command)
+    outcome = await harness.until_ended(command.placement_id)  # no redelivery: the watch loop alone
+    assert isinstance(outcome, JobFinished)
+    [started] = harness.publisher.of_type(JobStarted)
+    assert started.placement_id == command.placement_id
+
+
+async def test_a_launch_interrupted_while_starting_is_finished_by_its_redelivery(harness: Harness) -> None:
+    command = launch_job(["python", "-c", "import time; time.sleep(0.5)"])
+    await _launch_cancelled_while_starting(harness, command)
+    await harness.executor.handle(command)  # the unacked LaunchJob comes back after the reconnect
+    [started] = harness.publisher.of_type(JobStarted)  # published before the redelivery is acked
+    assert started.placement_id == command.placement_id
+    assert isinstance(await harness.until_ended(command.placement_id), JobFinished)
+    assert len(harness.publisher.of_type(JobStarted)) == 1
+    assert len([p for p in psutil.process_iter(["cmdline"])
+                if str(command.placement_id) in " ".join(p.info["cmdline"] or [])]) <= 1  # one supervisor at most

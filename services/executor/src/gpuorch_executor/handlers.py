@@ -116,6 +116,8 @@ class NodeExecutor:
             known = self.records.get(command.placement_id)
             if known is not None:
                 log.info("launch.redelivered", placement_id=str(command.placement_id), state=known.state)
+                if known.state == "launching":  # the first delivery's handler was interrupted mid-start
+                    await self._await_job_start(known)
                 await self.flush(known, raise_errors=True)
                 return
             record = PlacementRecord(
@@ -209,25 +211,35 @@ class NodeExecutor:
         """Wait for the supervisor's ``started.json`` (-> running) or ``exit.json`` (-> launch error)."""
         deadline = time.monotonic() + self.settings.start_timeout_s
         while True:
-            started = self.store.read_started(record.placement_id)
-            if started is not None:
-                self._mark_running(record, started)
+            if self._advance_launch(record, timed_out=time.monotonic() > deadline):
                 return
-            if self.store.read_exit(record.placement_id) is not None:
-                self._conclude(record, self.store.read_exit(record.placement_id) or {})
-                return
-            supervisor_gone = not self._supervisor_alive(record)
-            if supervisor_gone or time.monotonic() > deadline:
-                if self.store.read_started(record.placement_id) or self.store.read_exit(record.placement_id):
-                    continue
-                if not supervisor_gone:
-                    self._kill_supervisor(record)
-                tail = read_tail(self.store.placement_dir(record.placement_id) / "supervisor.log", 600).strip()
-                why = "exited" if supervisor_gone else f"did not start the job within {self.settings.start_timeout_s}s"
-                self._conclude_outcome(record, Outcome("failed", "launch_error", f"supervisor {why}: {tail}",
-                                                       None, 0.0))
-                return
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # files written by another process: polled
+
+    def _advance_launch(self, record: PlacementRecord, *, timed_out: bool) -> bool:
+        """One look at a launching placement; returns False while its job is still starting.
+
+        ``started.json`` makes it running (JobStarted in its outbox), ``exit.json`` ends it; a supervisor that
+        exited without either, or that did not start the job before ``timed_out``, ends it as a launch error.
+        """
+        started = self.store.read_started(record.placement_id)
+        if started is not None:
+            self._mark_running(record, started)
+            return True
+        exit_status = self.store.read_exit(record.placement_id)
+        if exit_status is not None:
+            self._conclude(record, exit_status)
+            return True
+        supervisor_gone = not self._supervisor_alive(record)
+        if not (supervisor_gone or timed_out):
+            return False
+        if self.store.read_started(record.placement_id) or self.store.read_exit(record.placement_id):
+            return False  # written just now: the next look takes it
+        if not supervisor_gone:
+            self._kill_supervisor(record)
+        tail = read_tail(self.store.placement_dir(record.placement_id) / "supervisor.log", 600).strip()
+        why = "exited" if supervisor_gone else f"did not start the job within {self.settings.start_timeout_s}s"
+        self._conclude_outcome(record, Outcome("failed", "launch_error", f"supervisor {why}: {tail}", None, 0.0))
+        return True
 
     def _mark_running(self, record: PlacementRecord, started: dict[str, Any]) -> None:
         record.job_pid = int(started["job_pid"])
@@ -364,6 +376,11 @@ class NodeExecutor:
 
     async def _watch(self, record: PlacementRecord) -> None:
         if record.state == "launching":
+            # Only a launch whose handler was interrupted (its delivery cancelled when the broker connection
+            # dropped) is seen here unlocked: finish it, so that its JobStarted or outcome is not lost.
+            spawned_at = record.supervisor_create_time
+            timed_out = spawned_at is not None and self.clock() - spawned_at > self.settings.start_timeout_s
+            self._advance_launch(record, timed_out=timed_out)
             return
         exit_status = self.store.read_exit(record.placement_id)
         if exit_status is not None:
