@@ -239,6 +239,7 @@ def _register_optional_commands() -> None:
         ("db_cmd", lambda m: app.add_typer(m.db_app, name="db")),
         ("replay_cmd", lambda m: app.command("replay")(m.replay)),
         ("report_cmd", lambda m: app.command("report")(m.report)),
+        ("bench_cmd", lambda m: app.add_typer(m.bench_app, name="bench")),
     ):
         try:
             attach(importlib.import_module(f"gpuorch_gpuctl.{module}"))
