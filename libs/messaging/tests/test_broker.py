@@ -9,6 +9,7 @@ import uuid
 import aio_pika
 import pytest
 from gpuorch_contracts import (
+    DEAD_LETTER_EXCHANGE,
     EVENTS_EXCHANGE,
     SUBMIT_EXCHANGE,
     JobAccepted,
@@ -16,9 +17,10 @@ from gpuorch_contracts import (
     ProcessRun,
     StopJob,
     SubmitJob,
+    decode,
 )
-from gpuorch_messaging import REASON_HEADER, Broker, PublishError, QueueSpec
-from gpuorch_messaging.broker import UNROUTED
+from gpuorch_messaging import REASON_HEADER, Broker, PublishError, PublishRefused, QueueSpec
+from gpuorch_messaging.broker import DEAD_LETTER_MAX_LENGTH, UNROUTED
 from gpuorch_messaging.testing import TcpProxy
 
 pytestmark = pytest.mark.integration
@@ -215,6 +217,125 @@ async def test_connection_cut_mid_flow_publish_and_consume_resume(amqp_url: str,
             await asyncio.sleep(0.05)
         assert proxy.cuts == 1
         assert set(seen) == {m.job_id for m in sent}
+    finally:
+        await broker.close()
+        await proxy.stop()
+
+
+NESTED_5000_DEEP = b'{"type": "job.submit", "spec": ' + b"[" * 5000 + b"]" * 5000 + b"}"  # 10 KB
+
+
+async def test_bodies_whose_decoding_raises_anything_are_dead_lettered_and_never_stall_the_consumer(
+    amqp_url: str,
+) -> None:
+    """A RecursionError (5,000-deep JSON), a UnicodeDecodeError or any other exception from the decoder is
+    dead-lettered with its reason and acked: 70 of them, more than twice the prefetch, do not stall the queue."""
+    hostile = [NESTED_5000_DEEP] * 70 + [b"\xff\xfe not utf-8", b'{"type": "job.submit", "decoder": "trips"}']
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    handled: list[object] = []
+    valid_handled = asyncio.Event()
+
+    def decoder(body: bytes):  # type: ignore[no-untyped-def]
+        if b'"decoder": "trips"' in body:
+            raise LookupError("a decoder bug")
+        return decode(body)
+
+    async def handler(message):  # type: ignore[no-untyped-def]
+        handled.append(message)
+        valid_handled.set()
+
+    try:
+        await broker.consume(QueueSpec("t.hostile", [(SUBMIT_EXCHANGE, "job.submit")], prefetch=32), handler,
+                             decoder=decoder)
+        for body in hostile:
+            await _publish_foreign(amqp_url, body)
+        valid = SubmitJob(spec=SPEC)
+        await broker.publish(valid)
+        await asyncio.wait_for(valid_handled.wait(), 60)  # only guards a hang: before, it never came
+        assert [m.message_id for m in handled] == [valid.message_id]  # type: ignore[attr-defined]
+        dead = await _drain(amqp_url, "t.hostile.dlq", len(hostile), wait_s=30)
+        assert sorted(m.body for m in dead) == sorted(hostile)
+        reasons = [m.headers[REASON_HEADER] for m in dead]
+        assert all(r.startswith("invalid message: ") for r in reasons)
+        assert sum("RecursionError" in r for r in reasons) == 70
+        assert sum("UnicodeDecodeError" in r for r in reasons) == 1
+        assert sum("LookupError: a decoder bug" in r for r in reasons) == 1
+    finally:
+        await broker.close()
+
+
+async def test_publish_into_a_full_reject_publish_queue_is_refused(amqp_url: str) -> None:
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    try:
+        await broker.declare_queue(QueueSpec("t.bounded", [(EVENTS_EXCHANGE, "job.accepted")], max_length=2,
+                                             overflow="reject-publish"))
+        for _ in range(2):
+            await broker.publish(JobAccepted(job_id=uuid.uuid4(), spec=SPEC))
+        # a quorum queue takes the one message that crosses its bound, then refuses
+        with pytest.raises(PublishRefused, match="nack"):
+            for _ in range(2):
+                await broker.publish(JobAccepted(job_id=uuid.uuid4(), spec=SPEC))
+        assert issubclass(PublishRefused, PublishError)
+        kept = await _drain(amqp_url, "t.bounded", 4, wait_s=1)
+        assert len(kept) == 3  # the refused one is not in the queue
+    finally:
+        await broker.close()
+
+
+async def test_dead_letter_queues_are_bounded_dropping_the_oldest(amqp_url: str) -> None:
+    assert QueueSpec("any", []).dead_letter_arguments()["x-max-length"] == DEAD_LETTER_MAX_LENGTH
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    try:
+        await broker.declare_queue(QueueSpec("t.small", [(EVENTS_EXCHANGE, "job.accepted")],
+                                             dead_letter_max_length=2))
+        for n in range(3):
+            await broker.publish_raw(DEAD_LETTER_EXCHANGE, "t.small", f"dead {n}".encode(), message_id=f"d{n}")
+        dead = await _drain(amqp_url, "t.small.dlq", 3, wait_s=1)
+        assert [m.body for m in dead] == [b"dead 1", b"dead 2"]
+    finally:
+        await broker.close()
+
+
+def test_queue_spec_refuses_an_overflow_quorum_queues_do_not_have() -> None:
+    with pytest.raises(ValueError, match="overflow"):
+        QueueSpec("t", [], max_length=1, overflow="reject-publish-dlx")  # type: ignore[arg-type]
+
+
+async def test_a_handler_is_not_cancelled_when_the_connection_drops_under_it(amqp_url: str, amqp_vhost: str) -> None:
+    """The delivery goes back to the queue with the channel, but the handler's effect completes; the
+    redelivery is handled again (handlers dedupe)."""
+    proxy = TcpProxy("127.0.0.1", 5672)
+    await proxy.start()
+    broker = Broker(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{amqp_vhost}", producer="test")
+    await broker.connect()
+    started: list[int] = []
+    finished: list[int] = []
+    release = asyncio.Event()
+    redelivered = asyncio.Event()
+    both_finished = asyncio.Event()
+
+    async def handler(message):  # type: ignore[no-untyped-def]
+        started.append(len(started))
+        if len(started) == 2:
+            redelivered.set()
+        await release.wait()
+        finished.append(len(finished))
+        if len(finished) == 2:
+            both_finished.set()
+
+    try:
+        await broker.consume(QueueSpec("t.inflight", [(SUBMIT_EXCHANGE, "job.submit")]), handler)
+        await broker.publish(SubmitJob(spec=SPEC))
+        while not started:
+            await asyncio.sleep(0.02)
+        await proxy.cut()
+        await asyncio.wait_for(redelivered.wait(), 60)
+        release.set()
+        await asyncio.wait_for(both_finished.wait(), 30)  # the first handler was not cancelled
+        assert len(finished) == 2
     finally:
         await broker.close()
         await proxy.stop()

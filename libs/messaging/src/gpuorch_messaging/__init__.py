@@ -3,8 +3,9 @@
 See ``broker.py`` for the delivery guarantees and ``abc.py`` for the interfaces handlers depend on.
 """
 
-from gpuorch_messaging.abc import Handler, Publisher, PublishError
+from gpuorch_messaging.abc import Handler, Publisher, PublishError, PublishRefused
 from gpuorch_messaging.broker import (
+    DEAD_LETTER_MAX_LENGTH,
     EXCHANGE_HEADER,
     QUEUE_HEADER,
     REASON_HEADER,
@@ -14,6 +15,6 @@ from gpuorch_messaging.broker import (
 )
 
 __all__ = [
-    "EXCHANGE_HEADER", "QUEUE_HEADER", "REASON_HEADER", "ROUTING_KEY_HEADER",
-    "Broker", "Handler", "PublishError", "Publisher", "QueueSpec",
+    "DEAD_LETTER_MAX_LENGTH", "EXCHANGE_HEADER", "QUEUE_HEADER", "REASON_HEADER", "ROUTING_KEY_HEADER",
+    "Broker", "Handler", "PublishError", "PublishRefused", "Publisher", "QueueSpec",
 ]

@@ -19,6 +19,18 @@ from gpuorch_contracts import Message
 class PublishError(RuntimeError):
     """The broker did not take responsibility for a message (returned as unroutable, nacked, or timed out)."""
 
+    refused = False
+    """True when the broker answered no (see ``PublishRefused``); False when it never answered (connection lost,
+    confirm timed out), which says nothing about the message itself."""
+
+
+class PublishRefused(PublishError):
+    """The broker answered no: returned as unroutable (``mandatory``), nacked (e.g. a full queue with
+    ``x-overflow=reject-publish``), or refused before sending (too large). Publishing it again unchanged fails
+    again until the topology changes."""
+
+    refused = True
+
 
 class Publisher(Protocol):
     async def publish(self, message: Message, *, headers: Mapping[str, Any] | None = None) -> None:

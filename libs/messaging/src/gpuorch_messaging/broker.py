@@ -5,13 +5,21 @@ Guarantees:
   (unroutable) or nacked message raises ``PublishError`` at once. A connection lost mid-publish is retried after the
   robust connection comes back, until ``publish_timeout_s`` runs out, then ``PublishError``: at-least-once, so
   receivers dedupe by ``message_id`` (the AMQP ``message_id`` property equals the envelope's).
-- ``consume`` acks a delivery only after the handler returned. A body that cannot be decoded or validated is
+- ``consume`` acks a delivery only after the handler returned. A body whose decoding or validation raises anything
+  (bad JSON, ``UnicodeDecodeError``, a ``RecursionError`` from a deeply nested body, any other exception) is
   dead-lettered at once (published with confirms to ``gpuorch.dlx`` with the reason in the
   ``x-gpuorch-dead-letter-reason`` header, then acked). A handler that raises gets the message back (nack, requeue)
   until the quorum queue's delivery limit; on the last allowed attempt we dead-letter it ourselves with the error as
-  the reason, so nothing is retried forever and every dead letter says why.
+  the reason, so nothing is retried forever and every dead letter says why. Every delivery ends acked or nacked:
+  nothing raised on the way leaves it holding a prefetch slot.
+- A handler is not cancelled when the connection drops under it: it runs to the end of its effect (the delivery
+  went back to the queue with the channel, so its ack is lost and the message comes again: handlers dedupe).
+- A refused publish (returned as unroutable, nacked by a full ``reject-publish`` queue, too large) raises
+  ``PublishRefused``; one the broker never answered (connection gone past ``publish_timeout_s``) raises
+  ``PublishError``.
 - Queues are durable quorum queues with an explicit ``x-delivery-limit`` (RabbitMQ 3.10 has no default).
-  Each queue ``Q`` gets ``Q.dlq`` bound to ``gpuorch.dlx`` with routing key ``Q``.
+  Each queue ``Q`` gets ``Q.dlq`` bound to ``gpuorch.dlx`` with routing key ``Q``, bounded by
+  ``QueueSpec.dead_letter_max_length`` (oldest dead letters dropped first).
 - The connection is robust: after a drop it reconnects, re-declares and resumes consuming by itself.
 
 FastStream is not used here: the guarantees above (returns that raise, dead-letters that carry our reason, a last
@@ -24,7 +32,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aio_pika
 import aio_pika.exceptions
@@ -38,7 +46,6 @@ from gpuorch_contracts import (
     MAX_MESSAGE_BYTES,
     SUBMIT_EXCHANGE,
     Message,
-    UnknownMessageType,
     decode,
     encode,
     route,
@@ -47,7 +54,7 @@ from gpuorch_observability import bind_context, extract_trace, get_logger, injec
 from opentelemetry import trace
 from prometheus_client import Counter
 
-from gpuorch_messaging.abc import PublishError
+from gpuorch_messaging.abc import PublishError, PublishRefused
 
 log = get_logger(__name__)
 
@@ -60,6 +67,12 @@ UNROUTED = "gpuorch.unrouted"
 """Alternate exchange (and bounded queue) of ``gpuorch.events``: an event nobody subscribes to yet is kept here
 for inspection instead of being returned; commands and submissions have no alternate, so theirs raise."""
 UNROUTED_MAX_LENGTH = 10_000
+DEAD_LETTER_MAX_LENGTH = 100_000
+"""Default bound of every ``Q.dlq``: past it the oldest dead letters are dropped (``drop-head``), so a poison
+flood cannot fill the broker's disk; ``gpuctl dlq`` shows what is kept."""
+Overflow = Literal["drop-head", "reject-publish"]
+"""What a full quorum queue does: ``drop-head`` drops its oldest message (latest-wins state such as heartbeats);
+``reject-publish`` nacks the new one, so a confirmed publisher gets ``PublishRefused`` and is told."""
 
 _LIFECYCLE_LOGGED = frozenset({
     "job.submit", "job.cancel", "job.accepted", "job.rejected", "job.placed", "job.started", "job.finished",
@@ -77,8 +90,15 @@ MESSAGES_DEAD_LETTERED = Counter("gpuorch_messages_dead_lettered_total", "Messag
 class QueueSpec:
     """A consumer's own queue and what it is bound to.
 
-    ``max_length`` with ``overflow="drop-head"`` makes a latest-wins queue (heartbeats). ``single_active_consumer``
-    lets standbys wait on the same queue while one consumer is active.
+    ``max_length`` with ``overflow="drop-head"`` makes a latest-wins queue (heartbeats); with
+    ``overflow="reject-publish"`` a full queue refuses new messages and their publishers get ``PublishRefused``
+    (back-pressure instead of a growing backlog; a quorum queue takes the one message that crosses the bound,
+    then refuses). ``single_active_consumer`` lets standbys wait on the same queue
+    while one consumer is active. ``dead_letter_max_length``/``dead_letter_overflow`` bound ``<name>.dlq``.
+
+    Queue arguments are fixed when a queue is first declared: RabbitMQ refuses a re-declaration with other
+    arguments (``PRECONDITION_FAILED``), so changing a bound of an existing queue means deleting it or applying a
+    policy.
     """
 
     name: str
@@ -86,9 +106,24 @@ class QueueSpec:
     prefetch: int = 32
     delivery_limit: int = 5
     max_length: int | None = None
-    overflow: str = "drop-head"
+    overflow: Overflow = "drop-head"
     single_active_consumer: bool = False
     dead_letter: bool = True
+    dead_letter_max_length: int = DEAD_LETTER_MAX_LENGTH
+    dead_letter_overflow: Overflow = "drop-head"
+
+    def __post_init__(self) -> None:
+        for name, overflow in (("overflow", self.overflow), ("dead_letter_overflow", self.dead_letter_overflow)):
+            if overflow not in ("drop-head", "reject-publish"):
+                raise ValueError(f"{name} must be 'drop-head' or 'reject-publish' (quorum queues), not {overflow!r}")
+        if self.max_length is not None and self.max_length < 1:
+            raise ValueError("max_length must be at least 1")
+        if self.dead_letter_max_length < 1:
+            raise ValueError("dead_letter_max_length must be at least 1")
+
+    def dead_letter_arguments(self) -> dict[str, Any]:
+        return {"x-queue-type": "quorum", "x-max-length": self.dead_letter_max_length,
+                "x-overflow": self.dead_letter_overflow}
 
     def arguments(self) -> dict[str, Any]:
         args: dict[str, Any] = {"x-queue-type": "quorum", "x-delivery-limit": self.delivery_limit}
@@ -130,6 +165,8 @@ class Broker:
     _exchanges: dict[str, aio_pika.abc.AbstractExchange] = field(default_factory=dict, init=False, repr=False)
     _consumers: list[_Consumer] = field(default_factory=list, init=False, repr=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    _running_handlers: set[asyncio.Future[None]] = field(default_factory=set, init=False, repr=False)
+    """Handlers still running after their delivery was cancelled by a connection drop (``close`` cancels them)."""
     connected_event: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     disconnected_since: float | None = field(default=None, init=False)
 
@@ -180,6 +217,8 @@ class Broker:
                     await asyncio.wait_for(consumer.queue.cancel(consumer.tag), timeout=2)
                 except Exception:  # noqa: BLE001 - closing anyway
                     pass
+        for handling in list(self._running_handlers):
+            handling.cancel()
         if self._connection is not None:
             await self._connection.close()
         self._connection = None
@@ -210,7 +249,7 @@ class Broker:
     ) -> None:
         """Publish bytes (used by the outbox relay) with the guarantees of ``publish``."""
         if len(body) > MAX_MESSAGE_BYTES:
-            raise PublishError(f"message {message_id} is {len(body)} bytes; the limit is {MAX_MESSAGE_BYTES}")
+            raise PublishRefused(f"message {message_id} is {len(body)} bytes; the limit is {MAX_MESSAGE_BYTES}")
         await self._publish_confirmed(exchange, routing_key, body, message_id=message_id, headers=headers)
 
     async def _publish_confirmed(
@@ -230,16 +269,21 @@ class Broker:
                     raise PublishError("broker not connected: call connect() first")
                 target = self._exchanges.get(exchange)
                 if target is None:
-                    raise PublishError(f"unknown exchange {exchange!r}")
+                    raise PublishRefused(f"unknown exchange {exchange!r}")
                 await target.publish(amqp_message, routing_key, mandatory=True, timeout=10)
                 return
             except aio_pika.exceptions.PublishError as exc:
-                raise PublishError(f"unroutable: no queue bound for {exchange}/{routing_key}") from exc
+                raise PublishRefused(f"unroutable: no queue bound for {exchange}/{routing_key}") from exc
             except aio_pika.exceptions.DeliveryError as exc:
-                raise PublishError(f"broker refused {message_id} on {exchange}/{routing_key}: {exc}") from exc
-            except (TimeoutError, aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError, RuntimeError) as exc:
+                raise PublishRefused(f"broker refused {message_id} on {exchange}/{routing_key} (nack: a full "
+                                     f"reject-publish queue, or a broker error): {exc}") from exc
+            except (asyncio.CancelledError, TimeoutError, aiormq.exceptions.AMQPConnectionError,
+                    aiormq.exceptions.ChannelInvalidStateError, ConnectionError, RuntimeError) as exc:
                 if isinstance(exc, PublishError):
                     raise
+                if isinstance(exc, asyncio.CancelledError) and _cancelling():
+                    raise  # our own task is being cancelled
+                # otherwise a CancelledError is the pending confirm of a channel closed by a connection drop
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise PublishError(f"not confirmed within {self.publish_timeout_s}s: {exc!r}") from exc
@@ -275,14 +319,25 @@ class Broker:
         self._consumers.append(consumer)
 
     async def _deliver(self, consumer: _Consumer, incoming: AbstractIncomingMessage) -> None:
+        """Decode, handle, then ack; whatever is raised on the way, the delivery ends acked or nacked."""
         spec = consumer.spec
         try:
-            if len(incoming.body) > MAX_MESSAGE_BYTES:
-                raise ValueError(f"body of {len(incoming.body)} bytes exceeds {MAX_MESSAGE_BYTES}")
-            message = consumer.decoder(incoming.body)
-        except (ValueError, UnicodeDecodeError, UnknownMessageType, pydantic.ValidationError) as exc:
-            await self._dead_letter(consumer, incoming, f"invalid message: {_describe(exc)}", cause="invalid")
-            return
+            try:
+                if len(incoming.body) > MAX_MESSAGE_BYTES:
+                    raise ValueError(f"body of {len(incoming.body)} bytes exceeds {MAX_MESSAGE_BYTES}")
+                message = consumer.decoder(incoming.body)
+            except Exception as exc:  # noqa: BLE001 - RecursionError, UnicodeDecodeError, ValidationError, any
+                await self._dead_letter(consumer, incoming, f"invalid message: {_describe(exc)}", cause="invalid")
+                return
+            await self._handle(consumer, incoming, message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - our own bookkeeping failed (tracing, logging, metrics)
+            log.error("consume.delivery_failed", queue=spec.name, error=repr(exc))
+            await _quiet(incoming.nack(requeue=True))
+
+    async def _handle(self, consumer: _Consumer, incoming: AbstractIncomingMessage, message: Message) -> None:
+        spec = consumer.spec
         parent = extract_trace(incoming.headers)
         span_name = f"consume {message.TYPE}"
         with tracer("gpuorch.messaging").start_as_current_span(
@@ -292,9 +347,15 @@ class Broker:
             job_id=getattr(message, "job_id", None), node_id=getattr(message, "node_id", None),
             message_type=message.TYPE,
         ):
+            # The handler runs as its own task: when the connection drops, aiormq cancels this delivery's task,
+            # and the handler must not stop half way through its effect (its redelivery is deduped instead).
+            handling = asyncio.ensure_future(consumer.handler(message))
             try:
-                await consumer.handler(message)
+                await asyncio.shield(handling)
             except asyncio.CancelledError:
+                if not handling.done():
+                    self._running_handlers.add(handling)
+                    handling.add_done_callback(self._handler_outlived_delivery)
                 await _quiet(incoming.nack(requeue=True))
                 raise
             except Exception as exc:
@@ -315,6 +376,15 @@ class Broker:
             MESSAGES_CONSUMED.labels(spec.name, message.TYPE).inc()
             if message.TYPE in _LIFECYCLE_LOGGED:
                 log.info("message.handled", queue=spec.name)
+
+    def _handler_outlived_delivery(self, handling: asyncio.Future[None]) -> None:
+        self._running_handlers.discard(handling)
+        if handling.cancelled():
+            return
+        error = handling.exception()
+        if error is not None:
+            log.warning("consume.handler_failed_after_disconnect", error=repr(error),
+                        note="its delivery was returned to the queue and comes again")
 
     async def _dead_letter(
         self, consumer: _Consumer, incoming: AbstractIncomingMessage, reason: str, *, cause: str
@@ -357,9 +427,7 @@ async def _declare_exchanges(channel: Any) -> dict[str, Any]:
 async def _declare(channel: Any, spec: QueueSpec) -> Any:
     await _declare_exchanges(channel)
     if spec.dead_letter:
-        dlq = await channel.declare_queue(
-            f"{spec.name}.dlq", durable=True, arguments={"x-queue-type": "quorum"}
-        )
+        dlq = await channel.declare_queue(f"{spec.name}.dlq", durable=True, arguments=spec.dead_letter_arguments())
         await dlq.bind(DEAD_LETTER_EXCHANGE, routing_key=spec.name)
     queue = await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments())
     for exchange, key in spec.bindings:
@@ -384,6 +452,11 @@ def _describe(exc: BaseException) -> str:
         more = f" (+{exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
         return "; ".join(parts) + more
     return f"{type(exc).__name__}: {exc}"
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def _quiet(awaitable: Awaitable[Any]) -> None:
