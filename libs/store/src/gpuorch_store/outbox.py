@@ -61,11 +61,14 @@ RETURNING id
 """
 
 
-async def add_to_outbox(conn: Any, messages: Sequence[Message], headers: Mapping[str, Any] | None = None) -> list[int]:
-    """Queue ``messages`` for publishing, in order, in ``conn``'s transaction; return the new row ids.
+async def add_to_outbox(conn: Any, messages: Sequence[Message],
+                        headers: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+    """Queue ``messages`` for publishing, in order, in ``conn``'s transaction (one statement); return the new row
+    ids.
 
     Exchange and routing key come from ``gpuorch_contracts.route``, the body from ``encode``. ``headers``
-    (e.g. a ``traceparent``) are stored with every message, plus ``type`` (the message type, as
+    (e.g. a ``traceparent``; one mapping for all, or one per message) are stored with each message, plus ``type``
+    (the message type, as
     ``Broker.publish`` sets it), and passed to the publisher. Raises ``ValueError``
     for a body over ``MAX_MESSAGE_BYTES`` (it could never be published). Messages already in the outbox are
     skipped.
@@ -75,6 +78,7 @@ async def add_to_outbox(conn: Any, messages: Sequence[Message], headers: Mapping
     if not conn.is_in_transaction():
         async with conn.transaction():
             return await add_to_outbox(conn, messages, headers)
+    per_message = list(headers) if isinstance(headers, Sequence) else [headers or {}] * len(messages)
     bodies = [encode(m) for m in messages]
     for message, body in zip(messages, bodies, strict=True):
         if len(body) > MAX_MESSAGE_BYTES:
@@ -88,7 +92,7 @@ async def add_to_outbox(conn: Any, messages: Sequence[Message], headers: Mapping
         [exchange for exchange, _ in routes],
         [key for _, key in routes],
         bodies,
-        [json.dumps({**(headers or {}), "type": m.type}) for m in messages],
+        [json.dumps({**h, "type": m.type}) for m, h in zip(messages, per_message, strict=True)],
     )
     return [int(r["id"]) for r in rows]
 
