@@ -21,6 +21,17 @@ RUNS: list[tuple[str, list[str]]] = [
     ("bench_scheduler.py", []),
     ("bench_fleet.py", ["--nodes", "5000", "--duration-s", "60"]),
     ("bench_telemetry.py", ["--nodes", "5000", "--duration-s", "60"]),
+    # issue 10, through `gpuctl bench` (docs/PERFORMANCE.md): one run each here; the doc's medians take --runs 5.
+    # Each e2e gives up 60 s after its first submit, so a slow scheduler costs minutes, not hours.
+    ("bench_scale.py", ["e2e", "--nodes", "1000", "--rate", "500", "--jobs", "5000", "--runs", "1", "--timeout-s", "60"]),
+    ("bench_scale.py", ["e2e", "--nodes", "5000", "--rate", "500", "--jobs", "5000", "--runs", "1", "--timeout-s", "60"]),
+    ("bench_scale.py", ["e2e", "--nodes", "1000", "--rate", "2000", "--jobs", "8000", "--runs", "1",
+                        "--timeout-s", "60"]),
+    ("bench_scale.py", ["e2e", "--nodes", "5000", "--rate", "2000", "--jobs", "10000", "--runs", "1",
+                        "--timeout-s", "60"]),
+    ("bench_scale.py", ["recovery", "--events", "1000000", "--repeats", "1"]),
+    ("bench_scale.py", ["curve", "--nodes", "100,1000,5000,10000", "--rate", "200", "--jobs", "2000",
+                        "--timeout-s", "45"]),
 ]
 
 

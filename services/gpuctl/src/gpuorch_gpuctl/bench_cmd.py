@@ -601,6 +601,7 @@ def curve(
     jobs: Annotated[int, typer.Option(min=1, help="jobs per point (capped at the fleet's GPUs)")] = 2000,
     timeout_s: Annotated[float, typer.Option(help="per point, as in `bench e2e`")] = 600.0,
     png: Annotated[Path | None, typer.Option(help="write the curve as a PNG here")] = Path("docs/img/cost_curve.png"),
+    label: Annotated[str, typer.Option(help="words added to the PNG's title (e.g. which scheduler)")] = "",
     scheduler_log_level: Annotated[str, typer.Option(help="the scheduler's GPUORCH_LOG_LEVEL")] = "WARNING",
     amqp: AmqpOpt = DEFAULT_AMQP,
     amqp_admin: AmqpAdminOpt = DEFAULT_AMQP_ADMIN,
@@ -622,7 +623,7 @@ def curve(
     measured = [p for p in points if "error" not in p and p.get("p50_ms") is not None]
     if png is not None and measured:
         write_curve_png(measured, png, f"scheduler cost by fleet size ({rate:g} one-GPU SubmitJob/s, "
-                                       f"{time.strftime('%Y-%m-%d')})")
+                                       f"{time.strftime('%Y-%m-%d')}){' ' + label if label else ''}")
         _progress(f"curve: wrote {png}")
     if as_json:
         print(json.dumps({"rate": rate, "points": points, "png": str(png) if png else None}))
