@@ -15,8 +15,11 @@ from gpuorch_store.events import NewEvent, append, read
 from gpuorch_store.outbox import (
     RELAY_LOCK_KEY,
     OutboxRelay,
+    ParkedRow,
     add_to_outbox,
+    is_refusal,
     outbox_backlog,
+    parked_rows,
     purge_sent,
 )
 
@@ -199,3 +202,63 @@ async def test_purge_deletes_only_old_sent_rows(pool: asyncpg.Pool) -> None:
     assert await purge_sent(pool, timedelta(hours=24)) == 1
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 2
     assert len(await unsent_ids(pool)) == 1
+
+
+async def test_a_broker_outage_never_parks_a_row(pool: asyncpg.Pool) -> None:
+    """Failures without a refusal (ConnectionError: the broker never answered) only delay; order is kept."""
+    messages = [queued(1), queued(2)]
+    async with pool.acquire() as conn:
+        await add_to_outbox(conn, messages)
+    publisher = FlakyPublisher(fail_on=set(range(1, 8)))
+    relay = OutboxRelay(pool, publisher, park_after=2)
+    for _ in range(7):
+        assert (await relay.relay_once()).error is not None
+    assert (await relay.relay_once()).sent == 2
+    assert [c[2] for c in publisher.confirmed] == [str(m.message_id) for m in messages]
+    row = await pool.fetchrow("SELECT attempts, refusals, parked_at FROM outbox ORDER BY id LIMIT 1")
+    assert (row["attempts"], row["refusals"], row["parked_at"]) == (8, 0, None)
+
+
+async def test_a_refused_row_is_parked_and_a_failing_hook_is_called_again(pool: asyncpg.Pool) -> None:
+    first, refused, last = queued(1), queued(2), queued(3)
+    async with pool.acquire() as conn:
+        await add_to_outbox(conn, [first, refused, last])
+
+    class RefusingPublisher(FlakyPublisher):
+        async def publish_raw(self, exchange: str, routing_key: str, body: bytes, *, message_id: str,
+                              headers: dict[str, Any]) -> None:
+            if message_id == str(refused.message_id):
+                raise LookupError("the broker said no")  # no `refused` attribute, not an OSError: a refusal
+            await super().publish_raw(exchange, routing_key, body, message_id=message_id, headers=headers)
+
+    hook_calls: list[uuid.UUID] = []
+
+    async def on_parked(row: ParkedRow) -> None:
+        hook_calls.append(row.message_id)
+        if len(hook_calls) == 1:
+            raise RuntimeError("scheduler busy")
+
+    publisher = RefusingPublisher()
+    relay = OutboxRelay(pool, publisher, park_after=2, on_parked=on_parked)
+    one = await relay.relay_once()
+    assert (one.sent, one.parked) == (1, 0) and one.error is not None and "said no" in one.error
+    two = await relay.relay_once()  # second refusal: parked, the last row goes; the hook fails
+    assert (two.sent, two.parked) == (1, 1) and two.error is not None and "scheduler busy" in two.error
+    three = await relay.relay_once()  # nothing to publish; the hook is called again and succeeds
+    assert (three.sent, three.parked, three.error) == (0, 0, None)
+    await relay.relay_once()
+    assert hook_calls == [refused.message_id, refused.message_id]
+    assert [c[2] for c in publisher.confirmed] == [str(first.message_id), str(last.message_id)]
+    [parked] = await parked_rows(pool)
+    assert parked.message == refused and parked.refusals == 2 and "said no" in (parked.last_error or "")
+
+
+def test_what_counts_as_a_refusal() -> None:
+    class Answered(RuntimeError):
+        refused = True
+
+    class Unanswered(RuntimeError):
+        refused = False
+
+    assert is_refusal(Answered()) and is_refusal(LookupError())
+    assert not is_refusal(Unanswered()) and not is_refusal(ConnectionError()) and not is_refusal(TimeoutError())

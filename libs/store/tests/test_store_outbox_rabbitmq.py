@@ -9,9 +9,18 @@ from collections.abc import AsyncIterator
 import aio_pika
 import asyncpg
 import pytest
-from gpuorch_contracts import COMMANDS_EXCHANGE, EVENTS_EXCHANGE, JobQueued, StopJob, decode
+from gpuorch_contracts import (
+    COMMANDS_EXCHANGE,
+    EVENTS_EXCHANGE,
+    JobQueued,
+    JobSpec,
+    LaunchJob,
+    ProcessRun,
+    StopJob,
+    decode,
+)
 from gpuorch_messaging import Broker, QueueSpec
-from gpuorch_store.outbox import OutboxRelay, add_to_outbox
+from gpuorch_store.outbox import OutboxRelay, ParkedRow, add_to_outbox, outbox_backlog, parked_rows
 
 pytestmark = pytest.mark.integration
 
@@ -79,3 +88,49 @@ async def test_relay_publishes_confirmed_in_order_and_keeps_unroutable_rows(
     assert all(m.headers.get("x-test") == "yes" and m.headers.get("type") == "job.queued" for m in queued)
     # the later rows waited behind the unroutable one: strict order
     assert [decode(m.body) for m in await drain(amqp_url, "test.cancelled", 1)] == [cancelled]
+
+
+async def test_an_unroutable_launch_is_parked_after_n_refusals_later_rows_flow_and_the_hook_hears_once(
+    pool: asyncpg.Pool, broker: Broker, amqp_url: str
+) -> None:
+    """A LaunchJob for a node whose executor never declared its queue (gpuorch.commands has no alternate) is
+    refused as unroutable; after ``park_after`` refusals it is set aside and the rows behind it are published."""
+    await broker.declare_queue(QueueSpec(name="test.queued", bindings=[(EVENTS_EXCHANGE, "job.queued")]))
+    before, after1, after2 = (JobQueued(job_id=uuid.uuid4(), pending_reason=f"r{n}", producer="s") for n in range(3))
+    launch = LaunchJob(node_id="node-without-executor", job_id=uuid.uuid4(), placement_id=uuid.uuid4(),
+                       spec=JobSpec(run=ProcessRun(argv=["python", "-c", "pass"])), producer="s")
+    async with pool.acquire() as conn, conn.transaction():
+        await add_to_outbox(conn, [before, launch])
+    async with pool.acquire() as conn, conn.transaction():
+        await add_to_outbox(conn, [after1])
+    async with pool.acquire() as conn, conn.transaction():
+        await add_to_outbox(conn, [after2])
+
+    heard: list[ParkedRow] = []
+    hook_called = asyncio.Event()
+
+    async def on_parked(row: ParkedRow) -> None:
+        heard.append(row)
+        hook_called.set()
+
+    relay = OutboxRelay(pool, broker, park_after=3, retry_initial=0.01, retry_max=0.05, on_parked=on_parked)
+    running = asyncio.create_task(relay.run_forever())
+    try:
+        await asyncio.wait_for(hook_called.wait(), 60)  # guards a hang only
+    finally:
+        relay.stop()
+        await running
+    assert (await relay.relay_once()).sent == 0  # nothing left to publish, and the hook is not called again
+
+    [row] = heard
+    assert row.message == launch and row.type == "launch_job" and row.exchange == COMMANDS_EXCHANGE
+    assert row.refusals == 3 and row.attempts == 3
+    assert row.last_error is not None and "unroutable" in row.last_error
+    stored = await pool.fetchrow("SELECT sent_at, parked_at, parked_reported_at FROM outbox WHERE message_id = $1",
+                                 launch.message_id)
+    assert stored["sent_at"] is None and stored["parked_at"] is not None and stored["parked_reported_at"] is not None
+    backlog = await outbox_backlog(pool)
+    assert (backlog.unsent, backlog.parked) == (0, 1)
+    assert [r.message_id for r in await parked_rows(pool)] == [launch.message_id]
+    queued = await drain(amqp_url, "test.queued", 3)
+    assert [decode(m.body) for m in queued] == [before, after1, after2]  # in order, past the parked row

@@ -9,10 +9,16 @@ Guarantees:
   the relay publishes in id order: a message is published only after every earlier row was confirmed.
 - The relay marks a row sent only after the publisher returned (broker confirm + routed), in the same
   transaction that locked the row. A failed publish leaves the row unsent (``attempts``/``last_error``
-  updated) and stops the batch there; the relay retries it after a backoff. A crash between publish and
-  commit republishes: delivery is at-least-once and receivers dedupe by ``message_id``.
-- A message the broker refuses forever blocks the rows after it (head-of-line); it shows in ``outbox_backlog``
-  and in the row's ``last_error``.
+  updated) and stops the batch there; the relay retries it after an exponential backoff. A crash between
+  publish and commit republishes: delivery is at-least-once and receivers dedupe by ``message_id``.
+- One undeliverable row never blocks the outbox: a row the broker *refused* (returned as unroutable, nacked; see
+  ``is_refusal``) ``park_after`` times is parked (``parked_at`` set, never published, never purged) and the rows
+  after it flow. Order is kept otherwise: a row is published only after every earlier row was confirmed or
+  parked. A broker outage (no answer, connection lost) never counts towards parking: it only delays.
+- Each parked row is handed to the ``on_parked`` hook after the parking committed, until the hook returns
+  (``parked_reported_at``): at-least-once, so the hook must be idempotent (e.g. fail or requeue the job only if
+  its placement is still the one the message was about). A hook that raises is called again on a later pass.
+  ``parked_rows``/``outbox_backlog`` (and ``gpuctl db status``) show what is parked and why.
 - Only one relay publishes at a time per database (a transaction advisory lock; the rows are also taken ``FOR
   UPDATE SKIP LOCKED``); standby relays find the lock taken and wait.
 - Sent rows are deleted after a retention period by ``purge_sent`` (the relay does it periodically).
@@ -24,12 +30,13 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from gpuorch_contracts import MAX_MESSAGE_BYTES, Message, encode, route
+from gpuorch_contracts import MAX_MESSAGE_BYTES, Message, decode, encode, route
 
 from gpuorch_store.events import take_write_order_lock
 
@@ -48,6 +55,70 @@ class RawPublisher(Protocol):
     ) -> None:
         """Return only once the broker confirmed and routed the message; raise on any failure."""
         ...
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Whether a failed publish was the broker saying no to this message (counts towards parking).
+
+    An exception's own ``refused`` attribute decides (``gpuorch_messaging.PublishRefused`` is refused, a
+    ``PublishError`` the broker never answered is not); without one, ``OSError``/``TimeoutError`` are outages and
+    anything else is a refusal.
+    """
+    refused = getattr(exc, "refused", None)
+    if isinstance(refused, bool):
+        return refused
+    return not isinstance(exc, (OSError, TimeoutError))
+
+
+@dataclass(frozen=True)
+class ParkedRow:
+    """An outbox row set aside after ``park_after`` refusals: it was never published and never will be."""
+
+    id: int
+    message_id: uuid.UUID
+    type: str
+    exchange: str
+    routing_key: str
+    body: bytes
+    headers: dict[str, Any]
+    attempts: int
+    refusals: int
+    last_error: str | None
+    created_at: datetime
+    parked_at: datetime
+
+    @property
+    def message(self) -> Message:
+        """The message as it was added (e.g. the ``LaunchJob`` whose job must now be failed or requeued)."""
+        return decode(self.body)
+
+
+OnParked = Callable[[ParkedRow], Awaitable[None]]
+"""Called once a row is parked (after the commit), until it returns; at-least-once, so be idempotent."""
+
+_PARKED_COLUMNS = """
+    id, message_id, type, exchange, routing_key, body, headers::text AS headers, attempts, refusals, last_error,
+    created_at, parked_at
+"""
+
+
+def _parked_row(row: Any) -> ParkedRow:
+    return ParkedRow(
+        id=row["id"], message_id=row["message_id"], type=row["type"], exchange=row["exchange"],
+        routing_key=row["routing_key"], body=bytes(row["body"]), headers=json.loads(row["headers"]),
+        attempts=row["attempts"], refusals=row["refusals"], last_error=row["last_error"],
+        created_at=row["created_at"], parked_at=row["parked_at"],
+    )
+
+
+async def parked_rows(conn_or_pool: Any, *, limit: int = 10) -> list[ParkedRow]:
+    """The newest ``limit`` parked rows, newest first."""
+    rows = await conn_or_pool.fetch(
+        f"SELECT {_PARKED_COLUMNS} FROM outbox WHERE sent_at IS NULL AND parked_at IS NOT NULL "
+        "ORDER BY parked_at DESC, id DESC LIMIT $1",
+        limit,
+    )
+    return [_parked_row(r) for r in rows]
 
 
 _INSERT = """
@@ -99,10 +170,12 @@ async def add_to_outbox(conn: Any, messages: Sequence[Message],
 
 @dataclass(frozen=True)
 class RelayBatch:
-    """Outcome of one ``relay_once``: ``sent`` rows confirmed and marked; ``error`` of the row that failed."""
+    """Outcome of one ``relay_once``: ``sent`` rows confirmed and marked; ``error`` of the row that stopped the
+    batch (or of the ``on_parked`` hook); ``parked`` rows set aside in this batch."""
 
     sent: int
     error: str | None = None
+    parked: int = 0
     busy: bool = False
     """Another relay held the relay lock; nothing was attempted."""
     more: bool = False
@@ -112,22 +185,30 @@ class RelayBatch:
 @dataclass(frozen=True)
 class OutboxBacklog:
     unsent: int
+    """Rows waiting to be published (parked rows not included)."""
     oldest_unsent_at: datetime | None
     failing_attempts: int
+    """Failed attempts of the head waiting row (the one the relay retries now), 0 if it never failed."""
     last_error: str | None
+    parked: int = 0
+    """Rows set aside after ``park_after`` refusals (see ``parked_rows``)."""
 
 
 async def outbox_backlog(conn_or_pool: Any) -> OutboxBacklog:
-    """How many rows wait, since when, and the attempts/error of the head row (the blocking one, if any)."""
+    """How many rows wait, since when, the attempts/error of the head waiting row, and how many are parked."""
     row = await conn_or_pool.fetchrow(
         """
-        SELECT count(*) AS unsent, min(created_at) AS oldest,
-               (SELECT attempts FROM outbox WHERE sent_at IS NULL ORDER BY id LIMIT 1) AS attempts,
-               (SELECT last_error FROM outbox WHERE sent_at IS NULL ORDER BY id LIMIT 1) AS last_error
+        SELECT count(*) FILTER (WHERE parked_at IS NULL) AS unsent,
+               min(created_at) FILTER (WHERE parked_at IS NULL) AS oldest,
+               count(*) FILTER (WHERE parked_at IS NOT NULL) AS parked,
+               (SELECT attempts FROM outbox WHERE sent_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1)
+                   AS attempts,
+               (SELECT last_error FROM outbox WHERE sent_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1)
+                   AS last_error
         FROM outbox WHERE sent_at IS NULL
         """
     )
-    return OutboxBacklog(row["unsent"], row["oldest"], row["attempts"] or 0, row["last_error"])
+    return OutboxBacklog(row["unsent"], row["oldest"], row["attempts"] or 0, row["last_error"], row["parked"])
 
 
 async def purge_sent(conn_or_pool: Any, older_than: timedelta) -> int:
@@ -143,6 +224,8 @@ class OutboxRelay:
 
     ``run_forever`` loops: publish a batch; when idle, wait for a NOTIFY on ``OUTBOX_CHANNEL`` or
     ``poll_interval``; after a failure, back off exponentially from ``retry_initial`` up to ``retry_max``.
+    A row refused ``park_after`` times is parked and handed to ``on_parked`` (see the module docstring): with
+    the defaults that is about 3 s (0.2 + 0.4 + 0.8 + 1.6) of head-of-line waiting at most.
     ``stop()`` makes it return after the current batch. ``relay_once`` publishes one batch (tests, or callers
     with their own loop). The LISTEN holds one pooled connection for the relay's lifetime, so give the pool at
     least two (with one, the relay only polls).
@@ -159,9 +242,15 @@ class OutboxRelay:
         retry_max: float = 30.0,
         retention: timedelta | None = timedelta(hours=24),
         retention_every: timedelta = timedelta(minutes=10),
+        park_after: int = 5,
+        on_parked: OnParked | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if park_after < 1:
+            raise ValueError("park_after must be at least 1")
+        self._park_after = park_after
+        self._on_parked = on_parked
         self._pool = pool
         self._publisher = publisher
         self._batch_size = batch_size
@@ -174,9 +263,11 @@ class OutboxRelay:
         self._stopping = asyncio.Event()
 
     async def relay_once(self) -> RelayBatch:
-        """Publish up to ``batch_size`` unsent rows in id order; commit ``sent_at`` for those confirmed.
+        """Publish up to ``batch_size`` waiting rows in id order; commit ``sent_at`` for those confirmed.
 
-        Stops at the first failing row: it stays unsent with ``attempts`` + 1 and ``last_error`` set.
+        A failing row gets ``attempts`` + 1 and ``last_error`` (and ``refusals`` + 1 if the broker refused it):
+        once refused ``park_after`` times it is parked and the batch goes on; otherwise the batch stops there.
+        Then parked rows not yet reported are handed to ``on_parked``.
         """
         async with self._pool.acquire() as conn, conn.transaction():
             if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", RELAY_LOCK_KEY):
@@ -184,12 +275,13 @@ class OutboxRelay:
             rows = await conn.fetch(
                 """
                 SELECT id, message_id, exchange, routing_key, body, headers::text AS headers
-                FROM outbox WHERE sent_at IS NULL ORDER BY id LIMIT $1
+                FROM outbox WHERE sent_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT $1
                 FOR UPDATE SKIP LOCKED
                 """,
                 self._batch_size,
             )
             sent_ids: list[int] = []
+            parked = 0
             error: str | None = None
             for row in rows:
                 try:
@@ -201,16 +293,24 @@ class OutboxRelay:
                         headers=json.loads(row["headers"]),
                     )
                 except Exception as exc:
-                    error = f"{type(exc).__name__}: {exc}"[:2000]
-                    await conn.execute(
+                    failure = f"{type(exc).__name__}: {exc}"[:2000]
+                    parked_at = await conn.fetchval(
                         """
-                        UPDATE outbox SET attempts = attempts + 1, last_attempt_at = now(), last_error = $2
+                        UPDATE outbox SET attempts = attempts + 1, last_attempt_at = now(), last_error = $2,
+                               refusals = refusals + $3::int,
+                               parked_at = CASE WHEN refusals + $3::int >= $4::int THEN now() END
                         WHERE id = $1
+                        RETURNING parked_at
                         """,
-                        row["id"],
-                        error,
+                        row["id"], failure, int(is_refusal(exc)), self._park_after,
                     )
-                    log.warning("outbox publish failed for row %s: %s", row["id"], error)
+                    if parked_at is not None:
+                        log.error("outbox row %s parked after %d refusals, later rows go on: %s",
+                                  row["id"], self._park_after, failure)
+                        parked += 1
+                        continue
+                    log.warning("outbox publish failed for row %s: %s", row["id"], failure)
+                    error = failure
                     break
                 sent_ids.append(row["id"])
             if sent_ids:
@@ -221,7 +321,27 @@ class OutboxRelay:
                     """,
                     sent_ids,
                 )
-            return RelayBatch(sent=len(sent_ids), error=error, more=error is None and len(rows) == self._batch_size)
+            more = error is None and len(rows) == self._batch_size
+        report_error = await self._report_parked()
+        return RelayBatch(sent=len(sent_ids), error=error or report_error, parked=parked, more=more)
+
+    async def _report_parked(self) -> str | None:
+        """Hand each parked, unreported row to ``on_parked``; mark it reported once the hook returned."""
+        if self._on_parked is None:
+            return None
+        rows = await self._pool.fetch(
+            f"SELECT {_PARKED_COLUMNS} FROM outbox "
+            "WHERE sent_at IS NULL AND parked_at IS NOT NULL AND parked_reported_at IS NULL ORDER BY id LIMIT 100"
+        )
+        for row in rows:
+            parked = _parked_row(row)
+            try:
+                await self._on_parked(parked)
+            except Exception as exc:
+                log.warning("outbox on_parked hook failed for row %s (called again later): %r", parked.id, exc)
+                return f"on_parked failed for row {parked.id}: {type(exc).__name__}: {exc}"[:2000]
+            await self._pool.execute("UPDATE outbox SET parked_reported_at = now() WHERE id = $1", parked.id)
+        return None
 
     def stop(self) -> None:
         """Ask ``run_forever`` to return after the batch in progress (safe to call from any task)."""

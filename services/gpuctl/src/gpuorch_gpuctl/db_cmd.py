@@ -14,9 +14,11 @@ from typing import Annotated, Any
 
 import typer
 from gpuorch_store.migrations import MigrationError, ensure_database, migrate, status
-from gpuorch_store.outbox import outbox_backlog
+from gpuorch_store.outbox import outbox_backlog, parked_rows
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/gpuorch"
+PARKED_SHOWN = 5
+"""How many of the newest parked outbox rows ``db status`` lists."""
 
 db_app = typer.Typer(help="Database schema: apply migrations and show their status.", no_args_is_help=True)
 
@@ -82,17 +84,18 @@ def _run(work: Callable[[], Coroutine[Any, Any, dict[str, Any]]]) -> dict[str, A
 
 @db_app.command("status")
 def status_command(dsn: DsnOpt = DEFAULT_DSN, as_json: JsonOpt = False) -> None:
-    """List every migration (applied, pending, changed, file-missing) and the outbox backlog."""
+    """List every migration (applied, pending, changed, file-missing), the outbox backlog and its parked rows."""
 
     async def run() -> dict[str, Any]:
         import asyncpg
 
         rows = [row.as_dict() for row in await status(dsn)]
         backlog: dict[str, Any] | None = None
-        if any(r["version"] == 3 and r["state"] == "applied" for r in rows):
+        if any(r["version"] == 4 and r["state"] == "applied" for r in rows):  # outbox with parking
             conn = await asyncpg.connect(dsn)
             try:
                 b = await outbox_backlog(conn)
+                parked = await parked_rows(conn, limit=PARKED_SHOWN)
             finally:
                 await conn.close()
             backlog = {
@@ -100,6 +103,12 @@ def status_command(dsn: DsnOpt = DEFAULT_DSN, as_json: JsonOpt = False) -> None:
                 "oldest_unsent_at": b.oldest_unsent_at.isoformat() if b.oldest_unsent_at else None,
                 "head_attempts": b.failing_attempts,
                 "head_last_error": b.last_error,
+                "parked": b.parked,
+                "newest_parked": [{
+                    "id": p.id, "message_id": str(p.message_id), "type": p.type, "exchange": p.exchange,
+                    "routing_key": p.routing_key, "attempts": p.attempts, "reason": p.last_error,
+                    "created_at": p.created_at.isoformat(), "parked_at": p.parked_at.isoformat(),
+                } for p in parked],
             }
         return {"migrations": rows, "outbox": backlog}
 
@@ -117,6 +126,10 @@ def status_command(dsn: DsnOpt = DEFAULT_DSN, as_json: JsonOpt = False) -> None:
             line += f", oldest since {outbox['oldest_unsent_at']}"
         if outbox["head_last_error"]:
             line += f", head row failed {outbox['head_attempts']}x: {outbox['head_last_error']}"
+        line += f"; {outbox['parked']} parked (refused by the broker, set aside)"
         print(line)
+        for p in outbox["newest_parked"]:
+            print(f"  parked {p['parked_at']}  {p['type']} {p['message_id']} -> {p['exchange']}/{p['routing_key']}"
+                  f" after {p['attempts']} attempts: {p['reason']}")
     if any(r["state"] in ("changed", "file-missing") for r in result["migrations"]):
         raise typer.Exit(code=1)
