@@ -1,11 +1,16 @@
 """gpuorch message contracts: the envelope, job specs, node inventory, commands, and their routing.
 
 Import models from here; ``decode`` turns a body into the right model, ``route`` says where a message goes.
+``output_tail_text`` makes untrusted text (a job's output, a library's error) fit a free-text field; the string
+types themselves live in ``gpuorch_contracts.text``.
 """
 
 from gpuorch_contracts.commands import ApplyMigLayout, LaunchJob, MigGpuLayout, StopJob
 from gpuorch_contracts.envelope import MAX_MESSAGE_BYTES, Message, utc_now
 from gpuorch_contracts.jobs import (
+    MAX_GANG_GPUS,
+    MAX_GANG_NODES,
+    MAX_SPEC_BYTES,
     PRIORITY_VALUE,
     TERMINAL_STATES,
     CancelJob,
@@ -60,6 +65,7 @@ from gpuorch_contracts.routing import (
     route,
 )
 from gpuorch_contracts.telemetry import AlertRaised, AlertResolved, RecommendationMade
+from gpuorch_contracts.text import output_tail_text, strip_terminal_controls
 
 __all__ = [
     "COMMANDS_EXCHANGE", "DEAD_LETTER_EXCHANGE", "EVENTS_EXCHANGE", "MAX_MESSAGE_BYTES", "MESSAGE_TYPES",
@@ -71,4 +77,5 @@ __all__ = [
     "ModelHints", "NodeAssignment", "NodeHeartbeat", "NodeInventory", "NodeRegistered", "ProcessRun",
     "ProcessUsage", "StopJob", "SubmitJob", "UnknownMessageType", "decode", "encode", "route", "utc_now",
     "AlertRaised", "AlertResolved", "RecommendationMade",
+    "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "strip_terminal_controls",
 ]

@@ -11,8 +11,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from gpuorch_contracts.envelope import Message, Name, ShortText, Strict
-from gpuorch_contracts.jobs import GpuAllocation, JobSpec
+from gpuorch_contracts.envelope import Message, Strict
+from gpuorch_contracts.jobs import MAX_GANG_NODES, GpuAllocation, JobSpec
+from gpuorch_contracts.text import MigProfileName, Name, ShortText
 
 
 class LaunchJob(Message):
@@ -23,8 +24,8 @@ class LaunchJob(Message):
     placement_id: uuid.UUID
     spec: JobSpec
     gpus: Annotated[list[GpuAllocation], Field(max_length=64)] = []
-    gang_rank: int = Field(default=0, ge=0)
-    gang_size: int = Field(default=1, ge=1)
+    gang_rank: int = Field(default=0, ge=0, le=MAX_GANG_NODES - 1)
+    gang_size: int = Field(default=1, ge=1, le=MAX_GANG_NODES)
 
 
 class StopJob(Message):
@@ -41,7 +42,7 @@ class StopJob(Message):
 
 class MigGpuLayout(Strict):
     gpu_index: int = Field(ge=0, le=1024)
-    profiles: Annotated[list[Name], Field(max_length=8)] = Field(default=[], description="wanted GPU instances")
+    profiles: Annotated[list[MigProfileName], Field(max_length=8)] = Field(default=[], description="wanted GPU instances")
 
 
 class ApplyMigLayout(Message):

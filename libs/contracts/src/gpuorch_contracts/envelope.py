@@ -6,7 +6,9 @@ Contract:
 - ``type`` names the message (``job.submit``, ``job.placed`` ...) and selects the model on decode;
 - ``schema_version`` starts at 1; a breaking change is a new version handled side by side, compatible changes only
   add optional fields;
-- ``occurred_at`` is timezone-aware UTC; ``producer`` names the emitting service instance.
+- ``occurred_at`` is timezone-aware UTC; ``producer`` names the emitting service instance;
+- every string is one of the types of ``gpuorch_contracts.text`` (no control characters, NUL included; identifiers
+  match a safe pattern), every number is bounded and every float finite.
 The W3C ``traceparent`` travels in AMQP headers, not in the body (see gpuorch_messaging).
 """
 
@@ -14,18 +16,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, ClassVar
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")]
-"""An identifier-like string: node ids, tenants, GPU models, profile names."""
+from gpuorch_contracts.text import Arg, Name, ShortText, Token
 
-ShortText = Annotated[str, StringConstraints(max_length=1024)]
-"""Free text meant for people (reasons, explanations), bounded."""
-
-Arg = Annotated[str, StringConstraints(max_length=4096)]
-"""One argv element or environment value."""
+__all__ = ["MAX_MESSAGE_BYTES", "Arg", "Message", "Name", "ShortText", "Strict", "utc_now"]
 
 MAX_MESSAGE_BYTES = 256 * 1024
 """A message body larger than this is refused by publishers and dead-lettered by consumers."""
@@ -36,9 +33,10 @@ def utc_now() -> datetime:
 
 
 class Strict(BaseModel):
-    """Base of every contract model: unknown fields are errors, instances are immutable."""
+    """Base of every contract model: unknown fields are errors, instances are immutable, and a float is finite
+    (``NaN`` and ``Infinity``, which JSON readers differ on and PostgreSQL ``jsonb`` refuses, are validation errors)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False, allow_inf_nan=False)
 
 
 class Message(Strict):
@@ -55,4 +53,4 @@ class Message(Strict):
     type: str
     schema_version: int = Field(default=1, ge=1, le=1000)
     occurred_at: datetime = Field(default_factory=utc_now)
-    producer: Annotated[str, StringConstraints(min_length=1, max_length=128)] = "unknown"
+    producer: Token = "unknown"

@@ -12,7 +12,20 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from gpuorch_contracts.envelope import Arg, Message, Name, ShortText, Strict
+from gpuorch_contracts.envelope import MAX_MESSAGE_BYTES, Message, Strict
+from gpuorch_contracts.text import (
+    Arg,
+    GpuUuid,
+    JobName,
+    LabelValue,
+    MigProfileName,
+    Name,
+    PathText,
+    Seconds,
+    ShortText,
+    TenantName,
+    Token,
+)
 
 Tier = Literal["training", "inference", "batch"]
 PriorityClass = Literal["critical", "high", "normal", "low"]
@@ -32,14 +45,14 @@ class ProcessRun(Strict):
     runtime: Literal["process"] = "process"
     argv: Annotated[list[Arg], Field(min_length=1, max_length=256)]
     env: Annotated[dict[Name, Arg], Field(max_length=128)] = {}
-    workdir: Annotated[str, Field(max_length=1024)] | None = None
+    workdir: PathText | None = None
 
 
 class ContainerRun(Strict):
     """Run an image pinned by digest; the executor refuses tags."""
 
     runtime: Literal["container"] = "container"
-    image: Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+@sha256:[0-9a-f]{64}$")]
+    image: Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[!-~]+@sha256:[0-9a-f]{64}$")]
     argv: Annotated[list[Arg], Field(max_length=256)] = []
     env: Annotated[dict[Name, Arg], Field(max_length=128)] = {}
 
@@ -50,7 +63,7 @@ class GpuRequest(Strict):
     gpus: int = Field(default=0, ge=0, le=64, description="whole GPUs per node")
     gpu_milli: int | None = Field(default=None, ge=1, le=999, description="share of one GPU, in thousandths")
     gpu_memory_mib: int | None = Field(default=None, ge=1, le=1_048_576, description="GPU memory of a share")
-    mig_profiles: Annotated[list[Name], Field(max_length=16)] = []
+    mig_profiles: Annotated[list[MigProfileName], Field(max_length=16)] = []
     gpu_models: Annotated[list[Name], Field(max_length=32)] = Field(
         default=[], description="accepted GPU models; empty accepts any"
     )
@@ -73,10 +86,22 @@ class GpuRequest(Strict):
         return "none"
 
 
+MAX_GANG_NODES = 128
+MAX_GANG_GPUS = 1024
+"""A gang holds at most this many GPUs (or GPU slices) in all, so that the ``JobPlaced`` naming each of them fits
+one message (``MAX_MESSAGE_BYTES``) whatever the node ids and GPU uuids."""
+
+MAX_SPEC_BYTES = MAX_MESSAGE_BYTES - 32 * 1024
+"""Largest job spec, measured as its JSON encoding (``encode``). Every message that embeds a spec (``SubmitJob``,
+``JobAccepted``, ``LaunchJob``) adds at most about 15 KiB to it (envelope, ids, a node id, 64 GPU allocations), so
+any admissible spec fits each of them with room to spare; ``libs/contracts/tests`` builds the largest ones to prove
+it."""
+
+
 class Gang(Strict):
     """All-or-nothing shape: ``nodes`` nodes, each holding ``GpuRequest`` (whole GPUs) for this job."""
 
-    nodes: int = Field(default=1, ge=1, le=1024)
+    nodes: int = Field(default=1, ge=1, le=MAX_GANG_NODES)
 
 
 class Checkpoint(Strict):
@@ -96,8 +121,8 @@ class ModelHints(Strict):
 class JobSpec(Strict):
     """What a job needs and what it runs."""
 
-    name: Annotated[str, Field(min_length=1, max_length=128)] = "job"
-    tenant: Name = "default"
+    name: JobName = "job"
+    tenant: TenantName = "default"
     tier: Tier = "batch"
     priority_class: PriorityClass = "normal"
     resources: GpuRequest = GpuRequest()
@@ -111,7 +136,19 @@ class JobSpec(Strict):
     checkpoint: Checkpoint = Checkpoint()
     run: ProcessRun | ContainerRun = Field(discriminator="runtime")
     model: ModelHints | None = None
-    labels: Annotated[dict[Name, Annotated[str, Field(max_length=256)]], Field(max_length=64)] = {}
+    labels: Annotated[dict[Name, LabelValue], Field(max_length=64)] = {}
+
+    @model_validator(mode="after")
+    def _fits_every_message(self) -> JobSpec:
+        gang_gpus = self.gang.nodes * max(self.resources.gpus, 1)
+        if gang_gpus > MAX_GANG_GPUS:
+            raise ValueError(f"the gang asks for {gang_gpus} GPUs ({self.gang.nodes} nodes x "
+                             f"{max(self.resources.gpus, 1)}); at most {MAX_GANG_GPUS} in all")
+        size = len(self.__pydantic_serializer__.to_json(self))
+        if size > MAX_SPEC_BYTES:
+            raise ValueError(f"the spec is {size} bytes as JSON; at most {MAX_SPEC_BYTES} (argv, env and labels "
+                             "together must be smaller)")
+        return self
 
 
 class SubmitJob(Message):
@@ -158,17 +195,17 @@ class JobQueued(Message):
     type: Literal["job.queued"] = "job.queued"
     job_id: uuid.UUID
     pending_reason: ShortText
-    estimated_start_s: float | None = None
+    estimated_start_s: float | None = Field(default=None, ge=0, le=10**11)
 
 
 class GpuAllocation(Strict):
     """One GPU (or MIG instance) given to a placement: ``milli`` = 1000 for a whole GPU."""
 
-    gpu_uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    gpu_uuid: GpuUuid
     gpu_index: int = Field(ge=0, le=1024)
     milli: int = Field(default=1000, ge=1, le=1000)
-    memory_mib: int | None = Field(default=None, ge=0)
-    mig_profile: Name | None = None
+    memory_mib: int | None = Field(default=None, ge=0, le=16_777_216)
+    mig_profile: MigProfileName | None = None
 
 
 class NodeAssignment(Strict):
@@ -190,9 +227,9 @@ class JobStarted(Message):
     job_id: uuid.UUID
     placement_id: uuid.UUID
     node_id: Name
-    pid: int | None = None
-    container_id: Annotated[str, Field(max_length=128)] | None = None
-    log_path: Annotated[str, Field(max_length=1024)] | None = None
+    pid: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    container_id: Token | None = None
+    log_path: PathText | None = None
 
 
 class JobFinished(Message):
@@ -201,8 +238,8 @@ class JobFinished(Message):
     job_id: uuid.UUID
     placement_id: uuid.UUID
     node_id: Name
-    exit_code: int
-    duration_s: float = Field(ge=0)
+    exit_code: int = Field(ge=-(2**31), le=2**31 - 1)
+    duration_s: Seconds
 
 
 FailureCause = Literal[
@@ -218,8 +255,8 @@ class JobFailed(Message):
     node_id: Name | None = None
     cause: FailureCause
     reason: ShortText
-    exit_code: int | None = None
-    duration_s: float | None = Field(default=None, ge=0)
+    exit_code: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
+    duration_s: Seconds | None = None
     stop_reason: Literal["cancel", "preempt", "max_runtime", "drain", "fenced"] | None = Field(
         default=None, description="set by the executor when the placement ended because it was stopped "
         "(a StopJob's reason, max runtime, or fencing); None when the job ended by itself",
@@ -260,7 +297,7 @@ class JobRequeued(Message):
     type: Literal["job.requeued"] = "job.requeued"
     job_id: uuid.UUID
     reason: ShortText
-    requeues: int = Field(ge=0)
+    requeues: int = Field(ge=0, le=10**6)
     preempted: bool = Field(
         default=False, description="requeued after a preemption (does not count against max_requeues)",
     )

@@ -8,9 +8,28 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
-from gpuorch_contracts.envelope import Message, Name, ShortText, Strict
+from gpuorch_contracts.envelope import Message, Strict
+from gpuorch_contracts.text import (
+    ONE_LINE,
+    Count,
+    GpuUuid,
+    Hostname,
+    LabelValue,
+    MiB,
+    MigProfileName,
+    Name,
+    OptionalToken,
+    ShortText,
+    Token,
+)
+
+GpuIndex = Annotated[int, Field(ge=0, le=1024)]
+Pid = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Percent = Annotated[float, Field(ge=0, le=100)]
+Celsius = Annotated[float, Field(ge=-273, le=1000)]
+Watts = Annotated[float, Field(ge=0, le=100_000)]
 
 GpuHealth = Literal["healthy", "degraded", "unhealthy", "unknown"]
 TopologyLevel = Literal["self", "nvlink", "same_board", "single_switch", "multi_switch", "host_bridge", "node", "system"]
@@ -18,22 +37,22 @@ TopologyLevel = Literal["self", "nvlink", "same_board", "single_switch", "multi_
 
 
 class MigInstance(Strict):
-    uuid: Annotated[str, Field(min_length=1, max_length=128)]
-    profile: Name
-    memory_mib: int = Field(ge=0)
+    uuid: GpuUuid
+    profile: MigProfileName
+    memory_mib: MiB
     slices: int = Field(ge=1, le=8, description="compute (GPC) slices")
     placement_start: int = Field(ge=0, le=8)
     placement_size: int = Field(ge=1, le=8)
 
 
 class GpuInfo(Strict):
-    uuid: Annotated[str, Field(min_length=1, max_length=128)]
-    index: int = Field(ge=0, le=1024)
+    uuid: GpuUuid
+    index: GpuIndex
     model: Name
-    name: Annotated[str, Field(max_length=128)] = ""
-    memory_total_mib: int = Field(ge=0)
-    compute_capability: Annotated[str, Field(max_length=16)] | None = None
-    pci_bus_id: Annotated[str, Field(max_length=64)] | None = None
+    name: OptionalToken = ""
+    memory_total_mib: MiB
+    compute_capability: Annotated[str, StringConstraints(max_length=16), ONE_LINE] | None = None
+    pci_bus_id: Annotated[str, StringConstraints(max_length=64), ONE_LINE] | None = None
     mig_enabled: bool = False
     mig_instances: Annotated[list[MigInstance], Field(max_length=64)] = []
     health: GpuHealth = "healthy"
@@ -42,15 +61,15 @@ class GpuInfo(Strict):
 
 class NodeInventory(Strict):
     node_id: Name
-    hostname: Annotated[str, Field(max_length=255)] = ""
-    cpu_milli: int = Field(ge=0)
-    memory_mib: int = Field(ge=0)
+    hostname: Hostname = ""
+    cpu_milli: int = Field(ge=0, le=1_024_000_000)
+    memory_mib: MiB
     gpus: Annotated[list[GpuInfo], Field(max_length=64)] = []
-    nvlink_pairs: Annotated[list[tuple[int, int]], Field(max_length=2048)] = Field(
+    nvlink_pairs: Annotated[list[tuple[GpuIndex, GpuIndex]], Field(max_length=2048)] = Field(
         default=[], description="GPU index pairs joined by NVLink"
     )
-    labels: Annotated[dict[Name, Annotated[str, Field(max_length=256)]], Field(max_length=64)] = {}
-    topology: Annotated[list[tuple[int, int, TopologyLevel]], Field(max_length=2080)] = Field(
+    labels: Annotated[dict[Name, LabelValue], Field(max_length=64)] = {}
+    topology: Annotated[list[tuple[GpuIndex, GpuIndex, TopologyLevel]], Field(max_length=2080)] = Field(
         default=[], description="(gpu index a, gpu index b, best path) for each pair a < b; empty when unknown"
     )
 
@@ -61,17 +80,17 @@ class NodeRegistered(Message):
     TYPE = "node.registered"
     type: Literal["node.registered"] = "node.registered"
     inventory: NodeInventory
-    inventory_hash: Annotated[str, Field(min_length=1, max_length=128)]
+    inventory_hash: Token
 
 
 class GpuLive(Strict):
     """Compact live state of one GPU in a heartbeat; ``None`` means the reading failed (unknown)."""
 
-    index: int = Field(ge=0, le=1024)
-    utilization_pct: float | None = Field(default=None, ge=0, le=100)
-    memory_used_mib: int | None = Field(default=None, ge=0)
-    temperature_c: float | None = None
-    power_w: float | None = Field(default=None, ge=0)
+    index: GpuIndex
+    utilization_pct: Percent | None = None
+    memory_used_mib: MiB | None = None
+    temperature_c: Celsius | None = None
+    power_w: Watts | None = None
     health: GpuHealth = "healthy"
 
 
@@ -79,8 +98,8 @@ class NodeHeartbeat(Message):
     TYPE = "node.heartbeat"
     type: Literal["node.heartbeat"] = "node.heartbeat"
     node_id: Name
-    inventory_hash: Annotated[str, Field(min_length=1, max_length=128)]
-    sequence: int = Field(ge=0)
+    inventory_hash: Token
+    sequence: Count
     gpus: Annotated[list[GpuLive], Field(max_length=64)] = []
     nvml_errors: Annotated[list[ShortText], Field(max_length=64)] = Field(
         default=[], description="NVML calls that failed for this reading ('function: error'); their fields are None"
@@ -91,11 +110,11 @@ class GpuHealthChanged(Message):
     TYPE = "gpu.health_changed"
     type: Literal["gpu.health_changed"] = "gpu.health_changed"
     node_id: Name
-    gpu_uuid: Annotated[str, Field(min_length=1, max_length=128)]
-    gpu_index: int = Field(ge=0, le=1024)
+    gpu_uuid: GpuUuid
+    gpu_index: GpuIndex
     health: GpuHealth
     reason: ShortText
-    xid: int | None = None
+    xid: int | None = Field(default=None, ge=0, le=2**31 - 1)
     action: Literal["none", "fail_job", "drain", "reset", "replace"] = "none"
 
 
@@ -103,20 +122,20 @@ class ProcessUsage(Strict):
     """One process seen on a GPU. The optional fields after ``sm_util_pct`` let telemetry join the process to a
     job and tell an input-bound job from an idle one; a producer that cannot read them leaves them ``None``."""
 
-    pid: int = Field(ge=0)
-    gpu_memory_mib: int = Field(ge=0)
-    sm_util_pct: float | None = Field(default=None, ge=0, le=100)
-    pgid: int | None = Field(
+    pid: Pid
+    gpu_memory_mib: MiB
+    sm_util_pct: Percent | None = None
+    pgid: Pid | None = Field(
         default=None, ge=0, description="process group id; equals the job's started pid for the process runtime"
     )
-    container_id: Annotated[str, Field(max_length=128)] | None = Field(
+    container_id: OptionalToken | None = Field(
         default=None, description="container the process runs in (from its cgroup), for the container runtime"
     )
-    gpu_instance_uuid: Annotated[str, Field(max_length=128)] | None = Field(
+    gpu_instance_uuid: GpuUuid | None = Field(
         default=None, description="MIG instance (MIG-...) the process runs on, when the GPU is in MIG mode"
     )
     host_cpu_pct: float | None = Field(
-        default=None, ge=0,
+        default=None, ge=0, le=409_600,
         description="host CPU used by the process and its children since the last sample; 100 = one core",
     )
     io_wait_pct: float | None = Field(
@@ -126,18 +145,19 @@ class ProcessUsage(Strict):
 
 
 class GpuSample(Strict):
-    index: int = Field(ge=0, le=1024)
-    uuid: Annotated[str, Field(min_length=1, max_length=128)]
-    utilization_pct: float | None = Field(default=None, ge=0, le=100)
-    memory_used_mib: int | None = Field(default=None, ge=0)
-    memory_total_mib: int | None = Field(default=None, ge=0)
-    temperature_c: float | None = None
-    power_w: float | None = Field(default=None, ge=0)
-    sm_clock_mhz: int | None = Field(default=None, ge=0)
+    index: GpuIndex
+    uuid: GpuUuid
+    utilization_pct: Percent | None = None
+    memory_used_mib: MiB | None = None
+    memory_total_mib: MiB | None = None
+    temperature_c: Celsius | None = None
+    power_w: Watts | None = None
+    sm_clock_mhz: int | None = Field(default=None, ge=0, le=100_000)
     throttle_reasons: Annotated[list[Name], Field(max_length=16)] = []
-    ecc_corrected: int | None = Field(default=None, ge=0, description="volatile corrected ECC errors")
-    retired_pages: int | None = Field(default=None, ge=0, description="pages retired (pre-Ampere ECC handling)")
-    ecc_uncorrected: int | None = Field(default=None, ge=0)
+    ecc_corrected: int | None = Field(default=None, ge=0, le=2**31 - 1, description="volatile corrected ECC errors")
+    retired_pages: int | None = Field(default=None, ge=0, le=2**31 - 1,
+                                      description="pages retired (pre-Ampere ECC handling)")
+    ecc_uncorrected: int | None = Field(default=None, ge=0, le=2**31 - 1)
     remapped_rows_pending: bool | None = Field(default=None, description="a row remap waits for a GPU reset")
     remapped_rows_failed: bool | None = Field(default=None, description="a row remap failed: replace the GPU")
     processes: Annotated[list[ProcessUsage], Field(max_length=256)] = []
@@ -172,7 +192,7 @@ class FleetAlert(Message):
 
 
 class MigGpuOutcome(Strict):
-    gpu_index: int = Field(ge=0, le=1024)
+    gpu_index: GpuIndex
     applied: bool
     reason: ShortText = ""
 
@@ -184,5 +204,5 @@ class MigLayoutApplied(Message):
     TYPE = "node.mig_layout_applied"
     type: Literal["node.mig_layout_applied"] = "node.mig_layout_applied"
     node_id: Name
-    command_id: Annotated[str, Field(max_length=64)]
+    command_id: Annotated[str, StringConstraints(max_length=64), ONE_LINE]
     outcomes: Annotated[list[MigGpuOutcome], Field(max_length=64)]

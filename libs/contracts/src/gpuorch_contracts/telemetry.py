@@ -16,10 +16,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from gpuorch_contracts.envelope import Message, Name, ShortText
+from gpuorch_contracts.envelope import Message
+from gpuorch_contracts.text import GpuUuid, Name, ShortText, TenantName
 
 Severity = Literal["info", "warning", "critical"]
-Evidence = Annotated[dict[Name, float], Field(max_length=64)]
+Evidence = Annotated[dict[Name, Annotated[float, Field(ge=-1e15, le=1e15)]], Field(max_length=64)]
 """The numbers behind a detection, by name (``mean_util_pct``, ``peak_memory_mib`` ...)."""
 
 
@@ -33,8 +34,8 @@ class AlertRaised(Message):
     severity: Severity = "warning"
     job_id: uuid.UUID | None = None
     node_id: Name
-    gpu_uuid: Annotated[str, Field(max_length=128)] | None = None
-    tenant: Name | None = None
+    gpu_uuid: GpuUuid | None = None
+    tenant: TenantName | None = None
     explanation: ShortText
     evidence: Evidence = {}
     advice: ShortText | None = None
@@ -49,8 +50,8 @@ class AlertResolved(Message):
     kind: Name
     job_id: uuid.UUID | None = None
     node_id: Name
-    gpu_uuid: Annotated[str, Field(max_length=128)] | None = None
-    tenant: Name | None = None
+    gpu_uuid: GpuUuid | None = None
+    tenant: TenantName | None = None
     reason: ShortText
 
 
@@ -64,8 +65,8 @@ class RecommendationMade(Message):
     severity: Severity = "info"
     job_id: uuid.UUID | None = None
     node_id: Name
-    gpu_uuid: Annotated[str, Field(max_length=128)] | None = None
-    tenant: Name | None = None
+    gpu_uuid: GpuUuid | None = None
+    tenant: TenantName | None = None
     explanation: ShortText
     evidence: Evidence = {}
     advice: ShortText | None = None
