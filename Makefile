@@ -2,7 +2,7 @@
 UV ?= uv
 export PATH := $(HOME)/.local/bin:$(PATH)
 
-.PHONY: demo test lint bench schemas env servers clean
+.PHONY: demo test lint bench schemas asyncapi-check env servers clean
 
 env:
 	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -26,6 +26,10 @@ bench: env servers  ## speed and scale figures, written as tables under bench/re
 
 schemas: env  ## regenerate the checked-in JSON Schemas and AsyncAPI document from the models
 	@$(UV) run gpuctl schema export --out libs/contracts/schemas
+
+asyncapi-check:  ## parse the checked-in AsyncAPI document with the official parser (node + npm); fails on any error
+	@cd deploy/asyncapi-check && npm ci --ignore-scripts --no-audit --no-fund --silent
+	@node deploy/asyncapi-check/check.mjs libs/contracts/schemas/asyncapi.json
 
 clean:
 	rm -rf var .pytest_cache
