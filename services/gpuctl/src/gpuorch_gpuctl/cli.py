@@ -22,6 +22,7 @@ from gpuorch_gpuctl import jobs_view
 from gpuorch_gpuctl.demo_cmd import demo
 from gpuorch_gpuctl.dlq_cmd import dlq_app
 from gpuorch_gpuctl.schema_cmd import schema_app
+from gpuorch_gpuctl.terminal_text import cell, log_output, markup
 
 app = typer.Typer(help="gpuctl: submit, inspect and cancel gpuorch jobs.", no_args_is_help=True,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,8 +30,8 @@ app.add_typer(dlq_app, name="dlq")
 app.add_typer(schema_app, name="schema")
 app.command("demo")(demo)
 
-console = Console()
-err = Console(stderr=True)
+console = Console(emoji=False)
+err = Console(stderr=True, emoji=False)
 
 AMQP_URL = os.environ.get("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 DATABASE_URL = os.environ.get("GPUORCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/gpuorch")
@@ -78,7 +79,7 @@ def submit(
             run=ProcessRun(argv=argv, env=env_map),
         )
     except ValueError as exc:
-        err.print(f"[red]invalid job:[/red] {exc}")
+        err.print(f"[red]invalid job:[/red] {markup(exc)}")
         raise typer.Exit(2) from exc
     message = SubmitJob(spec=spec, producer="gpuctl")
     asyncio.run(_publish(amqp_url, message))
@@ -87,7 +88,7 @@ def submit(
     elif not wait:
         print(message.job_id)
     if wait:
-        row = asyncio.run(jobs_view.wait_for_end(dsn, message.job_id, progress=lambda s: err.print(s)))
+        row = asyncio.run(jobs_view.wait_for_end(dsn, message.job_id, progress=lambda s: err.print(markup(s))))
         if as_json:
             print(json.dumps(row, default=str))
         else:
@@ -109,7 +110,7 @@ async def _publish(amqp_url: str, message: Any) -> None:
                                                       attributes={"gpuorch.job_id": str(message.job_id)}):
             await broker.publish(message)
     except (PublishError, ConnectionError) as exc:
-        err.print(f"[red]not submitted:[/red] {exc} (is the scheduler running?)")
+        err.print(f"[red]not submitted:[/red] {markup(exc)} (is the scheduler running?)")
         raise typer.Exit(1) from exc
     finally:
         await broker.close()
@@ -152,10 +153,11 @@ def jobs(
         estimated = r.get("estimated_start")
         starts_in = f"~{max(0.0, estimated.timestamp() - now):.0f}s" if estimated and r["state"] == "queued" else ""
         table.add_row(
-            str(r["job_id"])[:8], r["name"], r["tenant"], r["tier"], _colour(r["state"]),
-            ",".join(r["node_ids"] or []) or "-", jobs_view.gpu_text(r),
+            str(r["job_id"])[:8], cell(r["name"]), cell(r["tenant"]), cell(r["tier"]), _colour(r["state"]),
+            cell(",".join(r["node_ids"] or []) or "-"), cell(jobs_view.gpu_text(r)),
             "-" if r["exit_code"] is None else str(r["exit_code"]),
-            f"{now - r['submitted_at'].timestamp():.0f}s", starts_in, (r["pending_reason"] or r["reason"] or "")[:60],
+            f"{now - r['submitted_at'].timestamp():.0f}s", starts_in,
+            cell((r["pending_reason"] or r["reason"] or "")[:60]),
         )
     console.print(table)
 
@@ -175,7 +177,7 @@ def describe(
     for key, value in public.items():
         if key == "spec":
             value = json.dumps(value)
-        console.print(f"[bold]{key:>16}[/bold]  {value}")
+        console.print(f"[bold]{key:>16}[/bold]  {markup(value)}")
 
 
 @app.command()
@@ -189,11 +191,11 @@ def logs(
     row = asyncio.run(jobs_view.get_job(dsn, job_id))
     path = row.get("log_path")
     if not path:
-        err.print(f"job {row['job_id']} has no log yet (state {row['state']})")
+        err.print(f"job {row['job_id']} has no log yet (state {cell(row['state'])})")
         raise typer.Exit(1)
     log_file = Path(path)
     if not log_file.exists():
-        err.print(f"log {path} is not on this host (the job ran on {','.join(row['node_ids'] or [])})")
+        err.print(f"log {cell(path)} is not on this host (the job ran on {cell(','.join(row['node_ids'] or []))})")
         raise typer.Exit(1)
     if as_json:
         print(json.dumps({"job_id": str(row["job_id"]), "log_path": path, "text": log_file.read_text(errors="replace")}))
@@ -202,7 +204,7 @@ def logs(
         while True:
             chunk = handle.read()
             if chunk:
-                sys.stdout.write(chunk)
+                sys.stdout.write(log_output(chunk))
                 sys.stdout.flush()
             if not follow:
                 return
@@ -221,14 +223,15 @@ def nodes(dsn: DsnOpt = DATABASE_URL, as_json: JsonOpt = False) -> None:
         return
     table = Table("node", "liveness", "gpus", "models", "allocated jobs")
     for r in rows:
-        table.add_row(r["node_id"], _colour(r["liveness"]), str(r["gpu_count"]), r["models"], str(r["jobs"]))
+        table.add_row(cell(r["node_id"]), _colour(r["liveness"]), str(r["gpu_count"]), cell(r["models"]),
+                      str(r["jobs"]))
     console.print(table)
 
 
 def _colour(state: str) -> str:
     colour = {"succeeded": "green", "running": "cyan", "failed": "red", "rejected": "red", "queued": "yellow",
               "alive": "green", "suspect": "yellow", "lost": "red", "cancelled": "magenta"}.get(state)
-    return f"[{colour}]{state}[/{colour}]" if colour else state
+    return f"[{colour}]{state}[/{colour}]" if colour else cell(state)
 
 
 def _register_optional_commands() -> None:

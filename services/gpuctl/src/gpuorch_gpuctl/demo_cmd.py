@@ -22,8 +22,9 @@ from rich.live import Live
 from rich.table import Table
 
 from gpuorch_gpuctl.stack import LocalStack, SimNode
+from gpuorch_gpuctl.terminal_text import cell, markup
 
-console = Console(stderr=True)
+console = Console(stderr=True, emoji=False)
 
 DEMO_NODES = [SimNode("node-1", "h100", 8), SimNode("node-2", "a100-80", 4), SimNode("node-3", "l4", 4)]
 
@@ -172,13 +173,14 @@ def _table(names: dict[uuid.UUID, str], rows: list[dict[str, Any]], elapsed: flo
     for job_id, name in names.items():
         row = by_id.get(job_id)
         if row is None:
-            table.add_row(name, "submitted", "-", "-", "-", "")
+            table.add_row(cell(name), "submitted", "-", "-", "-", "")
             continue
         colour = {"succeeded": "green", "failed": "red", "rejected": "red", "running": "cyan",
                   "queued": "yellow"}.get(row["state"], "white")
-        table.add_row(name, f"[{colour}]{row['state']}[/{colour}]", ",".join(row["node_ids"] or []) or "-",
-                      gpu_text(row), "-" if row["exit_code"] is None else str(row["exit_code"]),
-                      (row["pending_reason"] or row["reason"] or "")[:70])
+        table.add_row(cell(name), f"[{colour}]{cell(row['state'])}[/{colour}]",
+                      cell(",".join(row["node_ids"] or []) or "-"), cell(gpu_text(row)),
+                      "-" if row["exit_code"] is None else str(row["exit_code"]),
+                      cell((row["pending_reason"] or row["reason"] or "")[:70]))
     return table
 
 
@@ -216,7 +218,7 @@ def demo(
             asyncio.run(_wait_for_scheduler(database_url, len(DEMO_NODES), 45))
         except TimeoutError as exc:
             for name in stack.processes:
-                console.print(f"[red]--- {name} ---[/red]\n{stack.tail(name)}")
+                console.print(f"[red]--- {name} ---[/red]\n{markup(stack.tail(name))}")
             raise typer.Exit(1) from exc
         console.print(f"{len(DEMO_NODES)} simulated nodes registered; submitting {len(workload)} jobs")
         names = asyncio.run(_submit_all(amqp_url, workload))
@@ -245,13 +247,14 @@ def demo(
                    "jobs_detail": [{"name": names[r["job_id"]], "state": r["state"], "node": (r["node_ids"] or [None])[0],
                                     "exit_code": r["exit_code"]} for r in rows]}
     console.print(f"[bold]done in {outcome['seconds']}s:[/bold] " + ", ".join(f"{v} {k}" for k, v in counts.items())
-                  + f"; nodes used: {', '.join(nodes_used)}")
+                  + f"; nodes used: {cell(', '.join(nodes_used))}")
     if outcome.get("advice"):
         table = Table(title="what telemetry noticed", show_lines=True)
         for column in ("job", "finding", "explanation and advice"):
             table.add_column(column)
         for item in outcome["advice"]:
-            table.add_row(item["job"], item["kind"], f"{item['explanation']}\n[dim]{item['advice'] or ''}[/dim]")
+            table.add_row(cell(item["job"]), cell(item["kind"]),
+                          f"{cell(item['explanation'])}\n[dim]{cell(item['advice'] or '')}[/dim]")
         console.print(table)
     console.print("try: uv run gpuctl jobs --dsn " + database_url + "   (the demo database stays until the next run)")
     if as_json:

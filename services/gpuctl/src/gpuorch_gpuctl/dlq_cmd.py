@@ -17,9 +17,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpuorch_gpuctl.terminal_text import cell
+
 dlq_app = typer.Typer(help="Inspect and replay dead-lettered messages.", no_args_is_help=True)
-console = Console()
-err = Console(stderr=True)
+console = Console(emoji=False)
+err = Console(stderr=True, emoji=False)
 
 KNOWN_QUEUES = ("scheduler", "scheduler.heartbeats", "telemetry.samples")
 AmqpOpt = Annotated[str, typer.Option("--amqp-url", envvar="GPUORCH_AMQP_URL", help="RabbitMQ URL")]
@@ -73,7 +75,7 @@ def list_dead_letters(
         return
     table = Table("queue", "message id", "reason", "bytes")
     for r in rows:
-        table.add_row(r["queue"], str(r["message_id"]), r["reason"][:100], str(r["bytes"]))
+        table.add_row(cell(r["queue"]), cell(r["message_id"]), cell(r["reason"][:100]), str(r["bytes"]))
     console.print(table)
 
 
@@ -96,7 +98,7 @@ async def _replay(amqp_url: str, queue_name: str, limit: int) -> int:
             exchange, key = str(headers.get(EXCHANGE_HEADER, "")), str(headers.get(ROUTING_KEY_HEADER, ""))
             if not exchange:
                 await message.nack(requeue=True)
-                err.print(f"{message.message_id}: no original exchange recorded; left in place")
+                err.print(f"{cell(message.message_id)}: no original exchange recorded; left in place")
                 break
             for name in (REASON_HEADER, QUEUE_HEADER, EXCHANGE_HEADER, ROUTING_KEY_HEADER, "x-delivery-count"):
                 headers.pop(name, None)
@@ -104,7 +106,7 @@ async def _replay(amqp_url: str, queue_name: str, limit: int) -> int:
             await broker.publish_raw(exchange, key, message.body, message_id=message.message_id or "", headers=headers)
             await message.ack()
             replayed += 1
-            err.print(f"replayed {message.message_id} -> {exchange}/{key}")
+            err.print(f"replayed {cell(message.message_id)} -> {cell(exchange)}/{cell(key)}")
     finally:
         await connection.close()
         await broker.close()

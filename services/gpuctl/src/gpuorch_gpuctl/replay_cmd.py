@@ -29,6 +29,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpuorch_gpuctl.terminal_text import cell
+
 CURVE_POINTS = tuple(range(0, 131, 10))
 
 
@@ -218,7 +220,7 @@ def _print_jobs(console: Console, summary: dict[str, Any]) -> None:
     for run in summary["runs"]:
         for tier, s in run["tiers"].items():
             table.add_row(
-                run["queue_policy"], tier, str(s["jobs"]), str(s["started"]), f"{s['queueing_mean']:.1f}",
+                cell(run["queue_policy"]), cell(tier), str(s["jobs"]), str(s["started"]), f"{s['queueing_mean']:.1f}",
                 f"{s['queueing_p95']:.1f}", f"{s['completion_mean']:.1f}", f"{s['completion_p95']:.1f}",
             )
     console.print(table)
@@ -249,8 +251,8 @@ def replay(
     ] = None,
 ) -> None:
     """Replay a trace through the placement core (FGD paper protocol, or a job-level queue replay)."""
-    console = Console()
-    err = Console(stderr=True)
+    console = Console(emoji=False)
+    err = Console(stderr=True, emoji=False)
     nodes_lines, pods_lines = _read_csv(nodes), _read_csv(pods)
     if policy.lower() not in {p.lower() for p in policy_names()}:
         raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(policy_names())}")

@@ -27,6 +27,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpuorch_gpuctl.terminal_text import cell, markup
+
 JOBS_SQL = """
 WITH usage AS (
     SELECT bucket, job_id, device_uuid, tenant, node_id, alloc_milli, alloc_memory_mib, samples, observed_s,
@@ -175,7 +177,7 @@ def render_tables(report: Report, console: Console) -> None:
     for column in ("tenant", "jobs", "alloc GPU-h", "used GPU-h", "use %", "idle GPU-h", "energy kWh"):
         tenants.add_column(column, justify="left" if column == "tenant" else "right")
     for t in report.tenants:
-        tenants.add_row(t.tenant, str(t.jobs), _num(t.allocated_gpu_hours, 2), _num(t.used_gpu_hours, 2),
+        tenants.add_row(cell(t.tenant), str(t.jobs), _num(t.allocated_gpu_hours, 2), _num(t.used_gpu_hours, 2),
                         _num(t.use_pct), _num(t.idle_gpu_hours, 2), _num(t.energy_kwh, 2))
     console.print(tenants)
     jobs = Table(title="Jobs: allocated vs used (most idle first)")
@@ -184,9 +186,9 @@ def render_tables(report: Report, console: Console) -> None:
         jobs.add_column(column, justify="right" if column not in ("tenant", "job", "detections", "advice")
                         else "left", overflow="fold")
     for j in report.jobs:
-        jobs.add_row(j["tenant"], j["name"] or j["job_id"][:8], _num(j["gpus"], 2), _gib(j["alloc_memory_mib_per_gpu"]),
+        jobs.add_row(cell(j["tenant"]), cell(j["name"] or j["job_id"][:8]), _num(j["gpus"], 2), _gib(j["alloc_memory_mib_per_gpu"]),
                      _gib(j["peak_memory_mib_per_gpu"]), _num(j["mean_util_pct"]), _num(j["p95_util_pct"], 0),
-                     _num(j["idle_gpu_hours"], 2), j["detections"], j["advice"])
+                     _num(j["idle_gpu_hours"], 2), cell(j["detections"]), cell(j["advice"]))
     console.print(jobs)
 
 
@@ -303,7 +305,7 @@ def report(
     """Which work under-uses what it was given: per tenant and job, allocated vs used, idle GPU-hours, advice."""
     parse_since(since)
     result = asyncio.run(build_report(dsn, since))
-    console = Console()
+    console = Console(emoji=False)
     written: list[Path] = []
     if out is not None:
         charts = write_charts(result, out)
@@ -317,4 +319,4 @@ def report(
         console.print(f"No job usage recorded in the last {since}.")
     render_tables(result, console)
     for path in written:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {markup(path)}")
