@@ -1,6 +1,7 @@
 """Filter plugins: may this node take the request at all?
 
-Each filter answers for every node at once (`mask`), for one node with a status (`status`: fits / does not fit with
+Each filter answers for every node at once (`mask`; or for the given `rows` only, which indexes use to re-check the
+few nodes that changed), for one node with a status (`status`: fits / does not fit with
 a reason / error), and, when it is the filter that rules out the last candidates, in plain words for the user
 (`explain`, e.g. "needs 4 GPUs on one node; largest free: 2").
 """
@@ -11,14 +12,14 @@ from typing import Protocol
 
 import numpy as np
 
-from gpuorch_policy.cluster import BoolArray, Cluster
+from gpuorch_policy.cluster import BoolArray, Cluster, IntArray
 from gpuorch_policy.model import GPU_MILLI, FilterCode, FilterStatus, Request
 
 
 class Filter(Protocol):
     name: str
 
-    def mask(self, request: Request, cluster: Cluster) -> BoolArray: ...
+    def mask(self, request: Request, cluster: Cluster, rows: IntArray | None = None) -> BoolArray: ...
 
     def explain(self, request: Request, cluster: Cluster, candidates: BoolArray) -> str: ...
 
@@ -44,8 +45,8 @@ def _describe_gpus(request: Request) -> str:
 class Schedulable:
     name = "Schedulable"
 
-    def mask(self, request: Request, cluster: Cluster) -> BoolArray:
-        return cluster.schedulable
+    def mask(self, request: Request, cluster: Cluster, rows: IntArray | None = None) -> BoolArray:
+        return cluster.schedulable if rows is None else cluster.schedulable[rows]
 
     def explain(self, request: Request, cluster: Cluster, candidates: BoolArray) -> str:
         return "every node that could take it is cordoned"
@@ -56,15 +57,16 @@ class GpuModel:
 
     name = "GpuModel"
 
-    def mask(self, request: Request, cluster: Cluster) -> BoolArray:
+    def mask(self, request: Request, cluster: Cluster, rows: IntArray | None = None) -> BoolArray:
+        at = slice(None) if rows is None else rows
         if request.num_gpu == 0:
-            return np.ones(cluster.size, dtype=np.bool_)
+            return np.ones(cluster.size if rows is None else len(rows), dtype=np.bool_)
         if not request.gpu_models:
-            return np.asarray(cluster.gpu_count >= request.num_gpu)
-        present = cluster.gpu_present
+            return np.asarray(cluster.gpu_count[at] >= request.num_gpu)
+        present = cluster.gpu_present[at]
         accepted = cluster.accepted_models(request)
         if accepted is not None:
-            present = present & np.isin(cluster.gpu_model, accepted)
+            present = present & np.isin(cluster.gpu_model[at], accepted)
         return np.asarray(present.sum(axis=1) >= request.num_gpu)
 
     def explain(self, request: Request, cluster: Cluster, candidates: BoolArray) -> str:
@@ -83,8 +85,8 @@ class GpuModel:
 class HostCpu:
     name = "HostCpu"
 
-    def mask(self, request: Request, cluster: Cluster) -> BoolArray:
-        return cluster.cpu_free >= request.cpu_milli
+    def mask(self, request: Request, cluster: Cluster, rows: IntArray | None = None) -> BoolArray:
+        return (cluster.cpu_free if rows is None else cluster.cpu_free[rows]) >= request.cpu_milli
 
     def explain(self, request: Request, cluster: Cluster, candidates: BoolArray) -> str:
         most = int(cluster.cpu_free[candidates].max()) if candidates.any() else 0
@@ -94,8 +96,8 @@ class HostCpu:
 class HostMemory:
     name = "HostMemory"
 
-    def mask(self, request: Request, cluster: Cluster) -> BoolArray:
-        return cluster.mem_free >= request.memory_mib
+    def mask(self, request: Request, cluster: Cluster, rows: IntArray | None = None) -> BoolArray:
+        return (cluster.mem_free if rows is None else cluster.mem_free[rows]) >= request.memory_mib
 
     def explain(self, request: Request, cluster: Cluster, candidates: BoolArray) -> str:
         most = int(cluster.mem_free[candidates].max()) if candidates.any() else 0
@@ -107,15 +109,16 @@ class GpuCapacity:
 
     name = "GpuCapacity"
 
-    def mask(self, request: Request, cluster: Cluster) -> BoolArray:
+    def mask(self, request: Request, cluster: Cluster, rows: IntArray | None = None) -> BoolArray:
+        at = slice(None) if rows is None else rows
         if request.num_gpu == 0:
-            return np.ones(cluster.size, dtype=np.bool_)
+            return np.ones(cluster.size if rows is None else len(rows), dtype=np.bool_)
         if not request.gpu_models and not request.gpu_memory_mib:
             if request.num_gpu == 1:
-                return np.asarray(cluster.max_usable >= request.gpu_milli)
+                return np.asarray(cluster.max_usable[at] >= request.gpu_milli)
             if request.gpu_milli >= GPU_MILLI:
-                return np.asarray(cluster.whole_usable >= request.num_gpu)
-        return np.asarray(cluster.eligible_gpus(request).sum(axis=1) >= request.num_gpu)
+                return np.asarray(cluster.whole_usable[at] >= request.num_gpu)
+        return np.asarray(cluster.eligible_gpus(request, at).sum(axis=1) >= request.num_gpu)
 
     def explain(self, request: Request, cluster: Cluster, candidates: BoolArray) -> str:
         rows = np.flatnonzero(candidates)

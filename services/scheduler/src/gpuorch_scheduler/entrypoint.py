@@ -3,10 +3,12 @@
 Pipeline::
 
     gpuorch.submit  (job.submit, job.cancel) ─┐
-    gpuorch.events  (job.started/finished/    ├─> queue "scheduler" (quorum, single active consumer)
-                     failed/lost/checkpointed,│        │ handlers.SchedulerService.handle
-                     node.registered,         │        ▼
-                     gpu.health_changed)     ─┘   one PostgreSQL transaction: log + outbox + read models
+    gpuorch.events  (job.started/finished/    ├─> queue "scheduler" (quorum, single active consumer, prefetch 1000)
+                     failed/lost/checkpointed,│        │ Batcher: up to GPUORCH_BATCH_MAX messages, or
+                     node.registered,         │        │ GPUORCH_BATCH_WAIT_MS after the first; ticks join it
+                     gpu.health_changed)     ─┘        ▼ handlers.SchedulerService.handle_batch
+                                                  one PostgreSQL transaction per batch: log + outbox + read models,
+                                                  then every message of the batch is acked (or answered alone)
     gpuorch.events  (node.heartbeat) ──> "scheduler.heartbeats" (latest-wins) ──> lease renewals (memory)
                                                    │
     outbox relay ──(confirms)──> gpuorch.events (job.accepted/placed/...) and gpuorch.commands (LaunchJob, StopJob)
@@ -23,7 +25,9 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 from gpuorch_contracts import EVENTS_EXCHANGE, SUBMIT_EXCHANGE, Message, NodeHeartbeat
@@ -48,13 +52,17 @@ ENVIRONMENT = {
     "GPUORCH_SUSPECT_AFTER_S": ("seconds without heartbeat before a node is suspect", "15"),
     "GPUORCH_LOST_AFTER_S": ("seconds without heartbeat before a node is lost (> executor fencing deadline)", "90"),
     "GPUORCH_TICK_S": ("seconds between liveness/scheduling ticks", "1"),
+    "GPUORCH_BATCH_MAX": ("most messages handled in one transaction", "500"),
+    "GPUORCH_BATCH_WAIT_MS": ("milliseconds a batch waits for more messages after its first", "20"),
+    "GPUORCH_RETENTION_S": ("seconds a finished job stays in the scheduler's memory (the read model keeps it)",
+                            "3600"),
     "GPUORCH_QUOTAS": ('tenant quotas as JSON: {"team-a": {"gpus": 8, "gpu_memory_mib": 655360}, "*": {"gpus": 2}}',
                        ""),
     "GPUORCH_QUOTAS_FILE": ("path of a JSON file with the quotas (read at start; GPUORCH_QUOTAS wins)", ""),
     "GPUORCH_AGEING_POINTS_PER_MINUTE": ("priority points a waiting job gains per minute (normal=100, high=500)", "1"),
     "GPUORCH_PREEMPTION_MARGIN_S": ("seconds past a victim's checkpoint grace before a silent preemption is requeued",
                                     "60"),
-    "GPUORCH_SNAPSHOT_EVERY_EVENTS": ("snapshot the state every N logged events", "500"),
+    "GPUORCH_SNAPSHOT_EVERY_EVENTS": ("snapshot the state every N logged events", "20000"),
     "GPUORCH_SNAPSHOT_EVERY_S": ("... or every T seconds when anything was logged", "300"),
     "GPUORCH_METRICS_PORT": ("Prometheus /metrics port (0 = off)", "0"),
     "GPUORCH_OTLP_ENDPOINT": ("OTLP/HTTP collector URL, e.g. http://jaeger:4318 (unset = no export)", ""),
@@ -77,6 +85,9 @@ class Settings:
     preemption_margin_s: float
     snapshot_every_events: int
     snapshot_every_s: float
+    batch_max: int
+    batch_wait_s: float
+    retention_s: float
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
@@ -109,6 +120,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         preemption_margin_s=float(env("GPUORCH_PREEMPTION_MARGIN_S")),
         snapshot_every_events=int(env("GPUORCH_SNAPSHOT_EVERY_EVENTS")),
         snapshot_every_s=float(env("GPUORCH_SNAPSHOT_EVERY_S")),
+        batch_max=int(env("GPUORCH_BATCH_MAX")), batch_wait_s=float(env("GPUORCH_BATCH_WAIT_MS")) / 1000.0,
+        retention_s=float(env("GPUORCH_RETENTION_S")),
     )
 
 
@@ -122,7 +135,7 @@ def scheduler_queues() -> tuple[QueueSpec, QueueSpec]:
                 "node.registered", "gpu.health_changed",
             )),
         ],
-        prefetch=64, delivery_limit=10, single_active_consumer=True,
+        prefetch=1000, delivery_limit=10, single_active_consumer=True,
     )
     heartbeats = QueueSpec(HEARTBEAT_QUEUE, [(EVENTS_EXCHANGE, "node.heartbeat")], prefetch=500,
                            max_length=20000, overflow="drop-head", delivery_limit=3)
@@ -144,7 +157,8 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         service = SchedulerService(conn, SchedulerConfig(
             liveness=LivenessPolicy(suspect_after_s=settings.suspect_after_s, lost_after_s=settings.lost_after_s),
             queues=settings.queues, preemption_margin_s=settings.preemption_margin_s,
-            snapshot_every_events=settings.snapshot_every_events, snapshot_every_s=settings.snapshot_every_s))
+            snapshot_every_events=settings.snapshot_every_events, snapshot_every_s=settings.snapshot_every_s,
+            retention_s=settings.retention_s))
         await service.recover()
         broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}")
         await broker.connect()
@@ -157,16 +171,11 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             if isinstance(message, NodeHeartbeat):
                 await service.heartbeat(message)
 
-        await broker.consume(main_queue, service.handle)
+        batcher = Batcher(service.handle_batch, settings.batch_max, settings.batch_wait_s, settings.tick_s)
+        await broker.consume(main_queue, batcher.handle)
         await broker.consume(heartbeat_queue, on_heartbeat)
         try:
-            while not stop.is_set():
-                if relay_task.done():
-                    relay_task.result()  # surface a crashed relay
-                    raise RuntimeError("outbox relay stopped")
-                await service.tick()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=settings.tick_s)
+            await batcher.run(stop, watch=relay_task)
         finally:
             relay.stop()
             await broker.close()
@@ -175,6 +184,71 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             await pool.close()
     finally:
         await conn.close()
+
+
+BatchHandler = Callable[..., Awaitable[list[Exception | None]]]
+
+
+class Batcher:
+    """Gathers deliveries into batches for one transaction each, and runs the periodic tick between them.
+
+    The broker calls ``handle`` once per delivery (concurrently, up to the prefetch); it waits until the batch
+    holding its message is committed and returns (the broker then acks), or raises that message's own error (the
+    broker retries it, then dead-letters it). A batch closes at ``max_messages`` or ``max_wait_s`` after its first
+    message; a tick due meanwhile joins the batch, so ticks and batches never overlap.
+    """
+
+    def __init__(self, handle_batch: BatchHandler, max_messages: int = 500, max_wait_s: float = 0.02,
+                 tick_s: float = 1.0) -> None:
+        self._handle_batch = handle_batch
+        self.max_messages, self.max_wait_s, self.tick_s = max(1, max_messages), max_wait_s, tick_s
+        self._waiting: list[tuple[Message, asyncio.Future[None]]] = []
+        self._arrived = asyncio.Event()
+
+    async def handle(self, message: Message) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((message, done))
+        self._arrived.set()
+        await done
+
+    async def run(self, stop: asyncio.Event, watch: asyncio.Task[Any] | None = None) -> None:
+        """Until ``stop``: batches as messages arrive, a tick every ``tick_s``. Raises if ``watch`` ends."""
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time()
+        while not stop.is_set():
+            if watch is not None and watch.done():
+                watch.result()  # surface a crashed relay
+                raise RuntimeError("outbox relay stopped")
+            if not self._waiting:
+                self._arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), timeout=max(0.0, next_tick - loop.time()))
+            if self._waiting and len(self._waiting) < self.max_messages:
+                closes = loop.time() + self.max_wait_s
+                while len(self._waiting) < self.max_messages and loop.time() < closes:
+                    self._arrived.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._arrived.wait(), timeout=max(0.0, closes - loop.time()))
+            batch, self._waiting = self._waiting[: self.max_messages], self._waiting[self.max_messages:]
+            tick = loop.time() >= next_tick
+            if tick:
+                next_tick = loop.time() + self.tick_s
+            if not batch and not tick:
+                continue
+            try:
+                outcomes = await self._handle_batch([m for m, _ in batch], tick=tick)
+            except BaseException as exc:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+                raise
+            for (_, done), outcome in zip(batch, outcomes, strict=True):
+                if done.done():
+                    continue  # the delivery was cancelled (its connection dropped): the broker redelivers it
+                if outcome is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(outcome)
 
 
 def main(argv: list[str] | None = None) -> None:

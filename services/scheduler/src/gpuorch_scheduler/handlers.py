@@ -1,19 +1,28 @@
-"""Service layer: one message in, one transaction out.
+"""Service layer: a batch of messages in, one transaction out.
 
-``SchedulerService.handle`` is called for each consumed message, one at a time. It computes the decisions (pure,
-``domain.decide``), then in ONE PostgreSQL transaction: appends the incoming event and the decisions to the log
-(idempotent on ``message_id``: a redelivered message changes nothing), queues the resulting events and commands in
-the outbox, and updates the read models. Only after the commit does it return (and the consumer ack). If anything
-fails, the in-memory state is rebuilt from the log before the next message, so memory never runs ahead of the log.
+``SchedulerService.handle_batch`` takes the messages the entrypoint gathered (bounded by count and time) and, in ONE
+PostgreSQL transaction: folds each message into the state with the decisions it causes (admit, cancel, requeue,
+stop confirmed), runs one scheduling cycle over the result, passes the cycle's plan through the plan applier, then
+appends every event to the log (idempotent on ``message_id``: a message already logged changes nothing), queues the
+resulting events and commands in the outbox and updates the read models. Only after the commit does it return (and
+the caller acks every message of the batch). If the batch fails, the in-memory state is rebuilt from the log and
+each message is tried alone, so one poison message is answered with its error while the others commit.
+
+The plan applier checks every decision of a cycle against the live fleet before it is logged (``Fleet.check``: the
+node exists and is schedulable, and CPU, memory, GPU-milli and MIG instances are free); a decision that would
+over-allocate is refused with its reason (logged, counted in ``gpuorch_scheduler_plans_refused_total``) and its job
+stays queued. After the plan is applied, ``capacity_violations`` re-derives usage on every node the plan touched; a
+violation aborts the transaction.
 
 Heartbeats are not logged: they renew the node's lease in memory. Lease transitions are logged
-(``NodeLivenessChanged``) by ``tick``.
+(``NodeLivenessChanged``) by ticks (``handle_batch(..., tick=True)``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -29,6 +38,7 @@ from gpuorch_contracts import (
     JobFailed,
     JobFinished,
     JobLost,
+    JobPlaced,
     JobQueued,
     JobRejected,
     JobRequeued,
@@ -64,14 +74,18 @@ from gpuorch_scheduler.domain.decide import (
     schedule,
 )
 from gpuorch_scheduler.domain.queueing import QueuePolicy
-from gpuorch_scheduler.domain.state import JobRecord, SchedulerState
+from gpuorch_scheduler.domain.state import DEFAULT_RETENTION_S, JobRecord, SchedulerState
 
 log = get_logger(__name__)
 
 STREAM = "scheduler"
 LOGGED_INCOMING = (JobStarted, JobFinished, JobFailed, JobCheckpointed, JobLost, NodeRegistered, GpuHealthChanged)
 
-DECISION_SECONDS = Histogram("gpuorch_scheduler_cycle_seconds", "Time to handle one message incl. commit")
+BATCH_SECONDS = Histogram("gpuorch_scheduler_batch_seconds", "Time to handle one batch of messages incl. commit")
+BATCH_SIZE = Histogram("gpuorch_scheduler_batch_size", "Messages per committed batch",
+                       buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000))
+PLANS_REFUSED = Counter("gpuorch_scheduler_plans_refused_total",
+                        "Placements the plan applier refused because they would over-allocate")
 SCHEDULE_SECONDS = Histogram("gpuorch_scheduler_decision_seconds",
                              "Time of one pure scheduling cycle (placement decisions for the whole queue)",
                              buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
@@ -87,15 +101,36 @@ class SchedulerConfig:
     liveness: LivenessPolicy = field(default_factory=LivenessPolicy)
     queues: QueuePolicy = field(default_factory=QueuePolicy)
     limits: CycleLimits = field(default_factory=CycleLimits)
-    snapshot_every_events: int = 500
+    snapshot_every_events: int = 20_000
     snapshot_every_s: float = 300.0
+    retention_s: float = DEFAULT_RETENTION_S
+    """Seconds a finished job stays in the scheduler's memory (the log and the read model keep it)."""
+    mix_refresh_s: float = 30.0
+    """Seconds between updates of the task mix that fragmentation scores are computed against."""
     preemption_margin_s: float = 60.0
     """Seconds past a victim's checkpoint grace after which a silent preemption is requeued anyway."""
     inline_cycle_max_queue: int = 500
-    """With more jobs queued than this, a message runs a scheduling cycle in its own transaction only if the last
-    cycle is older than ``min_cycle_interval_s``; otherwise the next tick's cycle decides (bounds the cost of a
-    deep queue per message)."""
+    """With more jobs queued than this, a batch runs a scheduling cycle only if the last cycle is older than
+    ``min_cycle_interval_s``; otherwise the next tick's cycle decides (bounds the cost of a deep queue)."""
     min_cycle_interval_s: float = 0.5
+
+
+@dataclass
+class _Batch:
+    """What one transaction writes: events to log (with their headers), messages to publish, touched rows."""
+
+    events: list[tuple[Message, dict[str, Any]]] = field(default_factory=list)
+    published: list[Message] = field(default_factory=list)
+    notices: list[Message] = field(default_factory=list)
+    touched_jobs: set[uuid.UUID] = field(default_factory=set)
+    touched_nodes: set[str] = field(default_factory=set)
+    rejected: list[JobRejected] = field(default_factory=list)
+    logged_ids: set[uuid.UUID] = field(default_factory=set)
+    """Message ids already in the log, or logged earlier in this batch."""
+    known_jobs: set[uuid.UUID] = field(default_factory=set)
+    """Job ids of this batch's submissions that the read model already holds (accepted or rejected before)."""
+    wants_cycle: bool = False
+    preemptions: int = 0
 
 
 class SchedulerService:
@@ -106,7 +141,7 @@ class SchedulerService:
         self._conn = conn
         self.config = config or SchedulerConfig()
         self._clock = clock
-        self.state = SchedulerState()
+        self.state = SchedulerState(retention_s=self.config.retention_s)
         self.last_seen: dict[str, float] = {}
         self.pending: dict[uuid.UUID, Waiting] = {}
         self._lock = asyncio.Lock()
@@ -116,16 +151,19 @@ class SchedulerService:
         self._alert_active = False
         self._overdue_stopped: set[uuid.UUID] = set()
         self._last_cycle_at = 0.0
+        self._last_mix_at = -math.inf
 
     # -- recovery ---------------------------------------------------------------------------------------------
 
     async def recover(self) -> None:
         """Load the newest snapshot, replay the log after it, and give every node lease a fresh grace period."""
         snapshot = await load_latest_snapshot(self._conn, STREAM)
-        state = SchedulerState.from_snapshot(snapshot[1]) if snapshot else SchedulerState()
+        retention = self.config.retention_s
+        state = SchedulerState.from_snapshot(snapshot[1], retention) if snapshot \
+            else SchedulerState(retention_s=retention)
         replayed = 0
         while True:
-            batch = await read(self._conn, after_position=state.position, limit=2000, stream=STREAM)
+            batch = await read(self._conn, after_position=state.position, limit=5000, stream=STREAM)
             if not batch:
                 break
             for stored in batch:
@@ -136,6 +174,8 @@ class SchedulerService:
         now = self._clock()
         self.last_seen = {node_id: now for node_id in state.nodes}
         self.pending = {}
+        self._last_mix_at = -math.inf
+        self._events_since_snapshot = replayed
         self._needs_reload = False
         log.info("scheduler.recovered", position=state.position, replayed=replayed,
                  jobs=len(state.jobs), nodes=len(state.nodes), from_snapshot=snapshot is not None)
@@ -143,40 +183,123 @@ class SchedulerService:
     # -- message handling -------------------------------------------------------------------------------------
 
     async def handle(self, message: Message) -> None:
-        """Apply one consumed message; returns after the commit (then the caller acks)."""
+        """Apply one message as a batch of one; returns after the commit, raises what handling it raised."""
+        [outcome] = await self.handle_batch([message])
+        if outcome is not None:
+            raise outcome
+
+    async def tick(self) -> None:
+        """Periodic work: lease transitions, overdue jobs, silent preemptions and a scheduling cycle."""
+        await self.handle_batch([], tick=True)
+
+    async def handle_batch(self, messages: list[Message], *, tick: bool = False) -> list[Exception | None]:
+        """Apply ``messages`` (and, with ``tick``, the periodic work) in one transaction; one outcome per message:
+        None once it is committed (ack it), or the error it raised alone (the rest of the batch is committed
+        without it). A failing tick is logged and retried at the next one."""
         async with self._lock:
             started = time.perf_counter()
             try:
                 if self._needs_reload:
                     await self.recover()
-                await self._handle(message)
+                try:
+                    await self._commit(messages, tick)
+                    return [None] * len(messages)
+                except Exception as exc:
+                    self._needs_reload = True
+                    if not messages:
+                        log.error("scheduler.tick_failed", error=repr(exc))
+                        return []
+                    if len(messages) == 1 and not tick:
+                        return [exc]
+                    log.warning("scheduler.batch_failed", size=len(messages), error=repr(exc))
+                outcomes: list[Exception | None] = []
+                for message in messages:  # isolate the poison: each message alone
+                    if self._needs_reload:
+                        await self.recover()
+                    try:
+                        await self._commit([message], False)
+                        outcomes.append(None)
+                    except Exception as exc:
+                        self._needs_reload = True
+                        log.warning("scheduler.message_failed", type=message.TYPE, error=repr(exc))
+                        outcomes.append(exc)
+                return outcomes
             except BaseException:
                 self._needs_reload = True
                 raise
             finally:
-                DECISION_SECONDS.observe(time.perf_counter() - started)
+                BATCH_SECONDS.observe(time.perf_counter() - started)
+                BATCH_SIZE.observe(len(messages))
 
     async def heartbeat(self, beat: NodeHeartbeat) -> None:
         """Renew a node's lease (in memory only; latest wins)."""
         self.last_seen[beat.node_id] = self._clock()
 
-    async def _handle(self, message: Message) -> None:
+    async def _commit(self, messages: list[Message], tick: bool) -> None:
+        now = self._clock()
+        batch = _Batch()
+        async with self._conn.transaction():
+            await self._known(messages, batch)
+            for message in messages:
+                self._fold_message(message, now, batch)
+            if tick:
+                self._fold_tick(now, batch)
+            if tick or (batch.wants_cycle and self._cycle_due(now)):
+                self._cycle(now, batch)
+            events = [NewEvent.from_message(STREAM, e, headers=h) for e, h in batch.events]
+            positions = await append_reporting_duplicates(self._conn, events)
+            if any(p is None for p in positions):
+                raise RuntimeError("an event applied in memory was already in the log; reloading")
+            if positions:
+                self.state.position = max(p for p in positions if p is not None)
+                self._events_since_snapshot += len(positions)
+            outgoing = [*(e for e, _ in batch.events), *batch.published, *batch.notices]
+            await add_to_outbox(self._conn, outgoing, headers=[self._trace_headers(m) for m in outgoing])
+            await self._write_read_models(batch.touched_jobs, batch.touched_nodes, batch.rejected)
+            if self._events_since_snapshot >= self.config.snapshot_every_events or (
+                self._events_since_snapshot and now - self._last_snapshot_at >= self.config.snapshot_every_s
+            ):
+                await save_snapshot(self._conn, STREAM, self.state.position, self.state.to_snapshot())
+                self._events_since_snapshot = 0
+                self._last_snapshot_at = now
+        placed = sum(1 for m, _ in batch.events if m.TYPE == "job.placed")
+        PLACEMENTS.inc(placed)
+        PREEMPTIONS.inc(batch.preemptions)
+        for m, _ in batch.events:
+            if isinstance(m, JobRequeued):
+                REQUEUES.labels("preempted" if m.preempted else "lost").inc()
+        if tick:
+            self._export_gauges()
+
+    async def _known(self, messages: list[Message], batch: _Batch) -> None:
+        """What the log and the read model already hold of this batch (one query each, not one per message)."""
+        logged = [m.message_id for m in messages if isinstance(m, LOGGED_INCOMING)]
+        if logged:
+            rows = await self._conn.fetch("SELECT message_id FROM events WHERE message_id = ANY($1::uuid[])", logged)
+            batch.logged_ids.update(r["message_id"] for r in rows)
+        submitted = [m.job_id for m in messages if isinstance(m, SubmitJob) and m.job_id not in self.state.jobs]
+        if submitted:
+            rows = await self._conn.fetch("SELECT job_id FROM jobs WHERE job_id = ANY($1::uuid[])", submitted)
+            batch.known_jobs.update(r["job_id"] for r in rows)
+
+    def _fold_message(self, message: Message, now: float, batch: _Batch) -> None:
+        """Interpret one consumed message: log and apply it (if it is a fact the log keeps) with the decisions it
+        causes. A message already logged changes nothing."""
         incoming: Message | None = None
         decision = Decision()
         follow_up: uuid.UUID | None = None
         match message:
             case SubmitJob():
-                decision = admit(self.state, message, self.config.queues, self._clock())
+                if message.job_id in batch.known_jobs:
+                    return  # accepted (or rejected) long ago and forgotten from memory since: idempotent
+                decision = admit(self.state, message, self.config.queues, now)
+                batch.wants_cycle = True
             case CancelJob():
                 decision = cancel(self.state, message)
             case JobFailed() if message.cause == "lost" and message.placement_id and message.node_id:
                 incoming = JobLost(message_id=message.message_id, job_id=message.job_id,
                                    placement_id=message.placement_id, node_id=message.node_id, reason=message.reason)
-                decision = after_lost(self.state, incoming)
-            case JobLost():
-                incoming = message
-                decision = after_lost(self.state, message)
-            case JobFailed() | JobFinished():
+            case JobLost() | JobFailed() | JobFinished():
                 incoming = message
                 follow_up = message.job_id
             case NodeRegistered():
@@ -190,97 +313,98 @@ class SchedulerService:
             case _:
                 log.warning("scheduler.ignored_message", type=message.TYPE)
                 return
-        no_capacity_change = isinstance(message, JobStarted | JobCheckpointed)
-        await self._commit(incoming, decision, follow_up, cycle=not no_capacity_change and self._cycle_due())
+        if incoming is not None:
+            if incoming.message_id in batch.logged_ids:
+                return  # already applied: a redelivery
+            if isinstance(incoming, JobLost):
+                decision = after_lost(self.state, incoming)
+                follow_up = None
+            batch.logged_ids.add(incoming.message_id)
+            self._record(incoming, batch, stamp=False)
+        if not isinstance(incoming, JobStarted | JobCheckpointed) and incoming is not None:
+            batch.wants_cycle = True
+        if follow_up is not None:
+            decision.extend(after_stop_confirmed(self.state, follow_up))
+        for event in decision.logged:
+            self._record(event, batch)
+        batch.published += decision.published
+        if decision.logged or decision.published:
+            batch.wants_cycle = True
 
-    def _cycle_due(self) -> bool:
-        if self._clock() - self._last_cycle_at >= self.config.min_cycle_interval_s:
+    def _fold_tick(self, now: float, batch: _Batch) -> None:
+        decision, alert = liveness(self.state, self.last_seen, now, self.config.liveness)
+        stops = overdue(self.state, now, self._overdue_stopped)
+        self._overdue_stopped.update(getattr(m, "placement_id", None) for m in stops.published)  # type: ignore[misc]
+        decision.extend(stops)
+        decision.extend(preemption_timeouts(self.state, now, self.config.preemption_margin_s))
+        if alert and not self._alert_active:
+            log.error("scheduler.mass_silence", explanation=alert)
+            decision.published.append(FleetAlert(kind="mass_silence", explanation=alert,
+                                                 node_ids=sorted(self.state.nodes)[:10000]))
+        self._alert_active = alert is not None
+        for event in decision.logged:
+            self._record(event, batch)
+        batch.published += decision.published
+
+    def _cycle_due(self, now: float) -> bool:
+        if now - self._last_cycle_at >= self.config.min_cycle_interval_s:
             return True
-        return len(self.state.queued_jobs()) <= self.config.inline_cycle_max_queue
+        return len(self.state.queued) <= self.config.inline_cycle_max_queue
 
-    async def tick(self) -> None:
-        """Periodic work: lease transitions, overdue jobs, and a scheduling cycle for what changed meanwhile."""
-        async with self._lock:
-            try:
-                if self._needs_reload:
-                    await self.recover()
-                now = self._clock()
-                decision, alert = liveness(self.state, self.last_seen, now, self.config.liveness)
-                stops = overdue(self.state, now, self._overdue_stopped)
-                self._overdue_stopped.update(getattr(m, "placement_id", None) for m in stops.published)  # type: ignore[misc]
-                decision.extend(stops)
-                decision.extend(preemption_timeouts(self.state, now, self.config.preemption_margin_s))
-                if alert and not self._alert_active:
-                    log.error("scheduler.mass_silence", explanation=alert)
-                    decision.published.append(FleetAlert(kind="mass_silence", explanation=alert,
-                                                         node_ids=sorted(self.state.nodes)[:10000]))
-                self._alert_active = alert is not None
-                await self._commit(None, decision)
-            except BaseException:
-                self._needs_reload = True
-                raise
+    def _cycle(self, now: float, batch: _Batch) -> None:
+        """One scheduling cycle; its plan goes through the applier (see the module docstring)."""
+        started = time.perf_counter()
+        refresh = now - self._last_mix_at >= self.config.mix_refresh_s
+        result = schedule(self.state, now, self.config.queues, self.config.limits, refresh_mix=refresh)
+        if refresh:
+            self._last_mix_at = now
+        SCHEDULE_SECONDS.observe(time.perf_counter() - started)
+        self._last_cycle_at = now
+        batch.preemptions += result.preemptions
+        refused = self._apply_plan(result.decision.logged, batch)
+        batch.published += [m for m in result.decision.published if getattr(m, "placement_id", None) not in refused]
+        for job_id, reason in refused.values():
+            result.pending[job_id] = Waiting(f"its placement was refused by the plan applier: {reason}", None)
+        batch.notices += self._pending_notices(result.pending, batch.touched_jobs)
 
-    async def _commit(self, incoming: Message | None, decision: Decision,
-                      follow_up: uuid.UUID | None = None, cycle: bool = True) -> None:
-        """Append ``incoming`` and ``decision``, decide what follows (a preempted job whose stop is now confirmed
-        is requeued), run a scheduling cycle, and commit all of it with the outbox rows and read models."""
-        now = self._clock()
-        touched_jobs: set[uuid.UUID] = set()
-        touched_nodes: set[str] = set()
-        rejected: list[JobRejected] = []
-        async with self._conn.transaction():
-            if incoming is not None:
-                positions = await append_reporting_duplicates(self._conn, [NewEvent.from_message(STREAM, incoming)])
-                if positions[0] is None:
-                    return  # already applied: a redelivery
-                self._apply(incoming, positions[0], touched_jobs, touched_nodes)
-            if follow_up is not None:
-                decision.extend(after_stop_confirmed(self.state, follow_up))
-            logged = list(decision.logged)
-            published = list(decision.published)
-            await self._append_and_apply(logged, touched_jobs, touched_nodes, rejected)
-            notices: list[Message] = []
-            preemptions = 0
-            if cycle:
-                started = time.perf_counter()
-                result = schedule(self.state, now, self.config.queues, self.config.limits)
-                SCHEDULE_SECONDS.observe(time.perf_counter() - started)
-                self._last_cycle_at = now
-                preemptions = result.preemptions
-                await self._append_and_apply(result.decision.logged, touched_jobs, touched_nodes, rejected)
-                logged += result.decision.logged
-                published += result.decision.published
-                notices = self._pending_notices(result.pending, touched_jobs)
-            await self._queue_for_publishing([*logged, *published, *notices])
-            await self._write_read_models(touched_jobs, touched_nodes, rejected)
-            if self._events_since_snapshot >= self.config.snapshot_every_events or (
-                self._events_since_snapshot and now - self._last_snapshot_at >= self.config.snapshot_every_s
-            ):
-                await save_snapshot(self._conn, STREAM, self.state.position, self.state.to_snapshot())
-                self._events_since_snapshot = 0
-                self._last_snapshot_at = now
-        PLACEMENTS.inc(sum(1 for m in logged if m.TYPE == "job.placed"))
-        PREEMPTIONS.inc(preemptions)
-        for m in logged:
-            if isinstance(m, JobRequeued):
-                REQUEUES.labels("preempted" if m.preempted else "lost").inc()
-        self._export_gauges()
+    def _apply_plan(self, decisions: list[Message], batch: _Batch) -> dict[uuid.UUID, tuple[uuid.UUID, str]]:
+        """The plan applier: log and apply each decision that capacity allows; refuse (and log) any placement
+        that would over-allocate. Returns the refused placements (placement_id -> (job_id, reason))."""
+        refused: dict[uuid.UUID, tuple[uuid.UUID, str]] = {}
+        placed_nodes: set[str] = set()
+        for event in decisions:
+            if isinstance(event, JobPlaced):
+                job = self.state.jobs.get(event.job_id)
+                reason = "the job is no longer queued" if job is None or job.state != "queued" else \
+                    self.state.fleet.check(job.spec, list(event.assignments))
+                if reason is not None:
+                    refused[event.placement_id] = (event.job_id, reason)
+                    PLANS_REFUSED.inc()
+                    log.error("scheduler.plan_refused", job_id=str(event.job_id), reason=reason)
+                    continue
+                placed_nodes.update(a.node_id for a in event.assignments)
+            self._record(event, batch)
+        violations = self.state.capacity_violations(placed_nodes) if placed_nodes else []
+        if violations:
+            raise RuntimeError(f"a committed plan would over-allocate: {'; '.join(violations[:5])}")
+        return refused
 
-    async def _append_and_apply(self, events: list[Message], touched_jobs: set[uuid.UUID],
-                                touched_nodes: set[str], rejected: list[JobRejected]) -> None:
-        if not events:
-            return
-        stamp = datetime.fromtimestamp(self._clock(), UTC)
-        events[:] = [e.model_copy(update={"occurred_at": stamp}) for e in events]  # decisions happen at our time
-        headers = [self._trace_headers(e) for e in events]
-        positions = await append_reporting_duplicates(
-            self._conn, [NewEvent.from_message(STREAM, e, headers=h) for e, h in zip(events, headers, strict=True)])
-        for event, header, position in zip(events, headers, positions, strict=True):
-            if position is None:
-                continue
-            if isinstance(event, JobRejected):
-                rejected.append(event)
-            self._apply(event, position, touched_jobs, touched_nodes, header)
+    def _record(self, event: Message, batch: _Batch, stamp: bool = True) -> None:
+        """Log ``event`` in this batch and apply it to the state. Decisions are stamped with our time."""
+        if stamp:
+            event = event.model_copy(update={"occurred_at": datetime.fromtimestamp(self._clock(), UTC)})
+        headers = self._trace_headers(event)
+        batch.events.append((event, headers))
+        if isinstance(event, JobRejected):
+            batch.rejected.append(event)
+        self.state.apply(event, headers)
+        job_id = getattr(event, "job_id", None)
+        if job_id is not None:
+            batch.touched_jobs.add(job_id)
+        node_id = getattr(event, "node_id", None) or (
+            event.inventory.node_id if isinstance(event, NodeRegistered) else None)
+        if node_id is not None:
+            batch.touched_nodes.add(node_id)
 
     def _trace_headers(self, message: Message) -> dict[str, Any]:
         """The trace a message about a job belongs to: the job's submission trace, else the current span."""
@@ -288,33 +412,6 @@ class SchedulerService:
         if job is not None and job.traceparent:
             return {"traceparent": job.traceparent}
         return dict(inject_trace({}))
-
-    async def _queue_for_publishing(self, messages: list[Message]) -> None:
-        """Outbox rows in order, each carrying the trace context of the job it is about."""
-        run: list[Message] = []
-        run_headers: dict[str, Any] | None = None
-        for message in messages:
-            headers = self._trace_headers(message)
-            if run and headers != run_headers:
-                await add_to_outbox(self._conn, run, headers=run_headers)
-                run = []
-            run.append(message)
-            run_headers = headers
-        if run:
-            await add_to_outbox(self._conn, run, headers=run_headers)
-
-    def _apply(self, event: Message, position: int, touched_jobs: set[uuid.UUID], touched_nodes: set[str],
-               headers: dict[str, Any] | None = None) -> None:
-        self.state.apply(event, headers)
-        self.state.position = position
-        self._events_since_snapshot += 1
-        job_id = getattr(event, "job_id", None)
-        if job_id is not None:
-            touched_jobs.add(job_id)
-        node_id = getattr(event, "node_id", None) or (
-            event.inventory.node_id if isinstance(event, NodeRegistered) else None)
-        if node_id is not None:
-            touched_nodes.add(node_id)
 
     def _pending_notices(self, pending: dict[uuid.UUID, Waiting], touched: set[uuid.UUID]) -> list[Message]:
         """A JobQueued notice for every job whose pending reason or estimated start (by more than a minute)
@@ -342,12 +439,12 @@ class SchedulerService:
         rows = [_job_row(self.state.jobs[j], self.pending.get(j)) for j in job_ids if j in self.state.jobs]
         if rows:
             await self._conn.executemany(_UPSERT_JOB, rows)
-        for event in rejected:
-            await self._conn.execute(
+        if rejected:
+            await self._conn.executemany(
                 """INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, reason, submitted_at,
                                      ended_at)
                    VALUES ($1, '', '', '', '', 'rejected', '{}'::jsonb, $2, $3, $3) ON CONFLICT (job_id) DO NOTHING""",
-                event.job_id, event.reason, event.occurred_at,
+                [(event.job_id, event.reason, event.occurred_at) for event in rejected],
             )
         node_rows = [
             (n, self.state.nodes[n].liveness, json.dumps(self.state.nodes[n].inventory.model_dump(mode="json")),
@@ -359,7 +456,7 @@ class SchedulerService:
 
     def _export_gauges(self) -> None:
         depth: dict[str, int] = {"training": 0, "inference": 0, "batch": 0}
-        for job in self.state.queued_jobs():
+        for job in self.state.queued.values():
             depth[job.spec.tier] += 1
         for tier, count in depth.items():
             QUEUE_DEPTH.labels(tier).set(count)

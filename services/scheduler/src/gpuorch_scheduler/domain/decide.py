@@ -4,12 +4,14 @@ Every function here returns a ``Decision``: the events to append to the log (and
 notices to publish only. None of them changes the state: the service appends the logged events, applies them with
 ``SchedulerState.apply`` and commits everything in one transaction (events + outbox + read model).
 
-``schedule`` is the scheduling cycle::
+``schedule`` is the scheduling cycle, over the live fleet the fold keeps (``state.fleet``, never rebuilt): its
+decisions are taken inside ``Fleet.plan()`` so later jobs see earlier ones, and given back when the cycle ends; the
+service's plan applier then checks each decision against capacity before it is logged and applied::
 
     queued jobs ──► queueing.fair_order (tiers, priority + ageing, DRF between tenants)
         for each job:
           quota: a non-preemptible job beyond its tenant's quota waits (only preemptible jobs borrow)
-          fits now (FleetView.find, leaving out nodes reserved for an earlier blocked job unless this job's
+          fits now (Fleet.find through the placement index, leaving out nodes reserved for an earlier blocked job unless this job's
             runtime estimate ends before that reservation starts: backfill)          ──► JobPlaced + LaunchJob
           fits once jobs already being preempted have stopped                          ──► waits (claims that room)
           fits if strictly lower-priority preemptible jobs (or borrowed capacity of tenants over their quota)
@@ -45,8 +47,8 @@ from gpuorch_contracts import (
     StopJob,
     SubmitJob,
 )
+from gpuorch_policy.fleet import Ask, Fleet
 
-from gpuorch_scheduler.domain.placement import Ask, FleetView
 from gpuorch_scheduler.domain.queueing import QueuePolicy, TenantUsage, fair_order, quota_never_fits
 from gpuorch_scheduler.domain.state import JobRecord, SchedulerState
 
@@ -85,14 +87,14 @@ def admit(state: SchedulerState, submit: SubmitJob, policy: QueuePolicy | None =
     Idempotent on job_id. With no node registered yet every job is accepted (nothing is known to refuse it)."""
     if submit.job_id in state.jobs:
         return Decision()
-    empty = FleetView.from_state(state, empty=True)
+    fleet = state.fleet
     never = None
     if submit.spec.resources.kind == "share" and submit.spec.gang.nodes > 1:
         never = "a gang spans nodes with whole GPUs or MIG instances only; ask for gpus per node"
     if never is None:
-        never = empty.never_fits(empty.ask(submit.spec))
+        never = fleet.never_fits(fleet.ask(submit.spec))
     if never is None and policy is not None:
-        never = quota_never_fits(submit.spec, policy, empty.largest_gpu_memory_mib)
+        never = quota_never_fits(submit.spec, policy, fleet.largest_gpu_memory_mib)
     if never is not None:
         return Decision(logged=[JobRejected(
             message_id=decision_id("rejected", submit.job_id), job_id=submit.job_id, reason=never[:1000],
@@ -231,7 +233,7 @@ def _expected_end(job: JobRecord, now: float) -> float:
 
 
 def _place(job: JobRecord, assignments: list[NodeAssignment], now: float, decision: Decision) -> None:
-    placement_id = uuid.uuid4()
+    placement_id = decision_id("placement", job.job_id, job.requeues, job.preemptions)
     decision.logged.append(JobPlaced(job_id=job.job_id, placement_id=placement_id, assignments=assignments,
                                      occurred_at=at(now)))
     for rank, assignment in enumerate(assignments):
@@ -242,8 +244,10 @@ def _place(job: JobRecord, assignments: list[NodeAssignment], now: float, decisi
 
 
 def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = None,
-             limits: CycleLimits | None = None) -> CycleResult:
-    """One scheduling cycle over every queued job (see the module docstring). Pure."""
+             limits: CycleLimits | None = None, refresh_mix: bool = True) -> CycleResult:
+    """One scheduling cycle over every queued job (see the module docstring). Leaves the state as it found it
+    (its tentative fleet changes are given back); no I/O, no clock. With ``refresh_mix`` the fleet's task mix is
+    updated from a sample of the queue and the running jobs first (scores change only if the mix did)."""
     policy = policy or QueuePolicy()
     limits = limits or CycleLimits()
     queued = state.queued_jobs()
@@ -252,17 +256,16 @@ def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = Non
     if not queued:
         return CycleResult(decision, pending)
     active = state.active_jobs()
-    sample = [j.spec for j in (queued[:500] + active[:500])]
-    fleet = FleetView.from_state(state, mix_sample=sample)
-    future = fleet.copy()  # capacity once the jobs being preempted have stopped, minus what waiting jobs claimed
-    for job in [j for j in active if _stopping(j)]:
-        future.release_assignments(job.spec, job.assignments)
+    fleet = state.fleet
+    if refresh_mix:
+        fleet.update_mix(fleet.ask(j.spec).request for j in (queued[:500] + active[:500]))
     usage = TenantUsage.of(state)
-    cycle = _Cycle(state, now, policy, limits, fleet, future, usage, decision, active)
-    for job in fair_order(queued, now, policy, usage):
-        pending_for = cycle.decide(job)
-        if pending_for is not None:
-            pending[job.job_id] = pending_for
+    with fleet.plan():
+        cycle = _Cycle(state, now, policy, limits, fleet, usage, decision, active)
+        for job in fair_order(queued, now, policy, usage):
+            pending_for = cycle.decide(job)
+            if pending_for is not None:
+                pending[job.job_id] = pending_for
     return CycleResult(decision, pending, cycle.preemptions)
 
 
@@ -270,12 +273,12 @@ class _Cycle:
     """The working memory of one scheduling cycle (a function split for reading, not an object with a life)."""
 
     def __init__(self, state: SchedulerState, now: float, policy: QueuePolicy, limits: CycleLimits,
-                 fleet: FleetView, future: FleetView, usage: TenantUsage, decision: Decision,
-                 active: list[JobRecord]) -> None:
+                 fleet: Fleet, usage: TenantUsage, decision: Decision, active: list[JobRecord]) -> None:
         self.state, self.now, self.policy, self.limits = state, now, policy, limits
         self.active = active
         """Jobs holding capacity at the start of the cycle (decisions of this cycle are not applied yet)."""
-        self.fleet, self.future, self.usage, self.decision = fleet, future, usage, decision
+        self.fleet, self.usage, self.decision = fleet, usage, decision
+        self._future: Fleet | None = None
         self.reservations: list[_Reservation] = []
         self.unfit: dict[object, str] = {}
         self.no_victims: set[object] = set()
@@ -287,6 +290,17 @@ class _Cycle:
         self.future_differs = any(_stopping(j) for j in active)
         """Whether ``future`` may hold room that ``fleet`` lacks (jobs being preempted); else it is not asked."""
         self.future_unfit: set[object] = set()
+
+    @property
+    def future(self) -> Fleet:
+        """Capacity once the jobs being preempted or cancelled have stopped, minus what waiting jobs claimed: a
+        copy of the fleet made the first time a job asks (most cycles never do)."""
+        if self._future is None:
+            self._future = self.fleet.copy()
+            for job in self.active:
+                if _stopping(job):
+                    self._future.release_assignments(job.spec, job.assignments)
+        return self._future
 
     def decide(self, job: JobRecord) -> Waiting | None:
         spec = job.spec
@@ -303,7 +317,8 @@ class _Cycle:
         fit: list[NodeAssignment] | str = self.unfit.get(key) or self.fleet.find(ask, blocked)
         if not isinstance(fit, str):
             self.fleet.take_assignments(spec, fit)
-            self.future.take_assignments(spec, fit)
+            if self._future is not None:
+                self._future.take_assignments(spec, fit)
             self.usage.add_amounts(spec.tenant, demand, +1)
             _place(job, fit, self.now, self.decision)
             self.placed_now.append(JobRecord(job_id=job.job_id, spec=spec, state="placed", assignments=fit,

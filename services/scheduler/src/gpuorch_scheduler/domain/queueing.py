@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuorch_contracts import PRIORITY_VALUE, JobSpec
+from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, demand_of, gpu_units
 
-from gpuorch_scheduler.domain.placement import DEFAULT_GPU_MEMORY_MIB, demand_of, gpu_units
 from gpuorch_scheduler.domain.state import JobRecord, SchedulerState
 
 TIERS = ("training", "inference", "batch")
@@ -81,17 +81,9 @@ class TenantUsage:
 
     @classmethod
     def of(cls, state: SchedulerState) -> TenantUsage:
-        gpus = mem = cpu = host = 0.0
-        for node in state.nodes.values():
-            inv = node.inventory
-            gpus += len(inv.gpus)
-            mem += sum(g.memory_total_mib for g in inv.gpus)
-            cpu += inv.cpu_milli
-            host += inv.memory_mib
-        usage = cls(totals=(max(gpus, 1.0), max(mem, 1.0), max(cpu, 1.0), max(host, 1.0)))
-        for job in state.active_jobs():
-            usage.add(job, state, +1)
-        return usage
+        """What tenants hold now, from the sums the fold keeps (O(tenants), not O(jobs))."""
+        totals = tuple(max(t, 1.0) for t in state.fleet.totals)
+        return cls(held={t: list(row) for t, row in state.tenant_held.items()}, totals=totals)  # type: ignore[arg-type]
 
     def add(self, job: JobRecord, state: SchedulerState | None, sign: int) -> None:
         self.add_amounts(job.spec.tenant, self.amounts(job, state), sign)

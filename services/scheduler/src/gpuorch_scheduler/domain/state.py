@@ -4,13 +4,21 @@
 same function with the same events, so they end in the same state (tested). The state is plain data that
 round-trips through ``to_snapshot``/``from_snapshot`` (JSON-safe dicts) for snapshots.
 
-Capacity is derived, never stored twice: a GPU's used milli is the sum over the active placements holding it, so an
-over-allocation can only come from a decision, and ``capacity_violations`` checks every decision against it.
+The fold also keeps what the scheduling cycle reads current, so nothing is rebuilt per cycle: the live ``fleet``
+(gpuorch_policy.Fleet: free capacity per node, placement indexes) gets a job's assignments when the job starts
+holding capacity and gives them back when it stops; ``queued`` and ``active`` index the jobs by state;
+``tenant_held`` sums what each tenant holds. Finished jobs leave memory ``retention_s`` after they end (log time);
+the log and the read model keep them.
+
+``capacity_violations`` re-derives usage from the jobs alone (independently of the fleet's arrays): tests and the
+crash drill check the whole state with it; the plan applier checks each decision with ``Fleet.check`` before it is
+logged and ``capacity_violations(nodes)`` on the nodes a committed plan touched.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +44,7 @@ from gpuorch_contracts import (
     NodeLivenessChanged,
     NodeRegistered,
 )
+from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, Fleet, gpu_units
 
 ACTIVE_STATES = frozenset({"placed", "running", "preempting"})
 """States in which a job holds capacity."""
@@ -128,12 +137,27 @@ class NodeRecord:
         )
 
 
+DEFAULT_RETENTION_S = 3600.0
+
+
 @dataclass
 class SchedulerState:
     jobs: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     position: int = 0
     """Log position of the last applied event."""
+    retention_s: float = DEFAULT_RETENTION_S
+    """Seconds (log time) a finished job stays in memory after it stopped holding capacity."""
+    fleet: Fleet = field(default_factory=Fleet)
+    queued: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
+    active: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
+    tenant_held: dict[str, list[float]] = field(default_factory=dict)
+    """Tenant -> (GPUs, GPU memory MiB, host mCPU, host memory MiB) held by its active jobs."""
+    clock: float = 0.0
+    """The latest event time folded (log time; drives retention)."""
+    _ended: deque[tuple[float, uuid.UUID]] = field(default_factory=deque)
+    _ending: set[uuid.UUID] = field(default_factory=set)
+    _held_amounts: dict[uuid.UUID, tuple[float, float, float, float]] = field(default_factory=dict)
 
     # -- the fold ---------------------------------------------------------------------------------------------
 
@@ -141,6 +165,74 @@ class SchedulerState:
         """Apply one logged event with the headers logged beside it. Pure: depends only on the event and its
         headers (the event's ``occurred_at`` is the time)."""
         at = event.occurred_at.timestamp()
+        self.clock = max(self.clock, at)
+        job_id = getattr(event, "job_id", None)
+        job = self.jobs.get(job_id) if job_id is not None else None  # type: ignore[arg-type]
+        held_before = job is not None and job.holds_capacity
+        self._fold(event, at, headers)
+        if job_id is not None:
+            self._reindex(job_id, held_before)
+        elif isinstance(event, NodeLivenessChanged) and event.liveness == "lost":
+            for other in [j for j in self.active.values() if j.state in TERMINAL_STATES]:
+                self._reindex(other.job_id, True)
+        self._forget_ended()
+
+    def _reindex(self, job_id: uuid.UUID, held_before: bool) -> None:
+        """Keep the fleet, the indexes and the tenants' holdings in step with one job's new state."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        held = job.holds_capacity
+        if held and not held_before:
+            self.fleet.hold(job_id, job.spec, job.assignments)
+            self._count_held(job, +1)
+        elif held_before and not held:
+            self.fleet.free(job_id)
+            self._count_held(job, -1)
+        if held:
+            self.active[job_id] = job
+        else:
+            self.active.pop(job_id, None)
+        if job.state == "queued":
+            self.queued[job_id] = job
+        else:
+            self.queued.pop(job_id, None)
+        if not held and job.state in TERMINAL_STATES and job_id not in self._ending:
+            self._ended.append((self.clock, job_id))  # log time only grows: the deque stays in order
+            self._ending.add(job_id)
+
+    def _count_held(self, job: JobRecord, sign: int) -> None:
+        amounts = self._held_amounts.pop(job.job_id, None) if sign < 0 else self._amounts(job)
+        if amounts is None:
+            return
+        if sign > 0:
+            self._held_amounts[job.job_id] = amounts
+        row = self.tenant_held.setdefault(job.spec.tenant, [0.0, 0.0, 0.0, 0.0])
+        for k, value in enumerate(amounts):
+            row[k] += sign * value
+
+    def _amounts(self, job: JobRecord) -> tuple[float, float, float, float]:
+        gpus = mem = 0.0
+        for assignment in job.assignments:
+            node = self.nodes.get(assignment.node_id)
+            totals = {g.index: g.memory_total_mib for g in node.inventory.gpus} if node else {}
+            for alloc in assignment.gpus:
+                g, m = gpu_units(alloc, totals.get(alloc.gpu_index, DEFAULT_GPU_MEMORY_MIB))
+                gpus += g
+                mem += m
+        n = len(job.assignments)
+        return gpus, mem, float(job.spec.cpu_milli * n), float(job.spec.memory_mib * n)
+
+    def _forget_ended(self) -> None:
+        cutoff = self.clock - self.retention_s
+        while self._ended and self._ended[0][0] < cutoff:
+            _, job_id = self._ended.popleft()
+            self._ending.discard(job_id)
+            job = self.jobs.get(job_id)
+            if job is not None and job.state in TERMINAL_STATES and not job.holds_capacity:
+                del self.jobs[job_id]
+
+    def _fold(self, event: Message, at: float, headers: dict[str, Any] | None) -> None:
         match event:
             case JobAccepted():
                 if event.job_id not in self.jobs:
@@ -217,14 +309,17 @@ class SchedulerState:
                     node.liveness = "alive"
                 record = self.nodes[event.inventory.node_id]
                 record.gpu_health = {g.index: g.health for g in event.inventory.gpus}
+                self.fleet.upsert_node(record.inventory, record.schedulable, record.gpu_health)
             case GpuHealthChanged():
                 node = self.nodes.get(event.node_id)
                 if node is not None:
                     node.gpu_health[event.gpu_index] = event.health
+                    self.fleet.set_gpu_health(event.node_id, event.gpu_index, event.health)
             case NodeLivenessChanged():
                 node = self.nodes.get(event.node_id)
                 if node is not None:
                     node.liveness = event.liveness
+                    self.fleet.set_schedulable(event.node_id, node.schedulable)
                 if event.liveness == "lost":  # whatever ran there is gone (fenced) by now
                     for job in self.jobs.values():
                         if event.node_id in job.stopping_nodes:
@@ -257,40 +352,47 @@ class SchedulerState:
     # -- derived views ----------------------------------------------------------------------------------------
 
     def active_jobs(self) -> list[JobRecord]:
-        return [j for j in self.jobs.values() if j.holds_capacity]
+        return list(self.active.values())
 
     def queued_jobs(self) -> list[JobRecord]:
-        return [j for j in self.jobs.values() if j.state == "queued"]
+        return list(self.queued.values())
 
-    def gpu_usage(self) -> dict[tuple[str, str], tuple[int, int]]:
+    def _holding(self, nodes: set[str] | None) -> list[JobRecord]:
+        if nodes is None:
+            return [j for j in self.jobs.values() if j.holds_capacity]
+        found = {j for n in nodes for j, _ in self.fleet.holdings(n)}
+        return [self.jobs[j] for j in sorted(found, key=str) if j in self.jobs]  # type: ignore[index]
+
+    def gpu_usage(self, nodes: set[str] | None = None) -> dict[tuple[str, str], tuple[int, int]]:
         """(node_id, gpu uuid) -> (milli used, memory MiB used) over active placements."""
         usage: dict[tuple[str, str], tuple[int, int]] = {}
-        for job in self.active_jobs():
+        for job in self._holding(nodes):
             for assignment in job.assignments:
                 for gpu in assignment.gpus:
                     milli, mem = usage.get((assignment.node_id, gpu.gpu_uuid), (0, 0))
                     usage[(assignment.node_id, gpu.gpu_uuid)] = (milli + gpu.milli, mem + (gpu.memory_mib or 0))
         return usage
 
-    def host_usage(self) -> dict[str, tuple[int, int]]:
+    def host_usage(self, nodes: set[str] | None = None) -> dict[str, tuple[int, int]]:
         """node_id -> (cpu milli used, memory MiB used) over active placements."""
         usage: dict[str, tuple[int, int]] = {}
-        for job in self.active_jobs():
+        for job in self._holding(nodes):
             for assignment in job.assignments:
                 cpu, mem = usage.get(assignment.node_id, (0, 0))
                 usage[assignment.node_id] = (cpu + job.spec.cpu_milli, mem + job.spec.memory_mib)
         return usage
 
-    def capacity_violations(self) -> list[str]:
-        """Every way current allocations exceed capacity (empty when the invariant holds)."""
+    def capacity_violations(self, nodes: set[str] | None = None) -> list[str]:
+        """Every way current allocations exceed capacity (empty when the invariant holds), derived from the jobs
+        alone; on ``nodes`` only when given."""
         problems: list[str] = []
-        for (node_id, gpu_uuid), (milli, _mem) in self.gpu_usage().items():
+        for (node_id, gpu_uuid), (milli, _mem) in self.gpu_usage(nodes).items():
             if milli > 1000:
                 problems.append(f"{node_id}/{gpu_uuid}: {milli} milli allocated")
             node = self.nodes.get(node_id)
             if node is not None and not any(_gpu_or_mig(node.inventory, gpu_uuid)):
                 problems.append(f"{node_id}/{gpu_uuid}: allocated but not in inventory")
-        for node_id, (cpu, mem) in self.host_usage().items():
+        for node_id, (cpu, mem) in self.host_usage(nodes).items():
             node = self.nodes.get(node_id)
             if node is not None and (cpu > node.inventory.cpu_milli or mem > node.inventory.memory_mib):
                 problems.append(f"{node_id}: host cpu {cpu}/{node.inventory.cpu_milli} mem {mem}")
@@ -300,20 +402,32 @@ class SchedulerState:
 
     def to_snapshot(self) -> dict[str, Any]:
         return {
-            "version": 1, "position": self.position,
+            "version": 2, "position": self.position, "clock": self.clock,
             "jobs": [j.to_dict() for j in self.jobs.values()],
             "nodes": [n.to_dict() for n in self.nodes.values()],
+            "ended": [[t, str(j)] for t, j in self._ended],
         }
 
     @classmethod
-    def from_snapshot(cls, raw: dict[str, Any]) -> SchedulerState:
-        state = cls(position=raw["position"])
-        for job in raw["jobs"]:
-            record = JobRecord.from_dict(job)
-            state.jobs[record.job_id] = record
+    def from_snapshot(cls, raw: dict[str, Any], retention_s: float = DEFAULT_RETENTION_S) -> SchedulerState:
+        """The state a snapshot holds, with the fleet and the indexes rebuilt from it."""
+        state = cls(position=raw["position"], retention_s=retention_s, clock=raw.get("clock", 0.0))
         for node in raw["nodes"]:
             record_n = NodeRecord.from_dict(node)
             state.nodes[record_n.node_id] = record_n
+            state.fleet.upsert_node(record_n.inventory, record_n.schedulable, record_n.gpu_health)
+        for job in raw["jobs"]:
+            record = JobRecord.from_dict(job)
+            state.jobs[record.job_id] = record
+            if record.holds_capacity:
+                state.fleet.hold(record.job_id, record.spec, record.assignments)
+                state._count_held(record, +1)
+                state.active[record.job_id] = record
+            elif record.state == "queued":
+                state.queued[record.job_id] = record
+        for t, j in raw.get("ended", []):
+            state._ended.append((t, uuid.UUID(j)))
+            state._ending.add(uuid.UUID(j))
         return state
 
 
