@@ -21,6 +21,7 @@ from gpuorch_contracts import (
     decode,
     encode,
     output_tail_text,
+    reason_text,
     strip_terminal_controls,
 )
 from gpuorch_contracts.schemas import message_schemas
@@ -194,6 +195,15 @@ def test_output_tail_text_keeps_the_end_within_the_length() -> None:
     assert len(text) <= 100
 
 
+def test_reason_text_keeps_the_head_of_a_validation_error() -> None:
+    try:
+        decode(encode(SubmitJob(spec=SPEC)).decode().replace('"print(42)"', '"\\u001b]0;x\\u0007' + "y" * 5000 + '"'))
+    except ValidationError as exc:
+        text = reason_text(str(exc), max_chars=60)
+    assert text.startswith("1 validation error for SubmitJob") and text.endswith("…") and len(text) <= 60
+    assert JobFailed(job_id=uuid.uuid4(), cause="refused", reason=reason_text("\x1b[2Jboom\x00" * 400)).reason
+
+
 def test_output_tail_text_decodes_broken_utf8() -> None:
     assert output_tail_text(b"ok \xff\xfe done\x00") == "ok \ufffd\ufffd done"
 
@@ -201,7 +211,7 @@ def test_output_tail_text_decodes_broken_utf8() -> None:
 @given(st.one_of(st.text(), st.binary().map(lambda b: b.decode("utf-8", "surrogateescape")), st.binary()),
        st.integers(min_value=1, max_value=1024))
 def test_any_output_fits_a_reason(output: str | bytes, max_chars: int) -> None:
-    text = output_tail_text(output, max_chars=max_chars)
-    assert len(text) <= max_chars
-    JobFailed(job_id=uuid.uuid4(), cause="nonzero_exit", reason=text)
-    assert strip_terminal_controls(text) == text
+    for text in (output_tail_text(output, max_chars=max_chars), reason_text(output, max_chars=max_chars)):
+        assert len(text) <= max_chars
+        JobFailed(job_id=uuid.uuid4(), cause="nonzero_exit", reason=text)
+        assert strip_terminal_controls(text) == text

@@ -65,7 +65,7 @@ from gpuorch_contracts.routing import (
     route,
 )
 from gpuorch_contracts.telemetry import AlertRaised, AlertResolved, RecommendationMade
-from gpuorch_contracts.text import output_tail_text, strip_terminal_controls
+from gpuorch_contracts.text import output_tail_text, reason_text, strip_terminal_controls
 
 __all__ = [
     "COMMANDS_EXCHANGE", "DEAD_LETTER_EXCHANGE", "EVENTS_EXCHANGE", "MAX_MESSAGE_BYTES", "MESSAGE_TYPES",
@@ -77,5 +77,6 @@ __all__ = [
     "ModelHints", "NodeAssignment", "NodeHeartbeat", "NodeInventory", "NodeRegistered", "ProcessRun",
     "ProcessUsage", "StopJob", "SubmitJob", "UnknownMessageType", "decode", "encode", "route", "utc_now",
     "AlertRaised", "AlertResolved", "RecommendationMade",
-    "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "strip_terminal_controls",
+    "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "reason_text",
+    "strip_terminal_controls",
 ]

@@ -14,7 +14,7 @@ Every string field of every message is one of the annotated types below (a test 
 
 NUL and the other refused characters are errors, never silently dropped: a producer that holds untrusted text (a
 job's output, a library's error message) passes it through ``output_tail_text`` first, which strips terminal escape
-sequences and control characters and keeps the tail within a length.
+sequences and control characters and keeps the tail within a length (``reason_text`` keeps the head instead).
 
 The JSON Schema of each type carries the pattern (ECMA-262 syntax) so other systems can check before sending; the
 surrogate rule is enforced here only (a code-unit pattern would also refuse valid surrogate pairs such as emoji).
@@ -148,6 +148,19 @@ def strip_terminal_controls(text: str) -> str:
 def _last_frame(line: str) -> str:
     frames = [frame for frame in line.split("\r") if frame]
     return frames[-1] if frames else ""
+
+
+def reason_text(text: str | bytes, max_chars: int = 1024) -> str:
+    """The start of an untrusted message (a library's error, ``str(validation_error)``), fit for a free-text
+    field of at most ``max_chars`` characters: cleaned like ``output_tail_text``, but the beginning is kept and a
+    trailing ``…`` marks a cut. The result always passes ``ShortText`` when ``max_chars <= 1024``. Pure: no I/O."""
+    if max_chars < 1:
+        raise ValueError("max_chars must be at least 1")
+    decoded = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+    cleaned = strip_terminal_controls(decoded).strip()
+    if len(cleaned) > max_chars:
+        cleaned = cleaned[:max_chars - 1].rstrip() + "…"
+    return cleaned
 
 
 def output_tail_text(output: str | bytes, max_chars: int = 1024) -> str:
