@@ -215,6 +215,19 @@ class Batcher:
         """Until ``stop``: batches as messages arrive, a tick every ``tick_s``. Raises if ``watch`` ends."""
         loop = asyncio.get_running_loop()
         next_tick = loop.time()
+
+        async def wake_on_stop() -> None:
+            await stop.wait()
+            self._arrived.set()
+
+        waker = asyncio.create_task(wake_on_stop())
+        try:
+            await self._loop(stop, watch, next_tick)
+        finally:
+            waker.cancel()
+
+    async def _loop(self, stop: asyncio.Event, watch: asyncio.Task[Any] | None, next_tick: float) -> None:
+        loop = asyncio.get_running_loop()
         while not stop.is_set():
             if watch is not None and watch.done():
                 watch.result()  # surface a crashed relay
@@ -223,6 +236,8 @@ class Batcher:
                 self._arrived.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._arrived.wait(), timeout=max(0.0, next_tick - loop.time()))
+                if stop.is_set():
+                    break
             if self._waiting and len(self._waiting) < self.max_messages:
                 closes = loop.time() + self.max_wait_s
                 while len(self._waiting) < self.max_messages and loop.time() < closes:
