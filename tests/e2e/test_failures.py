@@ -25,6 +25,10 @@ RECORD_RUN = "import os, sys, time; open(sys.argv[1], 'a').write(os.environ['GPU
 async def test_connection_drops_mid_flow_and_every_job_completes_exactly_once(
     stack: LocalStack, amqp_url: str, amqp_vhost: str, pg_dsn: str, tmp_path: Path
 ) -> None:
+    """A cut cancels the executor's delivery task mid-launch (aiormq cancels a closed channel's consumer tasks).
+    Under load that used to leave a job `placed` for good: its handler stopped while waiting for the job to start,
+    the job ran, and its JobStarted was never sent. The broker adapter now lets a handler finish, and the executor
+    finishes an interrupted launch itself (watch loop, or the redelivery)."""
     proxy = TcpProxy("127.0.0.1", 5672)
     await proxy.start()
     stack.amqp_url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/{amqp_vhost}"
@@ -50,6 +54,7 @@ async def test_connection_drops_mid_flow_and_every_job_completes_exactly_once(
     finally:
         await proxy.stop()
     assert {r["state"] for r in rows.values()} == {"succeeded"}
+    assert stack.dead() == []  # no service died across the cuts (a crashed relay would stop the scheduler)
     ran = runs.read_text().split()
     assert sorted(ran) == sorted(str(s.job_id) for s in submits), "each job ran exactly once"
     for kind in ("job.placed", "job.started", "job.finished"):
