@@ -195,7 +195,8 @@ class JobQueued(Message):
     type: Literal["job.queued"] = "job.queued"
     job_id: uuid.UUID
     pending_reason: ShortText
-    estimated_start_s: float | None = Field(default=None, ge=0, le=10**11)
+    estimated_start_s: float | None = Field(default=None, ge=0, le=10**11,
+                                            description="when the job may start: Unix time, in seconds")
 
 
 class GpuAllocation(Strict):
