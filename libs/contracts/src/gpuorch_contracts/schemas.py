@@ -56,7 +56,7 @@ def asyncapi_document() -> dict[str, Any]:
             "payload": {"$ref": f"#/components/schemas/{model}"},
             "bindings": {"amqp": {"messageType": name, "bindingVersion": AMQP_BINDING_VERSION}},
         }
-        channel_id = name.replace("_", "-")
+        channel_id = name
         if name in SUBMIT_TYPES:
             exchange, address, action = SUBMIT_EXCHANGE, name, "receive"
         elif name in COMMAND_TYPES:
