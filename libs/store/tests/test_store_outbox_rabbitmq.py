@@ -134,3 +134,27 @@ async def test_an_unroutable_launch_is_parked_after_n_refusals_later_rows_flow_a
     assert [r.message_id for r in await parked_rows(pool)] == [launch.message_id]
     queued = await drain(amqp_url, "test.queued", 3)
     assert [decode(m.body) for m in queued] == [before, after1, after2]  # in order, past the parked row
+
+
+async def test_a_pipelined_relay_publishes_a_whole_batch_in_order_and_retries_only_the_refused_row(
+    pool: asyncpg.Pool, broker: Broker, amqp_url: str
+) -> None:
+    """``pipeline=True``: one batch of 181 rows goes out before any confirm is awaited; the broker still routes
+    them in id order. An unroutable row in the middle is retried (then delivered once its queue exists) while
+    the rows after it are marked sent, each exactly once."""
+    await broker.declare_queue(QueueSpec(name="test.queued", bindings=[(EVENTS_EXCHANGE, "job.queued")]))
+    events = [JobQueued(job_id=uuid.uuid4(), pending_reason=f"r{n}", producer="s") for n in range(180)]
+    stop = StopJob(node_id="node-y", job_id=uuid.uuid4(), placement_id=uuid.uuid4(), producer="s")
+    async with pool.acquire() as conn, conn.transaction():
+        await add_to_outbox(conn, [*events[:90], stop, *events[90:]])
+    relay = OutboxRelay(pool, broker, batch_size=500, pipeline=True)
+    first = await relay.relay_once()
+    assert first.sent == 180 and first.error is not None and "unroutable" in first.error
+    unsent = await pool.fetch("SELECT message_id FROM outbox WHERE sent_at IS NULL")
+    assert [r["message_id"] for r in unsent] == [stop.message_id]
+    await broker.declare_queue(QueueSpec(name="test.stopped", bindings=[(COMMANDS_EXCHANGE, "node.node-y.#")]))
+    second = await relay.relay_once()
+    assert second.sent == 1 and second.error is None
+    queued = await drain(amqp_url, "test.queued", 180)
+    assert [decode(m.body) for m in queued] == events  # in id order, once each
+    assert [decode(m.body) for m in await drain(amqp_url, "test.stopped", 1)] == [stop]

@@ -7,10 +7,15 @@ Guarantees:
 - Idempotent on ``message_id``: adding a message whose id is already in the outbox adds nothing.
 - Rows get ids in commit order (``add_to_outbox`` takes the same write-order lock as ``events.append``), and
   the relay publishes in id order: a message is published only after every earlier row was confirmed.
+  With ``pipeline=True`` (the scheduler's relay) a whole batch is published before its confirms are awaited, on
+  one channel, so the broker still routes it in id order and a batch starts only after the one before was
+  confirmed or parked; but a failed row is retried after rows of its batch that followed it (order holds except
+  around a failure). That is what makes thousands of rows a second possible: one round trip per batch.
 - The relay marks a row sent only after the publisher returned (broker confirm + routed), in the same
   transaction that locked the row. A failed publish leaves the row unsent (``attempts``/``last_error``
-  updated) and stops the batch there; the relay retries it after an exponential backoff. A crash between
-  publish and commit republishes: delivery is at-least-once and receivers dedupe by ``message_id``.
+  updated) and stops the batch there (pipelined: ends it with an error); the relay retries it after an
+  exponential backoff. A crash between publish and commit republishes: delivery is at-least-once and receivers
+  dedupe by ``message_id``.
 - One undeliverable row never blocks the outbox: a row the broker *refused* (returned as unroutable, nacked; see
   ``is_refusal``) ``park_after`` times is parked (``parked_at`` set, never published, never purged) and the rows
   after it flow. Order is kept otherwise: a row is published only after every earlier row was confirmed or
@@ -244,6 +249,7 @@ class OutboxRelay:
         retention_every: timedelta = timedelta(minutes=10),
         park_after: int = 5,
         on_parked: OnParked | None = None,
+        pipeline: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -251,6 +257,7 @@ class OutboxRelay:
             raise ValueError("park_after must be at least 1")
         self._park_after = park_after
         self._on_parked = on_parked
+        self._pipeline = pipeline
         self._pool = pool
         self._publisher = publisher
         self._batch_size = batch_size
@@ -283,36 +290,30 @@ class OutboxRelay:
             sent_ids: list[int] = []
             parked = 0
             error: str | None = None
-            for row in rows:
-                try:
-                    await self._publisher.publish_raw(
-                        row["exchange"],
-                        row["routing_key"],
-                        bytes(row["body"]),
-                        message_id=str(row["message_id"]),
-                        headers=json.loads(row["headers"]),
-                    )
-                except Exception as exc:
-                    failure = f"{type(exc).__name__}: {exc}"[:2000]
-                    parked_at = await conn.fetchval(
-                        """
-                        UPDATE outbox SET attempts = attempts + 1, last_attempt_at = now(), last_error = $2,
-                               refusals = refusals + $3::int,
-                               parked_at = CASE WHEN refusals + $3::int >= $4::int THEN now() END
-                        WHERE id = $1
-                        RETURNING parked_at
-                        """,
-                        row["id"], failure, int(is_refusal(exc)), self._park_after,
-                    )
-                    if parked_at is not None:
-                        log.error("outbox row %s parked after %d refusals, later rows go on: %s",
-                                  row["id"], self._park_after, failure)
-                        parked += 1
-                        continue
-                    log.warning("outbox publish failed for row %s: %s", row["id"], failure)
-                    error = failure
-                    break
-                sent_ids.append(row["id"])
+            if self._pipeline:  # all at once; the broker still routes them in id order (one channel)
+                outcomes: list[BaseException | None] = list(await asyncio.gather(
+                    *(self._publish_row(row) for row in rows), return_exceptions=True))
+            for k, row in enumerate(rows):
+                if self._pipeline:
+                    outcome = outcomes[k]
+                else:
+                    try:
+                        await self._publish_row(row)
+                        outcome = None
+                    except Exception as exc:
+                        outcome = exc
+                if outcome is None:
+                    sent_ids.append(row["id"])
+                    continue
+                if isinstance(outcome, asyncio.CancelledError) and _cancelling():
+                    raise outcome
+                failure = f"{type(outcome).__name__}: {outcome}"[:2000]
+                if await self._record_failure(conn, row, outcome, failure):
+                    parked += 1
+                    continue
+                error = error or failure
+                if not self._pipeline:
+                    break  # strict order: nothing after it is published
             if sent_ids:
                 await conn.execute(
                     """
@@ -324,6 +325,31 @@ class OutboxRelay:
             more = error is None and len(rows) == self._batch_size
         report_error = await self._report_parked()
         return RelayBatch(sent=len(sent_ids), error=error or report_error, parked=parked, more=more)
+
+    async def _record_failure(self, conn: Any, row: Any, outcome: BaseException, failure: str) -> bool:
+        """Count a failed attempt on ``row``; park it once refused ``park_after`` times. True if now parked."""
+        parked_at = await conn.fetchval(
+            """
+            UPDATE outbox SET attempts = attempts + 1, last_attempt_at = now(), last_error = $2,
+                   refusals = refusals + $3::int,
+                   parked_at = CASE WHEN refusals + $3::int >= $4::int THEN now() END
+            WHERE id = $1
+            RETURNING parked_at
+            """,
+            row["id"], failure, int(isinstance(outcome, Exception) and is_refusal(outcome)), self._park_after,
+        )
+        if parked_at is not None:
+            log.error("outbox row %s parked after %d refusals, later rows go on: %s",
+                      row["id"], self._park_after, failure)
+            return True
+        log.warning("outbox publish failed for row %s: %s", row["id"], failure)
+        return False
+
+    async def _publish_row(self, row: Any) -> None:
+        await self._publisher.publish_raw(
+            row["exchange"], row["routing_key"], bytes(row["body"]), message_id=str(row["message_id"]),
+            headers=json.loads(row["headers"]),
+        )
 
     async def _report_parked(self) -> str | None:
         """Hand each parked, unreported row to ``on_parked``; mark it reported once the hook returned."""
@@ -418,3 +444,9 @@ class OutboxRelay:
             await conn.remove_listener(OUTBOX_CHANNEL, self._on_notify)
         with contextlib.suppress(Exception):
             await self._pool.release(conn)
+
+
+def _cancelling() -> bool:
+    """Is the current task itself being cancelled (rather than a publish's confirm cancelled under it)?"""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
