@@ -25,10 +25,11 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 E2E_COLUMNS = ["nodes", "offered_per_s", "jobs", "placed", "placements_per_s", "p50_ms", "p99_ms", "raw_p50_ms",
-               "raw_p99_ms", "overhead_ratio_p50", "cpu_ms_per_message", "scheduler_idle_cpu_pct",
-               "scheduler_rss_mib", "registration_s", "load_avg_1m_start"]
+               "raw_p99_ms", "overhead_ratio_p50", "cpu_ms_per_message", "cpu_ms_per_message_net",
+               "scheduler_idle_cpu_pct", "scheduler_rss_mib", "registration_s", "load_avg_1m_start"]
 CURVE_COLUMNS = ["nodes", "jobs", "placed", "offered_per_s", "placements_per_s", "cpu_ms_per_message",
-                 "scheduler_idle_cpu_pct", "p50_ms", "p99_ms", "raw_p50_ms", "scheduler_rss_mib", "load_avg_1m_start"]
+                 "cpu_ms_per_message_net", "scheduler_idle_cpu_pct", "p50_ms", "p99_ms", "raw_p50_ms",
+                 "scheduler_rss_mib", "load_avg_1m_start"]
 RECOVERY_COLUMNS = ["events", "nodes", "recover_no_snapshot_s", "recover_no_snapshot_runs_s", "recover_snapshot_s",
                     "recover_snapshot_runs_s", "state_jobs", "state_nodes", "snapshot_mib_stored", "fill_s",
                     "load_avg_1m_start"]
