@@ -13,9 +13,9 @@ from typing import Any
 
 import asyncpg
 import pytest
-from gpuorch_contracts import CancelJob, GpuRequest, JobSpec, ProcessRun, SubmitJob
+from gpuorch_contracts import COMMANDS_EXCHANGE, CancelJob, GpuRequest, JobSpec, ProcessRun, SubmitJob
 from gpuorch_gpuctl.stack import LocalStack
-from gpuorch_messaging import Broker
+from gpuorch_messaging import Broker, QueueSpec
 from gpuorch_scheduler.testing import registered_node
 
 from tests.e2e.harness import FakeNodes, publish_when_routable, wait_jobs_terminal, wait_rows
@@ -168,6 +168,8 @@ async def test_a_silent_node_is_suspect_then_lost_and_its_job_moves_but_mass_sil
     await broker.connect()
     healthy = FakeNodes(broker, [registered_node("node-b", gpus=1), registered_node("node-c", gpus=1)])
     doomed = FakeNodes(broker, [registered_node("node-a", gpus=1)])
+    for name in ("node-a", "node-b", "node-c"):  # stand-ins for their executors' queues: launches are routable
+        await broker.declare_queue(QueueSpec(f"executor.{name}", [(COMMANDS_EXCHANGE, f"node.{name}.#")]))
     try:
         await doomed.start(interval_s=0.3)
         await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rs: len(rs) == 1, what="node-a registered")
@@ -229,3 +231,43 @@ async def test_cancelling_a_running_job_holds_its_gpu_until_the_executor_stopped
     stopped = next(e["position"] for e in events if e["type"] == "job.failed" and e["job_id"] == str(first.job_id))
     placed = next(e["position"] for e in events if e["type"] == "job.placed" and e["job_id"] == str(second.job_id))
     assert placed > stopped  # the second job got the GPU only once the cancelled one had really ended
+
+
+@pytest.mark.timeout(200)
+async def test_an_undeliverable_launch_is_parked_its_job_answered_and_later_work_flows(
+    stack: LocalStack, amqp_url: str, pg_dsn: str
+) -> None:
+    """A node whose executor has no queue: its LaunchJob is refused, parked after a few tries, and the job is
+    failed (requeue limit 0) with the reason, while a later job on a node with an executor queue is launched."""
+    stack.start_scheduler()
+    await stack.queues_declared(["scheduler", "scheduler.heartbeats"])
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    lonely = FakeNodes(broker, [registered_node("node-lonely", gpus=1)])
+    try:
+        await lonely.start(interval_s=0.3)
+        await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rs: len(rs) == 1, what="node registered")
+        doomed = SubmitJob(spec=JobSpec(resources=GpuRequest(gpus=1), run=ProcessRun(argv=["x"]), max_requeues=0))
+        await publish_when_routable(broker, doomed)
+        failed = await wait_rows(pg_dsn, "SELECT state, reason FROM jobs WHERE job_id = $1", doomed.job_id,
+                                 until=lambda rs: rs and rs[0]["state"] == "failed", what="job failed")
+        assert "could not be delivered to node-lonely" in failed[0]["reason"]
+        await broker.declare_queue(QueueSpec("executor.node-ok", [(COMMANDS_EXCHANGE, "node.node-ok.#")]))
+        ok = FakeNodes(broker, [registered_node("node-ok", gpus=1)])
+        await ok.start(interval_s=0.3)
+        try:
+            later = SubmitJob(spec=JobSpec(resources=GpuRequest(gpus=1, gpu_models=[]), run=ProcessRun(argv=["x"]),
+                                           max_requeues=0))
+            await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rs: len(rs) == 2, what="2 nodes")
+            await publish_when_routable(broker, later)
+            placed = await wait_rows(pg_dsn, "SELECT node_ids, state FROM jobs WHERE job_id = $1", later.job_id,
+                                     until=lambda rs: rs and rs[0]["state"] == "placed", what="later job placed")
+            assert placed[0]["node_ids"] in (["node-ok"], ["node-lonely"])
+            parked = await wait_rows(pg_dsn, "SELECT count(*) AS n FROM outbox WHERE parked_at IS NOT NULL",
+                                     until=lambda rs: rs[0]["n"] >= 1, what="the refused launch parked")
+            assert parked[0]["n"] >= 1
+        finally:
+            await ok.stop()
+    finally:
+        await lonely.stop()
+        await broker.close()

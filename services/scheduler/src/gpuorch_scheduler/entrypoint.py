@@ -163,7 +163,8 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}")
         await broker.connect()
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
-        relay = OutboxRelay(pool, broker, poll_interval=0.5)
+        relay = OutboxRelay(pool, broker, poll_interval=0.5, batch_size=1000, pipeline=True,
+                            on_parked=service.on_outbox_parked)
         relay_task = asyncio.create_task(relay.run_forever(), name="outbox-relay")
         main_queue, heartbeat_queue = scheduler_queues()
 

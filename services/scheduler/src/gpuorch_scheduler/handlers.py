@@ -21,6 +21,7 @@ Heartbeats are not logged: they renew the node's lease in memory. Lease transiti
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import time
@@ -43,6 +44,7 @@ from gpuorch_contracts import (
     JobRejected,
     JobRequeued,
     JobStarted,
+    LaunchJob,
     Message,
     NodeHeartbeat,
     NodeRegistered,
@@ -51,6 +53,7 @@ from gpuorch_contracts import (
 from gpuorch_observability import get_logger, inject_trace
 from gpuorch_store import (
     NewEvent,
+    ParkedRow,
     add_to_outbox,
     append_reporting_duplicates,
     load_latest_snapshot,
@@ -68,6 +71,7 @@ from gpuorch_scheduler.domain.decide import (
     after_lost,
     after_stop_confirmed,
     cancel,
+    decision_id,
     liveness,
     overdue,
     preemption_timeouts,
@@ -177,6 +181,9 @@ class SchedulerService:
         self._last_mix_at = -math.inf
         self._events_since_snapshot = replayed
         self._needs_reload = False
+        gc.unfreeze()  # what an earlier recovery froze may be garbage now
+        gc.collect()
+        gc.freeze()  # the recovered state is long-lived: keep it out of every later collection's traversal
         log.info("scheduler.recovered", position=state.position, replayed=replayed,
                  jobs=len(state.jobs), nodes=len(state.nodes), from_snapshot=snapshot is not None)
 
@@ -230,6 +237,22 @@ class SchedulerService:
             finally:
                 BATCH_SECONDS.observe(time.perf_counter() - started)
                 BATCH_SIZE.observe(len(messages))
+
+    async def on_outbox_parked(self, row: ParkedRow) -> None:
+        """The relay set a command aside (the broker refused it ``park_after`` times): a LaunchJob that cannot
+        reach its node's executor loses that placement, so the job is requeued (or failed at its requeue limit)
+        with the reason. Idempotent: the JobLost has an id derived from the row, and only a current placement is
+        requeued."""
+        message = row.message
+        if not isinstance(message, LaunchJob):
+            log.warning("scheduler.outbox_parked", type=row.type, error=row.last_error)
+            return
+        lost = JobLost(
+            message_id=decision_id("parked", row.message_id), job_id=message.job_id,
+            placement_id=message.placement_id, node_id=message.node_id,
+            reason=f"its LaunchJob could not be delivered to {message.node_id}: {row.last_error or 'refused'}"[:1000],
+        )
+        await self.handle(lost)
 
     async def heartbeat(self, beat: NodeHeartbeat) -> None:
         """Renew a node's lease (in memory only; latest wins)."""
