@@ -136,3 +136,22 @@ async def test_the_batcher_answers_each_delivery_with_its_own_outcome() -> None:
     batches = [names for names, _ in seen if names]
     assert batches[0] == ["a", "b", "bad"] and batches[1] == ["c"]  # closed at max_messages, then the rest
     assert seen[0][1] is True  # the first pass also ran the tick that was due
+
+
+async def test_only_decisions_are_published_not_the_facts_the_scheduler_consumed(migrated_dsn: str) -> None:
+    from gpuorch_contracts import JobStarted
+
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        service = SchedulerService(conn)
+        await service.recover()
+        job = submit("j")
+        await service.handle_batch([node("n1", gpus=1), job])
+        placed = service.state.jobs[job.job_id]
+        await service.handle(JobStarted(job_id=job.job_id, placement_id=placed.placement_id, node_id="n1",
+                                        log_path="/x"))
+        types = {r["type"] for r in await conn.fetch("SELECT type FROM outbox")}
+        assert types == {"job.accepted", "job.placed", "launch_job"}
+        assert await conn.fetchval("SELECT count(*) FROM events WHERE type IN ('node.registered', 'job.started')") == 2
+    finally:
+        await conn.close()

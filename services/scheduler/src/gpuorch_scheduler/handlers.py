@@ -124,6 +124,9 @@ class _Batch:
     """What one transaction writes: events to log (with their headers), messages to publish, touched rows."""
 
     events: list[tuple[Message, dict[str, Any]]] = field(default_factory=list)
+    """Everything to log, in order: incoming facts and our decisions."""
+    decided: list[Message] = field(default_factory=list)
+    """Our decisions among ``events``: published as well (incoming facts were published by their producers)."""
     published: list[Message] = field(default_factory=list)
     notices: list[Message] = field(default_factory=list)
     touched_jobs: set[uuid.UUID] = field(default_factory=set)
@@ -276,7 +279,7 @@ class SchedulerService:
             if positions:
                 self.state.position = max(p for p in positions if p is not None)
                 self._events_since_snapshot += len(positions)
-            outgoing = [*(e for e, _ in batch.events), *batch.published, *batch.notices]
+            outgoing = [*batch.decided, *batch.published, *batch.notices]
             await add_to_outbox(self._conn, outgoing, headers=[self._trace_headers(m) for m in outgoing])
             await self._write_read_models(batch.touched_jobs, batch.touched_nodes, batch.rejected)
             if self._events_since_snapshot >= self.config.snapshot_every_events or (
@@ -418,6 +421,8 @@ class SchedulerService:
             event = event.model_copy(update={"occurred_at": datetime.fromtimestamp(self._clock(), UTC)})
         headers = self._trace_headers(event)
         batch.events.append((event, headers))
+        if stamp:
+            batch.decided.append(event)
         if isinstance(event, JobRejected):
             batch.rejected.append(event)
         self.state.apply(event, headers)
