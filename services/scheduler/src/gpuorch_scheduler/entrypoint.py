@@ -32,7 +32,7 @@ from typing import Any
 import asyncpg
 from gpuorch_contracts import EVENTS_EXCHANGE, SUBMIT_EXCHANGE, Message, NodeHeartbeat
 from gpuorch_messaging import Broker, QueueSpec
-from gpuorch_observability import configure, get_logger, start_metrics_server
+from gpuorch_observability import configure, get_logger, inject_trace, start_metrics_server
 from gpuorch_store import OutboxRelay, ensure_database, migrate
 
 from gpuorch_scheduler.domain.decide import LivenessPolicy
@@ -203,12 +203,13 @@ class Batcher:
                  tick_s: float = 1.0) -> None:
         self._handle_batch = handle_batch
         self.max_messages, self.max_wait_s, self.tick_s = max(1, max_messages), max_wait_s, tick_s
-        self._waiting: list[tuple[Message, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[Message, dict[str, Any], asyncio.Future[None]]] = []
         self._arrived = asyncio.Event()
 
     async def handle(self, message: Message) -> None:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((message, done))
+        trace = dict(inject_trace({}))  # the delivery's span: decisions about this message join its trace
+        self._waiting.append((message, trace, done))
         self._arrived.set()
         await done
 
@@ -252,13 +253,14 @@ class Batcher:
             if not batch and not tick:
                 continue
             try:
-                outcomes = await self._handle_batch([m for m, _ in batch], tick=tick)
+                outcomes = await self._handle_batch([m for m, _, _ in batch], tick=tick,
+                                                    traces=[t for _, t, _ in batch])
             except BaseException as exc:
-                for _, done in batch:
+                for _, _, done in batch:
                     if not done.done():
                         done.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
                 raise
-            for (_, done), outcome in zip(batch, outcomes, strict=True):
+            for (_, _, done), outcome in zip(batch, outcomes, strict=True):
                 if done.done():
                     continue  # the delivery was cancelled (its connection dropped): the broker redelivers it
                 if outcome is None:

@@ -159,6 +159,8 @@ class SchedulerService:
         self._overdue_stopped: set[uuid.UUID] = set()
         self._last_cycle_at = 0.0
         self._last_mix_at = -math.inf
+        self._traces: dict[uuid.UUID, dict[str, Any]] = {}
+        self._delivery_trace: dict[str, Any] | None = None
 
     # -- recovery ---------------------------------------------------------------------------------------------
 
@@ -202,10 +204,13 @@ class SchedulerService:
         """Periodic work: lease transitions, overdue jobs, silent preemptions and a scheduling cycle."""
         await self.handle_batch([], tick=True)
 
-    async def handle_batch(self, messages: list[Message], *, tick: bool = False) -> list[Exception | None]:
+    async def handle_batch(self, messages: list[Message], *, tick: bool = False,
+                           traces: list[dict[str, Any]] | None = None) -> list[Exception | None]:
         """Apply ``messages`` (and, with ``tick``, the periodic work) in one transaction; one outcome per message:
         None once it is committed (ack it), or the error it raised alone (the rest of the batch is committed
-        without it). A failing tick is logged and retried at the next one."""
+        without it). A failing tick is logged and retried at the next one. ``traces`` carries each message's
+        delivery trace context (a ``traceparent`` mapping): what is decided about a new job joins that trace."""
+        self._traces = {m.message_id: t for m, t in zip(messages, traces or [], strict=False) if t}
         async with self._lock:
             started = time.perf_counter()
             try:
@@ -268,6 +273,7 @@ class SchedulerService:
             await self._known(messages, batch)
             for message in messages:
                 self._fold_message(message, now, batch)
+            self._delivery_trace = None
             if tick:
                 self._fold_tick(now, batch)
             if tick or (batch.wants_cycle and self._cycle_due(now)):
@@ -314,6 +320,7 @@ class SchedulerService:
         incoming: Message | None = None
         decision = Decision()
         follow_up: uuid.UUID | None = None
+        self._delivery_trace = self._traces.get(message.message_id)
         match message:
             case SubmitJob():
                 if message.job_id in batch.known_jobs:
@@ -439,6 +446,8 @@ class SchedulerService:
         job = self.state.jobs.get(getattr(message, "job_id", None))  # type: ignore[arg-type]
         if job is not None and job.traceparent:
             return {"traceparent": job.traceparent}
+        if self._delivery_trace:
+            return dict(self._delivery_trace)
         return dict(inject_trace({}))
 
     def _pending_notices(self, pending: dict[uuid.UUID, Waiting], touched: set[uuid.UUID]) -> list[Message]:
