@@ -33,8 +33,17 @@ def configure_tracing(service: str, otlp_endpoint: str | None = None) -> None:
     _configured = True
 
 
+_TRACERS: dict[tuple[str, int], trace.Tracer] = {}
+
+
 def tracer(name: str = "gpuorch") -> trace.Tracer:
-    return trace.get_tracer(name)
+    """The named tracer of the current provider (cached: building one costs more than a span, and consumers ask
+    for it once per message)."""
+    key = (name, id(trace.get_tracer_provider()))
+    found = _TRACERS.get(key)
+    if found is None:
+        found = _TRACERS[key] = trace.get_tracer(name)
+    return found
 
 
 def inject_trace(headers: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
