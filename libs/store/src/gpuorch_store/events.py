@@ -32,14 +32,15 @@ EVENT_WRITE_LOCK_KEY = 0x67707552_0000_0002
 
 @dataclass(frozen=True)
 class NewEvent:
-    """An event to append; ``payload``/``headers`` JSON-serializable, ``occurred_at`` timezone-aware."""
+    """An event to append; ``payload`` JSON-serializable (or already a JSON text), ``headers`` JSON-serializable,
+    ``occurred_at`` timezone-aware."""
 
     stream: str
     message_id: uuid.UUID
     type: str
     schema_version: int
     occurred_at: datetime
-    payload: Mapping[str, Any]
+    payload: Mapping[str, Any] | str
     headers: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -59,7 +60,7 @@ class NewEvent:
             type=message.type,
             schema_version=message.schema_version,
             occurred_at=message.occurred_at,
-            payload=message.model_dump(mode="json"),
+            payload=message.model_dump_json(),
             headers=dict(headers or {}),
         )
 
@@ -115,7 +116,7 @@ async def append_reporting_duplicates(conn: Any, events: Sequence[NewEvent]) -> 
         [e.type for e in events],
         [e.schema_version for e in events],
         [e.occurred_at for e in events],
-        [json.dumps(e.payload) for e in events],
+        [e.payload if isinstance(e.payload, str) else json.dumps(e.payload) for e in events],
         [json.dumps(e.headers) for e in events],
     )
     inserted = {row["message_id"]: row["position"] for row in rows}

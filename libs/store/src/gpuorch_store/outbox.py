@@ -138,14 +138,16 @@ RETURNING id
 
 
 async def add_to_outbox(conn: Any, messages: Sequence[Message],
-                        headers: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+                        headers: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+                        bodies: Sequence[bytes] | None = None) -> list[int]:
     """Queue ``messages`` for publishing, in order, in ``conn``'s transaction (one statement); return the new row
     ids.
 
     Exchange and routing key come from ``gpuorch_contracts.route``, the body from ``encode``. ``headers``
     (e.g. a ``traceparent``; one mapping for all, or one per message) are stored with each message, plus ``type``
     (the message type, as
-    ``Broker.publish`` sets it), and passed to the publisher. Raises ``ValueError``
+    ``Broker.publish`` sets it), and passed to the publisher. ``bodies``, when given, are the messages already
+    encoded (``encode(message)``; a caller that logged them has the JSON). Raises ``ValueError``
     for a body over ``MAX_MESSAGE_BYTES`` (it could never be published). Messages already in the outbox are
     skipped.
     """
@@ -153,9 +155,9 @@ async def add_to_outbox(conn: Any, messages: Sequence[Message],
         return []
     if not conn.is_in_transaction():
         async with conn.transaction():
-            return await add_to_outbox(conn, messages, headers)
+            return await add_to_outbox(conn, messages, headers, bodies)
     per_message = list(headers) if isinstance(headers, Sequence) else [headers or {}] * len(messages)
-    bodies = [encode(m) for m in messages]
+    bodies = list(bodies) if bodies is not None else [encode(m) for m in messages]
     for message, body in zip(messages, bodies, strict=True):
         if len(body) > MAX_MESSAGE_BYTES:
             raise ValueError(f"{message.type} {message.message_id} is {len(body)} bytes > {MAX_MESSAGE_BYTES}")

@@ -49,6 +49,7 @@ from gpuorch_contracts import (
     NodeHeartbeat,
     NodeRegistered,
     SubmitJob,
+    encode,
 )
 from gpuorch_observability import get_logger, inject_trace
 from gpuorch_store import (
@@ -279,6 +280,8 @@ class SchedulerService:
             if tick or (batch.wants_cycle and self._cycle_due(now)):
                 self._cycle(now, batch)
             events = [NewEvent.from_message(STREAM, e, headers=h) for e, h in batch.events]
+            logged_json = {id(e): new.payload for (e, _), new in zip(batch.events, events, strict=True)}
+            headers_of = {id(e): h for e, h in batch.events}
             positions = await append_reporting_duplicates(self._conn, events)
             if any(p is None for p in positions):
                 raise RuntimeError("an event applied in memory was already in the log; reloading")
@@ -286,7 +289,10 @@ class SchedulerService:
                 self.state.position = max(p for p in positions if p is not None)
                 self._events_since_snapshot += len(positions)
             outgoing = [*batch.decided, *batch.published, *batch.notices]
-            await add_to_outbox(self._conn, outgoing, headers=[self._trace_headers(m) for m in outgoing])
+            await add_to_outbox(
+                self._conn, outgoing,
+                headers=[headers_of.get(id(m)) or self._trace_headers(m) for m in outgoing],
+                bodies=[_encoded(logged_json.get(id(m)), m) for m in outgoing])
             await self._write_read_models(batch.touched_jobs, batch.touched_nodes, batch.rejected)
             if self._events_since_snapshot >= self.config.snapshot_every_events or (
                 self._events_since_snapshot and now - self._last_snapshot_at >= self.config.snapshot_every_s
@@ -504,6 +510,11 @@ class SchedulerService:
             NODES.labels(name).set(count)
 
 
+def _encoded(logged: object, message: Message) -> bytes:
+    """The body of ``message``: the JSON it was logged with, if it was logged in this batch."""
+    return logged.encode() if isinstance(logged, str) else encode(message)
+
+
 def _ts(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, UTC) if value is not None else None
 
@@ -519,8 +530,8 @@ def _job_row(job: JobRecord, waiting: Waiting | None) -> tuple[Any, ...]:
     queued = job.state == "queued" and waiting is not None
     return (
         job.job_id, spec.name, spec.tenant, spec.tier, spec.priority_class, job.state,
-        json.dumps(spec.model_dump(mode="json")), job.placement_id, [a.node_id for a in job.assignments],
-        json.dumps([a.model_dump(mode="json") for a in job.assignments]), job.exit_code, job.reason,
+        spec.model_dump_json(), job.placement_id, [a.node_id for a in job.assignments],
+        "[" + ",".join(a.model_dump_json() for a in job.assignments) + "]", job.exit_code, job.reason,
         waiting.reason if queued else None, job.requeues, job.log_path,  # type: ignore[union-attr]
         _ts(job.accepted_at), _ts(job.placed_at), _ts(job.started_at), _ts(job.ended_at),
         _ts(waiting.estimated_start) if queued else None,  # type: ignore[union-attr]

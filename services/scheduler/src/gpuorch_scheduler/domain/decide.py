@@ -287,7 +287,7 @@ class _Cycle:
         self.victims: set[uuid.UUID] = set()
         self.preemptions = 0
         self.preemption_attempts = 0
-        self.future_differs = any(_stopping(j) for j in active)
+        self.future_differs = bool(state.stopping)
         """Whether ``future`` may hold room that ``fleet`` lacks (jobs being preempted); else it is not asked."""
         self.future_unfit: set[object] = set()
 
@@ -297,9 +297,8 @@ class _Cycle:
         copy of the fleet made the first time a job asks (most cycles never do)."""
         if self._future is None:
             self._future = self.fleet.copy()
-            for job in self.active:
-                if _stopping(job):
-                    self._future.release_assignments(job.spec, job.assignments)
+            for job in self.state.stopping.values():
+                self._future.release_assignments(job.spec, job.assignments)
         return self._future
 
     def decide(self, job: JobRecord) -> Waiting | None:

@@ -151,6 +151,8 @@ class SchedulerState:
     fleet: Fleet = field(default_factory=Fleet)
     queued: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
     active: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
+    stopping: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
+    """Active jobs being stopped (preempted, or cancelled while running): their room frees once confirmed."""
     tenant_held: dict[str, list[float]] = field(default_factory=dict)
     """Tenant -> (GPUs, GPU memory MiB, host mCPU, host memory MiB) held by its active jobs."""
     clock: float = 0.0
@@ -193,6 +195,10 @@ class SchedulerState:
             self.active[job_id] = job
         else:
             self.active.pop(job_id, None)
+        if held and (job.state == "preempting" or job.stopping_nodes):
+            self.stopping[job_id] = job
+        else:
+            self.stopping.pop(job_id, None)
         if job.state == "queued":
             self.queued[job_id] = job
         else:
@@ -423,6 +429,8 @@ class SchedulerState:
                 state.fleet.hold(record.job_id, record.spec, record.assignments)
                 state._count_held(record, +1)
                 state.active[record.job_id] = record
+                if record.state == "preempting" or record.stopping_nodes:
+                    state.stopping[record.job_id] = record
             elif record.state == "queued":
                 state.queued[record.job_id] = record
         for t, j in raw.get("ended", []):
