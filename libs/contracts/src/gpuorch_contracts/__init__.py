@@ -38,6 +38,7 @@ from gpuorch_contracts.jobs import (
     SubmitJob,
 )
 from gpuorch_contracts.nodes import (
+    ExecutorHeartbeat,
     FleetAlert,
     GpuHealthChanged,
     GpuInfo,
@@ -70,7 +71,7 @@ from gpuorch_contracts.text import output_tail_text, reason_text, strip_terminal
 __all__ = [
     "COMMANDS_EXCHANGE", "DEAD_LETTER_EXCHANGE", "EVENTS_EXCHANGE", "MAX_MESSAGE_BYTES", "MESSAGE_TYPES",
     "PRIORITY_VALUE", "SUBMIT_EXCHANGE", "TERMINAL_STATES",
-    "ApplyMigLayout", "FleetAlert", "MigGpuOutcome", "MigLayoutApplied", "NodeLivenessChanged", "CancelJob", "Checkpoint", "ContainerRun", "Gang", "GpuAllocation", "GpuHealthChanged",
+    "ApplyMigLayout", "ExecutorHeartbeat", "FleetAlert", "MigGpuOutcome", "MigLayoutApplied", "NodeLivenessChanged", "CancelJob", "Checkpoint", "ContainerRun", "Gang", "GpuAllocation", "GpuHealthChanged",
     "GpuInfo", "GpuLive", "GpuRequest", "GpuSample", "GpuUsageSampled", "JobAccepted", "JobCancelled",
     "JobCheckpointed", "JobFailed", "JobFinished", "JobLost", "JobPlaced", "JobPreempting", "JobQueued",
     "JobRejected", "JobRequeued", "JobSpec", "JobStarted", "LaunchJob", "Message", "MigGpuLayout", "MigInstance",

@@ -6,6 +6,7 @@ heartbeats carry compact live state and are latest-wins: an old heartbeat has no
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
@@ -168,6 +169,28 @@ class GpuUsageSampled(Message):
     type: Literal["gpu.usage_sampled"] = "gpu.usage_sampled"
     node_id: Name
     samples: Annotated[list[GpuSample], Field(max_length=64)]
+
+
+class ExecutorHeartbeat(Message):
+    """An executor renews its node's lease (the node-agent's ``NodeHeartbeat`` is the other half).
+
+    Sent every few seconds per node the executor serves, whatever the node-agent does. A scheduler treats a node
+    as alive only while both halves are fresh; a node whose executor is silent gets no new work, and is declared
+    ``lost`` (its jobs requeued) only once ``fencing_deadline_s`` has passed since the last of these it received:
+    by then an executor that could not renew has stopped every job itself (it fences on the same monotonic clock
+    it renews with). ``running`` lists the placements it runs or is stopping, so a scheduler can stop any that it
+    no longer assigns there (a node back after being declared lost)."""
+
+    TYPE = "executor.heartbeat"
+    type: Literal["executor.heartbeat"] = "executor.heartbeat"
+    node_id: Name
+    sequence: Count
+    fencing_deadline_s: float = Field(gt=0, le=86_400, description="the executor stops every job when it has not "
+                                      "renewed its lease for this long; a scheduler must not requeue them sooner")
+    interval_s: float = Field(gt=0, le=3_600, description="seconds between this executor's heartbeats")
+    running: Annotated[list[uuid.UUID], Field(max_length=4096)] = Field(
+        default=[], description="placement ids active on this node (launching, running or stopping)")
+    running_truncated: bool = Field(default=False, description="more placements run than ``running`` lists")
 
 
 class NodeLivenessChanged(Message):

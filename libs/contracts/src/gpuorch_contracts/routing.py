@@ -25,7 +25,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         jobs.JobStarted, jobs.JobFinished, jobs.JobFailed, jobs.JobCheckpointed, jobs.JobLost,
         jobs.JobPreempting, jobs.JobRequeued, jobs.JobCancelled,
         nodes.NodeRegistered, nodes.NodeHeartbeat, nodes.GpuHealthChanged, nodes.GpuUsageSampled,
-        nodes.NodeLivenessChanged, nodes.FleetAlert, nodes.MigLayoutApplied,
+        nodes.NodeLivenessChanged, nodes.FleetAlert, nodes.ExecutorHeartbeat, nodes.MigLayoutApplied,
         commands.LaunchJob, commands.StopJob, commands.ApplyMigLayout,
         telemetry.AlertRaised, telemetry.AlertResolved, telemetry.RecommendationMade,
     )
