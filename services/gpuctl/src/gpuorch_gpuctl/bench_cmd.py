@@ -441,8 +441,9 @@ async def _e2e(stack: Any, params: E2eParameters, amqp_url: str, dsn: str) -> di
             if stack.dead():
                 raise RuntimeError(f"a service died: {stack.dead()}")
             await asyncio.sleep(1.0)
-            known = await _count_nodes(dsn)
-            _progress(f"e2e: scheduler knows {known}/{params.nodes} nodes")
+            previous, known = known, await _count_nodes(dsn)
+            if known != previous or known == params.nodes:
+                _progress(f"e2e: scheduler knows {known}/{params.nodes} nodes")
         registration_s = time.monotonic() - fleet_started
 
         idle_cpu0, idle_t0 = meter.cpu_s(), time.monotonic()
@@ -795,27 +796,33 @@ async def _recovery(dsn: str, shape: HistoryShape, repeats: int) -> dict[str, An
     fill_s = time.perf_counter() - started
     _progress(f"recovery: {written:,} events in {fill_s:.0f}s; recover() without a snapshot")
     cold, state = await time_recovery(dsn, repeats)
+    result: dict[str, Any] = {
+        "events": written, "repeats": repeats, "fill_s": round(fill_s, 1),
+        "recover_no_snapshot_s": round(statistics.median(cold), 2),
+        "recover_no_snapshot_runs_s": [round(s, 2) for s in cold],
+        "state_jobs_without_snapshot": len(state.jobs), "state_nodes": len(state.nodes), "position": state.position,
+    }
     conn = await asyncpg.connect(dsn)
     try:
         started = time.perf_counter()
         await save_snapshot(conn, STREAM, state.position, state.to_snapshot())
-        snapshot_save_s = time.perf_counter() - started
-        snapshot_mib = await conn.fetchval("SELECT pg_column_size(state) FROM snapshots ORDER BY position DESC "
-                                           "LIMIT 1") / 2**20
+        result["snapshot_save_s"] = round(time.perf_counter() - started, 2)
+        stored = await conn.fetchval("SELECT pg_column_size(state) FROM snapshots ORDER BY position DESC LIMIT 1")
+        result["snapshot_mib_stored"] = round(stored / 2**20, 1)
+    except asyncpg.PostgresError as exc:  # e.g. a state too large for one jsonb value (256 MiB)
+        result["snapshot_error"] = f"{type(exc).__name__}: {exc}"
+        _progress(f"recovery: the snapshot could not be saved: {result['snapshot_error']}")
+        return result
     finally:
         await conn.close()
     _progress("recovery: recover() from the snapshot")
     warm, warm_state = await time_recovery(dsn, repeats)
-    return {
-        "events": written, "repeats": repeats, "fill_s": round(fill_s, 1),
-        "recover_no_snapshot_s": round(statistics.median(cold), 2),
-        "recover_no_snapshot_runs_s": [round(s, 2) for s in cold],
+    result.update({
         "recover_snapshot_s": round(statistics.median(warm), 2),
         "recover_snapshot_runs_s": [round(s, 2) for s in warm],
-        "snapshot_save_s": round(snapshot_save_s, 2), "snapshot_mib_stored": round(snapshot_mib, 1),
         "state_jobs": len(warm_state.jobs), "state_nodes": len(warm_state.nodes),
-        "state_jobs_without_snapshot": len(state.jobs), "position": state.position,
-    }
+    })
+    return result
 
 
 @bench_app.command()
@@ -843,6 +850,7 @@ def recovery(
     if as_json:
         print(json.dumps(result))
     else:
-        _print_table([result], ("events", "nodes", "recover_no_snapshot_s", "recover_snapshot_s", "state_jobs",
-                                "state_nodes", "snapshot_mib_stored", "fill_s", "load_avg_1m_start"),
+        _print_table([result], ("events", "nodes", "recover_no_snapshot_s", "recover_snapshot_s",
+                                "state_jobs_without_snapshot", "state_jobs", "state_nodes", "snapshot_mib_stored",
+                                "snapshot_error", "fill_s", "load_avg_1m_start"),
                      "gpuctl bench recovery")
