@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from gpuorch_contracts import (
     COMMANDS_EXCHANGE,
+    EVENTS_EXCHANGE,
     MESSAGE_TYPES,
     GpuRequest,
     JobSpec,
@@ -72,3 +73,18 @@ def test_checked_in_schemas_match_the_models() -> None:
         assert path.exists(), f"missing {path}: run gpuctl schema export"
         assert json.loads(path.read_text()) == json.loads(json.dumps(schema)), f"{path} is stale"
     assert json.loads((SCHEMAS / "asyncapi.json").read_text()) == asyncapi_document()
+
+
+def test_job_events_route_per_tenant_and_bindings_match_both_forms() -> None:
+    from gpuorch_contracts import JobAccepted, JobStarted, event_binding, tenant_binding
+
+    job_id, placement_id = uuid.uuid4(), uuid.uuid4()
+    started = JobStarted(job_id=job_id, placement_id=placement_id, node_id="n1", tenant="acme")
+    assert route(started) == (EVENTS_EXCHANGE, "job.started.acme")
+    assert route(started.model_copy(update={"tenant": None})) == (EVENTS_EXCHANGE, "job.started")
+    spec = JobSpec.model_validate({"tenant": "team-b", "run": {"runtime": "process", "argv": ["python"]}})
+    assert route(JobAccepted(job_id=job_id, spec=spec)) == (EVENTS_EXCHANGE, "job.accepted.team-b")
+    assert event_binding("job.started") == "job.started.#" and event_binding("node.heartbeat") == "node.heartbeat"
+    assert tenant_binding("acme") == "job.*.acme" and tenant_binding("acme", "job.rejected") == "job.rejected.acme"
+    with pytest.raises(ValidationError):
+        JobStarted(job_id=job_id, placement_id=placement_id, node_id="n1", tenant="a.b")  # one word of a key

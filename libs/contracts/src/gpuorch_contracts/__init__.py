@@ -60,10 +60,13 @@ from gpuorch_contracts.routing import (
     EVENTS_EXCHANGE,
     MESSAGE_TYPES,
     SUBMIT_EXCHANGE,
+    TENANT_ROUTED_TYPES,
     UnknownMessageType,
     decode,
     encode,
+    event_binding,
     route,
+    tenant_binding,
 )
 from gpuorch_contracts.telemetry import AlertRaised, AlertResolved, RecommendationMade
 from gpuorch_contracts.text import output_tail_text, reason_text, strip_terminal_controls
@@ -79,5 +82,5 @@ __all__ = [
     "ProcessUsage", "StopJob", "SubmitJob", "UnknownMessageType", "decode", "encode", "route", "utc_now",
     "AlertRaised", "AlertResolved", "RecommendationMade",
     "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "reason_text",
-    "strip_terminal_controls",
+    "strip_terminal_controls", "TENANT_ROUTED_TYPES", "event_binding", "tenant_binding",
 ]

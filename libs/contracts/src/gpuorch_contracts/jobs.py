@@ -119,10 +119,18 @@ class ModelHints(Strict):
 
 
 class JobSpec(Strict):
-    """What a job needs and what it runs."""
+    """What a job needs and what it runs.
+
+    ``tenant`` and ``priority_class`` are checked against the publisher's identity at admission
+    (``gpuorch_identity.authorize_submission``): a ``SubmitJob`` whose spec omits ``tenant`` gets the publisher's
+    default tenant, one naming a tenant its publisher may not use is rejected. In every message the scheduler sends
+    afterwards (``JobAccepted``, ``LaunchJob``) the tenant is the verified one.
+    """
 
     name: JobName = "job"
-    tenant: TenantName = "default"
+    tenant: TenantName = Field(default="default", description=(
+        "the team the job runs for; omit it to use the publisher's default tenant (from the identity map); a "
+        "tenant the publisher may not submit for is rejected"))
     tier: Tier = "batch"
     priority_class: PriorityClass = "normal"
     resources: GpuRequest = GpuRequest()
@@ -151,6 +159,15 @@ class JobSpec(Strict):
         return self
 
 
+class TenantRouted(Message):
+    """A job lifecycle event routed per tenant: with ``tenant`` set its routing key is ``<type>.<tenant>``
+    (``job.started.acme``), so a submitter binds ``job.*.<its tenant>`` and reads only its own jobs' events;
+    consumers of every tenant bind ``<type>.#`` (which also matches the bare ``<type>`` of an event without one)."""
+
+    tenant: TenantName | None = Field(default=None, description=(
+        "the job's verified tenant; routes the event as <type>.<tenant> on gpuorch.events"))
+
+
 class SubmitJob(Message):
     """Public entry point: ask gpuorch to run a job.
 
@@ -174,21 +191,21 @@ class CancelJob(Message):
     reason: ShortText = "cancelled by user"
 
 
-class JobAccepted(Message):
+class JobAccepted(TenantRouted):
     TYPE = "job.accepted"
     type: Literal["job.accepted"] = "job.accepted"
     job_id: uuid.UUID
     spec: JobSpec
 
 
-class JobRejected(Message):
+class JobRejected(TenantRouted):
     TYPE = "job.rejected"
     type: Literal["job.rejected"] = "job.rejected"
     job_id: uuid.UUID
     reason: ShortText
 
 
-class JobQueued(Message):
+class JobQueued(TenantRouted):
     """The job waits; ``pending_reason`` says why in plain words, ``estimated_start`` when it may start."""
 
     TYPE = "job.queued"
@@ -214,7 +231,7 @@ class NodeAssignment(Strict):
     gpus: Annotated[list[GpuAllocation], Field(max_length=64)] = []
 
 
-class JobPlaced(Message):
+class JobPlaced(TenantRouted):
     TYPE = "job.placed"
     type: Literal["job.placed"] = "job.placed"
     job_id: uuid.UUID
@@ -222,7 +239,7 @@ class JobPlaced(Message):
     assignments: Annotated[list[NodeAssignment], Field(min_length=1, max_length=1024)]
 
 
-class JobStarted(Message):
+class JobStarted(TenantRouted):
     TYPE = "job.started"
     type: Literal["job.started"] = "job.started"
     job_id: uuid.UUID
@@ -233,7 +250,7 @@ class JobStarted(Message):
     log_path: PathText | None = None
 
 
-class JobFinished(Message):
+class JobFinished(TenantRouted):
     TYPE = "job.finished"
     type: Literal["job.finished"] = "job.finished"
     job_id: uuid.UUID
@@ -248,7 +265,7 @@ FailureCause = Literal[
 ]
 
 
-class JobFailed(Message):
+class JobFailed(TenantRouted):
     TYPE = "job.failed"
     type: Literal["job.failed"] = "job.failed"
     job_id: uuid.UUID
@@ -264,7 +281,7 @@ class JobFailed(Message):
     )
 
 
-class JobCheckpointed(Message):
+class JobCheckpointed(TenantRouted):
     """The job confirmed a checkpoint after the checkpoint signal (executor saw its confirmation file)."""
 
     TYPE = "job.checkpointed"
@@ -274,7 +291,7 @@ class JobCheckpointed(Message):
     node_id: Name
 
 
-class JobLost(Message):
+class JobLost(TenantRouted):
     """The executor found that a placement it had started no longer runs and left no exit status."""
 
     TYPE = "job.lost"
@@ -285,7 +302,7 @@ class JobLost(Message):
     reason: ShortText
 
 
-class JobPreempting(Message):
+class JobPreempting(TenantRouted):
     TYPE = "job.preempting"
     type: Literal["job.preempting"] = "job.preempting"
     job_id: uuid.UUID
@@ -293,7 +310,7 @@ class JobPreempting(Message):
     reason: ShortText
 
 
-class JobRequeued(Message):
+class JobRequeued(TenantRouted):
     TYPE = "job.requeued"
     type: Literal["job.requeued"] = "job.requeued"
     job_id: uuid.UUID
@@ -304,7 +321,7 @@ class JobRequeued(Message):
     )
 
 
-class JobCancelled(Message):
+class JobCancelled(TenantRouted):
     TYPE = "job.cancelled"
     type: Literal["job.cancelled"] = "job.cancelled"
     job_id: uuid.UUID

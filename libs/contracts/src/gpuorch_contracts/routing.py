@@ -1,7 +1,11 @@
 """Where each message travels: exchanges, routing keys, and the type -> model registry used to decode.
 
 - ``gpuorch.submit`` (topic): the public entry point; only ``job.submit`` (SubmitJob) and ``job.cancel``.
-- ``gpuorch.events`` (topic): every event, routing key = the event type (``job.placed``, ``node.heartbeat`` ...).
+- ``gpuorch.events`` (topic): every event, routing key = the event type (``job.placed``, ``node.heartbeat`` ...);
+  a job lifecycle event that names its tenant (``jobs.TenantRouted``) has key ``<type>.<tenant>``
+  (``job.started.acme``; ``JobAccepted`` falls back to its spec's tenant). Consumers of all tenants bind
+  ``<type>.#`` (matches with and without a tenant); a submitter binds ``job.*.<tenant>`` and its broker user may
+  bind nothing else (``deploy/rabbitmq``).
 - ``gpuorch.commands`` (topic): commands for one node, routing key ``node.<node_id>.<command type>``.
 - ``gpuorch.dlx`` (topic): dead letters; each queue ``Q`` has ``Q.dlq`` bound with routing key ``Q``.
 """
@@ -32,6 +36,18 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 }
 COMMAND_TYPES = frozenset({commands.LaunchJob.TYPE, commands.StopJob.TYPE, commands.ApplyMigLayout.TYPE})
 SUBMIT_TYPES = frozenset({jobs.SubmitJob.TYPE, jobs.CancelJob.TYPE})
+TENANT_ROUTED_TYPES = frozenset(t for t, cls in MESSAGE_TYPES.items() if issubclass(cls, jobs.TenantRouted))
+"""Job lifecycle events whose routing key carries the tenant: ``<type>.<tenant>``."""
+
+
+def event_binding(event_type: str) -> str:
+    """Binding key that receives ``event_type`` for every tenant (``job.started.#``), and with no tenant."""
+    return f"{event_type}.#" if event_type in TENANT_ROUTED_TYPES else event_type
+
+
+def tenant_binding(tenant: str, event_type: str = "*") -> str:
+    """Binding key for one tenant's job events: ``job.*.<tenant>`` (all of them) or ``job.started.<tenant>``."""
+    return f"{event_type}.{tenant}" if event_type != "*" else f"job.*.{tenant}"
 
 
 def command_routing_key(node_id: str, command_type: str) -> str:
@@ -45,6 +61,12 @@ def route(message: Message) -> tuple[str, str]:
     if message.TYPE in COMMAND_TYPES:
         node_id = getattr(message, "node_id")  # noqa: B009 - every command carries node_id
         return COMMANDS_EXCHANGE, command_routing_key(node_id, message.TYPE)
+    if isinstance(message, jobs.TenantRouted):
+        tenant = message.tenant
+        if tenant is None and isinstance(message, jobs.JobAccepted):
+            tenant = message.spec.tenant
+        if tenant is not None:
+            return EVENTS_EXCHANGE, f"{message.TYPE}.{tenant}"
     return EVENTS_EXCHANGE, message.TYPE
 
 

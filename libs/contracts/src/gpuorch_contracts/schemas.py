@@ -18,6 +18,7 @@ from gpuorch_contracts.routing import (
     MESSAGE_TYPES,
     SUBMIT_EXCHANGE,
     SUBMIT_TYPES,
+    TENANT_ROUTED_TYPES,
 )
 
 
@@ -61,6 +62,8 @@ def asyncapi_document() -> dict[str, Any]:
             exchange, address, action = SUBMIT_EXCHANGE, name, "receive"
         elif name in COMMAND_TYPES:
             exchange, address, action = COMMANDS_EXCHANGE, f"node.{{node_id}}.{name}", "send"
+        elif name in TENANT_ROUTED_TYPES:
+            exchange, address, action = EVENTS_EXCHANGE, f"{name}.{{tenant}}", "send"
         else:
             exchange, address, action = EVENTS_EXCHANGE, name, "send"
         channel: dict[str, Any] = {
@@ -76,6 +79,10 @@ def asyncapi_document() -> dict[str, Any]:
         }
         if name in COMMAND_TYPES:
             channel["parameters"] = {"node_id": {"description": "the node the command is for"}}
+        if name in TENANT_ROUTED_TYPES:
+            channel["parameters"] = {"tenant": {"description": (
+                "the job's verified tenant; a submitter binds job.*.<its tenant> (an event without a tenant has "
+                "the bare key)")}}
         channels[channel_id] = channel
         operations[f"{action}-{channel_id}"] = {
             "action": action,
@@ -93,7 +100,8 @@ def asyncapi_document() -> dict[str, Any]:
                 "Other systems submit work by publishing SubmitJob (JSON, content-type application/json) to the "
                 "topic exchange gpuorch.submit with routing key job.submit, with publisher confirms and mandatory. "
                 "Unknown fields are refused; invalid messages are dead-lettered with the reason. Answers arrive "
-                "as job.accepted / job.rejected events on gpuorch.events. Bodies are at most "
+                "as job.accepted / job.rejected events on gpuorch.events with routing keys <type>.<tenant> "
+                "(bind job.*.<your tenant>). Every publisher sets the AMQP user_id property to its broker user. Bodies are at most "
                 f"{MAX_MESSAGE_BYTES} bytes; strings hold no control characters (free text allows TAB and LF); "
                 "numbers are finite and bounded."
             ),
