@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import os
 import signal
@@ -61,6 +62,10 @@ ENVIRONMENT = {
                        ""),
     "GPUORCH_QUOTAS_FILE": ("path of a JSON file with the quotas (read at start; GPUORCH_QUOTAS wins)", ""),
     "GPUORCH_AGEING_POINTS_PER_MINUTE": ("priority points a waiting job gains per minute (normal=100, high=500)", "1"),
+    "GPUORCH_MAX_QUEUED_PER_TENANT": ("a tenant's submissions are rejected while it has this many jobs waiting",
+                                      "10000"),
+    "GPUORCH_SUBMISSIONS_PER_S": ("each tenant's sustained submission rate; faster submissions are rejected", "500"),
+    "GPUORCH_SUBMISSION_BURST": ("submissions a tenant may make at once before the rate applies", "5000"),
     "GPUORCH_PREEMPTION_MARGIN_S": ("seconds past a victim's checkpoint grace before a silent preemption is requeued",
                                     "60"),
     "GPUORCH_SNAPSHOT_EVERY_EVENTS": ("snapshot the state every N logged events", "20000"),
@@ -112,6 +117,10 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         queues = QueuePolicy.from_json(quotas_text, float(env("GPUORCH_AGEING_POINTS_PER_MINUTE")))
     except ValueError as exc:
         parser.error(f"GPUORCH_QUOTAS: {exc}")
+    queues = dataclasses.replace(
+        queues, max_queued_per_tenant=int(env("GPUORCH_MAX_QUEUED_PER_TENANT")),
+        submissions_per_s=float(env("GPUORCH_SUBMISSIONS_PER_S")),
+        submission_burst=int(env("GPUORCH_SUBMISSION_BURST")))
     return Settings(
         amqp_url=env("GPUORCH_AMQP_URL"), database_url=env("GPUORCH_DATABASE_URL"),
         instance=env("GPUORCH_SCHEDULER_ID"), suspect_after_s=float(env("GPUORCH_SUSPECT_AFTER_S")),
@@ -137,6 +146,7 @@ def scheduler_queues() -> tuple[QueueSpec, QueueSpec]:
             )),
         ],
         prefetch=1000, delivery_limit=10, single_active_consumer=True,
+        max_length=1_000_000, overflow="reject-publish",  # a safety bound: submitters are told (nack), not dropped
     )
     heartbeats = QueueSpec(HEARTBEAT_QUEUE, [(EVENTS_EXCHANGE, "node.heartbeat")], prefetch=500,
                            max_length=20000, overflow="drop-head", delivery_limit=3)

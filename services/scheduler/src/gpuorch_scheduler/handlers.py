@@ -78,7 +78,7 @@ from gpuorch_scheduler.domain.decide import (
     preemption_timeouts,
     schedule,
 )
-from gpuorch_scheduler.domain.queueing import QueuePolicy
+from gpuorch_scheduler.domain.queueing import QueuePolicy, SubmissionRates
 from gpuorch_scheduler.domain.state import DEFAULT_RETENTION_S, JobRecord, SchedulerState
 
 log = get_logger(__name__)
@@ -161,6 +161,7 @@ class SchedulerService:
         self._last_cycle_at = 0.0
         self._last_mix_at = -math.inf
         self._traces: dict[uuid.UUID, dict[str, Any]] = {}
+        self._rates = SubmissionRates()
         self._delivery_trace: dict[str, Any] | None = None
 
     # -- recovery ---------------------------------------------------------------------------------------------
@@ -331,7 +332,7 @@ class SchedulerService:
             case SubmitJob():
                 if message.job_id in batch.known_jobs:
                     return  # accepted (or rejected) long ago and forgotten from memory since: idempotent
-                decision = admit(self.state, message, self.config.queues, now)
+                decision = admit(self.state, message, self.config.queues, now, self._rates)
                 batch.wants_cycle = True
             case CancelJob():
                 decision = cancel(self.state, message)

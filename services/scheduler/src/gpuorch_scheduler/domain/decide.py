@@ -49,7 +49,13 @@ from gpuorch_contracts import (
 )
 from gpuorch_policy.fleet import Ask, Fleet
 
-from gpuorch_scheduler.domain.queueing import QueuePolicy, TenantUsage, fair_order, quota_never_fits
+from gpuorch_scheduler.domain.queueing import (
+    QueuePolicy,
+    SubmissionRates,
+    TenantUsage,
+    fair_order,
+    quota_never_fits,
+)
 from gpuorch_scheduler.domain.state import JobRecord, SchedulerState
 
 NAMESPACE = uuid.UUID("6c1f4f5e-3f7e-4a51-9d0b-6a5b2f1d9e10")
@@ -82,14 +88,22 @@ class Decision:
 
 
 def admit(state: SchedulerState, submit: SubmitJob, policy: QueuePolicy | None = None,
-          now: float | None = None) -> Decision:
-    """Accept a new job into the queue, or reject one that can never fit the known fleet (or its tenant's quota).
-    Idempotent on job_id. With no node registered yet every job is accepted (nothing is known to refuse it)."""
+          now: float | None = None, rates: SubmissionRates | None = None) -> Decision:
+    """Accept a new job into the queue, or reject one that can never fit the known fleet (or its tenant's quota),
+    whose tenant already has ``policy.max_queued_per_tenant`` jobs waiting, or (with ``rates``) that exceeds its
+    tenant's submission rate. Idempotent on job_id. With no node registered yet every job is accepted as far as
+    fit goes (nothing is known to refuse it)."""
     if submit.job_id in state.jobs:
         return Decision()
     fleet = state.fleet
     never = None
-    if submit.spec.resources.kind == "share" and submit.spec.gang.nodes > 1:
+    tenant = submit.spec.tenant
+    if policy is not None and state.queued_by_tenant.get(tenant, 0) >= policy.max_queued_per_tenant:
+        never = (f"tenant {tenant} already has {policy.max_queued_per_tenant} jobs waiting (the limit); "
+                 "submit again when some have started")
+    if never is None and policy is not None and rates is not None and now is not None:
+        never = rates.take(tenant, now, policy)
+    if never is None and submit.spec.resources.kind == "share" and submit.spec.gang.nodes > 1:
         never = "a gang spans nodes with whole GPUs or MIG instances only; ask for gpus per node"
     if never is None:
         never = fleet.never_fits(fleet.ask(submit.spec))

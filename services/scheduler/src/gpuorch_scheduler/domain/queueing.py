@@ -46,6 +46,12 @@ class QueuePolicy:
     quotas: dict[str, Quota] = field(default_factory=dict)
     ageing_points_per_minute: float = 1.0
     """Effective priority grows by this many points per minute waited (normal=100, high=500): nothing starves."""
+    max_queued_per_tenant: int = 10_000
+    """A submission is rejected while its tenant already has this many jobs waiting."""
+    submissions_per_s: float = 500.0
+    """Each tenant's sustained submission rate (a token bucket); beyond it submissions are rejected."""
+    submission_burst: int = 5_000
+    """How many submissions a tenant may make at once before the rate applies."""
 
     def quota_of(self, tenant: str) -> Quota | None:
         return self.quotas.get(tenant, self.quotas.get("*"))
@@ -158,6 +164,26 @@ class TenantUsage:
         if quota.gpu_memory_mib != math.inf:
             parts.append(f"{row[1]:.0f} of {quota.gpu_memory_mib:.0f} MiB GPU memory")
         return f"tenant {tenant} holds {' and '.join(parts)} in its quota"
+
+
+@dataclass
+class SubmissionRates:
+    """One token bucket per tenant (``QueuePolicy.submissions_per_s``, ``submission_burst``). Not logged: a
+    restarted scheduler starts with full buckets. Pure: the time is passed in."""
+
+    buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """tenant -> (tokens, when last refilled)."""
+
+    def take(self, tenant: str, now: float, policy: QueuePolicy) -> str | None:
+        """Spend one submission of ``tenant``; None if allowed, else why not."""
+        tokens, then = self.buckets.get(tenant, (float(policy.submission_burst), now))
+        tokens = min(float(policy.submission_burst), tokens + max(0.0, now - then) * policy.submissions_per_s)
+        if tokens < 1.0:
+            self.buckets[tenant] = (tokens, now)
+            return (f"tenant {tenant} submits faster than {policy.submissions_per_s:g} jobs/s (burst "
+                    f"{policy.submission_burst}); submit again later")
+        self.buckets[tenant] = (tokens - 1.0, now)
+        return None
 
 
 def quota_never_fits(spec: JobSpec, policy: QueuePolicy, largest_gpu_memory_mib: int) -> str | None:

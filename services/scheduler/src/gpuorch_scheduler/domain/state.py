@@ -151,6 +151,7 @@ class SchedulerState:
     fleet: Fleet = field(default_factory=Fleet)
     queued: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
     active: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
+    queued_by_tenant: dict[str, int] = field(default_factory=dict)
     stopping: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
     """Active jobs being stopped (preempted, or cancelled while running): their room frees once confirmed."""
     tenant_held: dict[str, list[float]] = field(default_factory=dict)
@@ -200,9 +201,11 @@ class SchedulerState:
         else:
             self.stopping.pop(job_id, None)
         if job.state == "queued":
+            if job_id not in self.queued:
+                self.queued_by_tenant[job.spec.tenant] = self.queued_by_tenant.get(job.spec.tenant, 0) + 1
             self.queued[job_id] = job
-        else:
-            self.queued.pop(job_id, None)
+        elif self.queued.pop(job_id, None) is not None:
+            self.queued_by_tenant[job.spec.tenant] -= 1
         if not held and job.state in TERMINAL_STATES and job_id not in self._ending:
             self._ended.append((self.clock, job_id))  # log time only grows: the deque stays in order
             self._ending.add(job_id)
@@ -433,6 +436,8 @@ class SchedulerState:
                     state.stopping[record.job_id] = record
             elif record.state == "queued":
                 state.queued[record.job_id] = record
+                tenant = record.spec.tenant
+                state.queued_by_tenant[tenant] = state.queued_by_tenant.get(tenant, 0) + 1
         for t, j in raw.get("ended", []):
             state._ended.append((t, uuid.UUID(j)))
             state._ending.add(uuid.UUID(j))
