@@ -17,7 +17,7 @@ from gpuorch_executor.domain.allowlist import (
     load_allow_list,
 )
 from gpuorch_executor.domain.environment import job_environment
-from gpuorch_executor.domain.fencing import BrokerFence
+from gpuorch_executor.domain.fencing import LeaseFence
 from gpuorch_executor.domain.lifecycle import IllegalTransition, check_transition, event_id
 from gpuorch_executor.domain.outcome import ExitReport, classify
 
@@ -125,31 +125,30 @@ def test_allow_list_from_a_file_and_errors(tmp_path: Path) -> None:
 
 
 def test_fence_fires_once_grace_before_the_deadline_and_recovers() -> None:
-    fence = BrokerFence(deadline_s=60, grace_s=10)
-    assert fence.observe(True, 0).action == "none"
-    assert fence.observe(False, 100).action == "none"
-    assert fence.observe(False, 149.9).action == "none"
-    decision = fence.observe(False, 150)
-    assert decision.action == "fence" and decision.kill_by == 160
-    assert fence.observe(False, 155).action == "none"  # once per outage
-    assert fence.observe(True, 170).action == "recovered"
-    assert fence.observe(True, 171).action == "none"
-    assert fence.observe(False, 200).action == "none"  # a new outage starts a new count
-    assert fence.observe(False, 250).action == "fence"
+    fence = LeaseFence(deadline_s=60, grace_s=10)
+    assert fence.observe(0, 0).action == "none"
+    assert fence.observe(0, 49.9).action == "none"
+    decision = fence.observe(100, 150)
+    assert decision.action == "fence" and decision.kill_by == 160  # the deadline counts from the last renewal
+    assert fence.observe(100, 155).action == "none"  # once per lapse
+    assert fence.observe(170, 170).action == "recovered"
+    assert fence.observe(171, 171).action == "none"
+    assert fence.observe(200, 240).action == "none"  # a new lapse starts a new count
+    assert fence.observe(200, 250).action == "fence"
 
 
-def test_a_short_outage_does_not_fence() -> None:
-    fence = BrokerFence(deadline_s=60, grace_s=10)
-    fence.observe(False, 0)
-    assert fence.observe(True, 49).action == "none"
-    assert fence.observe(False, 50).action == "none"
-    assert fence.observe(False, 99).action == "none"
+def test_renewals_within_the_deadline_never_fence() -> None:
+    fence = LeaseFence(deadline_s=60, grace_s=10)
+    for now in range(0, 1000, 7):
+        assert fence.observe(now - 49, now).action == "none"
 
 
-def test_fence_dates_the_outage_from_the_connection() -> None:
-    fence = BrokerFence(deadline_s=60, grace_s=10)
-    decision = fence.observe(False, 100, disconnected_since=40)
-    assert decision.action == "fence" and decision.kill_by == 100
+def test_grace_is_clamped_to_the_deadline() -> None:
+    fence = LeaseFence(deadline_s=5, grace_s=50)
+    assert fence.stop_after_s == 0
+    assert fence.observe(10, 10).action == "fence"
+    with pytest.raises(ValueError):
+        LeaseFence(deadline_s=0, grace_s=0)
 
 
 def test_lifecycle_refuses_going_back() -> None:
@@ -182,6 +181,7 @@ def test_config_from_env() -> None:
     assert config.node_ids == ("node-1", "node-2", "node-3")
     assert config.state_dir("node-2") == Path("/var/lib/gx/node-2")
     assert config.fencing_deadline_s == 8 and config.fencing_grace_s == 4
+    assert config.heartbeat_s == 4 / 3  # a third of deadline - grace when not set
     assert config.runtimes == ("process",)
     with pytest.raises(ConfigError):
         ExecutorConfig.from_env({"GPUORCH_NODE_IDS": "a,a"})

@@ -20,8 +20,11 @@ environment:
   GPUORCH_EXECUTOR_DOCKER       docker CLI used by the container backend (default docker)
   GPUORCH_EXECUTOR_CGROUP_ROOT  cgroup v2 directory for per-job limits (default /sys/fs/cgroup/gpuorch);
                                 'off' disables limits
-  GPUORCH_FENCING_DEADLINE_S    stop every job when the broker is unreachable this long (default 60)
+  GPUORCH_FENCING_DEADLINE_S    every job is dead when the lease went unrenewed this long (default 60); the
+                                scheduler's lost-after must exceed it
   GPUORCH_FENCING_GRACE_S       the fence sends checkpoint signals this long before the deadline (default 10)
+  GPUORCH_EXECUTOR_HEARTBEAT_S  seconds between ExecutorHeartbeats, the executor's lease renewals (default 5,
+                                at most (deadline - grace) / 2)
   GPUORCH_EXECUTOR_POLL_S       watch interval of exit files, kills and max runtimes (default 0.1)
   GPUORCH_LOG_LEVEL             DEBUG, INFO, WARNING... (default INFO)
   GPUORCH_OTLP_ENDPOINT         OTLP/HTTP collector base URL for traces (default: no export)
@@ -44,6 +47,7 @@ class ExecutorConfig:
     cgroup_root: str
     fencing_deadline_s: float
     fencing_grace_s: float
+    heartbeat_s: float
     poll_interval_s: float
     log_level: str
     otlp_endpoint: str | None
@@ -67,6 +71,10 @@ class ExecutorConfig:
         if deadline <= 0:
             raise ConfigError("GPUORCH_FENCING_DEADLINE_S must be positive")
         grace = min(_float(env, "GPUORCH_FENCING_GRACE_S", min(10.0, deadline / 2)), deadline)
+        heartbeat = _float(env, "GPUORCH_EXECUTOR_HEARTBEAT_S", min(5.0, (deadline - grace) / 3))
+        if heartbeat <= 0 or heartbeat * 2 > deadline - grace:
+            raise ConfigError("GPUORCH_EXECUTOR_HEARTBEAT_S must be positive and at most half of "
+                              "GPUORCH_FENCING_DEADLINE_S - GPUORCH_FENCING_GRACE_S (one lost heartbeat must not fence)")
         return cls(
             amqp_url=env.get("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
             node_ids=node_ids,
@@ -77,6 +85,7 @@ class ExecutorConfig:
             cgroup_root=env.get("GPUORCH_EXECUTOR_CGROUP_ROOT", "/sys/fs/cgroup/gpuorch"),
             fencing_deadline_s=deadline,
             fencing_grace_s=grace,
+            heartbeat_s=heartbeat,
             poll_interval_s=_float(env, "GPUORCH_EXECUTOR_POLL_S", 0.1),
             log_level=env.get("GPUORCH_LOG_LEVEL", "INFO"),
             otlp_endpoint=env.get("GPUORCH_OTLP_ENDPOINT") or None,

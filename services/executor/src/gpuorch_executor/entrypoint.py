@@ -1,8 +1,9 @@
 """``gpuorch-executor``: the broker adapter. Builds one ``NodeExecutor`` per node id, reconciles, consumes.
 
 Per node it declares queue ``executor.<node_id>`` bound to ``gpuorch.commands`` with ``node.<node_id>.launch_job``
-and ``node.<node_id>.stop_job``, and hands each decoded command to that node's executor. A fencing loop watches the
-broker connection (``domain.fencing.BrokerFence``): past the deadline minus the grace it stops every job itself.
+and ``node.<node_id>.stop_job``, and hands each decoded command to that node's executor. ``lease.LeaseRenewer``
+renews each node's lease (``ExecutorHeartbeat`` on ``gpuorch.events``, key ``executor.heartbeat``) and, when
+renewals have failed for the fencing deadline minus the grace, stops every job itself (``domain.fencing``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import asyncio
 import contextlib
 import signal
 import sys
-import time
 from pathlib import Path
 
 from gpuorch_contracts import COMMANDS_EXCHANGE, LaunchJob, StopJob
@@ -26,12 +26,11 @@ from gpuorch_executor.backends.container import ContainerBackend
 from gpuorch_executor.backends.process import ProcessBackend
 from gpuorch_executor.config import ENVIRONMENT_HELP, ExecutorConfig
 from gpuorch_executor.domain.allowlist import load_allow_list
-from gpuorch_executor.domain.fencing import BrokerFence
 from gpuorch_executor.handlers import NodeExecutor, NodeSettings
+from gpuorch_executor.lease import LeaseRenewer
 from gpuorch_executor.placement_store import StateDirectoryInUse
 
 log = get_logger("gpuorch_executor")
-FENCE_CHECK_INTERVAL_S = 0.5
 CLOSE_TIMEOUT_S = 2.0
 
 
@@ -80,7 +79,9 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         for executor in executors:
             await broker.consume(executor_queue(executor.node_id), executor.handle)
         log.info("executor.ready", nodes=list(config.node_ids), runtimes=list(config.runtimes))
-        tasks.append(asyncio.create_task(_fence_loop(broker, executors, config)))
+        lease = LeaseRenewer(broker, executors, interval_s=config.heartbeat_s,
+                             fencing_deadline_s=config.fencing_deadline_s, fencing_grace_s=config.fencing_grace_s)
+        tasks.append(asyncio.create_task(lease.run()))
         await stop.wait()
     finally:
         log.info("executor.stopping", note="jobs keep running under their supervisors")
@@ -95,20 +96,6 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         except TimeoutError:
             log.warning("executor.broker_close_timeout", timeout_s=CLOSE_TIMEOUT_S)
         log.info("executor.stopped")
-
-
-async def _fence_loop(broker: Broker, executors: list[NodeExecutor], config: ExecutorConfig) -> None:
-    fence = BrokerFence(config.fencing_deadline_s, config.fencing_grace_s)
-    while True:
-        decision = fence.observe(broker.is_connected, time.monotonic(), broker.disconnected_since)
-        if decision.action == "fence" and decision.kill_by is not None:
-            log.error("executor.fencing", disconnected_for_s=round(decision.disconnected_for_s, 1),
-                      deadline_s=config.fencing_deadline_s)
-            for executor in executors:
-                await executor.fence(decision.kill_by)
-        elif decision.action == "recovered":
-            log.warning("executor.unfenced", note="broker back; stopped jobs are reported as lost")
-        await asyncio.sleep(FENCE_CHECK_INTERVAL_S)
 
 
 def main(argv: list[str] | None = None) -> int:

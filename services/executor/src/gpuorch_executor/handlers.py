@@ -83,11 +83,15 @@ class NodeSettings:
 class NodeExecutor:
     """Runs the placements of one node. Create it, ``await reconcile()``, then ``run()`` beside the consumer."""
 
-    def __init__(self, settings: NodeSettings, publisher: Publisher, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, settings: NodeSettings, publisher: Publisher, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        """``clock`` (epoch seconds) only dates things for people and retention; every deadline (stop kill, max
+        runtime, start timeout, fencing) is measured on ``monotonic`` (``time.monotonic``, host-wide)."""
         self.settings = settings
         self.node_id = settings.node_id
         self.publisher = publisher
         self.clock = clock
+        self.monotonic = monotonic
         self.store = PlacementStore(settings.state_dir)
         self.records: dict[uuid.UUID, PlacementRecord] = {}
         self._command_locks: dict[uuid.UUID, asyncio.Lock] = {}
@@ -185,6 +189,7 @@ class NodeExecutor:
             "cwd": supervised.cwd, "log_path": record.log_path, "cgroup": supervised.cgroup,
         })
         supervisor = self._spawn_supervisor(self.store.placement_dir(record.placement_id))
+        record.spawned_monotonic = self.monotonic()
         self._supervisors[record.placement_id] = supervisor
         record.supervisor_pid = supervisor.pid
         record.supervisor_create_time = create_time_of(supervisor.pid)
@@ -209,9 +214,9 @@ class NodeExecutor:
 
     async def _await_job_start(self, record: PlacementRecord) -> None:
         """Wait for the supervisor's ``started.json`` (-> running) or ``exit.json`` (-> launch error)."""
-        deadline = time.monotonic() + self.settings.start_timeout_s
+        deadline = self.monotonic() + self.settings.start_timeout_s
         while True:
-            if self._advance_launch(record, timed_out=time.monotonic() > deadline):
+            if self._advance_launch(record, timed_out=self.monotonic() > deadline):
                 return
             await asyncio.sleep(0.005)  # files written by another process: polled
 
@@ -244,6 +249,8 @@ class NodeExecutor:
     def _mark_running(self, record: PlacementRecord, started: dict[str, Any]) -> None:
         record.job_pid = int(started["job_pid"])
         record.started_at = float(started["started_at"])
+        if started.get("started_monotonic") is not None:
+            record.started_monotonic = float(started["started_monotonic"])
         create_time = create_time_of(record.job_pid)
         if create_time is not None and abs(create_time - record.started_at) <= ADOPTION_START_TOLERANCE_S:
             record.job_create_time = create_time
@@ -294,14 +301,16 @@ class NodeExecutor:
 
         A second stop of a placement already stopping only brings its kill time closer, never further.
         """
-        now = self.clock()
+        now, now_monotonic = self.clock(), self.monotonic()
         if record.stop is not None:
-            if now + grace_s < record.stop.kill_at:
-                record.stop = record.stop.model_copy(update={"kill_at": now + grace_s})
+            if now_monotonic + grace_s < self._kill_at(record.stop):
+                record.stop = record.stop.model_copy(update={"kill_at": now + grace_s,
+                                                             "kill_at_monotonic": now_monotonic + grace_s})
                 self.store.save(record)
             return
         signal_name = record.launch.spec.checkpoint.signal if record.launch else "SIGTERM"
-        record.stop = StopRequest(reason=reason, requested_at=now, kill_at=now + grace_s, signal=signal_name)
+        record.stop = StopRequest(reason=reason, requested_at=now, kill_at=now + grace_s,
+                                  kill_at_monotonic=now_monotonic + grace_s, signal=signal_name)
         if record.state == "running":
             record.advance("stopping")
         self.store.save(record)  # durable before the signal: a restart resumes the stop where it was
@@ -325,7 +334,7 @@ class NodeExecutor:
         for record in list(self.records.values()):
             if not record.active or record.state == "launching":
                 continue
-            grace = max(0.0, kill_by_monotonic - time.monotonic())
+            grace = max(0.0, kill_by_monotonic - self.monotonic())
             if record.launch is not None:
                 grace = min(grace, record.launch.spec.checkpoint.grace_s)
             already_stopping = record.stop is not None
@@ -378,20 +387,23 @@ class NodeExecutor:
         if record.state == "launching":
             # Only a launch whose handler was interrupted (its delivery cancelled when the broker connection
             # dropped) is seen here unlocked: finish it, so that its JobStarted or outcome is not lost.
-            spawned_at = record.supervisor_create_time
-            timed_out = spawned_at is not None and self.clock() - spawned_at > self.settings.start_timeout_s
+            if record.spawned_monotonic is not None:
+                timed_out = self.monotonic() - record.spawned_monotonic > self.settings.start_timeout_s
+            else:  # a record from before spawned_monotonic existed
+                spawned_at = record.supervisor_create_time
+                timed_out = spawned_at is not None and self.clock() - spawned_at > self.settings.start_timeout_s
             self._advance_launch(record, timed_out=timed_out)
             return
         exit_status = self.store.read_exit(record.placement_id)
         if exit_status is not None:
             self._conclude(record, exit_status)
             return
-        now = self.clock()
+        now = self.monotonic()
         if record.stop is not None:
             self._note_checkpoint(record)
             if not record.stop.signal_sent:
                 await self._send_checkpoint_signal(record)
-            if now >= record.stop.kill_at and not record.stop.killed:
+            if now >= self._kill_at(record.stop) and not record.stop.killed:
                 backend = self.settings.backends.get(record.runtime)
                 log.warning("job.killing", placement_id=str(record.placement_id), reason=record.stop.reason)
                 if backend is not None:
@@ -417,11 +429,21 @@ class NodeExecutor:
                   else "the job and its supervisor vanished without an exit status")
         self._conclude_lost(record, reason)
 
-    def _max_runtime_exceeded(self, record: PlacementRecord, now: float) -> bool:
-        if record.launch is None or record.started_at is None or record.state != "running":
+    def _kill_at(self, stop: StopRequest) -> float:
+        """The monotonic kill time of a stop (converted once from epoch for a record written before it existed)."""
+        if stop.kill_at_monotonic is not None:
+            return stop.kill_at_monotonic
+        return self.monotonic() + (stop.kill_at - self.clock())
+
+    def _max_runtime_exceeded(self, record: PlacementRecord, now_monotonic: float) -> bool:
+        if record.launch is None or record.state != "running":
             return False
         limit = record.launch.spec.max_runtime_s
-        return limit is not None and now - record.started_at >= limit
+        if limit is None:
+            return False
+        if record.started_monotonic is not None:
+            return now_monotonic - record.started_monotonic >= limit
+        return record.started_at is not None and self.clock() - record.started_at >= limit
 
     def _note_checkpoint(self, record: PlacementRecord) -> None:
         if record.checkpoint_reported or record.stop is None or record.checkpoint_file is None:

@@ -7,7 +7,8 @@ what happened to files that the executor (the current one, or the next one after
 
 - ``launch.json`` (input, written by the executor): ``argv``, ``executable``, ``env``, ``cwd``, ``log_path``,
   ``cgroup`` (a cgroup v2 directory to run the job in, or null);
-- ``started.json``: ``{"job_pid", "supervisor_pid", "started_at"}`` once the job runs;
+- ``started.json``: ``{"job_pid", "supervisor_pid", "started_at", "started_monotonic"}`` once the job runs
+  (``started_monotonic`` is ``time.monotonic()``, the host-wide clock deadlines are measured on);
 - ``exit.json``: ``{"exit_code", "signal", "launch_error", "started_at", "finished_at", "duration_s",
   "oom_kills"}`` once the job ended (or could not start).
 
@@ -118,6 +119,7 @@ def supervise(placement_dir: Path) -> int:
 
     write_json_atomically(placement_dir / "started.json", {
         "job_pid": child.pid, "supervisor_pid": os.getpid(), "started_at": started_at,
+        "started_monotonic": started_mono,
     })
     while True:
         pid, status = os.waitpid(child.pid, os.WNOHANG)

@@ -1,11 +1,16 @@
-"""Fencing: an executor that cannot reach the broker stops its own jobs before the scheduler may requeue them.
+"""Fencing: an executor that cannot renew its lease stops its own jobs before the scheduler may requeue them.
 
-The scheduler declares a node lost (and requeues its jobs) only after the node's fencing deadline. So that a job
-never runs in two places, this node must have *finished* stopping its jobs by then: the fence starts the stop
-``grace_s`` before the deadline (checkpoint signal), and every job is killed at the deadline at the latest.
+The executor renews its node's lease by publishing ``ExecutorHeartbeat`` (see ``gpuorch_executor.lease``); a renewal
+counts once the broker confirmed it, dated when it was *sent*, on the monotonic clock. The scheduler declares the
+node lost (and requeues its jobs) only once ``deadline_s`` has passed since the last heartbeat it *received*, which
+is never earlier than the last one sent. So that a job never runs in two places, this node must have *finished*
+stopping its jobs by then: the fence starts the stop ``grace_s`` before the deadline (checkpoint signal), and every
+job is killed at the deadline at the latest. A broker that is down, unreachable, or blocking publishers (a memory
+alarm) all look the same here: no confirmed renewal.
 
-``BrokerFence`` is pure: it is fed observations (connected or not, at a monotonic time) and answers with the
-action to take. It fires ``fence`` once per outage and ``recovered`` once when the broker comes back after a fence.
+``LeaseFence`` is pure: it is fed observations (when the lease was last renewed, and now, both monotonic seconds)
+and answers with the action to take. It fires ``fence`` once per lapse and ``recovered`` once when a renewal
+succeeds again after a fence.
 """
 
 from __future__ import annotations
@@ -21,41 +26,34 @@ class FenceDecision:
     action: FenceAction
     kill_by: float | None = None
     """Monotonic time by which every job must be dead (set with ``fence``)."""
-    disconnected_for_s: float = 0.0
+    unrenewed_for_s: float = 0.0
 
 
-class BrokerFence:
-    """State of one executor's broker connectivity against its fencing deadline."""
+class LeaseFence:
+    """One executor's lease against its fencing deadline (monotonic seconds throughout)."""
 
     def __init__(self, deadline_s: float, grace_s: float) -> None:
         if deadline_s <= 0:
             raise ValueError("the fencing deadline must be positive")
         self.deadline_s = deadline_s
         self.grace_s = min(max(grace_s, 0.0), deadline_s)
-        self.disconnected_since: float | None = None
         self.fenced = False
 
     @property
     def stop_after_s(self) -> float:
-        """How long a disconnection lasts before the fence starts stopping jobs."""
+        """How long the lease may go unrenewed before the fence starts stopping jobs."""
         return self.deadline_s - self.grace_s
 
-    def observe(self, connected: bool, now: float, disconnected_since: float | None = None) -> FenceDecision:
-        """Record one connectivity observation at monotonic ``now`` and say what to do.
-
-        ``disconnected_since`` (monotonic), when the connection knows it, dates the outage's start more exactly
-        than the first observation of it.
-        """
-        if connected:
-            was_fenced = self.fenced
-            self.disconnected_since = None
-            self.fenced = False
-            return FenceDecision("recovered") if was_fenced else FenceDecision("none")
-        if self.disconnected_since is None:
-            self.disconnected_since = min(now, disconnected_since) if disconnected_since is not None else now
-        disconnected_for = now - self.disconnected_since
-        if not self.fenced and disconnected_for >= self.stop_after_s:
+    def observe(self, renewed_at: float, now: float) -> FenceDecision:
+        """Say what to do at monotonic ``now`` when the lease was last renewed at monotonic ``renewed_at``
+        (the send time of the newest heartbeat the broker confirmed; the executor's start before the first)."""
+        unrenewed_for = max(0.0, now - renewed_at)
+        if unrenewed_for < self.stop_after_s:
+            if self.fenced:
+                self.fenced = False
+                return FenceDecision("recovered", unrenewed_for_s=unrenewed_for)
+            return FenceDecision("none", unrenewed_for_s=unrenewed_for)
+        if not self.fenced:
             self.fenced = True
-            return FenceDecision("fence", kill_by=self.disconnected_since + self.deadline_s,
-                                 disconnected_for_s=disconnected_for)
-        return FenceDecision("none", disconnected_for_s=disconnected_for)
+            return FenceDecision("fence", kill_by=renewed_at + self.deadline_s, unrenewed_for_s=unrenewed_for)
+        return FenceDecision("none", unrenewed_for_s=unrenewed_for)

@@ -19,13 +19,19 @@ from gpuorch_executor.domain.lifecycle import PlacementState, StopReason, check_
 
 
 class StopRequest(BaseModel):
-    """A stop under way: the checkpoint signal goes out once, SIGKILL follows at ``kill_at`` (epoch seconds)."""
+    """A stop under way: the checkpoint signal goes out once, SIGKILL follows at ``kill_at_monotonic``.
+
+    ``kill_at_monotonic`` is ``time.monotonic()`` seconds (CLOCK_MONOTONIC: the same in every process until the
+    host reboots, and a reboot ends every job anyway), so a wall-clock step neither hastens nor delays the kill.
+    ``requested_at`` and ``kill_at`` are epoch seconds for people; a record written before the monotonic field
+    existed is converted once from ``kill_at``."""
 
     model_config = ConfigDict(extra="forbid")
 
     reason: StopReason
     requested_at: float
     kill_at: float
+    kill_at_monotonic: float | None = None
     signal: str = "SIGTERM"
     signal_sent: bool = False
     killed: bool = False
@@ -52,6 +58,10 @@ class PlacementRecord(BaseModel):
     job_create_time: float | None = None
     started_at: float | None = None
     """Epoch seconds at which the job started (from the supervisor)."""
+    started_monotonic: float | None = None
+    """``time.monotonic()`` at which the job started (from the supervisor): max runtime counts from it."""
+    spawned_monotonic: float | None = None
+    """``time.monotonic()`` at which the supervisor was spawned: the start timeout counts from it."""
     stop: StopRequest | None = None
     checkpoint_reported: bool = False
     orphaned: bool = False

@@ -1,0 +1,115 @@
+"""The executor's half of each node's lease: an ``ExecutorHeartbeat`` per node, and the fence when renewals stop.
+
+Contract:
+- ``LeaseRenewer.renew`` publishes one ``ExecutorHeartbeat`` per node served (its active placements, its fencing
+  deadline, its interval) and, when the broker confirmed them all, moves ``renewed_at`` to the monotonic time the
+  round was *sent* (never the time the confirm came back: a renewal delayed in a blocked connection must not
+  extend the lease). A refusal (``PublishRefused``: no queue bound for ``executor.heartbeat`` yet, a full queue)
+  also renews: the broker answered, so it is reachable; that is logged once per streak, since a scheduler that
+  does not consume these heartbeats judges the node by its node-agent alone.
+- ``LeaseRenewer.check`` feeds ``renewed_at`` to ``domain.fencing.LeaseFence``; when the lease has gone unrenewed
+  for ``deadline - grace`` it fences every node's executor (all jobs dead by ``renewed_at + deadline``), and says
+  so once when a renewal succeeds again. Every time here is ``time.monotonic()``: a wall-clock step (NTP, a VM
+  resumed) neither fences early nor late.
+- ``run`` renews every ``interval_s`` and checks every ``check_interval_s`` until cancelled; a publish that hangs
+  is abandoned after ``interval_s`` at the most per attempt (the lease simply is not renewed by it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+
+from gpuorch_contracts import ExecutorHeartbeat
+from gpuorch_messaging.abc import Publisher, PublishError
+from gpuorch_observability import get_logger
+
+from gpuorch_executor.domain.fencing import FenceDecision, LeaseFence
+from gpuorch_executor.handlers import NodeExecutor
+
+log = get_logger(__name__)
+MAX_LISTED_PLACEMENTS = 4096
+
+
+class LeaseRenewer:
+    def __init__(self, publisher: Publisher, executors: Sequence[NodeExecutor], *, interval_s: float,
+                 fencing_deadline_s: float, fencing_grace_s: float, check_interval_s: float = 0.5,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        if interval_s <= 0 or interval_s * 2 > fencing_deadline_s - min(fencing_grace_s, fencing_deadline_s):
+            raise ValueError("the heartbeat interval must be positive and at most half of deadline - grace, "
+                             "so that one lost heartbeat does not fence")
+        self.publisher = publisher
+        self.executors = list(executors)
+        self.interval_s = interval_s
+        self.check_interval_s = check_interval_s
+        self.fence = LeaseFence(fencing_deadline_s, fencing_grace_s)
+        self.monotonic = monotonic
+        self.renewed_at = monotonic()
+        """Monotonic send time of the newest confirmed round (the start before the first)."""
+        self.sequence = 0
+        self._refusal_logged = False
+
+    def heartbeats(self) -> list[ExecutorHeartbeat]:
+        beats = []
+        for executor in self.executors:
+            active = [r.placement_id for r in executor.active_placements()]
+            beats.append(ExecutorHeartbeat(
+                node_id=executor.node_id, sequence=self.sequence, fencing_deadline_s=self.fence.deadline_s,
+                interval_s=self.interval_s, running=active[:MAX_LISTED_PLACEMENTS],
+                running_truncated=len(active) > MAX_LISTED_PLACEMENTS, producer=executor.settings.producer,
+            ))
+        return beats
+
+    async def renew(self) -> bool:
+        """Publish one round of heartbeats; True when it renewed the lease."""
+        sent_at = self.monotonic()
+        beats = self.heartbeats()
+        self.sequence += 1
+        try:
+            await asyncio.wait_for(asyncio.gather(*(self.publisher.publish(b) for b in beats)), self.interval_s)
+        except PublishError as exc:
+            if not exc.refused:
+                log.warning("lease.not_renewed", error=str(exc)[:300])
+                return False
+            if not self._refusal_logged:
+                log.warning("lease.heartbeat_refused", error=str(exc)[:300],
+                            effect="the broker answered (lease renewed); no scheduler reads executor heartbeats")
+                self._refusal_logged = True
+        except TimeoutError:
+            log.warning("lease.not_renewed", error=f"not confirmed within {self.interval_s}s")
+            return False
+        else:
+            self._refusal_logged = False
+        self.renewed_at = max(self.renewed_at, sent_at)
+        return True
+
+    async def check(self) -> FenceDecision:
+        """Fence every node's jobs once the lease lapsed (see the module docstring)."""
+        decision = self.fence.observe(self.renewed_at, self.monotonic())
+        if decision.action == "fence" and decision.kill_by is not None:
+            log.error("executor.fencing", unrenewed_for_s=round(decision.unrenewed_for_s, 1),
+                      deadline_s=self.fence.deadline_s)
+            for executor in self.executors:
+                await executor.fence(decision.kill_by)
+        elif decision.action == "recovered":
+            log.warning("executor.unfenced", note="lease renewed again; stopped jobs are reported as lost")
+        return decision
+
+    async def run(self) -> None:
+        checker = asyncio.create_task(self._check_loop())
+        try:
+            while True:
+                started = self.monotonic()
+                await self.renew()
+                await asyncio.sleep(max(0.0, self.interval_s - (self.monotonic() - started)))
+        finally:
+            checker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checker
+
+    async def _check_loop(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(self.check_interval_s)
