@@ -169,7 +169,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             liveness=LivenessPolicy(suspect_after_s=settings.suspect_after_s, lost_after_s=settings.lost_after_s),
             queues=settings.queues, preemption_margin_s=settings.preemption_margin_s,
             snapshot_every_events=settings.snapshot_every_events, snapshot_every_s=settings.snapshot_every_s,
-            retention_s=settings.retention_s))
+            retention_s=settings.retention_s, freeze_after_recovery=True))
         await service.recover()
         broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}")
         await broker.connect()

@@ -110,6 +110,9 @@ class SchedulerConfig:
     snapshot_every_s: float = 300.0
     retention_s: float = DEFAULT_RETENTION_S
     """Seconds a finished job stays in the scheduler's memory (the log and the read model keep it)."""
+    freeze_after_recovery: bool = False
+    """Move the recovered state out of the garbage collector's reach (the service does; tests that recover
+    thousands of times do not pay a full collection each time)."""
     mix_refresh_s: float = 30.0
     """Seconds between updates of the task mix that fragmentation scores are computed against."""
     preemption_margin_s: float = 60.0
@@ -188,9 +191,10 @@ class SchedulerService:
         self._last_mix_at = -math.inf
         self._events_since_snapshot = replayed
         self._needs_reload = False
-        gc.unfreeze()  # what an earlier recovery froze may be garbage now
-        gc.collect()
-        gc.freeze()  # the recovered state is long-lived: keep it out of every later collection's traversal
+        if self.config.freeze_after_recovery:
+            gc.unfreeze()  # what an earlier recovery froze may be garbage now
+            gc.collect()
+            gc.freeze()  # the recovered state is long-lived: keep it out of every later collection's traversal
         log.info("scheduler.recovered", position=state.position, replayed=replayed,
                  jobs=len(state.jobs), nodes=len(state.nodes), from_snapshot=snapshot is not None)
 
