@@ -269,7 +269,7 @@ async def test_publish_into_a_full_reject_publish_queue_is_refused(amqp_url: str
     broker = Broker(amqp_url, producer="test")
     await broker.connect()
     try:
-        await broker.declare_queue(QueueSpec("t.bounded", [(EVENTS_EXCHANGE, "job.accepted")], max_length=2,
+        await broker.declare_queue(QueueSpec("t.bounded", [(EVENTS_EXCHANGE, "job.accepted.#")], max_length=2,
                                              overflow="reject-publish"))
         for _ in range(2):
             await broker.publish(JobAccepted(job_id=uuid.uuid4(), spec=SPEC))

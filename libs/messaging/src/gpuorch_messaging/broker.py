@@ -21,6 +21,12 @@ Guarantees:
   Each queue ``Q`` gets ``Q.dlq`` bound to ``gpuorch.dlx`` with routing key ``Q``, bounded by
   ``QueueSpec.dead_letter_max_length`` (oldest dead letters dropped first).
 - The connection is robust: after a drop it reconnects, re-declares and resumes consuming by itself.
+- Identity (``senders.py``): every publish carries the AMQP ``user_id`` of the connection's user (RabbitMQ refuses
+  a mismatch). A queue whose ``QueueSpec.accepts`` is set takes only those message types, and (``identity=
+  "strict"``, the default) only from the senders listed for each type; anything else is dead-lettered with the
+  reason (cause ``refused``) before any handler sees it. ``identity="trust_all"`` checks the types only.
+- ``QueueSpec.on_invalid`` is called after an invalid body was dead-lettered (``rejections.py``: a ``job.submit``
+  with a ``job_id`` is answered with ``JobRejected``).
 
 FastStream is not used here: the guarantees above (returns that raise, dead-letters that carry our reason, a last
 attempt that we dead-letter ourselves) are expressed directly on aio-pika, which FastStream would wrap anyway.
@@ -30,9 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
 import aio_pika.exceptions
@@ -55,6 +62,8 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from gpuorch_messaging.abc import PublishError, PublishRefused
+from gpuorch_messaging.rejections import InvalidDelivery, InvalidHook
+from gpuorch_messaging.senders import Accepts, IdentityMode, refusal
 
 log = get_logger(__name__)
 
@@ -62,6 +71,8 @@ REASON_HEADER = "x-gpuorch-dead-letter-reason"
 QUEUE_HEADER = "x-gpuorch-original-queue"
 ROUTING_KEY_HEADER = "x-gpuorch-original-routing-key"
 EXCHANGE_HEADER = "x-gpuorch-original-exchange"
+USER_ID_HEADER = "x-gpuorch-original-user-id"
+"""The dead letter's original publisher (the AMQP ``user_id`` of a republished message must be our own)."""
 EXCHANGES = (SUBMIT_EXCHANGE, EVENTS_EXCHANGE, COMMANDS_EXCHANGE, DEAD_LETTER_EXCHANGE)
 UNROUTED = "gpuorch.unrouted"
 """Alternate exchange (and bounded queue) of ``gpuorch.events``: an event nobody subscribes to yet is kept here
@@ -96,6 +107,10 @@ class QueueSpec:
     then refuses). ``single_active_consumer`` lets standbys wait on the same queue
     while one consumer is active. ``dead_letter_max_length``/``dead_letter_overflow`` bound ``<name>.dlq``.
 
+    ``accepts`` (message type -> allowed ``Sender``s, see ``senders.py``) is the queue's allow-list: None takes
+    every type from anyone (a queue not yet given one). ``on_invalid`` is awaited after an undecodable body was
+    dead-lettered (see ``rejections.py``).
+
     Queue arguments are fixed when a queue is first declared: RabbitMQ refuses a re-declaration with other
     arguments (``PRECONDITION_FAILED``), so changing a bound of an existing queue means deleting it or applying a
     policy.
@@ -111,6 +126,8 @@ class QueueSpec:
     dead_letter: bool = True
     dead_letter_max_length: int = DEAD_LETTER_MAX_LENGTH
     dead_letter_overflow: Overflow = "drop-head"
+    accepts: Accepts | None = None
+    on_invalid: InvalidHook | None = None
 
     def __post_init__(self) -> None:
         for name, overflow in (("overflow", self.overflow), ("dead_letter_overflow", self.dead_letter_overflow)):
@@ -154,12 +171,19 @@ class _Consumer:
 
 @dataclass
 class Broker:
-    """One process's connection to RabbitMQ: a confirmed publishing channel plus one channel per consumer."""
+    """One process's connection to RabbitMQ: a confirmed publishing channel plus one channel per consumer.
+
+    ``identity``: ``strict`` (default, production) checks each queue's ``accepts`` senders; ``trust_all`` (local
+    development and tests where everyone is ``guest``) checks message types only. ``node_scopes``: broker users
+    that speak for several nodes (user -> node ids), overriding the naming convention of ``senders.py``.
+    """
 
     url: str
     producer: str = "gpuorch"
     publish_timeout_s: float = 30.0
     connection_name: str | None = None
+    identity: IdentityMode = "strict"
+    node_scopes: Mapping[str, Collection[str]] = field(default_factory=dict)
     _connection: AbstractRobustConnection | None = field(default=None, init=False, repr=False)
     _channel: AbstractRobustChannel | None = field(default=None, init=False, repr=False)
     _exchanges: dict[str, aio_pika.abc.AbstractExchange] = field(default_factory=dict, init=False, repr=False)
@@ -169,6 +193,16 @@ class Broker:
     """Handlers still running after their delivery was cancelled by a connection drop (``close`` cancels them)."""
     connected_event: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     disconnected_since: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.identity not in ("strict", "trust_all"):
+            raise ValueError(f"identity must be 'strict' or 'trust_all', not {self.identity!r}")
+
+    @property
+    def user_id(self) -> str:
+        """The broker user of this connection (``guest`` when the URL names none, as the AMQP client does)."""
+        username = urlsplit(self.url).username
+        return unquote(username) if username else "guest"
 
     async def connect(self, *, timeout_s: float = 30.0) -> None:
         """Connect (retrying until ``timeout_s``), open the publishing channel and declare the exchanges."""
@@ -261,6 +295,7 @@ class Broker:
         amqp_message = aio_pika.Message(
             body, message_id=message_id, content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT, headers=merged, app_id=self.producer,
+            user_id=self.user_id,
         )
         deadline = time.monotonic() + self.publish_timeout_s
         while True:
@@ -327,8 +362,17 @@ class Broker:
                     raise ValueError(f"body of {len(incoming.body)} bytes exceeds {MAX_MESSAGE_BYTES}")
                 message = consumer.decoder(incoming.body)
             except Exception as exc:  # noqa: BLE001 - RecursionError, UnicodeDecodeError, ValidationError, any
-                await self._dead_letter(consumer, incoming, f"invalid message: {_describe(exc)}", cause="invalid")
+                reason = f"invalid message: {_describe(exc)}"
+                if await self._dead_letter(consumer, incoming, reason, cause="invalid", ack=False):
+                    await self._answer_invalid(consumer, incoming, reason)
+                    await _quiet(incoming.ack())
                 return
+            if spec.accepts is not None:
+                refused = refusal(spec.accepts, message, incoming.user_id, queue=spec.name, mode=self.identity,
+                                  node_scopes=self.node_scopes)
+                if refused is not None:
+                    await self._dead_letter(consumer, incoming, f"refused: {refused}", cause="refused")
+                    return
             await self._handle(consumer, incoming, message)
         except asyncio.CancelledError:
             raise
@@ -386,15 +430,28 @@ class Broker:
             log.warning("consume.handler_failed_after_disconnect", error=repr(error),
                         note="its delivery was returned to the queue and comes again")
 
+    async def _answer_invalid(self, consumer: _Consumer, incoming: AbstractIncomingMessage, reason: str) -> None:
+        hook = consumer.spec.on_invalid
+        if hook is None:
+            return
+        invalid = InvalidDelivery(body=incoming.body, reason=reason, user_id=incoming.user_id,
+                                  queue=consumer.spec.name, routing_key=incoming.routing_key or "")
+        try:
+            await hook(self, invalid)
+        except Exception as exc:  # noqa: BLE001 - the dead letter holds the message; the answer is best effort
+            log.error("consume.on_invalid_failed", queue=consumer.spec.name, error=repr(exc))
+
     async def _dead_letter(
-        self, consumer: _Consumer, incoming: AbstractIncomingMessage, reason: str, *, cause: str
-    ) -> None:
-        """Publish the original body to the DLX with ``reason`` in headers, then ack; nack if that fails."""
+        self, consumer: _Consumer, incoming: AbstractIncomingMessage, reason: str, *, cause: str, ack: bool = True,
+    ) -> bool:
+        """Publish the original body to the DLX with ``reason`` in headers, then ack (unless ``ack=False``, when
+        the caller acks); nack and return False if that fails."""
         spec = consumer.spec
         headers = dict(incoming.headers or {})
         headers.update({
             REASON_HEADER: reason[:1000], QUEUE_HEADER: spec.name,
             ROUTING_KEY_HEADER: incoming.routing_key or "", EXCHANGE_HEADER: incoming.exchange or "",
+            USER_ID_HEADER: incoming.user_id or "",
         })
         try:
             await self._publish_confirmed(
@@ -404,10 +461,12 @@ class Broker:
         except Exception as exc:
             log.error("consume.dead_letter_failed", queue=spec.name, error=repr(exc))
             await _quiet(incoming.nack(requeue=True))
-            return
-        log.warning("consume.dead_lettered", queue=spec.name, reason=reason[:300])
+            return False
+        log.warning("consume.dead_lettered", queue=spec.name, reason=reason[:300], user_id=incoming.user_id)
         MESSAGES_DEAD_LETTERED.labels(spec.name, cause).inc()
-        await _quiet(incoming.ack())
+        if ack:
+            await _quiet(incoming.ack())
+        return True
 
 
 async def _declare_exchanges(channel: Any) -> dict[str, Any]:

@@ -1,0 +1,291 @@
+"""Identity on the wire against the real RabbitMQ: user_id on every publish, per-queue allow-lists of types and
+senders, dead letters that say why, and a JobRejected for an invalid submission that names its job.
+
+Users are created per test (unique names, full rights on the test's vhost, deleted afterwards): the point here is
+what the *consumer* refuses, not the broker's permissions (tests/deploy covers those).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import quote
+
+import aio_pika
+import aiormq.exceptions
+import httpx
+import pytest
+from gpuorch_contracts import (
+    EVENTS_EXCHANGE,
+    SUBMIT_EXCHANGE,
+    JobFailed,
+    JobFinished,
+    JobSpec,
+    LaunchJob,
+    Message,
+    NodeHeartbeat,
+    ProcessRun,
+    decode,
+)
+from gpuorch_messaging import (
+    REASON_HEADER,
+    USER_ID_HEADER,
+    Broker,
+    QueueSpec,
+    Sender,
+    answer_invalid_submission,
+    job_id_of,
+    refusal,
+    scheduler_accepts,
+    speaker_of,
+)
+
+from conftest import AMQP_HOST, AMQP_MGMT, AMQP_PORT
+
+pytestmark = pytest.mark.integration
+
+SPEC = JobSpec(run=ProcessRun(argv=["python", "-c", "print(42)"]))
+SUFFIX = uuid.uuid4().hex[:8]
+NODE = f"n{SUFFIX}"
+
+
+class Users:
+    """Broker users with every right on one vhost; ``url(user)`` connects as one of them."""
+
+    def __init__(self, vhost: str, names: list[str]) -> None:
+        url = httpx.URL(AMQP_MGMT)
+        self.api = httpx.Client(base_url=f"{url.scheme}://{url.host}:{url.port}",
+                                auth=(url.username or "guest", url.password or "guest"), timeout=30)
+        self.vhost, self.names = vhost, names
+        for name in names:
+            self.api.put(f"/api/users/{name}", json={"password": "pw", "tags": ""}).raise_for_status()
+            self.api.put(f"/api/permissions/{quote(vhost, safe='')}/{name}",
+                         json={"configure": ".*", "write": ".*", "read": ".*"}).raise_for_status()
+
+    def url(self, user: str) -> str:
+        return f"amqp://{user}:pw@{AMQP_HOST}:{AMQP_PORT}/{quote(self.vhost, safe='')}"
+
+    def delete(self) -> None:
+        for name in self.names:
+            self.api.delete(f"/api/users/{name}")
+        self.api.close()
+
+
+SCHEDULER, EXECUTOR, OTHER_EXECUTOR, SUBMITTER = (
+    f"scheduler-{SUFFIX}", f"executor-{NODE}", f"executor-x{SUFFIX}", f"acme-ci-{SUFFIX}")
+
+
+@pytest.fixture
+def users(amqp_vhost: str) -> Iterator[Users]:
+    created = Users(amqp_vhost, [SCHEDULER, EXECUTOR, OTHER_EXECUTOR, SUBMITTER])
+    try:
+        yield created
+    finally:
+        created.delete()
+
+
+@pytest.fixture
+async def brokers() -> AsyncIterator[list[Broker]]:
+    opened: list[Broker] = []
+    yield opened
+    for broker in opened:
+        await broker.close()
+    for connection in OPEN_CONNECTIONS:
+        await connection.close()
+    OPEN_CONNECTIONS.clear()
+
+
+OPEN_CONNECTIONS: list[aio_pika.abc.AbstractConnection] = []
+
+
+async def plain_connection(url: str) -> aio_pika.abc.AbstractConnection:
+    """A plain aio-pika connection, closed after the test by the ``brokers`` fixture."""
+    connection = await aio_pika.connect(url)
+    OPEN_CONNECTIONS.append(connection)
+    return connection
+
+
+async def connect(brokers: list[Broker], url: str, **options: object) -> Broker:
+    broker = Broker(url, producer="test", publish_timeout_s=5, **options)  # type: ignore[arg-type]
+    await broker.connect(timeout_s=5)
+    brokers.append(broker)
+    return broker
+
+
+class Tap:
+    """A plain consumer of one queue; ``next()`` waits for the next delivery (no polling)."""
+
+    def __init__(self) -> None:
+        self.deliveries: asyncio.Queue[aio_pika.abc.AbstractIncomingMessage] = asyncio.Queue()
+
+    async def __call__(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        await message.ack()
+        await self.deliveries.put(message)
+
+    async def next(self) -> aio_pika.abc.AbstractIncomingMessage:
+        async with asyncio.timeout(10):
+            return await self.deliveries.get()
+
+
+async def tap(connection: aio_pika.abc.AbstractConnection, queue: str, bind: tuple[str, str] | None = None) -> Tap:
+    channel = await connection.channel()
+    if bind is None:
+        declared = await channel.declare_queue(queue, passive=True)
+    else:
+        declared = await channel.declare_queue(queue, exclusive=True)
+        await declared.bind(bind[0], bind[1])
+    listener = Tap()
+    await declared.consume(listener)
+    return listener
+
+
+class Handled:
+    def __init__(self) -> None:
+        self.messages: asyncio.Queue[Message] = asyncio.Queue()
+
+    async def __call__(self, message: Message) -> None:
+        await self.messages.put(message)
+
+
+async def publish_as(url: str, exchange: str, key: str, body: bytes, *, user_id: str | None) -> None:
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        target = await channel.get_exchange(exchange)
+        await target.publish(aio_pika.Message(body, user_id=user_id, message_id=str(uuid.uuid4())), key,
+                             mandatory=True)
+    finally:
+        await connection.close()
+
+
+def scheduler_queue(name: str, **extra: object) -> QueueSpec:
+    return QueueSpec(name, [(SUBMIT_EXCHANGE, "job.submit"), (EVENTS_EXCHANGE, "job.#"),
+                            (EVENTS_EXCHANGE, "node.heartbeat")], accepts=scheduler_accepts(), **extra)  # type: ignore[arg-type]
+
+
+async def test_every_publish_carries_its_users_id_and_rabbitmq_refuses_a_forged_one(
+    users: Users, brokers: list[Broker]
+) -> None:
+    executor = await connect(brokers, users.url(EXECUTOR))
+    listener = await tap(await plain_connection(users.url(SCHEDULER)), "t.events", (EVENTS_EXCHANGE, "job.#"))
+    await executor.publish(JobFinished(job_id=uuid.uuid4(), placement_id=uuid.uuid4(), node_id=NODE,
+                                       exit_code=0, duration_s=1, tenant="acme"))
+    delivery = await listener.next()
+    assert delivery.user_id == EXECUTOR and delivery.routing_key == "job.finished.acme"
+
+    with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed):  # RabbitMQ's own check
+        await publish_as(users.url(SUBMITTER), EVENTS_EXCHANGE, "job.finished", b"{}", user_id=EXECUTOR)
+
+
+async def test_forged_senders_are_dead_lettered_with_the_reason_and_never_handled(
+    users: Users, brokers: list[Broker]
+) -> None:
+    scheduler = await connect(brokers, users.url(SCHEDULER))
+    handled = Handled()
+    await scheduler.consume(scheduler_queue("t.scheduler"), handled)
+    dead = await tap(await plain_connection(users.url(SCHEDULER)), "t.scheduler.dlq")
+    job_id, placement_id = uuid.uuid4(), uuid.uuid4()
+
+    def failed(node: str) -> bytes:
+        return JobFailed(job_id=job_id, placement_id=placement_id, node_id=node, cause="killed",
+                         reason="forged").model_dump_json().encode()
+
+    forged = [  # (publisher, exchange, routing key, body, user_id, expected reason)
+        (SUBMITTER, SUBMIT_EXCHANGE, "job.submit", failed(NODE), SUBMITTER,
+         f"job.failed from {SUBMITTER} (role submitter) refused"),
+        (OTHER_EXECUTOR, EVENTS_EXCHANGE, "job.failed", failed(NODE), OTHER_EXECUTOR,
+         f"node_id='{NODE}' is not a node {OTHER_EXECUTOR} speaks for"),
+        (EXECUTOR, EVENTS_EXCHANGE, "job.failed", failed(NODE), None, "has no user_id"),
+        (SCHEDULER, EVENTS_EXCHANGE, "job.launch",
+         LaunchJob(node_id=NODE, job_id=job_id, placement_id=placement_id, spec=SPEC).model_dump_json().encode(),
+         SCHEDULER, "queue t.scheduler does not take launch_job"),
+    ]
+    for user, exchange, key, body, user_id, _ in forged:
+        await publish_as(users.url(user), exchange, key, body, user_id=user_id)
+    for user, *_, reason in forged:
+        letter = await dead.next()
+        assert reason in str((letter.headers or {})[REASON_HEADER])
+        assert (letter.headers or {})[USER_ID_HEADER] == ("" if "no user_id" in reason else user)
+        assert letter.user_id == SCHEDULER  # republished under the consumer's own identity
+
+    # the executor of the node speaks for it: handled, and nothing forged came before it
+    executor = await connect(brokers, users.url(EXECUTOR))
+    await executor.publish(JobFailed.model_validate_json(failed(NODE)))
+    got = await asyncio.wait_for(handled.messages.get(), 10)
+    assert isinstance(got, JobFailed) and got.node_id == NODE and handled.messages.empty()
+
+
+async def test_trust_all_checks_types_but_not_senders(amqp_url: str, brokers: list[Broker]) -> None:
+    broker = await connect(brokers, amqp_url, identity="trust_all")  # guest, as local development runs
+    handled = Handled()
+    await broker.consume(scheduler_queue("t.trusting"), handled)
+    dead = await tap(await plain_connection(amqp_url), "t.trusting.dlq")
+    await broker.publish(NodeHeartbeat(node_id="anything", inventory_hash="h", sequence=1))
+    assert isinstance(await asyncio.wait_for(handled.messages.get(), 10), NodeHeartbeat)
+    await broker.publish_raw(SUBMIT_EXCHANGE, "job.submit", LaunchJob(
+        node_id="n", job_id=uuid.uuid4(), placement_id=uuid.uuid4(), spec=SPEC).model_dump_json().encode(),
+        message_id="m")
+    letter = await dead.next()
+    assert "does not take launch_job" in str((letter.headers or {})[REASON_HEADER])
+    with pytest.raises(ValueError, match="identity"):
+        Broker(amqp_url, identity="off")  # type: ignore[arg-type]
+
+
+async def test_an_invalid_submission_with_a_job_id_is_answered_with_job_rejected(
+    users: Users, brokers: list[Broker]
+) -> None:
+    scheduler = await connect(brokers, users.url(SCHEDULER))
+    tenants = {SUBMITTER: "acme"}
+    await scheduler.consume(scheduler_queue("t.answering", on_invalid=answer_invalid_submission(tenants.get)),
+                            Handled())
+    connection = await plain_connection(users.url(SCHEDULER))
+    answers = await tap(connection, "t.answers", (EVENTS_EXCHANGE, "job.rejected.#"))
+    dead = await tap(connection, "t.answering.dlq")
+    job_id = uuid.uuid4()
+    bad_spec = {"type": "job.submit", "job_id": str(job_id), "spec": {"run": {"runtime": "process", "argv": []},
+                                                                      "tenant": "other-team"}}
+    await publish_as(users.url(SUBMITTER), SUBMIT_EXCHANGE, "job.submit", b'{"type": "job.submit", "bogus": 1}',
+                     user_id=SUBMITTER)  # no job id: a dead letter only
+    await publish_as(users.url(SUBMITTER), SUBMIT_EXCHANGE, "job.submit", json.dumps(bad_spec).encode(),
+                     user_id=SUBMITTER)
+    await dead.next()
+    await dead.next()
+    answer = await answers.next()
+    rejected = decode(answer.body)
+    assert rejected.TYPE == "job.rejected" and rejected.job_id == job_id  # type: ignore[attr-defined]
+    assert "spec.run.process.argv" in rejected.reason  # type: ignore[attr-defined]
+    assert answer.routing_key == "job.rejected.acme"  # the publisher's tenant, not the one its body named
+    assert answers.deliveries.empty()
+
+
+def test_job_id_of_never_raises() -> None:
+    job_id = uuid.uuid4()
+    assert job_id_of(json.dumps({"type": "job.submit", "job_id": str(job_id), "spec": 1}).encode()) == job_id
+    for body in (b"", b"\xff\xfe", b"[1]", b'{"type": "job.cancel", "job_id": "%s"}' % str(
+            job_id).encode(), b'{"type": "job.submit", "job_id": "nope"}', b'{"type": "job.submit", "job_id": 7}',
+            b'{"type": "job.submit", "job_id": "' + b"a" * 2_000_000 + b'"}'):
+        assert job_id_of(body) is None, body[:40]
+
+
+@pytest.mark.parametrize(("user", "role", "nodes"), [
+    ("scheduler", "scheduler", set()), ("scheduler-b", "scheduler", set()), ("telemetry-1", "telemetry", set()),
+    ("executor-node-1", "executor", {"node-1"}), ("node-agent-gpu-a", "node-agent", {"gpu-a"}),
+    ("gpuctl-operator", "operator", set()), ("gpuctl-submit", "submitter", set()), ("executor-", "submitter", set()),
+    ("schedulerx", "submitter", set()), ("guest", "submitter", set()),
+])
+def test_speaker_naming_convention(user: str, role: str, nodes: set[str]) -> None:
+    speaker = speaker_of(user)
+    assert (speaker.role, set(speaker.nodes)) == (role, nodes)
+
+
+def test_node_scopes_override_the_suffix_and_refusals_name_the_rule() -> None:
+    heartbeat = NodeHeartbeat(node_id="sim-00001", inventory_hash="h", sequence=1)
+    accepts = {"node.heartbeat": (Sender("node-agent", node_field="node_id"),)}
+    scopes = {"node-agent-sim": ["sim-00000", "sim-00001"]}
+    assert refusal(accepts, heartbeat, "node-agent-sim", queue="q", node_scopes=scopes) is None
+    assert "is not a node node-agent-sim speaks for" in str(refusal(accepts, heartbeat, "node-agent-sim", queue="q"))
+    assert "only node-agent (for its own node_id)" in str(refusal(accepts, heartbeat, "scheduler", queue="q"))
+    assert refusal(accepts, heartbeat, None, queue="q", mode="trust_all") is None
+    assert "does not take" in str(refusal({}, heartbeat, "scheduler", queue="q", mode="trust_all"))
