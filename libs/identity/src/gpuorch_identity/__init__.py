@@ -1,0 +1,168 @@
+"""Tenancy from identity: who may submit for which tenant, at which priority, and who may cancel or read a job.
+
+    deploy/identity.json --load_identity_map--> IdentityMap
+    (SubmitJob as received, AMQP user_id) --authorize_submission--> JobSpec (tenant, priority filled) | Rejection
+    (user_id, the job's tenant)           --authorize_job_access--> None (allowed) | Rejection   (cancel, logs)
+
+Pure: no I/O besides ``load_identity_map``; the scheduler calls these at admission with the delivery's
+``user_id`` (which RabbitMQ guarantees is the publisher's broker user). An API token is first turned into the name
+of its identity with ``IdentityMap.user_for_token`` (only sha256 digests of tokens are checked in).
+
+Rules:
+- an unknown user may do nothing (unless the map has a ``"*"`` entry: the development map gives everyone operator);
+- ``service`` identities (scheduler, executors ...) never submit or cancel;
+- a spec that omits ``tenant`` gets the identity's ``default_tenant``; a named tenant must be in ``tenants``
+  (``"*"`` allows every tenant); operators may use any tenant;
+- a spec that omits ``priority_class`` gets ``normal``, lowered to the identity's ``max_priority`` if that is lower;
+  a named priority above ``max_priority`` is rejected (never silently lowered);
+- cancel and logs: operators, or an identity whose tenants include the job's tenant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from gpuorch_contracts import PRIORITY_VALUE, JobSpec, SubmitJob
+from gpuorch_contracts.jobs import PriorityClass
+from gpuorch_contracts.text import Name, TenantName
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "ANY_TENANT", "Identity", "IdentityMap", "Rejection", "authorize_cancel", "authorize_job_access",
+    "authorize_submission", "load_identity_map", "token_digest",
+]
+
+ANY_TENANT = "*"
+Role = Literal["submitter", "operator", "service"]
+
+
+class Identity(BaseModel):
+    """What one broker user (or API token) may do."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Role
+    tenants: Annotated[list[TenantName | Literal["*"]], Field(max_length=1000)] = []
+    default_tenant: TenantName | None = None
+    max_priority: PriorityClass = "normal"
+    nodes: Annotated[list[Name], Field(max_length=100_000)] = Field(
+        default=[], description="service users that speak for several nodes (executor or node-agent of a rack)")
+
+    @model_validator(mode="after")
+    def _default_is_allowed(self) -> Identity:
+        if self.default_tenant is not None and not self.may_use(self.default_tenant):
+            raise ValueError(f"default_tenant {self.default_tenant!r} is not one of its tenants")
+        return self
+
+    def may_use(self, tenant: str) -> bool:
+        return self.role == "operator" or ANY_TENANT in self.tenants or tenant in self.tenants
+
+
+class IdentityMap(BaseModel):
+    """``identities``: broker user (or identity name) -> Identity; ``tokens``: sha256 hex of an API token -> the
+    identity name it authenticates as."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    identities: dict[str, Identity] = {}
+    tokens: dict[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")], str] = {}
+
+    @model_validator(mode="after")
+    def _tokens_name_identities(self) -> IdentityMap:
+        unknown = sorted(set(self.tokens.values()) - set(self.identities))
+        if unknown:
+            raise ValueError(f"tokens name identities that do not exist: {', '.join(unknown)}")
+        return self
+
+    @classmethod
+    def development(cls) -> IdentityMap:
+        """Everyone is an operator of every tenant: local development and tests where all connect as guest."""
+        return cls(identities={"*": Identity(role="operator", tenants=[ANY_TENANT], default_tenant="default",
+                                             max_priority="critical")})
+
+    def identity_of(self, user_id: str | None) -> Identity | None:
+        if user_id is None:
+            return None
+        return self.identities.get(user_id) or self.identities.get("*")
+
+    def default_tenant(self, user_id: str | None) -> str | None:
+        """The tenant an identity's unnamed submissions (and their rejections) belong to; None if it has none."""
+        identity = self.identity_of(user_id)
+        return identity.default_tenant if identity is not None else None
+
+    def user_for_token(self, token: str) -> str | None:
+        return self.tokens.get(token_digest(token))
+
+    @property
+    def node_scopes(self) -> dict[str, list[str]]:
+        """Service users serving several nodes: pass to ``gpuorch_messaging.Broker(node_scopes=...)``."""
+        return {user: list(identity.nodes) for user, identity in self.identities.items() if identity.nodes}
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why an identity may not do what it asked, in words for the submitter (fits ``JobRejected.reason``)."""
+
+    reason: str
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def load_identity_map(path: str | Path) -> IdentityMap:
+    """Read and validate an identity map (JSON); raises ``ValueError`` (pydantic's) when it is malformed."""
+    return IdentityMap.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def authorize_submission(
+    identity_map: IdentityMap, user_id: str | None, submission: SubmitJob | JobSpec
+) -> JobSpec | Rejection:
+    """The spec to admit (tenant and priority class filled from the identity) or why the submission is refused.
+
+    ``submission`` must be the message as decoded from the wire: whether ``tenant``/``priority_class`` were
+    omitted is read from the spec's ``model_fields_set``.
+    """
+    spec = submission.spec if isinstance(submission, SubmitJob) else submission
+    identity = identity_map.identity_of(user_id)
+    if identity is None:
+        return Rejection(f"publisher {user_id!r} is not in the identity map: it may not submit jobs")
+    if identity.role == "service":
+        return Rejection(f"{user_id} is a service identity: services do not submit jobs")
+    if "tenant" in spec.model_fields_set:
+        tenant = spec.tenant
+        if not identity.may_use(tenant):
+            allowed = ", ".join(identity.tenants) or "none"
+            return Rejection(f"{user_id} may not submit for tenant {tenant!r} (its tenants: {allowed})")
+    elif identity.default_tenant is not None:
+        tenant = identity.default_tenant
+    else:
+        return Rejection(f"the spec names no tenant and {user_id} has no default tenant")
+    ceiling = PRIORITY_VALUE[identity.max_priority]
+    if "priority_class" in spec.model_fields_set:
+        priority = spec.priority_class
+        if PRIORITY_VALUE[priority] > ceiling:
+            return Rejection(f"{user_id} may submit at most priority {identity.max_priority!r}, not {priority!r}")
+    else:
+        priority = "normal" if PRIORITY_VALUE["normal"] <= ceiling else identity.max_priority
+    return spec.model_copy(update={"tenant": tenant, "priority_class": priority})
+
+
+def authorize_job_access(identity_map: IdentityMap, user_id: str | None, job_tenant: str) -> Rejection | None:
+    """None when ``user_id`` may cancel the job or read its logs (an operator, or one of the job's tenant)."""
+    identity = identity_map.identity_of(user_id)
+    if identity is None:
+        return Rejection(f"publisher {user_id!r} is not in the identity map")
+    if identity.role == "service":
+        return Rejection(f"{user_id} is a service identity: services do not cancel jobs")
+    if not identity.may_use(job_tenant):
+        return Rejection(f"{user_id} may not act on jobs of tenant {job_tenant!r}")
+    return None
+
+
+authorize_cancel = authorize_job_access
+"""Cancel is allowed to the job's tenant or an operator: the same rule as reading its logs."""
