@@ -14,6 +14,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+# Tests connect as guest, so the senders' identities cannot be told apart: every Broker checks message types only,
+# unless a test about identity asks for Broker(identity="strict") (libs/messaging/tests/test_identity.py).
+os.environ.setdefault("GPUORCH_IDENTITY", "trust_all")
+
 AMQP_HOST = os.environ.get("GPUORCH_TEST_AMQP_HOST", "127.0.0.1")
 AMQP_PORT = int(os.environ.get("GPUORCH_TEST_AMQP_PORT", "5672"))
 AMQP_MGMT = os.environ.get("GPUORCH_TEST_AMQP_ADMIN", "http://guest:guest@127.0.0.1:15672")

@@ -108,6 +108,7 @@ async def plain_connection(url: str) -> aio_pika.abc.AbstractConnection:
 
 
 async def connect(brokers: list[Broker], url: str, **options: object) -> Broker:
+    options.setdefault("identity", "strict")  # the root conftest makes trust_all the default of tests
     broker = Broker(url, producer="test", publish_timeout_s=5, **options)  # type: ignore[arg-type]
     await broker.connect(timeout_s=5)
     brokers.append(broker)
@@ -289,3 +290,11 @@ def test_node_scopes_override_the_suffix_and_refusals_name_the_rule() -> None:
     assert "only node-agent (for its own node_id)" in str(refusal(accepts, heartbeat, "scheduler", queue="q"))
     assert refusal(accepts, heartbeat, None, queue="q", mode="trust_all") is None
     assert "does not take" in str(refusal({}, heartbeat, "scheduler", queue="q", mode="trust_all"))
+
+
+def test_production_default_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUORCH_IDENTITY", raising=False)
+    assert Broker("amqp://scheduler:pw@broker/").identity == "strict"
+    assert Broker("amqp://scheduler:pw@broker/").user_id == "scheduler" and Broker("amqp://broker/").user_id == "guest"
+    monkeypatch.setenv("GPUORCH_IDENTITY", "trust_all")
+    assert Broker("amqp://broker/").identity == "trust_all"

@@ -35,6 +35,7 @@ attempt that we dead-letter ourselves) are expressed directly on aio-pika, which
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -174,7 +175,8 @@ class Broker:
     """One process's connection to RabbitMQ: a confirmed publishing channel plus one channel per consumer.
 
     ``identity``: ``strict`` (default, production) checks each queue's ``accepts`` senders; ``trust_all`` (local
-    development and tests where everyone is ``guest``) checks message types only. ``node_scopes``: broker users
+    development and tests where everyone is ``guest``) checks message types only. Unless given, it is read from
+    ``GPUORCH_IDENTITY`` (unset: ``strict``), so every service of a local stack is switched by one variable. ``node_scopes``: broker users
     that speak for several nodes (user -> node ids), overriding the naming convention of ``senders.py``.
     """
 
@@ -182,7 +184,8 @@ class Broker:
     producer: str = "gpuorch"
     publish_timeout_s: float = 30.0
     connection_name: str | None = None
-    identity: IdentityMode = "strict"
+    identity: IdentityMode = field(
+        default_factory=lambda: os.environ.get("GPUORCH_IDENTITY", "strict"))  # type: ignore[arg-type,return-value]
     node_scopes: Mapping[str, Collection[str]] = field(default_factory=dict)
     _connection: AbstractRobustConnection | None = field(default=None, init=False, repr=False)
     _channel: AbstractRobustChannel | None = field(default=None, init=False, repr=False)

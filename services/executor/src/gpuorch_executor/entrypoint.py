@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpuorch_contracts import COMMANDS_EXCHANGE, LaunchJob, StopJob
 from gpuorch_contracts.routing import command_routing_key
-from gpuorch_messaging import Broker, QueueSpec
+from gpuorch_messaging import Broker, QueueSpec, executor_accepts
 from gpuorch_observability import configure, get_logger, start_metrics_server
 
 from gpuorch_executor.backends.base import Backend
@@ -40,6 +40,7 @@ def executor_queue(node_id: str) -> QueueSpec:
         bindings=[(COMMANDS_EXCHANGE, command_routing_key(node_id, LaunchJob.TYPE)),
                   (COMMANDS_EXCHANGE, command_routing_key(node_id, StopJob.TYPE))],
         prefetch=16,
+        accepts=executor_accepts(),
     )
 
 

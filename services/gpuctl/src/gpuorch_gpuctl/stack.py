@@ -70,6 +70,8 @@ class LocalStack:
             "GPUORCH_LOG_LEVEL": env.get("GPUORCH_LOG_LEVEL", "INFO"),
             "GPUORCH_METRICS_PORT": "0",  # several stacks may run side by side; a test asks for a port
             "PYTHONUNBUFFERED": "1",
+            # every process of a local stack connects as one user (guest): senders cannot be told apart
+            "GPUORCH_IDENTITY": env.get("GPUORCH_IDENTITY", "trust_all"),
         })
         env.update(self.extra_env)
         return env

@@ -161,11 +161,11 @@ class JsonLinesPublisher:
 
 
 def command_queue(config: AgentConfig, node_ids: Sequence[str]) -> Any:
-    from gpuorch_messaging import QueueSpec
+    from gpuorch_messaging import QueueSpec, node_agent_accepts
 
     bindings = [(COMMANDS_EXCHANGE, command_routing_key(n, ApplyMigLayout.TYPE)) for n in node_ids]
     name = f"node-agent.fleet.{config.fleet_name}" if config.is_fleet else f"node-agent.{config.node_id}"
-    return QueueSpec(name=name, bindings=bindings, prefetch=8)
+    return QueueSpec(name=name, bindings=bindings, prefetch=8, accepts=node_agent_accepts())
 
 
 async def run(config: AgentConfig) -> FleetRunner:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 from gpuorch_contracts import EVENTS_EXCHANGE, utc_now
-from gpuorch_messaging import Broker, QueueSpec
+from gpuorch_messaging import Broker, QueueSpec, telemetry_accepts
 from gpuorch_observability import configure, get_logger
 
 from gpuorch_telemetry import metrics
@@ -41,12 +41,13 @@ log = get_logger(__name__)
 
 QUEUE_NAME = "telemetry.samples"
 BINDINGS = ((EVENTS_EXCHANGE, "gpu.usage_sampled"), (EVENTS_EXCHANGE, "gpu.health_changed"),
-            (EVENTS_EXCHANGE, "job.*"))
+            (EVENTS_EXCHANGE, "job.#"))
 METRICS_LOCK = "gpuorch.telemetry.metrics"
 
 
 def queue_spec(prefetch: int = 1024) -> QueueSpec:
-    return QueueSpec(name=QUEUE_NAME, bindings=BINDINGS, prefetch=prefetch, delivery_limit=5)
+    return QueueSpec(name=QUEUE_NAME, bindings=BINDINGS, prefetch=prefetch, delivery_limit=5,
+                     accepts=telemetry_accepts())
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,7 @@
-"""The events a placement produces, with their deterministic message ids (``lifecycle.event_id``)."""
+"""The events a placement produces, with their deterministic message ids (``lifecycle.event_id``).
+
+Each carries the tenant of its ``LaunchJob`` spec (the tenant the scheduler verified at admission; only the
+scheduler may send a LaunchJob), so it is routed ``<type>.<tenant>`` to that tenant's submitters."""
 
 from __future__ import annotations
 
@@ -9,18 +12,23 @@ from gpuorch_executor.domain.outcome import Outcome
 from gpuorch_executor.domain.placement import PlacementRecord
 
 
+def tenant_of(record: PlacementRecord) -> str | None:
+    """The verified tenant of the placement's job; None for a record adopted without its LaunchJob."""
+    return record.launch.spec.tenant if record.launch is not None else None
+
+
 def started_event(record: PlacementRecord, producer: str, container_id: str | None = None) -> JobStarted:
     return JobStarted(
         message_id=event_id(record.placement_id, "started"), producer=producer, job_id=record.job_id,
         placement_id=record.placement_id, node_id=record.node_id, pid=record.job_pid,
-        container_id=container_id, log_path=record.log_path,
+        container_id=container_id, log_path=record.log_path, tenant=tenant_of(record),
     )
 
 
 def checkpointed_event(record: PlacementRecord, producer: str) -> JobCheckpointed:
     return JobCheckpointed(
         message_id=event_id(record.placement_id, "checkpointed"), producer=producer, job_id=record.job_id,
-        placement_id=record.placement_id, node_id=record.node_id,
+        placement_id=record.placement_id, node_id=record.node_id, tenant=tenant_of(record),
     )
 
 
@@ -29,6 +37,7 @@ def outcome_event(record: PlacementRecord, outcome: Outcome, producer: str) -> M
     common = {
         "message_id": event_id(record.placement_id, "outcome"), "producer": producer, "job_id": record.job_id,
         "placement_id": record.placement_id, "node_id": record.node_id,
+        "tenant": tenant_of(record),
     }
     duration = round(max(outcome.duration_s, 0.0), 6)
     if outcome.kind == "finished":
@@ -41,4 +50,5 @@ def lost_event(record: PlacementRecord, reason: str, producer: str) -> JobLost:
     return JobLost(
         message_id=event_id(record.placement_id, "outcome"), producer=producer, job_id=record.job_id,
         placement_id=record.placement_id, node_id=record.node_id, reason=reason[:1024],
+        tenant=tenant_of(record),
     )
