@@ -30,8 +30,13 @@ exchanges, ``gpuorch.events`` with ``gpuorch.unrouted`` as alternate exchange. F
 declare ``Q.dlq`` and bind it to ``gpuorch.dlx`` with key ``Q``; declare ``Q`` with ``gpuorch.dlx`` as DLX; bind
 ``Q``; consume ``Q``; dead-letter invalid messages by publishing to ``gpuorch.dlx`` with key ``Q``.
 
-The ``submitter`` uses no ``Broker``: it publishes to the existing ``gpuorch.submit`` (a passive declare at most),
-so it has no configure right at all. Passwords: ``--passwords-from-env`` reads ``GPUORCH_RABBITMQ_PASSWORD_<USER>``
+Submitters (other systems, ``gpuctl-submit``) use no ``Broker``: they publish ``job.submit``/``job.cancel`` to the
+existing ``gpuorch.submit`` (a passive declare at most), and read answers from their own queues
+``client.<tenant>.<anything>``, which they may declare and bind to ``gpuorch.events`` only with keys of their own
+tenants' job events (``job.*.<tenant>``, ``job.accepted.<tenant>`` ...): routing keys of job lifecycle events are
+``<type>.<tenant>`` (gpuorch_contracts.routing). One submitter grant per identity of role ``submitter`` in
+``deploy/identity.json``. ``gpuctl-operator`` lists and replays dead letters and may submit/cancel for any tenant;
+it may not publish events or commands. No user but the scheduler may publish to ``gpuorch.commands``. Passwords: ``--passwords-from-env`` reads ``GPUORCH_RABBITMQ_PASSWORD_<USER>``
 (upper case, ``-``/``.`` as ``_``) for every user; without it every password is ``<user>-dev`` (development only).
 """
 
@@ -47,6 +52,7 @@ import secrets
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 SUBMIT = "gpuorch.submit"
 EVENTS = "gpuorch.events"
@@ -57,9 +63,17 @@ TOPOLOGY_EXCHANGES = (SUBMIT, EVENTS, COMMANDS, DLX)
 
 SCHEDULER_QUEUES = ("scheduler", "scheduler.heartbeats")
 SCHEDULER_SUBMIT_KEYS = ("job.submit", "job.cancel")
+IDENTITY_MAP = Path(__file__).resolve().parents[1] / "identity.json"
+TENANT_ROUTED_EVENTS = (
+    "job.accepted", "job.rejected", "job.queued", "job.placed", "job.started", "job.finished", "job.failed",
+    "job.checkpointed", "job.lost", "job.preempting", "job.requeued", "job.cancelled",
+)
+"""Events routed ``<type>.<tenant>`` (gpuorch_contracts.TENANT_ROUTED_TYPES)."""
+TENANT_WORD = r"[a-z0-9][a-z0-9_-]*"
+SCHEDULER_JOB_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed")
 SCHEDULER_EVENT_BINDINGS = (
-    "job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed", "node.registered",
-    "gpu.health_changed", "node.heartbeat",
+    *SCHEDULER_JOB_EVENTS, *(f"{e}.#" for e in SCHEDULER_JOB_EVENTS),  # bare keys: until the scheduler binds .#
+    "node.registered", "gpu.health_changed", "node.heartbeat",
 )
 SCHEDULER_EVENTS = (
     "job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting", "job.requeued", "job.cancelled",
@@ -72,7 +86,7 @@ NODE_AGENT_COMMANDS = ("apply_mig_layout",)
 NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", "gpu.usage_sampled",
                      "node.mig_layout_applied")
 TELEMETRY_QUEUE = "telemetry.samples"
-TELEMETRY_EVENT_BINDINGS = ("gpu.usage_sampled", "gpu.health_changed", "job.*")
+TELEMETRY_EVENT_BINDINGS = ("gpu.usage_sampled", "gpu.health_changed", "job.#")
 TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made")
 SUBMIT_KEYS = ("job.submit", "job.cancel")
 NOTHING = "^$"
@@ -84,6 +98,13 @@ def exactly(names: Iterable[str]) -> str:
     if not unique:
         return NOTHING
     return "^(" + "|".join(re.escape(name) for name in unique) + ")$"
+
+
+def event_keys(events: Iterable[str]) -> str:
+    """A regex of these event routing keys, a job lifecycle event with or without its ``.<tenant>`` word."""
+    parts = sorted(re.escape(e) + (rf"(\.{TENANT_WORD})?" if e in TENANT_ROUTED_EVENTS else "")
+                   for e in set(events))
+    return "^(" + "|".join(parts) + ")$" if parts else NOTHING
 
 
 def command_keys(node_ids: Iterable[str], commands: Iterable[str]) -> list[str]:
@@ -136,7 +157,8 @@ def scheduler(user: str = "scheduler") -> Grant:
     return broker_user(
         user, queues=SCHEDULER_QUEUES,
         bindings={SUBMIT: SCHEDULER_SUBMIT_KEYS, EVENTS: SCHEDULER_EVENT_BINDINGS},
-        publishes={EVENTS: SCHEDULER_EVENTS, COMMANDS: ()}, key_patterns={COMMANDS: any_node},
+        publishes={EVENTS: SCHEDULER_EVENTS, COMMANDS: ()},
+        key_patterns={COMMANDS: any_node, EVENTS: event_keys(SCHEDULER_EVENTS)},
         purpose="consumes scheduler + scheduler.heartbeats; publishes job decisions and launch/stop commands",
     )
 
@@ -146,7 +168,7 @@ def executor(user: str, node_ids: Sequence[str]) -> Grant:
     return broker_user(
         user, queues=[f"executor.{n}" for n in node_ids],
         bindings={COMMANDS: command_keys(node_ids, EXECUTOR_COMMANDS)},
-        publishes={EVENTS: EXECUTOR_EVENTS},
+        publishes={EVENTS: EXECUTOR_EVENTS}, key_patterns={EVENTS: event_keys(EXECUTOR_EVENTS)},
         purpose=f"consumes executor.<node> for {', '.join(node_ids)}; publishes job.started/finished/failed/lost/checkpointed",
     )
 
@@ -168,21 +190,41 @@ def telemetry(user: str = "telemetry") -> Grant:
     )
 
 
-def submitter(user: str = "submitter") -> Grant:
-    """Other systems: publish ``job.submit`` / ``job.cancel`` to ``gpuorch.submit``; nothing else."""
-    return Grant(user, configure=NOTHING, write=exactly([SUBMIT]), read=NOTHING,
-                 topics={SUBMIT: (exactly(SUBMIT_KEYS), NOTHING)},
-                 purpose="publishes job.submit/job.cancel to gpuorch.submit only; declares, binds and reads nothing")
+def submitter(user: str = "submitter", tenants: Sequence[str] = ("default",)) -> Grant:
+    """Other systems (and ``gpuctl-submit``): publish ``job.submit`` / ``job.cancel`` to ``gpuorch.submit``;
+    declare, bind and read queues ``client.<tenant>.*`` bound to their tenants' job events only."""
+    for tenant in tenants:
+        if not re.fullmatch(TENANT_WORD, tenant):
+            raise ValueError(f"not a tenant name: {tenant!r}")
+    alternatives = "|".join(sorted(set(tenants)))
+    own_queues = rf"client\.({alternatives})\..+"
+    return Grant(user, configure=f"^{own_queues}$", write=rf"^(gpuorch\.submit|{own_queues})$",
+                 read=rf"^(gpuorch\.events|{own_queues})$",
+                 topics={SUBMIT: (exactly(SUBMIT_KEYS), NOTHING),
+                         EVENTS: (NOTHING, rf"^job\.(\*|[a-z_]+)\.({alternatives})$")},
+                 purpose=f"publishes job.submit/job.cancel; reads its own queues client.<tenant>.* bound to "
+                         f"job.*.<tenant> for {', '.join(sorted(set(tenants)))}")
 
 
-def operator(user: str = "gpuctl") -> Grant:
-    """``gpuctl``: submit/cancel, list and replay dead letters (to whatever exchange and key they came from)."""
+def operator(user: str = "gpuctl-operator") -> Grant:
+    """``gpuctl-operator``: submit/cancel (any tenant: the identity map says so), list dead letters (basic.get on
+    ``*.dlq``) and replay dead submissions. It may not publish events or commands: a replayed event or command
+    would carry the operator's user_id and be refused by its consumer anyway."""
     return Grant(
         user, configure=exactly([*TOPOLOGY_EXCHANGES, UNROUTED]),
-        write=exactly([SUBMIT, EVENTS, COMMANDS, UNROUTED]),
+        write=exactly([SUBMIT, UNROUTED]),
         read=r"^(gpuorch\.events|gpuorch\.unrouted|.+\.dlq)$",
-        purpose="gpuctl: submit/cancel, dlq list (basic.get on *.dlq) and replay to any gpuorch exchange and key",
+        topics={SUBMIT: (exactly(SUBMIT_KEYS), NOTHING)},
+        purpose="gpuctl operator: submit/cancel for any tenant, dlq list and replay of submissions",
     )
+
+
+def submitters_of(identity_map: Path = IDENTITY_MAP) -> list[Grant]:
+    """One submitter grant per identity of role ``submitter`` in the identity map (its tenants)."""
+    document = json.loads(identity_map.read_text(encoding="utf-8"))
+    return [submitter(user, identity.get("tenants", []))
+            for user, identity in sorted(document.get("identities", {}).items())
+            if identity.get("role") == "submitter" and user != "*"]
 
 
 def administrator(user: str = "admin") -> Grant:
@@ -207,7 +249,7 @@ COMPOSE_FLEET = Fleet(
 
 def grants(fleet: Fleet = COMPOSE_FLEET) -> list[Grant]:
     return [
-        administrator(), scheduler(), telemetry(), submitter(), operator(),
+        administrator(), scheduler(), telemetry(), operator(), *submitters_of(),
         *(executor(user, nodes) for user, nodes in fleet.executors),
         *(node_agent(user, queue, nodes) for user, queue, nodes in fleet.node_agents),
     ]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -73,3 +75,25 @@ class BrokerUsers:
 
     def url(self, user: str) -> str:
         return f"amqp://{user}:{gen.dev_password(user)}@{AMQP_HOST}:{AMQP_PORT}/{quote(self.vhost, safe='')}"
+
+
+class RoleUsers(BrokerUsers):
+    """Users named ``<role>-<random suffix>`` (globally unique), one per role, from role -> grant factory;
+    ``url(role)`` connects as that role's user."""
+
+    def __init__(self, vhost: str, factories: Mapping[str, Callable[[str], Any]]) -> None:
+        suffix = uuid.uuid4().hex[:8]
+        self.names = {role: f"{role}-{suffix}" for role in factories}
+        super().__init__(vhost, [factory(self.names[role]) for role, factory in factories.items()])
+
+    def url(self, role: str) -> str:  # type: ignore[override]
+        return super().url(self.names[role])
+
+    @contextmanager
+    def created(self) -> Iterator[RoleUsers]:
+        """Create the users for the duration of the block, then delete them."""
+        self.create()
+        try:
+            yield self
+        finally:
+            self.delete()

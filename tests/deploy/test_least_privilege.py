@@ -304,7 +304,8 @@ async def test_definitions_document_imports_and_its_password_hashes_log_in(amqp_
             api.post("/api/definitions", json=document).raise_for_status()
             v = quote(amqp_vhost, safe="")
             topics = api.get(f"/api/topic-permissions/{v}/submitter-{suffix}").raise_for_status().json()
-            assert [(t["exchange"], t["write"]) for t in topics] == [("gpuorch.submit", "^(job\\.cancel|job\\.submit)$")]
+            assert sorted((t["exchange"], t["write"]) for t in topics) == [
+                ("gpuorch.events", "^$"), ("gpuorch.submit", "^(job\\.cancel|job\\.submit)$")]
             assert api.get(f"/api/users/admin-{suffix}").json()["tags"] in (["administrator"], "administrator")
             name = f"submitter-{suffix}"
             connection = await aio_pika.connect(

@@ -178,6 +178,8 @@ class Broker:
     development and tests where everyone is ``guest``) checks message types only. Unless given, it is read from
     ``GPUORCH_IDENTITY`` (unset: ``strict``), so every service of a local stack is switched by one variable. ``node_scopes``: broker users
     that speak for several nodes (user -> node ids), overriding the naming convention of ``senders.py``.
+    ``declare_topology=False`` only looks the exchanges up (passive declares need no permission): for publishers
+    without configure rights, such as a submit-only ``gpuctl-submit``; such a Broker may publish, not consume.
     """
 
     url: str
@@ -187,6 +189,7 @@ class Broker:
     identity: IdentityMode = field(
         default_factory=lambda: os.environ.get("GPUORCH_IDENTITY", "strict"))  # type: ignore[arg-type,return-value]
     node_scopes: Mapping[str, Collection[str]] = field(default_factory=dict)
+    declare_topology: bool = True
     _connection: AbstractRobustConnection | None = field(default=None, init=False, repr=False)
     _channel: AbstractRobustChannel | None = field(default=None, init=False, repr=False)
     _exchanges: dict[str, aio_pika.abc.AbstractExchange] = field(default_factory=dict, init=False, repr=False)
@@ -230,7 +233,10 @@ class Broker:
     async def _open_publish_channel(self) -> AbstractRobustChannel:
         assert self._connection is not None
         channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
-        self._exchanges.update(await _declare_exchanges(channel))
+        if self.declare_topology:
+            self._exchanges.update(await _declare_exchanges(channel))
+        else:
+            self._exchanges.update({name: await channel.get_exchange(name) for name in EXCHANGES})
         return channel  # type: ignore[return-value]
 
     def _on_close(self, *_: Any) -> None:

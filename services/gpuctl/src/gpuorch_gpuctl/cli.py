@@ -103,7 +103,8 @@ async def _publish(amqp_url: str, message: Any) -> None:
     from opentelemetry import trace
 
     configure_tracing("gpuctl", os.environ.get("GPUORCH_OTLP_ENDPOINT"))
-    broker = Broker(amqp_url, producer="gpuctl", publish_timeout_s=15)
+    # a submit-only broker user (gpuctl-submit) may not declare exchanges: look them up only
+    broker = Broker(amqp_url, producer="gpuctl", publish_timeout_s=15, declare_topology=False)
     try:
         await broker.connect(timeout_s=10)
         with tracer("gpuctl").start_as_current_span(f"gpuctl {message.TYPE}", kind=trace.SpanKind.PRODUCER,

@@ -24,8 +24,11 @@ console = Console(emoji=False)
 err = Console(stderr=True, emoji=False)
 
 KNOWN_QUEUES = ("scheduler", "scheduler.heartbeats", "telemetry.samples")
-AmqpOpt = Annotated[str, typer.Option("--amqp-url", envvar="GPUORCH_AMQP_URL", help="RabbitMQ URL")]
-DEFAULT_AMQP = os.environ.get("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+AmqpOpt = Annotated[str, typer.Option(
+    "--amqp-url", envvar=["GPUORCH_OPERATOR_AMQP_URL", "GPUORCH_AMQP_URL"],
+    help="RabbitMQ URL of an operator user (gpuctl-operator): dead letters are not for submitters")]
+DEFAULT_AMQP = os.environ.get("GPUORCH_OPERATOR_AMQP_URL",
+                              os.environ.get("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"))
 
 
 async def _dead_letters(amqp_url: str, queues: list[str], limit: int) -> list[dict[str, Any]]:
