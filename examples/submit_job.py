@@ -1,47 +1,47 @@
-"""Submit a job from any Python program with plain aio-pika (no gpuorch packages needed).
+"""Submit a job from Python with the typed client, wait for the answer and follow the job to its end.
 
-    python examples/submit_job.py amqp://guest:guest@127.0.0.1:5672/
+    uv run python examples/submit_job.py amqp://submitter:submitter-dev@127.0.0.1:5672/gpuorch default
 
-Publishes one SubmitJob to exchange ``gpuorch.submit``, routing key ``job.submit``, with publisher confirms and
-``mandatory`` (an unroutable message raises instead of vanishing). Prints the job id.
+``gpuorch_client`` binds its own queue to the tenant's job events (``job.*.<tenant>``) before publishing, publishes
+the SubmitJob with confirms, ``mandatory`` and ``user_id``, then waits. Exit status: 0 the job finished,
+1 it failed or was cancelled, 2 rejected, 3 refused by the broker (NO_ROUTE). ``tenant`` is omitted from the spec:
+the publisher's default tenant (deploy/identity.json) applies.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
-import uuid
-from datetime import UTC, datetime
 
-import aio_pika
+from gpuorch_client import GpuorchClient, SubmissionRefused
+from gpuorch_contracts import JobRejected
+
+SPEC = {
+    "name": "hello-from-python", "tier": "inference", "resources": {"gpu_milli": 250},
+    "run": {"runtime": "process", "argv": ["python", "-c", "print('hello from a GPU share')"]},
+}
 
 
-async def main(url: str) -> None:
-    job_id = str(uuid.uuid4())
-    message = {
-        "type": "job.submit", "schema_version": 1, "message_id": str(uuid.uuid4()),
-        "occurred_at": datetime.now(UTC).isoformat(), "producer": "example/python",
-        "job_id": job_id,
-        "spec": {
-            "name": "hello-from-python", "tenant": "default", "tier": "inference",
-            "resources": {"gpu_milli": 250},
-            "run": {"runtime": "process", "argv": ["python", "-c", "print('hello from a GPU share')"]},
-        },
-    }
-    connection = await aio_pika.connect(url)
+async def main(url: str, tenant: str) -> int:
     try:
-        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        exchange = await channel.get_exchange("gpuorch.submit")
-        await exchange.publish(
-            aio_pika.Message(json.dumps(message).encode(), content_type="application/json",
-                             message_id=message["message_id"], delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-            routing_key="job.submit", mandatory=True,
-        )
-    finally:
-        await connection.close()
-    print(job_id)
+        async with GpuorchClient(url, tenant, producer="example/python") as client:
+            job_id = await client.submit(SPEC)
+            print(job_id)
+            answer = await client.wait(job_id)
+            print(answer.TYPE)
+            if isinstance(answer, JobRejected):
+                print(f"rejected: {answer.reason}", file=sys.stderr)
+                return 2
+            async for event in client.follow(job_id, timeout_s=3600):
+                print(event.TYPE)
+                if event.TYPE in ("job.failed", "job.cancelled"):
+                    return 1
+    except SubmissionRefused as exc:
+        print(f"refused by the broker: {exc}", file=sys.stderr)
+        return 3
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else "amqp://guest:guest@127.0.0.1:5672/"))
+    sys.exit(asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else "amqp://guest:guest@127.0.0.1:5672/",
+                              sys.argv[2] if len(sys.argv) > 2 else "default")))

@@ -70,6 +70,8 @@ TENANT_ROUTED_EVENTS = (
 )
 """Events routed ``<type>.<tenant>`` (gpuorch_contracts.TENANT_ROUTED_TYPES)."""
 TENANT_WORD = r"[a-z0-9][a-z0-9_-]*"
+HTTP_API_SUBMITTERS = ("submitter",)
+"""Submitters that get the ``management`` tag (HTTP API): the generic user of examples/submit_job.sh."""
 SCHEDULER_JOB_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed")
 SCHEDULER_EVENT_BINDINGS = (
     *SCHEDULER_JOB_EVENTS, *(f"{e}.#" for e in SCHEDULER_JOB_EVENTS),  # bare keys: until the scheduler binds .#
@@ -190,9 +192,13 @@ def telemetry(user: str = "telemetry") -> Grant:
     )
 
 
-def submitter(user: str = "submitter", tenants: Sequence[str] = ("default",)) -> Grant:
+def submitter(user: str = "submitter", tenants: Sequence[str] = ("default",), *, http_api: bool = False) -> Grant:
     """Other systems (and ``gpuctl-submit``): publish ``job.submit`` / ``job.cancel`` to ``gpuorch.submit``;
-    declare, bind and read queues ``client.<tenant>.*`` bound to their tenants' job events only."""
+    declare, bind and read queues ``client.<tenant>.*`` bound to their tenants' job events only.
+
+    ``http_api`` adds the ``management`` tag: the user may then do the same through RabbitMQ's HTTP API (what
+    examples/submit_job.sh uses: AMQP command-line clients cannot set ``user_id``). It also lets the user list the
+    vhost's queue and exchange names, so it is given only to users that need it (``HTTP_API_SUBMITTERS``)."""
     for tenant in tenants:
         if not re.fullmatch(TENANT_WORD, tenant):
             raise ValueError(f"not a tenant name: {tenant!r}")
@@ -202,6 +208,7 @@ def submitter(user: str = "submitter", tenants: Sequence[str] = ("default",)) ->
                  read=rf"^(gpuorch\.events|{own_queues})$",
                  topics={SUBMIT: (exactly(SUBMIT_KEYS), NOTHING),
                          EVENTS: (NOTHING, rf"^job\.(\*|[a-z_]+)\.({alternatives})$")},
+                 tags=("management",) if http_api else (),
                  purpose=f"publishes job.submit/job.cancel; reads its own queues client.<tenant>.* bound to "
                          f"job.*.<tenant> for {', '.join(sorted(set(tenants)))}")
 
@@ -222,7 +229,7 @@ def operator(user: str = "gpuctl-operator") -> Grant:
 def submitters_of(identity_map: Path = IDENTITY_MAP) -> list[Grant]:
     """One submitter grant per identity of role ``submitter`` in the identity map (its tenants)."""
     document = json.loads(identity_map.read_text(encoding="utf-8"))
-    return [submitter(user, identity.get("tenants", []))
+    return [submitter(user, identity.get("tenants", []), http_api=user in HTTP_API_SUBMITTERS)
             for user, identity in sorted(document.get("identities", {}).items())
             if identity.get("role") == "submitter" and user != "*"]
 

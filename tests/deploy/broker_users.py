@@ -55,8 +55,8 @@ class BrokerUsers:
         v = quote(self.vhost, safe="")
         try:
             for user in document["users"]:
-                self.api.put(f"/api/users/{user['name']}",
-                             json={"password": gen.dev_password(user["name"]), "tags": ""}).raise_for_status()
+                self.api.put(f"/api/users/{user['name']}", json={
+                    "password": gen.dev_password(user["name"]), "tags": ",".join(user["tags"])}).raise_for_status()
             for p in document["permissions"]:
                 body = {k: p[k] for k in ("configure", "write", "read")}
                 self.api.put(f"/api/permissions/{v}/{p['user']}", json=body).raise_for_status()
