@@ -148,10 +148,13 @@ class SchedulerService:
     """The scheduler's state and the only writer of its log. Not thread-safe; one instance per leader."""
 
     def __init__(self, conn: Any, config: SchedulerConfig | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, lease_clock: Callable[[], float] | None = None) -> None:
+        """``clock`` stamps decisions (wall time, as the log's times are); leases are measured on ``lease_clock``
+        (monotonic unless a test gives one clock for both), so a wall-clock jump never declares nodes lost."""
         self._conn = conn
         self.config = config or SchedulerConfig()
         self._clock = clock
+        self._lease_clock = lease_clock or (time.monotonic if clock is time.time else clock)
         self.state = SchedulerState(retention_s=self.config.retention_s)
         self.last_seen: dict[str, float] = {}
         self.pending: dict[uuid.UUID, Waiting] = {}
@@ -185,8 +188,8 @@ class SchedulerService:
                 state.position = stored.position
                 replayed += 1
         self.state = state
-        now = self._clock()
-        self.last_seen = {node_id: now for node_id in state.nodes}
+        renewed = self._lease_clock()
+        self.last_seen = {node_id: renewed for node_id in state.nodes}
         self.pending = {}
         self._last_mix_at = -math.inf
         self._events_since_snapshot = replayed
@@ -270,7 +273,7 @@ class SchedulerService:
 
     async def heartbeat(self, beat: NodeHeartbeat) -> None:
         """Renew a node's lease (in memory only; latest wins)."""
-        self.last_seen[beat.node_id] = self._clock()
+        self.last_seen[beat.node_id] = self._lease_clock()
 
     async def _commit(self, messages: list[Message], tick: bool) -> None:
         now = self._clock()
@@ -347,7 +350,7 @@ class SchedulerService:
                 incoming = message
                 follow_up = message.job_id
             case NodeRegistered():
-                self.last_seen[message.inventory.node_id] = self._clock()
+                self.last_seen[message.inventory.node_id] = self._lease_clock()
                 known = self.state.nodes.get(message.inventory.node_id)
                 if known is not None and known.inventory_hash == message.inventory_hash:
                     return  # a periodic re-registration with nothing new: the lease renewal is all it means
@@ -376,7 +379,7 @@ class SchedulerService:
             batch.wants_cycle = True
 
     def _fold_tick(self, now: float, batch: _Batch) -> None:
-        decision, alert = liveness(self.state, self.last_seen, now, self.config.liveness)
+        decision, alert = liveness(self.state, self.last_seen, self._lease_clock(), self.config.liveness)
         stops = overdue(self.state, now, self._overdue_stopped)
         self._overdue_stopped.update(getattr(m, "placement_id", None) for m in stops.published)  # type: ignore[misc]
         decision.extend(stops)
