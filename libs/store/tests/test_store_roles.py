@@ -113,3 +113,11 @@ async def test_clients_only_read_and_operators_also_see_the_log(logins: dict[str
         await conn.fetchval("SELECT max(version) FROM schema_migrations")
     finally:
         await conn.close()
+
+
+async def test_a_service_role_may_call_migrate_on_an_up_to_date_database(logins: dict[str, str]) -> None:
+    """The scheduler migrates at start; with its own role that must be a no-op, not a permission error."""
+    from gpuorch_store.migrations import migrate
+
+    assert await migrate(logins["gpuorch_scheduler"]) == []
+    assert await migrate(logins["gpuorch_telemetry"]) == []

@@ -189,7 +189,9 @@ def _plan(files: list[Migration], applied: dict[int, AppliedMigration]) -> list[
 async def migrate(dsn: str, *, progress: Progress | None = None, sql_dir: Any = None) -> list[str]:
     """Apply every pending migration file to the database at ``dsn``; return the applied file names in order.
 
-    Idempotent: a second call returns ``[]``. See the module docstring for what makes it refuse. ``progress``
+    Idempotent: a second call returns ``[]``; on an up-to-date database it only reads the ledger, so a service's
+    own role (0005_service_roles.sql) may call it at start, while applying files takes the owner's rights.
+    See the module docstring for what makes it refuse. ``progress``
     receives one human-readable line per step. ``sql_dir`` replaces the packaged files (tests).
     """
     say = progress or (lambda _line: None)
@@ -200,7 +202,8 @@ async def migrate(dsn: str, *, progress: Progress | None = None, sql_dir: Any = 
             say("another migrator holds the migration lock; waiting")
             await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
         try:
-            await conn.execute(_CREATE_LEDGER)
+            if await conn.fetchval("SELECT to_regclass('schema_migrations')") is None:
+                await conn.execute(_CREATE_LEDGER)  # only then: a service role may not create in the schema
             pending = _plan(files, await _applied(conn))
             if not pending:
                 say("database is up to date")
