@@ -180,6 +180,19 @@ def test_lost_node_requeues_its_jobs_after_the_lost_deadline_only() -> None:
         state.apply(e)
     assert state.jobs[job].state == "queued"
     assert state.jobs[job].requeues == 1
+    old_placement = lost.logged[1]
+    assert state.nodes[placed_on].fenced and state.nodes[placed_on].fenced[0][0] == job
+
+    # the node comes back: whatever still runs there of the placement that was requeued is stopped
+    seen[placed_on] = 200.0
+    back, _ = liveness(state, {n: 200.0 for n in state.nodes}, 200.0, policy)
+    assert [(e.node_id, e.liveness) for e in back.logged] == [(placed_on, "alive")]  # type: ignore[attr-defined]
+    stops = [m for m in back.published if isinstance(m, StopJob)]
+    assert [(m.node_id, m.job_id, m.reason) for m in stops] == [(placed_on, job, "drain")]
+    assert old_placement.TYPE == "job.requeued"
+    for e in back.logged:
+        state.apply(e)
+    assert state.nodes[placed_on].fenced == []
 
 
 def test_most_nodes_silent_raises_an_alert_and_requeues_nothing() -> None:

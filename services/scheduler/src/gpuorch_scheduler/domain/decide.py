@@ -520,6 +520,10 @@ def liveness(
             if node.liveness != "alive":
                 decision.logged.append(NodeLivenessChanged(node_id=node_id, liveness="alive", reason="heartbeat",
                                                            occurred_at=at(now)))
+                # back from lost: whatever of its old placements still runs there (fencing failed) must stop
+                decision.published.extend(
+                    StopJob(node_id=node_id, job_id=job_id, placement_id=placement_id, reason="drain", grace_s=0)
+                    for job_id, placement_id in node.fenced)
             continue
         if age > policy.lost_after_s and node.liveness != "lost" and not mass:
             decision.logged.append(NodeLivenessChanged(

@@ -114,6 +114,9 @@ class NodeRecord:
     inventory_hash: str
     liveness: str = "alive"  # alive | suspect | lost
     gpu_health: dict[int, str] = field(default_factory=dict)
+    fenced: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
+    """(job, placement) that held this node when it was declared lost: should the node return with them still
+    running (its executor failed to fence), the scheduler stops them."""
 
     @property
     def node_id(self) -> str:
@@ -127,6 +130,7 @@ class NodeRecord:
         return {
             "inventory": self.inventory.model_dump(mode="json"), "inventory_hash": self.inventory_hash,
             "liveness": self.liveness, "gpu_health": {str(k): v for k, v in self.gpu_health.items()},
+            "fenced": [[str(j), str(p)] for j, p in self.fenced],
         }
 
     @classmethod
@@ -134,6 +138,7 @@ class NodeRecord:
         return cls(
             inventory=NodeInventory.model_validate(raw["inventory"]), inventory_hash=raw["inventory_hash"],
             liveness=raw["liveness"], gpu_health={int(k): v for k, v in raw["gpu_health"].items()},
+            fenced=[(uuid.UUID(j), uuid.UUID(p)) for j, p in raw.get("fenced", [])],
         )
 
 
@@ -327,6 +332,12 @@ class SchedulerState:
             case NodeLivenessChanged():
                 node = self.nodes.get(event.node_id)
                 if node is not None:
+                    if event.liveness == "lost":
+                        node.fenced = [(j.job_id, j.placement_id) for j in self.active.values()
+                                       if j.placement_id is not None
+                                       and any(a.node_id == event.node_id for a in j.assignments)]
+                    elif event.liveness == "alive":
+                        node.fenced = []
                     node.liveness = event.liveness
                     self.fleet.set_schedulable(event.node_id, node.schedulable)
                 if event.liveness == "lost":  # whatever ran there is gone (fenced) by now
