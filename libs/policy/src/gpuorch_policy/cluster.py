@@ -319,9 +319,9 @@ class Cluster:
         self._refresh(i, freed=sign < 0)
 
     def _refresh(self, i: int, freed: bool = False) -> None:
-        row = self.gpu_usable[i]
-        self.max_usable[i] = row.max()
-        self.whole_usable[i] = (row >= GPU_MILLI).sum()
+        row = self.gpu_usable[i].tolist()  # a handful of slots: plain Python beats numpy's per-call cost here
+        self.max_usable[i] = max(row)
+        self.whole_usable[i] = sum(1 for milli in row if milli >= GPU_MILLI)
         self.version[i] += 1
         self.changes.append(i)
         if freed:
@@ -338,13 +338,15 @@ class Cluster:
         self.cpu_free[i] -= sign * cpu_milli
         self.mem_free[i] -= sign * memory_mib
         count = 0
+        slots = int(self.gpu_count[i])
         for slot, milli, memory in gpus:
-            if not 0 <= slot < self.gpu_count[i]:
+            if not 0 <= slot < slots:
                 continue
             count += 1
-            self.gpu_free[i, slot] -= sign * milli
+            free = int(self.gpu_free[i, slot]) - sign * milli
+            self.gpu_free[i, slot] = free
             self.gpu_mem_free[i, slot] -= sign * memory
-            self.gpu_usable[i, slot] = self.gpu_free[i, slot] if self.gpu_healthy[i, slot] else 0
+            self.gpu_usable[i, slot] = free if self.gpu_healthy[i, slot] else 0
         if count:
             share = count == 1 and gpus[0][1] < GPU_MILLI
             self.affinity_counts[i, 0 if share else min(count, 9)] += sign

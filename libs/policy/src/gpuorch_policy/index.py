@@ -39,7 +39,7 @@ class _ShapeHeap:
     __slots__ = ("entries", "epoch", "seen")
 
     def __init__(self) -> None:
-        self.entries: list[tuple[int, int, int, int]] = []  # (-score, name rank, row, version)
+        self.entries: list[tuple[int, int, int, int, int]] = []  # (-score, name rank, row, version, pick)
         self.epoch = -1
         self.seen = 0
 
@@ -64,8 +64,8 @@ class PlacementIndex:
         heap = self._current_heap(request)
         entries = self._caught_up(request, heap)
         version = cluster.version
-        put_back: list[tuple[int, int, int, int]] = []
-        found: tuple[int, int, int, int] | None = None
+        put_back: list[tuple[int, int, int, int, int]] = []
+        found: tuple[int, int, int, int, int] | None = None
         while entries:
             top = entries[0]
             if top[3] != version[top[2]]:
@@ -83,8 +83,7 @@ class PlacementIndex:
                 return Unfit(())
             return self._unfit(request, exclude)
         row = found[2]
-        pick = self._memo.get((request, int(cluster.static_class[row]), cluster.dynamic_key(row)))
-        gpus = self.chooser(request, cluster, row, pick[1] if pick else -1)
+        gpus = self.chooser(request, cluster, row, found[4])
         return Placement(node_id=cluster.node_ids[row], gpus=gpus, score=-found[0])
 
     def fitting_rows(self, request: Request) -> list[int]:
@@ -101,7 +100,7 @@ class PlacementIndex:
             heap = self._heaps[request] = _ShapeHeap()
         return heap
 
-    def _caught_up(self, request: Request, heap: _ShapeHeap) -> list[tuple[int, int, int, int]]:
+    def _caught_up(self, request: Request, heap: _ShapeHeap) -> list[tuple[int, int, int, int, int]]:
         cluster = self.cluster
         size = cluster.size
         if heap.epoch == cluster.epoch and heap.seen <= len(cluster.changes):
@@ -124,7 +123,7 @@ class PlacementIndex:
         self.stats["rebuilds"] += 1
         return heap.entries
 
-    def _entries(self, request: Request, rows: IntArray) -> list[tuple[int, int, int, int]]:
+    def _entries(self, request: Request, rows: IntArray) -> list[tuple[int, int, int, int, int]]:
         """Heap entries for the feasible ones among ``rows``, from the memo where the same class and state of
         node was scored before."""
         cluster = self.cluster
@@ -150,7 +149,7 @@ class PlacementIndex:
         else:
             values = [memo[key] for key in keys]  # type: ignore[union-attr]
         rank, version = cluster.name_rank, cluster.version
-        return [(-v[0], int(rank[r]), int(r), int(version[r])) for r, v in zip(rows, values, strict=True)
+        return [(-v[0], int(rank[r]), int(r), int(version[r]), v[1]) for r, v in zip(rows, values, strict=True)
                 if v is not None]
 
     def _score(self, request: Request, rows: IntArray) -> list[tuple[int, int] | None]:
