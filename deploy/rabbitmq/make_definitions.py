@@ -75,7 +75,7 @@ HTTP_API_SUBMITTERS = ("submitter",)
 SCHEDULER_JOB_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed")
 SCHEDULER_EVENT_BINDINGS = (
     *SCHEDULER_JOB_EVENTS, *(f"{e}.#" for e in SCHEDULER_JOB_EVENTS),  # bare keys: until the scheduler binds .#
-    "node.registered", "gpu.health_changed", "node.heartbeat",
+    "node.registered", "gpu.health_changed", "node.heartbeat", "executor.heartbeat",
 )
 SCHEDULER_EVENTS = (
     "job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting", "job.requeued", "job.cancelled",
@@ -83,7 +83,7 @@ SCHEDULER_EVENTS = (
 )
 SCHEDULER_COMMANDS = ("launch_job", "stop_job")
 EXECUTOR_COMMANDS = ("launch_job", "stop_job")
-EXECUTOR_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed")
+EXECUTOR_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed", "executor.heartbeat")
 NODE_AGENT_COMMANDS = ("apply_mig_layout",)
 NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", "gpu.usage_sampled",
                      "node.mig_layout_applied")

@@ -133,8 +133,8 @@ def scheduler_accepts() -> dict[str, tuple[Sender, ...]]:
 
     Submissions and cancels from any identified user (tenant and priority are then checked against the identity
     map at admission); job lifecycle facts from the executor of the node named in the body (``job.failed`` also
-    from the scheduler itself, which publishes it when a launch is undeliverable); node facts from that node's
-    agent; heartbeats from the node's agent or its executor (both renew the lease).
+    from the scheduler itself, which publishes it when a launch is undeliverable); node facts and ``NodeHeartbeat``
+    from that node's agent; ``ExecutorHeartbeat`` (the other half of the lease) from that node's executor.
     """
     return {
         "job.submit": ANY_IDENTIFIED,
@@ -146,7 +146,8 @@ def scheduler_accepts() -> dict[str, tuple[Sender, ...]]:
         "job.checkpointed": (EXECUTOR_OF_NODE,),
         "node.registered": (Sender("node-agent", node_field="inventory.node_id"),),
         "gpu.health_changed": (NODE_AGENT_OF_NODE,),
-        "node.heartbeat": (NODE_AGENT_OF_NODE, EXECUTOR_OF_NODE),
+        "node.heartbeat": (NODE_AGENT_OF_NODE,),
+        "executor.heartbeat": (EXECUTOR_OF_NODE,),
         "node.mig_layout_applied": (NODE_AGENT_OF_NODE,),
     }
 

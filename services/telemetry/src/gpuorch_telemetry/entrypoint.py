@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 from gpuorch_contracts import EVENTS_EXCHANGE, utc_now
+from gpuorch_identity import load_identity_map
 from gpuorch_messaging import Broker, QueueSpec, telemetry_accepts
 from gpuorch_observability import configure, get_logger
 
@@ -68,6 +69,9 @@ class Settings:
     """Export the DCGM-named per-GPU gauges (one series per GPU and metric: ~240k series at 40,000 GPUs)."""
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    identity_map: str | None = None
+    """``GPUORCH_IDENTITY_MAP``: path of deploy/identity.json; its node scopes say which nodes a multi-node
+    node-agent or executor user speaks for (``gpuorch_messaging.senders``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -95,7 +99,7 @@ class Settings:
             prefetch=int(number("GPUORCH_TELEMETRY_PREFETCH", 1024)),
             evaluation_interval_s=number("GPUORCH_TELEMETRY_EVALUATION_INTERVAL_S", 60.0),
             export_gpu_metrics=env.get("GPUORCH_TELEMETRY_EXPORT_GPU_METRICS", "1") not in ("0", "false", "no"),
-            detection=detection, retention=retention,
+            detection=detection, retention=retention, identity_map=env.get("GPUORCH_IDENTITY_MAP") or None,
         )
 
 
@@ -104,7 +108,8 @@ class TelemetryService:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.broker = Broker(settings.amqp_url, producer=settings.instance)
+        node_scopes = load_identity_map(settings.identity_map).node_scopes if settings.identity_map else {}
+        self.broker = Broker(settings.amqp_url, producer=settings.instance, node_scopes=node_scopes)
         self.store: TelemetryStore | None = None
         self.handlers: TelemetryHandlers | None = None
         self._tasks: list[asyncio.Task[None]] = []
