@@ -2,7 +2,7 @@
 UV ?= uv
 export PATH := $(HOME)/.local/bin:$(PATH)
 
-.PHONY: demo test lint bench schemas asyncapi-check env servers clean
+.PHONY: demo test lint bench schemas asyncapi-check env servers clean chaos
 
 env:
 	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -20,6 +20,9 @@ test: env servers  ## the whole suite against the real RabbitMQ and PostgreSQL
 lint: env
 	@$(UV) run ruff check .
 	@$(UV) run mypy libs/*/src services/*/src
+
+chaos: env servers  ## faults and hostile input against real processes, checked by the invariant checker (docs/RELIABILITY.md)
+	@$(UV) run pytest -q -p no:cacheprovider -m chaos tests/chaos
 
 bench: env servers  ## speed and scale figures, written as tables under bench/results/
 	@$(UV) run python bench/run_all.py
