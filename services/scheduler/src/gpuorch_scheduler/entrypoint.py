@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from gpuorch_contracts import EVENTS_EXCHANGE, SUBMIT_EXCHANGE, Message, NodeHeartbeat
+from gpuorch_contracts import EVENTS_EXCHANGE, SUBMIT_EXCHANGE, Message, NodeHeartbeat, event_binding
 from gpuorch_messaging import Broker, QueueSpec
 from gpuorch_observability import configure, get_logger, inject_trace, start_metrics_server
 from gpuorch_store import OutboxRelay, ensure_database, migrate
@@ -140,7 +140,7 @@ def scheduler_queues() -> tuple[QueueSpec, QueueSpec]:
         SCHEDULER_QUEUE,
         [
             (SUBMIT_EXCHANGE, "job.submit"), (SUBMIT_EXCHANGE, "job.cancel"),
-            *((EVENTS_EXCHANGE, key) for key in (
+            *((EVENTS_EXCHANGE, event_binding(key)) for key in (  # job events route as <type>.<tenant>
                 "job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed",
                 "node.registered", "gpu.health_changed",
             )),

@@ -51,6 +51,7 @@ from gpuorch_contracts import (
     SubmitJob,
     encode,
 )
+from gpuorch_contracts.jobs import TenantRouted
 from gpuorch_observability import get_logger, inject_trace
 from gpuorch_store import (
     NewEvent,
@@ -439,7 +440,8 @@ class SchedulerService:
     def _record(self, event: Message, batch: _Batch, stamp: bool = True) -> None:
         """Log ``event`` in this batch and apply it to the state. Decisions are stamped with our time."""
         if stamp:
-            event = event.model_copy(update={"occurred_at": datetime.fromtimestamp(self._clock(), UTC)})
+            event = event.model_copy(update={"occurred_at": datetime.fromtimestamp(self._clock(), UTC),
+                                             **self._tenant_of(event)})
         headers = self._trace_headers(event)
         batch.events.append((event, headers))
         if stamp:
@@ -454,6 +456,13 @@ class SchedulerService:
             event.inventory.node_id if isinstance(event, NodeRegistered) else None)
         if node_id is not None:
             batch.touched_nodes.add(node_id)
+
+    def _tenant_of(self, event: Message) -> dict[str, Any]:
+        """A job event we decide carries its job's tenant, so it routes to that tenant's subscribers."""
+        if not isinstance(event, TenantRouted) or event.tenant is not None:
+            return {}
+        job = self.state.jobs.get(event.job_id)  # type: ignore[attr-defined]
+        return {"tenant": job.spec.tenant} if job is not None else {}
 
     def _trace_headers(self, message: Message) -> dict[str, Any]:
         """The trace a message about a job belongs to: the job's submission trace, else the current span."""
@@ -475,8 +484,10 @@ class SchedulerService:
                 pending[job_id] = waiting
             if before is None or before.reason != waiting.reason or _moved(before.estimated_start,
                                                                            waiting.estimated_start):
+                job = self.state.jobs.get(job_id)
                 notices.append(JobQueued(job_id=job_id, pending_reason=waiting.reason[:1000],
-                                         estimated_start_s=waiting.estimated_start))
+                                         estimated_start_s=waiting.estimated_start,
+                                         tenant=job.spec.tenant if job is not None else None))
                 touched.add(job_id)
             elif before.estimated_start != waiting.estimated_start:
                 pending[job_id] = before  # small drift: keep what was published
