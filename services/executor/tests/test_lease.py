@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from gpuorch_contracts import ExecutorHeartbeat, JobFailed, Message, StopJob
+from gpuorch_contracts import ExecutorHeartbeat, JobFailed, JobFinished, Message, StopJob
 from gpuorch_messaging import PublishError, PublishRefused
 
 from gpuorch_executor.lease import LeaseRenewer
@@ -120,3 +121,31 @@ async def test_max_runtime_counts_on_the_monotonic_clock(harness: Harness) -> No
     harness.executor.monotonic = lambda: time.monotonic() + 51
     outcome = await harness.until_ended(command.placement_id)
     assert isinstance(outcome, JobFailed) and outcome.cause == "max_runtime"
+
+
+async def test_a_jobs_supervisor_fences_it_when_the_executor_is_gone(harness: Harness) -> None:
+    """The executor renewed its lease once, then died (nothing renews lease.json any more): the supervisor sends
+    the checkpoint signal at deadline - grace and SIGKILL at the deadline itself; the outcome says fenced."""
+    from .test_process_jobs import IGNORES_SIGTERM
+
+    harness.executor.lease = (time.monotonic(), 2.0, 0.5)
+    command = launch_job(["python", "-c", IGNORES_SIGTERM])
+    await harness.executor.handle(command)
+    outcome = await harness.until_ended(command.placement_id)
+    assert isinstance(outcome, JobFailed) and outcome.cause == "lost" and outcome.stop_reason == "fenced"
+    exit_status = harness.executor.store.read_exit(command.placement_id)
+    assert exit_status is not None and exit_status["fenced"] and exit_status["signal"] == 9
+
+
+async def test_a_renewed_lease_keeps_the_job_running(harness: Harness) -> None:
+    renewer = LeaseRenewer(harness.publisher, [harness.executor], interval_s=0.2, fencing_deadline_s=1.0,
+                           fencing_grace_s=0.2)
+    assert await renewer.renew()
+    command = launch_job(["python", "-c", "import time; time.sleep(2)"])
+    await harness.executor.handle(command)
+    renewing = asyncio.create_task(renewer.run())
+    try:
+        outcome = await harness.until_ended(command.placement_id)
+    finally:
+        renewing.cancel()
+    assert isinstance(outcome, JobFinished)

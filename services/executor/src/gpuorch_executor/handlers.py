@@ -97,6 +97,9 @@ class NodeExecutor:
         self._command_locks: dict[uuid.UUID, asyncio.Lock] = {}
         self._publish_locks: dict[uuid.UUID, asyncio.Lock] = {}
         self._supervisors: dict[uuid.UUID, subprocess.Popen[bytes]] = {}
+        self.lease: tuple[float, float, float] | None = None
+        """(renewed monotonic, fencing deadline, grace) of the last confirmed renewal, set by ``lease.LeaseRenewer``;
+        written to ``lease.json`` before each supervisor starts, so a new job never reads a stale lease."""
         self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
             LaunchJob.TYPE: self.launch,
             StopJob.TYPE: self.stop,
@@ -187,7 +190,12 @@ class NodeExecutor:
         self.store.write_launch(record.placement_id, {
             "argv": supervised.argv, "executable": supervised.executable, "env": supervised.env,
             "cwd": supervised.cwd, "log_path": record.log_path, "cgroup": supervised.cgroup,
+            "fence": {"lease_path": str(self.store.lease_path), "signal": command.spec.checkpoint.signal,
+                      "container": {"docker": getattr(backend, "docker", "docker"), "name": supervised.container_name}
+                      if supervised.container_name else None},
         })
+        if self.lease is not None:
+            self.store.write_lease(*self.lease)
         supervisor = self._spawn_supervisor(self.store.placement_dir(record.placement_id))
         record.spawned_monotonic = self.monotonic()
         self._supervisors[record.placement_id] = supervisor
@@ -479,7 +487,8 @@ class NodeExecutor:
             oom_kills=int(exit_status.get("oom_kills") or 0), output_tail=read_tail(record.log_path),
             memory_limited=record.memory_limited, container=record.runtime == "container",
         )
-        outcome = classify(report, record.stop.reason if record.stop else None, record.checkpoint_reported)
+        stop_reason = record.stop.reason if record.stop else ("fenced" if exit_status.get("fenced") else None)
+        outcome = classify(report, stop_reason, record.checkpoint_reported)
         self._conclude_outcome(record, outcome)
 
     def _conclude_outcome(self, record: PlacementRecord, outcome: Outcome) -> None:

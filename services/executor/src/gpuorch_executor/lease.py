@@ -4,9 +4,11 @@ Contract:
 - ``LeaseRenewer.renew`` publishes one ``ExecutorHeartbeat`` per node served (its active placements, its fencing
   deadline, its interval) and, when the broker confirmed them all, moves ``renewed_at`` to the monotonic time the
   round was *sent* (never the time the confirm came back: a renewal delayed in a blocked connection must not
-  extend the lease). A refusal (``PublishRefused``: no queue bound for ``executor.heartbeat`` yet, a full queue)
-  also renews: the broker answered, so it is reachable; that is logged once per streak, since a scheduler that
-  does not consume these heartbeats judges the node by its node-agent alone.
+  extend the lease). A refusal (``PublishRefused``: a nack from a full queue, or no route on an exchange
+  without an alternate) also renews: the broker answered, so it is reachable; it is logged once per streak.
+- after each renewal the lease is written to ``<state dir>/lease.json`` of every node with active placements (and
+  before each launch): each job's supervisor stops its job by the same deadline if this process is dead
+  (``supervise.LeaseWatch``).
 - ``LeaseRenewer.check`` feeds ``renewed_at`` to ``domain.fencing.LeaseFence``; when the lease has gone unrenewed
   for ``deadline - grace`` it fences every node's executor (all jobs dead by ``renewed_at + deadline``), and says
   so once when a renewal succeeds again. Every time here is ``time.monotonic()``: a wall-clock step (NTP, a VM
@@ -46,8 +48,11 @@ class LeaseRenewer:
         self.check_interval_s = check_interval_s
         self.fence = LeaseFence(fencing_deadline_s, fencing_grace_s)
         self.monotonic = monotonic
-        self.renewed_at = monotonic()
-        """Monotonic send time of the newest confirmed round (the start before the first)."""
+        now = monotonic()
+        previous = [r for r in (e.store.read_lease_renewed() for e in self.executors) if r is not None and r <= now]
+        self.renewed_at = min(previous) if previous else now
+        """Monotonic send time of the newest confirmed round. Before the first: the last renewal a previous executor
+        confirmed (its adopted jobs' lease runs on from there, as the scheduler's count does), else the start."""
         self.sequence = 0
         self._refusal_logged = False
 
@@ -83,6 +88,11 @@ class LeaseRenewer:
         else:
             self._refusal_logged = False
         self.renewed_at = max(self.renewed_at, sent_at)
+        lease = (self.renewed_at, self.fence.deadline_s, self.fence.grace_s)
+        for executor in self.executors:
+            executor.lease = lease
+            if executor.active_placements():  # their supervisors fence on it if this process dies
+                executor.store.write_lease(*lease)
         return True
 
     async def check(self) -> FenceDecision:

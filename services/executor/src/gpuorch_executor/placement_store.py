@@ -58,6 +58,23 @@ class PlacementStore:
         os.write(fd, str(os.getpid()).encode())
         return fd
 
+    @property
+    def lease_path(self) -> Path:
+        """The executor's lease as its supervisors read it (see ``supervise``)."""
+        return self.state_dir / "lease.json"
+
+    def write_lease(self, renewed_monotonic: float, deadline_s: float, grace_s: float) -> None:
+        write_json_atomically(self.lease_path, {"renewed_monotonic": renewed_monotonic,
+                                                "fencing_deadline_s": deadline_s, "fencing_grace_s": grace_s},
+                              durable=False)
+
+    def read_lease_renewed(self) -> float | None:
+        """The monotonic time of the last renewal a previous executor confirmed, if it left one."""
+        try:
+            return float(json.loads(self.lease_path.read_text())["renewed_monotonic"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def placement_dir(self, placement_id: uuid.UUID) -> Path:
         return self.placements_dir / str(placement_id)
 

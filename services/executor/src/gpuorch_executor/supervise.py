@@ -6,11 +6,19 @@ small supervisor in its own session; the supervisor is the job's parent, outlive
 what happened to files that the executor (the current one, or the next one after a restart) reads:
 
 - ``launch.json`` (input, written by the executor): ``argv``, ``executable``, ``env``, ``cwd``, ``log_path``,
-  ``cgroup`` (a cgroup v2 directory to run the job in, or null);
+  ``cgroup`` (a cgroup v2 directory to run the job in, or null), and ``fence`` (or null): ``lease_path``,
+  ``signal`` (the job's checkpoint signal), ``container`` (``{"docker", "name"}`` for the container runtime);
 - ``started.json``: ``{"job_pid", "supervisor_pid", "started_at", "started_monotonic"}`` once the job runs
   (``started_monotonic`` is ``time.monotonic()``, the host-wide clock deadlines are measured on);
 - ``exit.json``: ``{"exit_code", "signal", "launch_error", "started_at", "finished_at", "duration_s",
-  "oom_kills"}`` once the job ended (or could not start).
+  "oom_kills", "fenced"}`` once the job ended (or could not start).
+
+The supervisor's own fence: the executor writes its lease (``lease.json``: the monotonic time of its last confirmed
+renewal, its fencing deadline and grace) after every confirmed renewal. While the job runs, the supervisor reads it
+every ``LEASE_CHECK_S``; once the lease has gone unrenewed for ``deadline - grace`` it sends the job its checkpoint
+signal, and at ``renewed + deadline`` SIGKILL (``fenced: true`` in ``exit.json``). So the job stops by the deadline
+even when the executor itself is dead (SIGKILLed, crash-looping), and the scheduler may requeue it after the
+deadline without the job running twice. A missing or unreadable lease file changes nothing (an older executor).
 
 Both output files are written atomically (temporary file, fsync, rename, fsync of the directory): a reader sees a
 whole file or none. The job runs in its own process group (``pgid == job pid``) so the executor can signal the
@@ -78,6 +86,63 @@ def _release_cgroup(cgroup: str | None) -> None:
             time.sleep(0.02)
 
 
+LEASE_CHECK_S = 0.5
+
+
+class LeaseWatch:
+    """The supervisor's view of the executor's lease (see the module docstring). ``check`` returns the signal to
+    send the job now (the fence's checkpoint signal once, then SIGKILL once), or None."""
+
+    def __init__(self, fence: dict[str, Any] | None) -> None:
+        self.fence = fence or {}
+        self.signalled = False
+        self.killed = False
+        self.acted = False
+        """Whether the fence signalled the job at all (``fenced`` in ``exit.json``)."""
+
+    def _lease(self) -> tuple[float, float, float] | None:
+        path = self.fence.get("lease_path")
+        if not path:
+            return None
+        try:
+            lease = json.loads(Path(path).read_text())
+            return float(lease["renewed_monotonic"]), float(lease["fencing_deadline_s"]), \
+                float(lease["fencing_grace_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def check(self, now_monotonic: float) -> int | None:
+        lease = self._lease()
+        if lease is None or self.killed:
+            return None
+        renewed, deadline, grace = lease
+        if now_monotonic >= renewed + deadline:
+            self.killed = self.acted = True
+            return signal.SIGKILL
+        if now_monotonic >= renewed + deadline - grace and not self.signalled:
+            self.signalled = self.acted = True
+            return signal.Signals[self.fence.get("signal") or "SIGTERM"]
+        if now_monotonic < renewed + deadline - grace:
+            self.signalled = False  # renewed again: a later lapse signals again
+        return None
+
+    def send(self, job_pid: int, signum: int) -> None:
+        container = self.fence.get("container")
+        if container:
+            try:
+                subprocess.run([container["docker"], "kill", f"--signal={signal.Signals(signum).name}",
+                                container["name"]], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=10, check=False)
+            except (OSError, subprocess.SubprocessError):
+                pass
+            if signum != signal.SIGKILL:
+                return
+        try:
+            os.killpg(job_pid, signum)
+        except ProcessLookupError:
+            pass
+
+
 def supervise(placement_dir: Path) -> int:
     launch = json.loads((placement_dir / "launch.json").read_text())
     cgroup: str | None = launch.get("cgroup")
@@ -117,6 +182,7 @@ def supervise(placement_dir: Path) -> int:
     finally:
         os.close(log_fd)
 
+    lease = LeaseWatch(launch.get("fence"))
     write_json_atomically(placement_dir / "started.json", {
         "job_pid": child.pid, "supervisor_pid": os.getpid(), "started_at": started_at,
         "started_monotonic": started_mono,
@@ -125,13 +191,16 @@ def supervise(placement_dir: Path) -> int:
         pid, status = os.waitpid(child.pid, os.WNOHANG)
         if pid == child.pid:
             break
-        signal.sigtimedwait({signal.SIGCHLD}, 5.0)
+        fence_signal = lease.check(time.monotonic())
+        if fence_signal is not None:
+            lease.send(child.pid, fence_signal)
+        signal.sigtimedwait({signal.SIGCHLD}, LEASE_CHECK_S if lease.fence else 5.0)
     code = os.waitstatus_to_exitcode(status)
     oom_kills = _oom_kills(cgroup)
     write_json_atomically(placement_dir / "exit.json", {
         "exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None, "launch_error": None,
         "started_at": started_at, "finished_at": time.time(), "duration_s": time.monotonic() - started_mono,
-        "oom_kills": oom_kills,
+        "oom_kills": oom_kills, "fenced": lease.acted,
     })
     _release_cgroup(cgroup)
     return 0
