@@ -273,7 +273,8 @@ def test_job_id_of_never_raises() -> None:
 @pytest.mark.parametrize(("user", "role", "nodes"), [
     ("scheduler", "scheduler", set()), ("scheduler-b", "scheduler", set()), ("telemetry-1", "telemetry", set()),
     ("executor-node-1", "executor", {"node-1"}), ("node-agent-gpu-a", "node-agent", {"gpu-a"}),
-    ("gpuctl-operator", "operator", set()), ("gpuctl-submit", "submitter", set()), ("executor-", "submitter", set()),
+    ("gpuctl-operator", "operator", set()), ("gpuctl-operator-2", "operator", set()),
+    ("gpuctl-submit", "submitter", set()), ("gpuctl-operatorx", "submitter", set()), ("executor-", "submitter", set()),
     ("schedulerx", "submitter", set()), ("guest", "submitter", set()),
 ])
 def test_speaker_naming_convention(user: str, role: str, nodes: set[str]) -> None:

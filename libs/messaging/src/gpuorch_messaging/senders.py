@@ -16,7 +16,7 @@ Broker user naming convention (deploy/rabbitmq/make_definitions.py creates users
     telemetry, telemetry-<x>         role "telemetry"
     executor-<node id>               role "executor"    speaks for exactly that node
     node-agent-<node id>             role "node-agent"  speaks for exactly that node
-    operator, operator-<x>, gpuctl-operator   role "operator"
+    operator[-<x>], gpuctl-operator[-<x>]   role "operator"
     anything else (gpuctl-submit, acme-ci ...)   role "submitter" (what it may submit for: gpuorch_identity)
 
 A user serving several nodes (one executor process for a rack) is named in ``node_scopes`` (user -> node ids),
@@ -74,11 +74,10 @@ def speaker_of(user_id: str, node_scopes: Mapping[str, Collection[str]] | None =
         if user_id.startswith(role + "-") and len(user_id) > len(role) + 1:
             nodes = frozenset(scoped) if scoped is not None else frozenset({user_id[len(role) + 1:]})
             return Speaker(user_id, role, nodes)
-    for role in ("scheduler", "telemetry", "operator"):
-        if user_id == role or user_id.startswith(role + "-"):
+    for prefix, role in (("scheduler", "scheduler"), ("telemetry", "telemetry"), ("operator", "operator"),
+                         ("gpuctl-operator", "operator")):
+        if user_id == prefix or user_id.startswith(prefix + "-"):
             return Speaker(user_id, role)
-    if user_id == "gpuctl-operator":
-        return Speaker(user_id, "operator")
     return Speaker(user_id, "submitter")
 
 
