@@ -31,7 +31,7 @@ CURVE_COLUMNS = ["nodes", "jobs", "placed", "offered_per_s", "placements_per_s",
                  "cpu_ms_per_message_net", "scheduler_idle_cpu_pct", "p50_ms", "p99_ms", "raw_p50_ms",
                  "scheduler_rss_mib", "load_avg_1m_start"]
 RECOVERY_COLUMNS = ["events", "nodes", "recover_no_snapshot_s", "recover_no_snapshot_runs_s", "recover_snapshot_s",
-                    "recover_snapshot_runs_s", "state_jobs_without_snapshot", "state_jobs", "state_nodes",
+                    "recover_snapshot_runs_s", "jobs_in_log", "state_jobs_without_snapshot", "state_jobs", "state_nodes",
                     "snapshot_mib_stored", "snapshot_error", "fill_s", "load_avg_1m_start"]
 
 

@@ -740,18 +740,20 @@ def synthetic_history(shape: HistoryShape) -> Iterator[tuple[uuid.UUID, str, dat
         job += 1
 
 
-async def fill_event_log(dsn: str, shape: HistoryShape, chunk: int = 50_000) -> int:
-    """Migrate a fresh database and COPY ``shape.events`` rows into ``events``; returns the rows written."""
+async def fill_event_log(dsn: str, shape: HistoryShape, chunk: int = 50_000) -> tuple[int, int]:
+    """Migrate a fresh database and COPY ``shape.events`` rows into ``events``; returns the rows written and how
+    many of them accepted a job."""
     import asyncpg
     from gpuorch_store import migrate
 
     await migrate(dsn)
     conn = await asyncpg.connect(dsn)
-    written = 0
+    written = accepted = 0
     try:
         rows: list[tuple[Any, ...]] = []
         for message_id, kind, occurred_at, payload, headers in synthetic_history(shape):
             rows.append((STREAM, message_id, kind, 1, occurred_at, payload, headers))
+            accepted += kind == "job.accepted"
             if len(rows) >= chunk:
                 written += await _copy(conn, rows)
                 rows = []
@@ -760,7 +762,7 @@ async def fill_event_log(dsn: str, shape: HistoryShape, chunk: int = 50_000) -> 
         await conn.execute("ANALYZE events")
     finally:
         await conn.close()
-    return written
+    return written, accepted
 
 
 async def _copy(conn: Any, rows: list[tuple[Any, ...]]) -> int:
@@ -797,12 +799,12 @@ async def _recovery(dsn: str, shape: HistoryShape, repeats: int) -> dict[str, An
     from gpuorch_store import save_snapshot
 
     started = time.perf_counter()
-    written = await fill_event_log(dsn, shape)
+    written, jobs_in_log = await fill_event_log(dsn, shape)
     fill_s = time.perf_counter() - started
     _progress(f"recovery: {written:,} events in {fill_s:.0f}s; recover() without a snapshot")
     cold, state = await time_recovery(dsn, repeats)
     result: dict[str, Any] = {
-        "events": written, "repeats": repeats, "fill_s": round(fill_s, 1),
+        "events": written, "jobs_in_log": jobs_in_log, "repeats": repeats, "fill_s": round(fill_s, 1),
         "recover_no_snapshot_s": round(statistics.median(cold), 2),
         "recover_no_snapshot_runs_s": [round(s, 2) for s in cold],
         "state_jobs_without_snapshot": len(state.jobs), "state_nodes": len(state.nodes), "position": state.position,
@@ -855,7 +857,7 @@ def recovery(
     if as_json:
         print(json.dumps(result))
     else:
-        _print_table([result], ("events", "nodes", "recover_no_snapshot_s", "recover_snapshot_s",
+        _print_table([result], ("events", "nodes", "jobs_in_log", "recover_no_snapshot_s", "recover_snapshot_s",
                                 "state_jobs_without_snapshot", "state_jobs", "state_nodes", "snapshot_mib_stored",
                                 "snapshot_error", "fill_s", "load_avg_1m_start"),
                      "gpuctl bench recovery")
