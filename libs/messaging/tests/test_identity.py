@@ -27,6 +27,7 @@ from gpuorch_contracts import (
     Message,
     NodeHeartbeat,
     ProcessRun,
+    SubmitJob,
     decode,
 )
 from gpuorch_messaging import (
@@ -259,6 +260,22 @@ async def test_an_invalid_submission_with_a_job_id_is_answered_with_job_rejected
     assert "spec.run.process.argv" in rejected.reason  # type: ignore[attr-defined]
     assert answer.routing_key == "job.rejected.acme"  # the publisher's tenant, not the one its body named
     assert answers.deliveries.empty()
+
+
+async def test_a_sender_aware_handler_gets_the_publishers_user(users: Users, brokers: list[Broker]) -> None:
+    """Admission needs the publisher: ``consume(..., with_sender=True)`` passes the delivery's user_id."""
+    scheduler = await connect(brokers, users.url(SCHEDULER))
+    got: asyncio.Queue[tuple[Message, str | None]] = asyncio.Queue()
+
+    async def admit(message: Message, user_id: str | None) -> None:
+        await got.put((message, user_id))
+
+    await scheduler.consume(scheduler_queue("t.admission"), admit, with_sender=True)
+    submitter = await connect(brokers, users.url(SUBMITTER))
+    submission = SubmitJob(spec=SPEC)
+    await submitter.publish(submission)
+    message, user_id = await asyncio.wait_for(got.get(), 10)
+    assert message.message_id == submission.message_id and user_id == SUBMITTER
 
 
 def test_job_id_of_never_raises() -> None:

@@ -13,6 +13,7 @@ from gpuorch_messaging.broker import (
     USER_ID_HEADER,
     Broker,
     QueueSpec,
+    SenderAwareHandler,
 )
 from gpuorch_messaging.rejections import InvalidDelivery, answer_invalid_submission, job_id_of
 from gpuorch_messaging.senders import (
@@ -29,7 +30,7 @@ from gpuorch_messaging.senders import (
 __all__ = [
     "DEAD_LETTER_MAX_LENGTH", "EXCHANGE_HEADER", "QUEUE_HEADER", "REASON_HEADER", "ROUTING_KEY_HEADER",
     "Broker", "Handler", "PublishError", "PublishRefused", "Publisher", "QueueSpec",
-    "USER_ID_HEADER", "InvalidDelivery", "answer_invalid_submission", "job_id_of",
+    "USER_ID_HEADER", "InvalidDelivery", "SenderAwareHandler", "answer_invalid_submission", "job_id_of",
     "Sender", "Speaker", "executor_accepts", "node_agent_accepts", "refusal", "scheduler_accepts", "speaker_of",
     "telemetry_accepts",
 ]

@@ -157,14 +157,18 @@ class QueueSpec:
 
 
 Handler = Callable[[Message], Awaitable[None]]
+SenderAwareHandler = Callable[[Message, str | None], Awaitable[None]]
+"""A handler that also gets the delivery's AMQP ``user_id`` (RabbitMQ guarantees it is the publisher's broker user;
+None when the publisher set none, which a strict queue with ``accepts`` never lets through)."""
 Decoder = Callable[[bytes], Message]
 
 
 @dataclass
 class _Consumer:
     spec: QueueSpec
-    handler: Handler
+    handler: Handler | SenderAwareHandler
     decoder: Decoder
+    with_sender: bool = False
     tag: str | None = None
     channel: AbstractRobustChannel | None = None
     queue: Any = None
@@ -345,8 +349,14 @@ class Broker:
         assert self._channel is not None, "connect() first"
         await _declare(self._channel, spec)
 
-    async def consume(self, spec: QueueSpec, handler: Handler, *, decoder: Decoder = decode) -> None:
+    async def consume(
+        self, spec: QueueSpec, handler: Handler | SenderAwareHandler, *, decoder: Decoder = decode,
+        with_sender: bool = False,
+    ) -> None:
         """Declare the queue (and ``<name>.dlq``), bind it, and start delivering to ``handler``.
+
+        ``with_sender=True`` calls ``handler(message, user_id)`` (a ``SenderAwareHandler``): what admission needs
+        to apply the identity map (``gpuorch_identity.authorize_submission``).
 
         Returns once consuming started; deliveries run as tasks of the connection's loop.
         """
@@ -354,7 +364,8 @@ class Broker:
         channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         await channel.set_qos(prefetch_count=spec.prefetch)
         queue = await _declare(channel, spec)
-        consumer = _Consumer(spec=spec, handler=handler, decoder=decoder, channel=channel, queue=queue)  # type: ignore[arg-type]
+        consumer = _Consumer(spec=spec, handler=handler, decoder=decoder, channel=channel, queue=queue,  # type: ignore[arg-type]
+                             with_sender=with_sender)
 
         async def on_message(incoming: AbstractIncomingMessage) -> None:
             await self._deliver(consumer, incoming)
@@ -402,7 +413,10 @@ class Broker:
         ):
             # The handler runs as its own task: when the connection drops, aiormq cancels this delivery's task,
             # and the handler must not stop half way through its effect (its redelivery is deduped instead).
-            handling = asyncio.ensure_future(consumer.handler(message))
+            if consumer.with_sender:
+                handling = asyncio.ensure_future(consumer.handler(message, incoming.user_id))  # type: ignore[call-arg]
+            else:
+                handling = asyncio.ensure_future(consumer.handler(message))  # type: ignore[call-arg]
             try:
                 await asyncio.shield(handling)
             except asyncio.CancelledError:
