@@ -21,8 +21,8 @@ SEED = int(os.environ.get("GPUORCH_CHAOS_SEED", "12"))
 # (fencing deadline - grace), fencing deadline < the scheduler's lost-after, node heartbeat < suspect-after.
 FAST_LEASES = {
     "GPUORCH_HEARTBEAT_S": "1", "GPUORCH_TICK_S": "0.5",
-    "GPUORCH_SUSPECT_AFTER_S": "3", "GPUORCH_LOST_AFTER_S": "7",
-    "GPUORCH_FENCING_DEADLINE_S": "4", "GPUORCH_FENCING_GRACE_S": "1", "GPUORCH_EXECUTOR_HEARTBEAT_S": "0.5",
+    "GPUORCH_SUSPECT_AFTER_S": "3", "GPUORCH_LOST_AFTER_S": "8",
+    "GPUORCH_FENCING_DEADLINE_S": "5", "GPUORCH_FENCING_GRACE_S": "1", "GPUORCH_EXECUTOR_HEARTBEAT_S": "0.5",
     "GPUORCH_EXECUTOR_POLL_S": "0.1",
 }
 LOST_AFTER_S = float(FAST_LEASES["GPUORCH_LOST_AFTER_S"])

@@ -65,11 +65,14 @@ async def test_executor_sigkilled_while_jobs_run(chaos_stack: ChaosStack, pg_dsn
         chaos_stack.start_executor()
         states = await wait_states(pg_dsn, [s.job_id for s in submits], ("succeeded", "failed"), timeout_s=120)
     verdict = await check_invariants(pg_dsn, run_log=run_log)
-    report("executor-sigkill", f"{verdict.figures()}; all ended {time.monotonic() - killed_at:.1f}s after the kill")
+    starts = [line for line in run_log.read_text().splitlines() if line.startswith("start")]
+    report("executor-sigkill", f"{verdict.figures()}; runs {len(starts)} for {len(submits)} jobs, all ended "
+           f"{time.monotonic() - killed_at:.1f}s after the kill")
     verdict.assert_holds()
     assert set(states.values()) == {"succeeded"}
-    starts = [line for line in run_log.read_text().splitlines() if line.startswith("start")]
-    assert len(starts) == len(submits), "each job ran exactly once"
+    # Each job ran once, unless the restarted executor took longer than the fence (deadline - grace) to renew
+    # the lease: then supervisors stopped their jobs and they ran again, one copy after the other (checked above).
+    assert len(starts) == len(submits) + verdict.requeues
 
 
 @pytest.mark.xfail(strict=True, reason="needs the scheduler side of the executor lease (issue 12): liveness from "
