@@ -38,7 +38,7 @@ def submission(**spec: object) -> SubmitJob:
     ("acme-ci", {}, ("acme", "normal")),
     ("acme-ci", {"tenant": "acme", "priority_class": "low"}, ("acme", "low")),
     ("acme-ci", {"tenant": "other"}, "may not submit for tenant 'other'"),
-    ("acme-ci", {"tenant": "default"}, "may not submit for tenant 'default'"),  # the literal default is a tenant
+    ("acme-ci", {"tenant": "default"}, ("acme", "normal")),  # what an encoder writes for an omitted tenant
     ("acme-ci", {"priority_class": "critical"}, "at most priority 'normal', not 'critical'"),
     ("multi", {"tenant": "b"}, ("b", "low")),  # omitted priority is lowered to the ceiling
     ("multi", {}, "names no tenant and multi has no default tenant"),

@@ -122,7 +122,7 @@ async def test_the_batcher_answers_each_delivery_with_its_own_outcome() -> None:
     seen: list[tuple[list[str], bool]] = []
 
     async def handle_batch(messages: list[Message], *, tick: bool = False,
-                           traces: object = None) -> list[Exception | None]:
+                           traces: object = None, senders: object = None) -> list[Exception | None]:
         seen.append(([m.spec.name for m in messages], tick))  # type: ignore[attr-defined]
         return [ValueError("bad") if m.spec.name == "bad" else None for m in messages]  # type: ignore[attr-defined]
 

@@ -38,6 +38,8 @@ __all__ = [
 
 ANY_TENANT = "*"
 Role = Literal["submitter", "operator", "service"]
+DEFAULT_TENANT = "default"
+"""``JobSpec.tenant``'s default: a spec that says ``default`` named no tenant."""
 
 
 class Identity(BaseModel):
@@ -125,7 +127,8 @@ def authorize_submission(
     """The spec to admit (tenant and priority class filled from the identity) or why the submission is refused.
 
     ``submission`` must be the message as decoded from the wire: whether ``tenant``/``priority_class`` were
-    omitted is read from the spec's ``model_fields_set``.
+    omitted is read from the spec's ``model_fields_set``. A tenant equal to the contract's default
+    (``"default"``, what an encoder writes for an omitted tenant) counts as omitted.
     """
     spec = submission.spec if isinstance(submission, SubmitJob) else submission
     identity = identity_map.identity_of(user_id)
@@ -133,13 +136,16 @@ def authorize_submission(
         return Rejection(f"publisher {user_id!r} is not in the identity map: it may not submit jobs")
     if identity.role == "service":
         return Rejection(f"{user_id} is a service identity: services do not submit jobs")
-    if "tenant" in spec.model_fields_set:
+    named = "tenant" in spec.model_fields_set and spec.tenant != DEFAULT_TENANT
+    if named:
         tenant = spec.tenant
         if not identity.may_use(tenant):
             allowed = ", ".join(identity.tenants) or "none"
             return Rejection(f"{user_id} may not submit for tenant {tenant!r} (its tenants: {allowed})")
     elif identity.default_tenant is not None:
         tenant = identity.default_tenant
+    elif identity.may_use(DEFAULT_TENANT):
+        tenant = DEFAULT_TENANT
     else:
         return Rejection(f"the spec names no tenant and {user_id} has no default tenant")
     ceiling = PRIORITY_VALUE[identity.max_priority]

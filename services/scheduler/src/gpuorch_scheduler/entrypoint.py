@@ -33,7 +33,8 @@ from typing import Any
 
 import asyncpg
 from gpuorch_contracts import EVENTS_EXCHANGE, SUBMIT_EXCHANGE, Message, NodeHeartbeat, event_binding
-from gpuorch_messaging import Broker, QueueSpec
+from gpuorch_identity import IdentityMap, load_identity_map
+from gpuorch_messaging import Broker, QueueSpec, answer_invalid_submission, scheduler_accepts
 from gpuorch_observability import configure, get_logger, inject_trace, start_metrics_server
 from gpuorch_store import OutboxRelay, ensure_database, migrate
 
@@ -58,6 +59,10 @@ ENVIRONMENT = {
     "GPUORCH_BATCH_WAIT_MS": ("milliseconds a batch waits for more messages after its first", "20"),
     "GPUORCH_RETENTION_S": ("seconds a finished job stays in the scheduler's memory (the read model keeps it)",
                             "3600"),
+    "GPUORCH_IDENTITY_MAP": ("identity map (JSON): broker users -> tenants, default tenant, highest priority, role",
+                             ""),
+    "GPUORCH_IDENTITY": ("strict, or trust_all for local development (everyone an operator; no identity map needed)",
+                         "strict"),
     "GPUORCH_QUOTAS": ('tenant quotas as JSON: {"team-a": {"gpus": 8, "gpu_memory_mib": 655360}, "*": {"gpus": 2}}',
                        ""),
     "GPUORCH_QUOTAS_FILE": ("path of a JSON file with the quotas (read at start; GPUORCH_QUOTAS wins)", ""),
@@ -94,6 +99,7 @@ class Settings:
     batch_max: int
     batch_wait_s: float
     retention_s: float
+    identity_map: IdentityMap
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
@@ -117,6 +123,16 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         queues = QueuePolicy.from_json(quotas_text, float(env("GPUORCH_AGEING_POINTS_PER_MINUTE")))
     except ValueError as exc:
         parser.error(f"GPUORCH_QUOTAS: {exc}")
+    if env("GPUORCH_IDENTITY_MAP"):
+        try:
+            identity_map = load_identity_map(env("GPUORCH_IDENTITY_MAP"))
+        except (OSError, ValueError) as exc:
+            parser.error(f"GPUORCH_IDENTITY_MAP: {exc}")
+    elif env("GPUORCH_IDENTITY") == "trust_all":
+        identity_map = IdentityMap.development()
+    else:
+        parser.error("GPUORCH_IDENTITY_MAP is required (who may submit for which tenant); "
+                     "GPUORCH_IDENTITY=trust_all only for local development")
     queues = dataclasses.replace(
         queues, max_queued_per_tenant=int(env("GPUORCH_MAX_QUEUED_PER_TENANT")),
         submissions_per_s=float(env("GPUORCH_SUBMISSIONS_PER_S")),
@@ -131,11 +147,15 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         snapshot_every_events=int(env("GPUORCH_SNAPSHOT_EVERY_EVENTS")),
         snapshot_every_s=float(env("GPUORCH_SNAPSHOT_EVERY_S")),
         batch_max=int(env("GPUORCH_BATCH_MAX")), batch_wait_s=float(env("GPUORCH_BATCH_WAIT_MS")) / 1000.0,
-        retention_s=float(env("GPUORCH_RETENTION_S")),
+        retention_s=float(env("GPUORCH_RETENTION_S")), identity_map=identity_map,
     )
 
 
-def scheduler_queues() -> tuple[QueueSpec, QueueSpec]:
+def scheduler_queues(identity_map: IdentityMap | None = None) -> tuple[QueueSpec, QueueSpec]:
+    """The scheduler's two queues, each taking only its message types from the publishers allowed to send them
+    (``scheduler_accepts``); with an identity map, an identifiable invalid submission is answered with a
+    ``job.rejected`` routed to its publisher's default tenant."""
+    on_invalid = answer_invalid_submission(identity_map.default_tenant) if identity_map is not None else None
     main = QueueSpec(
         SCHEDULER_QUEUE,
         [
@@ -147,9 +167,10 @@ def scheduler_queues() -> tuple[QueueSpec, QueueSpec]:
         ],
         prefetch=1000, delivery_limit=10, single_active_consumer=True,
         max_length=1_000_000, overflow="reject-publish",  # a safety bound: submitters are told (nack), not dropped
+        accepts=scheduler_accepts(), on_invalid=on_invalid,
     )
     heartbeats = QueueSpec(HEARTBEAT_QUEUE, [(EVENTS_EXCHANGE, "node.heartbeat")], prefetch=500,
-                           max_length=20000, overflow="drop-head", delivery_limit=3)
+                           max_length=20000, overflow="drop-head", delivery_limit=3, accepts=scheduler_accepts())
     return main, heartbeats
 
 
@@ -169,22 +190,23 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             liveness=LivenessPolicy(suspect_after_s=settings.suspect_after_s, lost_after_s=settings.lost_after_s),
             queues=settings.queues, preemption_margin_s=settings.preemption_margin_s,
             snapshot_every_events=settings.snapshot_every_events, snapshot_every_s=settings.snapshot_every_s,
-            retention_s=settings.retention_s, freeze_after_recovery=True))
+            retention_s=settings.retention_s, freeze_after_recovery=True, identity=settings.identity_map))
         await service.recover()
-        broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}")
+        broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}",
+                        node_scopes=settings.identity_map.node_scopes)
         await broker.connect()
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
         relay = OutboxRelay(pool, broker, poll_interval=0.5, batch_size=1000, pipeline=True,
                             on_parked=service.on_outbox_parked)
         relay_task = asyncio.create_task(relay.run_forever(), name="outbox-relay")
-        main_queue, heartbeat_queue = scheduler_queues()
+        main_queue, heartbeat_queue = scheduler_queues(settings.identity_map)
 
         async def on_heartbeat(message: Message) -> None:
             if isinstance(message, NodeHeartbeat):
                 await service.heartbeat(message)
 
         batcher = Batcher(service.handle_batch, settings.batch_max, settings.batch_wait_s, settings.tick_s)
-        await broker.consume(main_queue, batcher.handle)
+        await broker.consume(main_queue, batcher.handle, with_sender=True)
         await broker.consume(heartbeat_queue, on_heartbeat)
         try:
             await batcher.run(stop, watch=relay_task)
@@ -214,13 +236,14 @@ class Batcher:
                  tick_s: float = 1.0) -> None:
         self._handle_batch = handle_batch
         self.max_messages, self.max_wait_s, self.tick_s = max(1, max_messages), max_wait_s, tick_s
-        self._waiting: list[tuple[Message, dict[str, Any], asyncio.Future[None]]] = []
+        self._waiting: list[tuple[Message, dict[str, Any], str | None, asyncio.Future[None]]] = []
         self._arrived = asyncio.Event()
 
-    async def handle(self, message: Message) -> None:
+    async def handle(self, message: Message, user_id: str | None = None) -> None:
+        """One delivery (``user_id``: its verified publisher); returns once its batch committed."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         trace = dict(inject_trace({}))  # the delivery's span: decisions about this message join its trace
-        self._waiting.append((message, trace, done))
+        self._waiting.append((message, trace, user_id, done))
         self._arrived.set()
         await done
 
@@ -264,14 +287,15 @@ class Batcher:
             if not batch and not tick:
                 continue
             try:
-                outcomes = await self._handle_batch([m for m, _, _ in batch], tick=tick,
-                                                    traces=[t for _, t, _ in batch])
+                outcomes = await self._handle_batch([m for m, _, _, _ in batch], tick=tick,
+                                                    traces=[t for _, t, _, _ in batch],
+                                                    senders=[u for _, _, u, _ in batch])
             except BaseException as exc:
-                for _, _, done in batch:
+                for _, _, _, done in batch:
                     if not done.done():
                         done.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
                 raise
-            for (_, _, done), outcome in zip(batch, outcomes, strict=True):
+            for (_, _, _, done), outcome in zip(batch, outcomes, strict=True):
                 if done.done():
                     continue  # the delivery was cancelled (its connection dropped): the broker redelivers it
                 if outcome is None:

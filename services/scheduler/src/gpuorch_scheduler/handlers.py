@@ -52,6 +52,7 @@ from gpuorch_contracts import (
     encode,
 )
 from gpuorch_contracts.jobs import TenantRouted
+from gpuorch_identity import IdentityMap, Rejection, authorize_cancel, authorize_submission
 from gpuorch_observability import get_logger, inject_trace
 from gpuorch_store import (
     NewEvent,
@@ -111,6 +112,9 @@ class SchedulerConfig:
     snapshot_every_s: float = 300.0
     retention_s: float = DEFAULT_RETENTION_S
     """Seconds a finished job stays in the scheduler's memory (the log and the read model keep it)."""
+    identity: IdentityMap | None = None
+    """Who may submit for which tenant at which priority, and cancel which jobs (None: no checks, for tests of
+    other things; the service always has one, ``IdentityMap.development()`` when it runs with trust_all)."""
     freeze_after_recovery: bool = False
     """Move the recovered state out of the garbage collector's reach (the service does; tests that recover
     thousands of times do not pay a full collection each time)."""
@@ -168,6 +172,7 @@ class SchedulerService:
         self._last_cycle_at = 0.0
         self._last_mix_at = -math.inf
         self._traces: dict[uuid.UUID, dict[str, Any]] = {}
+        self._senders: dict[uuid.UUID, str | None] = {}
         self._rates = SubmissionRates()
         self._delivery_trace: dict[str, Any] | None = None
 
@@ -215,12 +220,16 @@ class SchedulerService:
         await self.handle_batch([], tick=True)
 
     async def handle_batch(self, messages: list[Message], *, tick: bool = False,
-                           traces: list[dict[str, Any]] | None = None) -> list[Exception | None]:
+                           traces: list[dict[str, Any]] | None = None,
+                           senders: list[str | None] | None = None) -> list[Exception | None]:
         """Apply ``messages`` (and, with ``tick``, the periodic work) in one transaction; one outcome per message:
         None once it is committed (ack it), or the error it raised alone (the rest of the batch is committed
         without it). A failing tick is logged and retried at the next one. ``traces`` carries each message's
-        delivery trace context (a ``traceparent`` mapping): what is decided about a new job joins that trace."""
+        delivery trace context (a ``traceparent`` mapping): what is decided about a new job joins that trace;
+        ``senders`` each message's verified publisher (AMQP user_id), checked against ``config.identity`` for
+        submissions and cancels."""
         self._traces = {m.message_id: t for m, t in zip(messages, traces or [], strict=False) if t}
+        self._senders = {m.message_id: u for m, u in zip(messages, senders or [], strict=False)}
         async with self._lock:
             started = time.perf_counter()
             try:
@@ -340,9 +349,13 @@ class SchedulerService:
             case SubmitJob():
                 if message.job_id in batch.known_jobs:
                     return  # accepted (or rejected) long ago and forgotten from memory since: idempotent
-                decision = admit(self.state, message, self.config.queues, now, self._rates)
+                decision = self._admit(message, now)
                 batch.wants_cycle = True
             case CancelJob():
+                refused = self._cancel_refused(message)
+                if refused is not None:
+                    log.warning("scheduler.cancel_refused", job_id=str(message.job_id), reason=refused)
+                    return
                 decision = cancel(self.state, message)
             case JobFailed() if message.cause == "lost" and message.placement_id and message.node_id:
                 incoming = JobLost(message_id=message.message_id, job_id=message.job_id,
@@ -378,6 +391,28 @@ class SchedulerService:
         batch.published += decision.published
         if decision.logged or decision.published:
             batch.wants_cycle = True
+
+    def _admit(self, submit: SubmitJob, now: float) -> Decision:
+        """Admission: tenant and priority from the publisher's identity, then fit, quota and admission limits."""
+        identity = self.config.identity
+        if identity is not None and submit.job_id not in self.state.jobs:
+            sender = self._senders.get(submit.message_id)
+            verdict = authorize_submission(identity, sender, submit)
+            if isinstance(verdict, Rejection):
+                return Decision(logged=[JobRejected(
+                    message_id=decision_id("rejected", submit.job_id), job_id=submit.job_id,
+                    reason=verdict.reason[:1000], tenant=identity.default_tenant(sender))])
+            submit = submit.model_copy(update={"spec": verdict})
+        return admit(self.state, submit, self.config.queues, now, self._rates)
+
+    def _cancel_refused(self, request: CancelJob) -> str | None:
+        """Why the publisher may not cancel this job (only its tenant or an operator may), else None."""
+        identity = self.config.identity
+        job = self.state.jobs.get(request.job_id)
+        if identity is None or job is None:
+            return None
+        refused = authorize_cancel(identity, self._senders.get(request.message_id), job.spec.tenant)
+        return refused.reason if refused is not None else None
 
     def _fold_tick(self, now: float, batch: _Batch) -> None:
         decision, alert = liveness(self.state, self.last_seen, self._lease_clock(), self.config.liveness)
