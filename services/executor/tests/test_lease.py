@@ -50,7 +50,8 @@ async def test_each_round_publishes_one_heartbeat_per_node_with_its_running_plac
     assert await renewer.renew()
     beats = harness.publisher.of_type(ExecutorHeartbeat)
     assert [b.sequence for b in beats] == [0, 1]
-    assert beats[0].node_id == NODE and beats[0].running == [command.placement_id]
+    assert beats[0].node_id == NODE
+    assert [(r.placement_id, r.job_id) for r in beats[0].running] == [(command.placement_id, command.job_id)]
     assert beats[0].fencing_deadline_s == 8 and beats[0].interval_s == 1
     await harness.executor.handle(StopJob(node_id=NODE, job_id=command.job_id, placement_id=command.placement_id,
                                           grace_s=0))

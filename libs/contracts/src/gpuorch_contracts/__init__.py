@@ -53,6 +53,7 @@ from gpuorch_contracts.nodes import (
     NodeLivenessChanged,
     NodeRegistered,
     ProcessUsage,
+    RunningPlacement,
 )
 from gpuorch_contracts.routing import (
     COMMANDS_EXCHANGE,
@@ -79,7 +80,7 @@ __all__ = [
     "JobCheckpointed", "JobFailed", "JobFinished", "JobLost", "JobPlaced", "JobPreempting", "JobQueued",
     "JobRejected", "JobRequeued", "JobSpec", "JobStarted", "LaunchJob", "Message", "MigGpuLayout", "MigInstance",
     "ModelHints", "NodeAssignment", "NodeHeartbeat", "NodeInventory", "NodeRegistered", "ProcessRun",
-    "ProcessUsage", "StopJob", "SubmitJob", "UnknownMessageType", "decode", "encode", "route", "utc_now",
+    "ProcessUsage", "RunningPlacement", "StopJob", "SubmitJob", "UnknownMessageType", "decode", "encode", "route", "utc_now",
     "AlertRaised", "AlertResolved", "RecommendationMade",
     "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "reason_text",
     "strip_terminal_controls", "TENANT_ROUTED_TYPES", "event_binding", "tenant_binding",

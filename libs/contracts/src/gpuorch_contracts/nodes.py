@@ -171,6 +171,13 @@ class GpuUsageSampled(Message):
     samples: Annotated[list[GpuSample], Field(max_length=64)]
 
 
+class RunningPlacement(Strict):
+    """A placement an executor runs (or is stopping): what a scheduler needs to send it a ``StopJob``."""
+
+    placement_id: uuid.UUID
+    job_id: uuid.UUID
+
+
 class ExecutorHeartbeat(Message):
     """An executor renews its node's lease (the node-agent's ``NodeHeartbeat`` is the other half).
 
@@ -188,8 +195,8 @@ class ExecutorHeartbeat(Message):
     fencing_deadline_s: float = Field(gt=0, le=86_400, description="the executor stops every job when it has not "
                                       "renewed its lease for this long; a scheduler must not requeue them sooner")
     interval_s: float = Field(gt=0, le=3_600, description="seconds between this executor's heartbeats")
-    running: Annotated[list[uuid.UUID], Field(max_length=4096)] = Field(
-        default=[], description="placement ids active on this node (launching, running or stopping)")
+    running: Annotated[list[RunningPlacement], Field(max_length=4096)] = Field(
+        default=[], description="placements active on this node (launching, running or stopping)")
     running_truncated: bool = Field(default=False, description="more placements run than ``running`` lists")
 
 

@@ -24,7 +24,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from gpuorch_contracts import ExecutorHeartbeat
+from gpuorch_contracts import ExecutorHeartbeat, RunningPlacement
 from gpuorch_messaging.abc import Publisher, PublishError
 from gpuorch_observability import get_logger
 
@@ -59,7 +59,8 @@ class LeaseRenewer:
     def heartbeats(self) -> list[ExecutorHeartbeat]:
         beats = []
         for executor in self.executors:
-            active = [r.placement_id for r in executor.active_placements()]
+            active = [RunningPlacement(placement_id=r.placement_id, job_id=r.job_id)
+                      for r in executor.active_placements()]
             beats.append(ExecutorHeartbeat(
                 node_id=executor.node_id, sequence=self.sequence, fencing_deadline_s=self.fence.deadline_s,
                 interval_s=self.interval_s, running=active[:MAX_LISTED_PLACEMENTS],
