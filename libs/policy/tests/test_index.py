@@ -46,7 +46,7 @@ def test_index_decides_exactly_as_place(name: str, ops: list[tuple[int, int]]) -
         got = index.place(request)
         assert isinstance(got, Placement) == isinstance(expected, Placement)
         if isinstance(expected, Placement):
-            assert (got.node_id, got.score) == (expected.node_id, expected.score)  # type: ignore[union-attr]
+            assert (got.node_id, got.score, got.gpus) == (expected.node_id, expected.score, expected.gpus)  # type: ignore[union-attr]
         if kind <= 2 and isinstance(got, Placement):
             cluster.assign(request, got)
             held.append((request, got))

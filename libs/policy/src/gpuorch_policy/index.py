@@ -29,6 +29,8 @@ from gpuorch_policy.framework import Policy, choose_gpus, feasible_mask, place, 
 from gpuorch_policy.model import Placement, Request, Unfit
 
 GpuChooser = Callable[[Request, Cluster, int, int], tuple[tuple[int, int], ...]]
+_Entry = tuple[int, int, int, int, int, Hashable]
+"""(-score, name rank, row, version, scorer's GPU pick, memo key of the node's state or None)."""
 """(request, cluster, row, scorer's pick) -> the (slot, milli) pairs used on that node."""
 
 _MEMO_LIMIT = 1_000_000
@@ -39,7 +41,7 @@ class _ShapeHeap:
     __slots__ = ("entries", "epoch", "seen")
 
     def __init__(self) -> None:
-        self.entries: list[tuple[int, int, int, int, int]] = []  # (-score, name rank, row, version, pick)
+        self.entries: list[_Entry] = []
         self.epoch = -1
         self.seen = 0
 
@@ -53,7 +55,8 @@ class PlacementIndex:
         self.chooser = chooser
         self.indexed = bool(getattr(policy.scorer, "node_local", False))
         self._heaps: dict[Hashable, _ShapeHeap] = {}
-        self._memo: dict[tuple[Hashable, int, tuple[object, ...]], tuple[int, int] | None] = {}
+        self._memo: dict[Hashable, tuple[int, int] | None] = {}
+        self._chosen: dict[Hashable, tuple[tuple[int, int], ...]] = {}
         self.stats = {"rebuilds": 0, "rescored": 0, "memo_hits": 0}
 
     def place(self, request: Request, exclude: Collection[int] = (), explain: bool = True) -> Placement | Unfit:
@@ -64,8 +67,8 @@ class PlacementIndex:
         heap = self._current_heap(request)
         entries = self._caught_up(request, heap)
         version = cluster.version
-        put_back: list[tuple[int, int, int, int, int]] = []
-        found: tuple[int, int, int, int, int] | None = None
+        put_back: list[_Entry] = []
+        found: _Entry | None = None
         while entries:
             top = entries[0]
             if top[3] != version[top[2]]:
@@ -82,8 +85,12 @@ class PlacementIndex:
             if not explain:
                 return Unfit(())
             return self._unfit(request, exclude)
-        row = found[2]
-        gpus = self.chooser(request, cluster, row, found[4])
+        row, key = found[2], found[5]
+        gpus = self._chosen.get(key) if key is not None else None
+        if gpus is None:
+            gpus = self.chooser(request, cluster, row, found[4])
+            if key is not None:
+                self._chosen[key] = gpus  # equal nodes in equal states get the same GPUs
         return Placement(node_id=cluster.node_ids[row], gpus=gpus, score=-found[0])
 
     def fitting_rows(self, request: Request) -> list[int]:
@@ -100,7 +107,7 @@ class PlacementIndex:
             heap = self._heaps[request] = _ShapeHeap()
         return heap
 
-    def _caught_up(self, request: Request, heap: _ShapeHeap) -> list[tuple[int, int, int, int, int]]:
+    def _caught_up(self, request: Request, heap: _ShapeHeap) -> list[_Entry]:
         cluster = self.cluster
         size = cluster.size
         if heap.epoch == cluster.epoch and heap.seen <= len(cluster.changes):
@@ -123,7 +130,7 @@ class PlacementIndex:
         self.stats["rebuilds"] += 1
         return heap.entries
 
-    def _entries(self, request: Request, rows: IntArray) -> list[tuple[int, int, int, int, int]]:
+    def _entries(self, request: Request, rows: IntArray) -> list[_Entry]:
         """Heap entries for the feasible ones among ``rows``, from the memo where the same class and state of
         node was scored before."""
         cluster = self.cluster
@@ -143,14 +150,16 @@ class PlacementIndex:
                     memo[keys[k]] = value
                 if len(memo) > _MEMO_LIMIT:
                     memo.clear()
+                    self._chosen.clear()
                 values = [memo.get(key) for key in keys]
             else:
                 values = scored
         else:
             values = [memo[key] for key in keys]  # type: ignore[union-attr]
         rank, version = cluster.name_rank, cluster.version
-        return [(-v[0], int(rank[r]), int(r), int(version[r]), v[1]) for r, v in zip(rows, values, strict=True)
-                if v is not None]
+        keyed = keys if keys is not None else [None] * len(rows)
+        return [(-v[0], int(rank[r]), int(r), int(version[r]), v[1], k)
+                for r, v, k in zip(rows, values, keyed, strict=True) if v is not None]
 
     def _score(self, request: Request, rows: IntArray) -> list[tuple[int, int] | None]:
         """(score, scorer's GPU pick) per row, None where a filter rules the node out."""

@@ -861,3 +861,28 @@ def recovery(
                                 "state_jobs_without_snapshot", "state_jobs", "state_nodes", "snapshot_mib_stored",
                                 "snapshot_error", "fill_s", "load_avg_1m_start"),
                      "gpuctl bench recovery")
+
+
+@bench_app.command()
+def core(
+    nodes: Annotated[str, typer.Option(help="comma-separated fleet sizes (h100x8 nodes)")] = "1000,10000",
+    jobs: Annotated[int, typer.Option(min=1, help="one-GPU jobs per fleet size (at most 8 x nodes)")] = 10_000,
+    repeats: Annotated[int, typer.Option(min=1, help="runs per fleet size; medians are reported")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
+) -> None:
+    """The placement core in process (no broker, no database): one-GPU jobs onto N x 8 GPUs, the shape of
+    Armada's scheduler benchmark. Keys per fleet size: placements_per_s (one scheduling cycle of the scheduler's
+    own state and fold deciding every job) and engine_placements_per_s (the placement index alone)."""
+    from gpuorch_gpuctl.bench_core import run_core
+
+    sizes = [int(n) for n in nodes.split(",") if n.strip()]
+    rows = []
+    for size in sizes:
+        _progress(f"core: {size} nodes, {min(jobs, size * 8)} jobs, {repeats} runs")
+        rows += run_core([size], jobs, repeats)
+    result = {"machine": _machine(), "load_avg_1m": round(os.getloadavg()[0], 2), "fleets": rows}
+    if as_json:
+        print(json.dumps(result))
+        return
+    _print_table(rows, ["nodes", "gpus", "jobs", "placed", "placements_per_s", "engine_placements_per_s", "repeats"],
+                 "Placement core in process (medians)")
