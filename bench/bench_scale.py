@@ -3,6 +3,7 @@
     uv run python bench/bench_scale.py e2e --nodes 1000 --rate 500 --jobs 5000 --runs 5
     uv run python bench/bench_scale.py recovery --events 1000000 --repeats 3
     uv run python bench/bench_scale.py curve --nodes 100,1000,5000,10000 --rate 200 --jobs 2000
+    uv run python bench/bench_scale.py core --nodes 1000,10000 --jobs 10000 --repeats 5
 
 Each part runs `python -m gpuorch_gpuctl bench <part> ... --json` in a subprocess (the same code as the CLI),
 prints a Markdown table (for e2e: every run, then the median of each column) and writes it with the raw JSON to
@@ -30,6 +31,7 @@ E2E_COLUMNS = ["nodes", "offered_per_s", "jobs", "placed", "placements_per_s", "
 CURVE_COLUMNS = ["nodes", "jobs", "placed", "offered_per_s", "placements_per_s", "cpu_ms_per_message",
                  "cpu_ms_per_message_net", "scheduler_idle_cpu_pct", "p50_ms", "p99_ms", "raw_p50_ms",
                  "scheduler_rss_mib", "load_avg_1m_start"]
+CORE_COLUMNS = ["nodes", "gpus", "jobs", "placed", "placements_per_s", "engine_placements_per_s", "repeats"]
 RECOVERY_COLUMNS = ["events", "nodes", "recover_no_snapshot_s", "recover_no_snapshot_runs_s", "recover_snapshot_s",
                     "recover_snapshot_runs_s", "jobs_in_log", "state_jobs_without_snapshot", "state_jobs", "state_nodes",
                     "snapshot_mib_stored", "snapshot_error", "fill_s", "load_avg_1m_start"]
@@ -93,7 +95,11 @@ def main() -> int:
     curve.add_argument("--jobs", type=int, default=2000)
     curve.add_argument("--timeout-s", type=float, default=300)
     curve.add_argument("--png", default="docs/img/cost_curve.png")
-    for sub in (e2e, recovery, curve):
+    core = parts.add_parser("core")
+    core.add_argument("--nodes", default="1000,10000")
+    core.add_argument("--jobs", type=int, default=10_000)
+    core.add_argument("--repeats", type=int, default=5)
+    for sub in (e2e, recovery, curve, core):
         sub.add_argument("--label", default="", help="names the results file (e.g. before, after)")
     args = parser.parse_args()
     command = " ".join(["uv run python bench/bench_scale.py", *sys.argv[1:]])
@@ -116,6 +122,13 @@ def main() -> int:
         rows = [gpuctl_bench("recovery", ["--events", str(args.events), "--repeats", str(args.repeats)], 3600)]
         table = markdown(rows, RECOVERY_COLUMNS)
         name = f"scale-recovery{'-' + args.label if args.label else ''}"
+    elif args.part == "core":
+        title = f"# placement core in process: {args.jobs} one-GPU jobs, medians of {args.repeats}\n"
+        result = gpuctl_bench("core", ["--nodes", args.nodes, "--jobs", str(args.jobs), "--repeats",
+                                       str(args.repeats)], 3600)
+        rows = result.get("fleets", [result])
+        table = markdown(rows, CORE_COLUMNS)
+        name = f"scale-core{'-' + args.label if args.label else ''}"
     else:
         title = f"# cost curve: {args.rate:g} SubmitJob/s, up to {args.jobs} jobs per fleet size\n"
         result = gpuctl_bench("curve", ["--nodes", args.nodes, "--rate", str(args.rate), "--jobs", str(args.jobs),

@@ -29,6 +29,7 @@ RUNS: list[tuple[str, list[str]]] = [
                         "--timeout-s", "60"]),
     ("bench_scale.py", ["e2e", "--nodes", "5000", "--rate", "2000", "--jobs", "10000", "--runs", "1",
                         "--timeout-s", "60"]),
+    ("bench_scale.py", ["core", "--nodes", "1000,10000", "--jobs", "10000", "--repeats", "5"]),
     ("bench_scale.py", ["recovery", "--events", "1000000", "--repeats", "1"]),
     ("bench_scale.py", ["curve", "--nodes", "100,1000,5000,10000", "--rate", "200", "--jobs", "2000",
                         "--timeout-s", "45"]),
