@@ -214,3 +214,42 @@ def test_snapshot_round_trip_preserves_state() -> None:
     state.position = 7
     again = SchedulerState.from_snapshot(state.to_snapshot())
     assert again.to_snapshot() == state.to_snapshot()
+
+
+def test_a_node_whose_agent_is_silent_but_executor_renews_is_suspect_never_lost() -> None:
+    """Only the node-agent died: its jobs still run under a live executor, so nothing is requeued (no job runs
+    twice); once the executor is silent past its own fencing deadline the node is lost and the job moves."""
+    from gpuorch_scheduler.domain.decide import ExecutorLease
+
+    state = SchedulerState()
+    for n in ("n1", "n2", "n3"):
+        state.apply(node(n, gpus=1))
+    job = accepted(state, JobSpec(run=RUN, resources=GpuRequest(gpus=1)))
+    run_cycle(state)
+    on = state.jobs[job].assignments[0].node_id
+    policy = LivenessPolicy(suspect_after_s=10, lost_after_s=60)
+    agents = {n: 1000.0 for n in state.nodes}
+    agents[on] = 0.0  # its node-agent died at t=0
+    executors = {n: ExecutorLease(1000.0, fencing_deadline_s=30) for n in state.nodes}
+    decision, _ = liveness(state, agents, 1000.0, policy, executors)
+    assert [(e.node_id, e.liveness) for e in decision.logged] == [(on, "suspect")]  # type: ignore[attr-defined]
+    for e in decision.logged:
+        state.apply(e)
+    assert not state.fleet.cluster.schedulable[state.fleet.cluster.index_of[on]]  # no new work there
+    # long past lost_after_s for the agent, but the executor keeps renewing: still suspect, job untouched
+    decision, _ = liveness(state, agents, 1000.0, policy, executors)
+    assert decision.logged == [] and state.jobs[job].state == "placed"
+    # the executor goes silent too: lost only after max(lost_after_s, its fencing deadline + margin)
+    def others_fresh(t: float) -> None:
+        for n in state.nodes:
+            if n != on:
+                agents[n], executors[n] = t, ExecutorLease(t, 30)
+
+    executors[on] = ExecutorLease(1000.0, fencing_deadline_s=120)
+    others_fresh(1100.0)
+    early, _ = liveness(state, agents, 1100.0, policy, executors)
+    assert early.logged == []
+    others_fresh(1130.0)
+    late, _ = liveness(state, agents, 1130.0, policy, executors)
+    assert [e.TYPE for e in late.logged] == ["node.liveness_changed", "job.requeued"]
+    assert "executor silent" in late.logged[0].reason  # type: ignore[attr-defined]

@@ -32,7 +32,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from gpuorch_contracts import EVENTS_EXCHANGE, SUBMIT_EXCHANGE, Message, NodeHeartbeat, event_binding
+from gpuorch_contracts import (
+    EVENTS_EXCHANGE,
+    SUBMIT_EXCHANGE,
+    ExecutorHeartbeat,
+    Message,
+    NodeHeartbeat,
+    event_binding,
+)
 from gpuorch_identity import IdentityMap, load_identity_map
 from gpuorch_messaging import Broker, QueueSpec, answer_invalid_submission, scheduler_accepts
 from gpuorch_observability import configure, get_logger, inject_trace, start_metrics_server
@@ -169,7 +176,8 @@ def scheduler_queues(identity_map: IdentityMap | None = None) -> tuple[QueueSpec
         max_length=1_000_000, overflow="reject-publish",  # a safety bound: submitters are told (nack), not dropped
         accepts=scheduler_accepts(), on_invalid=on_invalid,
     )
-    heartbeats = QueueSpec(HEARTBEAT_QUEUE, [(EVENTS_EXCHANGE, "node.heartbeat")], prefetch=500,
+    heartbeats = QueueSpec(HEARTBEAT_QUEUE, [(EVENTS_EXCHANGE, "node.heartbeat"), (EVENTS_EXCHANGE, "executor.heartbeat")],
+                           prefetch=500,
                            max_length=20000, overflow="drop-head", delivery_limit=3, accepts=scheduler_accepts())
     return main, heartbeats
 
@@ -204,6 +212,8 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         async def on_heartbeat(message: Message) -> None:
             if isinstance(message, NodeHeartbeat):
                 await service.heartbeat(message)
+            elif isinstance(message, ExecutorHeartbeat):
+                await service.executor_heartbeat(message)
 
         batcher = Batcher(service.handle_batch, settings.batch_max, settings.batch_wait_s, settings.tick_s)
         await broker.consume(main_queue, batcher.handle, with_sender=True)

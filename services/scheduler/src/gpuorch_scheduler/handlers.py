@@ -33,6 +33,7 @@ from typing import Any
 
 from gpuorch_contracts import (
     CancelJob,
+    ExecutorHeartbeat,
     FleetAlert,
     GpuHealthChanged,
     JobCheckpointed,
@@ -48,6 +49,7 @@ from gpuorch_contracts import (
     Message,
     NodeHeartbeat,
     NodeRegistered,
+    StopJob,
     SubmitJob,
     encode,
 )
@@ -68,6 +70,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from gpuorch_scheduler.domain.decide import (
     CycleLimits,
     Decision,
+    ExecutorLease,
     LivenessPolicy,
     Waiting,
     admit,
@@ -162,6 +165,9 @@ class SchedulerService:
         self._lease_clock = lease_clock or (time.monotonic if clock is time.time else clock)
         self.state = SchedulerState(retention_s=self.config.retention_s)
         self.last_seen: dict[str, float] = {}
+        self.executors: dict[str, ExecutorLease] = {}
+        self._strays: set[tuple[str, uuid.UUID, uuid.UUID]] = set()
+        self._stray_stopped: set[tuple[str, uuid.UUID]] = set()
         self.pending: dict[uuid.UUID, Waiting] = {}
         self._lock = asyncio.Lock()
         self._needs_reload = True
@@ -196,6 +202,7 @@ class SchedulerService:
         self.state = state
         renewed = self._lease_clock()
         self.last_seen = {node_id: renewed for node_id in state.nodes}
+        self.executors = {}
         self.pending = {}
         self._last_mix_at = -math.inf
         self._events_since_snapshot = replayed
@@ -284,6 +291,17 @@ class SchedulerService:
     async def heartbeat(self, beat: NodeHeartbeat) -> None:
         """Renew a node's lease (in memory only; latest wins)."""
         self.last_seen[beat.node_id] = self._lease_clock()
+
+    async def executor_heartbeat(self, beat: ExecutorHeartbeat) -> None:
+        """Renew the executor's half of a node's lease (memory only), and remember placements it runs that the
+        scheduler does not assign to that node: the next tick stops them."""
+        self.executors[beat.node_id] = ExecutorLease(self._lease_clock(), beat.fencing_deadline_s)
+        for running in beat.running:
+            job = self.state.jobs.get(running.job_id)
+            current = job is not None and job.holds_capacity and job.placement_id == running.placement_id and \
+                any(a.node_id == beat.node_id for a in job.assignments)
+            if not current:
+                self._strays.add((beat.node_id, running.job_id, running.placement_id))
 
     async def _commit(self, messages: list[Message], tick: bool) -> None:
         now = self._clock()
@@ -415,7 +433,9 @@ class SchedulerService:
         return refused.reason if refused is not None else None
 
     def _fold_tick(self, now: float, batch: _Batch) -> None:
-        decision, alert = liveness(self.state, self.last_seen, self._lease_clock(), self.config.liveness)
+        decision, alert = liveness(self.state, self.last_seen, self._lease_clock(), self.config.liveness,
+                                   self.executors)
+        decision.published.extend(self._stop_strays())
         stops = overdue(self.state, now, self._overdue_stopped)
         self._overdue_stopped.update(getattr(m, "placement_id", None) for m in stops.published)  # type: ignore[misc]
         decision.extend(stops)
@@ -428,6 +448,22 @@ class SchedulerService:
         for event in decision.logged:
             self._record(event, batch)
         batch.published += decision.published
+
+    def _stop_strays(self) -> list[Message]:
+        """StopJob for each placement an executor reported that is not (or no longer) assigned to its node, once
+        per placement and only if the log still does not assign it there."""
+        stops: list[Message] = []
+        for node_id, job_id, placement_id in sorted(self._strays, key=str):
+            job = self.state.jobs.get(job_id)
+            if job is not None and job.placement_id == placement_id and job.holds_capacity and \
+                    any(a.node_id == node_id for a in job.assignments):
+                continue  # placed meanwhile (the heartbeat raced the JobPlaced): not a stray
+            if (node_id, placement_id) not in self._stray_stopped:
+                stops.append(StopJob(node_id=node_id, job_id=job_id, placement_id=placement_id, reason="drain",
+                                     grace_s=0))
+                self._stray_stopped.add((node_id, placement_id))
+        self._strays.clear()
+        return stops
 
     def _cycle_due(self, now: float) -> bool:
         if now - self._last_cycle_at >= self.config.min_cycle_interval_s:

@@ -500,23 +500,51 @@ class LivenessPolicy:
     suspect_after_s: float = 15.0
     lost_after_s: float = 90.0
     mass_silence_fraction: float = 0.5
+    fencing_margin_s: float = 5.0
+    """Seconds past an executor's own fencing deadline before its node is declared lost."""
+
+
+@dataclass(frozen=True)
+class ExecutorLease:
+    """The executor's half of a node's lease: when it last renewed (lease clock) and its own fencing deadline."""
+
+    seen_at: float
+    fencing_deadline_s: float
 
 
 def liveness(
-    state: SchedulerState, last_seen: dict[str, float], now: float, policy: LivenessPolicy
+    state: SchedulerState, last_seen: dict[str, float], now: float, policy: LivenessPolicy,
+    executors: dict[str, ExecutorLease] | None = None,
 ) -> tuple[Decision, str | None]:
     """Lease transitions for every node, and an alert text when most nodes went silent at once.
+
+    A node's lease has two halves: its node-agent's heartbeats (``last_seen``) and, once one was received, its
+    executor's (``executors``). A node is ``alive`` only while both are fresh (``suspect_after_s``); otherwise it is
+    ``suspect`` and gets no new work. It is declared ``lost`` (its jobs requeued) only when whatever runs its jobs
+    has been silent long enough that they are surely stopped: the executor's silence past ``lost_after_s`` and past
+    its own fencing deadline (a silent node-agent with a live executor never loses the node's jobs: they still
+    run there); for a node whose executor was never heard from, the node-agent's silence past ``lost_after_s``.
 
     When more than ``mass_silence_fraction`` of the nodes are past the suspect deadline, no node is declared lost
     (a broker or network fault is likelier than many dead nodes): the alert is returned instead.
     """
+    executors = executors or {}
     decision = Decision()
-    silent = [n for n in state.nodes if now - last_seen.get(n, now) > policy.suspect_after_s]
+
+    def ages(node_id: str) -> tuple[float, float | None]:
+        lease = executors.get(node_id)
+        return now - last_seen.get(node_id, now), (now - lease.seen_at if lease is not None else None)
+
+    def fresh(node_id: str) -> bool:
+        agent, executor = ages(node_id)
+        return agent <= policy.suspect_after_s and (executor is None or executor <= policy.suspect_after_s)
+
+    silent = [n for n in state.nodes if not fresh(n)]
     mass = len(state.nodes) >= 2 and len(silent) > policy.mass_silence_fraction * len(state.nodes)
     requeued: set[uuid.UUID] = set()
     for node_id, node in sorted(state.nodes.items()):
-        age = now - last_seen.get(node_id, now)
-        if age <= policy.suspect_after_s:
+        agent_age, executor_age = ages(node_id)
+        if fresh(node_id):
             if node.liveness != "alive":
                 decision.logged.append(NodeLivenessChanged(node_id=node_id, liveness="alive", reason="heartbeat",
                                                            occurred_at=at(now)))
@@ -525,9 +553,14 @@ def liveness(
                     StopJob(node_id=node_id, job_id=job_id, placement_id=placement_id, reason="drain", grace_s=0)
                     for job_id, placement_id in node.fenced)
             continue
-        if age > policy.lost_after_s and node.liveness != "lost" and not mass:
+        if executor_age is None:
+            gone, why = agent_age > policy.lost_after_s, f"no heartbeat for {agent_age:.0f}s"
+        else:
+            deadline = max(policy.lost_after_s, executors[node_id].fencing_deadline_s + policy.fencing_margin_s)
+            gone, why = executor_age > deadline, f"its executor silent for {executor_age:.0f}s"
+        if gone and node.liveness != "lost" and not mass:
             decision.logged.append(NodeLivenessChanged(
-                node_id=node_id, liveness="lost", reason=f"no heartbeat for {age:.0f}s", occurred_at=at(now)))
+                node_id=node_id, liveness="lost", reason=why, occurred_at=at(now)))
             for job in state.active_jobs():
                 if job.state in TERMINAL_STATES:
                     continue  # a cancelled placement still stopping: the lost event frees it
@@ -541,8 +574,10 @@ def liveness(
                         for a in others
                     )
         elif node.liveness == "alive":
+            silence = f"no heartbeat for {agent_age:.0f}s" if agent_age > policy.suspect_after_s else \
+                f"its executor silent for {executor_age:.0f}s"
             decision.logged.append(NodeLivenessChanged(
-                node_id=node_id, liveness="suspect", reason=f"no heartbeat for {age:.0f}s", occurred_at=at(now)))
+                node_id=node_id, liveness="suspect", reason=silence, occurred_at=at(now)))
     alert = None
     if mass:
         alert = f"{len(silent)} of {len(state.nodes)} nodes silent at once; not requeueing their jobs"
