@@ -377,7 +377,8 @@ class SchedulerService:
                 decision = cancel(self.state, message)
             case JobFailed() if message.cause == "lost" and message.placement_id and message.node_id:
                 incoming = JobLost(message_id=message.message_id, job_id=message.job_id,
-                                   placement_id=message.placement_id, node_id=message.node_id, reason=message.reason)
+                                   placement_id=message.placement_id, node_id=message.node_id, reason=message.reason,
+                                   occurred_at=message.occurred_at, tenant=message.tenant)  # when the job ended
             case JobLost() | JobFailed() | JobFinished():
                 incoming = message
                 follow_up = message.job_id
