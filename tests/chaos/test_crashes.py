@@ -75,8 +75,6 @@ async def test_executor_sigkilled_while_jobs_run(chaos_stack: ChaosStack, pg_dsn
     assert len(starts) == len(submits) + verdict.requeues
 
 
-@pytest.mark.xfail(strict=True, reason="needs the scheduler side of the executor lease (issue 12): liveness from "
-                   "node-agent heartbeats alone declares the node lost and requeues a job its live executor still runs")
 @pytest.mark.timeout(300)
 async def test_node_agent_dead_longer_than_the_lease_does_not_run_its_job_twice(
     chaos_stack: ChaosStack, pg_dsn: str, tmp_path: Path
@@ -104,9 +102,6 @@ async def test_node_agent_dead_longer_than_the_lease_does_not_run_its_job_twice(
     assert states[job.job_id] == "succeeded"
 
 
-@pytest.mark.xfail(strict=True, reason="needs the scheduler side of the executor lease (issue 12): a node whose "
-                   "executor is silent past its fencing deadline must be declared lost and its jobs requeued; today "
-                   "liveness follows the node-agent alone, so the fenced job stays 'running' for ever")
 @pytest.mark.timeout(300)
 async def test_executor_dead_longer_than_the_lease_has_its_jobs_fenced_and_requeued(
     chaos_stack: ChaosStack, pg_dsn: str, tmp_path: Path

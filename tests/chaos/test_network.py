@@ -89,9 +89,6 @@ async def test_broker_restart_during_confirmed_submissions(
     assert chaos_stack.dead() == []
 
 
-@pytest.mark.xfail(strict=True, reason="the scheduler logs the executor's fenced JobFailed(cause=lost) as a JobLost "
-                   "stamped when it arrived (after the node came back), not when the job ended, so the log shows the "
-                   "old placement living past the new one's start (handlers._fold_message; issue 12)")
 @pytest.mark.timeout(300)
 async def test_node_cut_off_past_the_grace_period(
     chaos_stack: ChaosStack, proxy: BrokerProxy, pg_dsn: str, tmp_path: Path

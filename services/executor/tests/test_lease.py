@@ -136,6 +136,7 @@ async def test_a_jobs_supervisor_fences_it_when_the_executor_is_gone(harness: Ha
     assert isinstance(outcome, JobFailed) and outcome.cause == "lost" and outcome.stop_reason == "fenced"
     exit_status = harness.executor.store.read_exit(command.placement_id)
     assert exit_status is not None and exit_status["fenced"] and exit_status["signal"] == 9
+    assert outcome.occurred_at.timestamp() == pytest.approx(exit_status["finished_at"], abs=1e-3)  # the real end
 
 
 async def test_a_renewed_lease_keeps_the_job_running(harness: Harness) -> None:

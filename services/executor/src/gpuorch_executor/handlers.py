@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -489,10 +490,12 @@ class NodeExecutor:
         )
         stop_reason = record.stop.reason if record.stop else ("fenced" if exit_status.get("fenced") else None)
         outcome = classify(report, stop_reason, record.checkpoint_reported)
-        self._conclude_outcome(record, outcome)
+        finished_at = exit_status.get("finished_at")
+        ended_at = datetime.fromtimestamp(float(finished_at), UTC) if isinstance(finished_at, int | float) else None
+        self._conclude_outcome(record, outcome, ended_at)
 
-    def _conclude_outcome(self, record: PlacementRecord, outcome: Outcome) -> None:
-        event = outcome_event(record, outcome, self.settings.producer)
+    def _conclude_outcome(self, record: PlacementRecord, outcome: Outcome, ended_at: datetime | None = None) -> None:
+        event = outcome_event(record, outcome, self.settings.producer, ended_at)
         self._end(record, event)
         log.info("job.ended", placement_id=str(record.placement_id), job_id=str(record.job_id),
                  outcome=outcome.kind, cause=outcome.cause, exit_code=outcome.exit_code, node_id=self.node_id)

@@ -5,6 +5,9 @@ scheduler may send a LaunchJob), so it is routed ``<type>.<tenant>`` to that ten
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from gpuorch_contracts import JobCheckpointed, JobFailed, JobFinished, JobLost, JobStarted, Message
 
 from gpuorch_executor.domain.lifecycle import event_id
@@ -32,13 +35,20 @@ def checkpointed_event(record: PlacementRecord, producer: str) -> JobCheckpointe
     )
 
 
-def outcome_event(record: PlacementRecord, outcome: Outcome, producer: str) -> Message:
-    """``JobFinished`` for exit 0, ``JobFailed`` with the classified cause otherwise (one id per placement)."""
-    common = {
+def outcome_event(record: PlacementRecord, outcome: Outcome, producer: str,
+                  ended_at: datetime | None = None) -> Message:
+    """``JobFinished`` for exit 0, ``JobFailed`` with the classified cause otherwise (one id per placement).
+
+    ``occurred_at`` is ``ended_at``, when the job really ended (the supervisor's ``exit.json``), if known: an
+    executor that reads the exit later (after its own restart) must not date the end later than it was, or the
+    log would show the placement outliving its successor."""
+    common: dict[str, Any] = {
         "message_id": event_id(record.placement_id, "outcome"), "producer": producer, "job_id": record.job_id,
         "placement_id": record.placement_id, "node_id": record.node_id,
         "tenant": tenant_of(record),
     }
+    if ended_at is not None:
+        common["occurred_at"] = ended_at
     duration = round(max(outcome.duration_s, 0.0), 6)
     if outcome.kind == "finished":
         return JobFinished(**common, exit_code=outcome.exit_code or 0, duration_s=duration)
