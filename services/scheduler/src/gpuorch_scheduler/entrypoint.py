@@ -107,6 +107,7 @@ class Settings:
     batch_wait_s: float
     retention_s: float
     identity_map: IdentityMap
+    trust_all: bool
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
@@ -155,6 +156,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         snapshot_every_s=float(env("GPUORCH_SNAPSHOT_EVERY_S")),
         batch_max=int(env("GPUORCH_BATCH_MAX")), batch_wait_s=float(env("GPUORCH_BATCH_WAIT_MS")) / 1000.0,
         retention_s=float(env("GPUORCH_RETENTION_S")), identity_map=identity_map,
+        trust_all=env("GPUORCH_IDENTITY") == "trust_all",
     )
 
 
@@ -198,7 +200,8 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             liveness=LivenessPolicy(suspect_after_s=settings.suspect_after_s, lost_after_s=settings.lost_after_s),
             queues=settings.queues, preemption_margin_s=settings.preemption_margin_s,
             snapshot_every_events=settings.snapshot_every_events, snapshot_every_s=settings.snapshot_every_s,
-            retention_s=settings.retention_s, freeze_after_recovery=True, identity=settings.identity_map))
+            retention_s=settings.retention_s, freeze_after_recovery=True, identity=settings.identity_map,
+            trust_unidentified=settings.trust_all))
         await service.recover()
         broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}",
                         node_scopes=settings.identity_map.node_scopes)
