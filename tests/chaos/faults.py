@@ -44,7 +44,7 @@ class BrokerProxy:
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._server: asyncio.Server | None = None
-        self._transports: set[asyncio.BaseTransport] = set()
+        self._transports: set[asyncio.WriteTransport] = set()
 
     def url(self, amqp_url: str) -> str:
         """``amqp_url`` with its host and port replaced by this proxy's."""

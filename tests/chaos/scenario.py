@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 from gpuorch_contracts import COMMANDS_EXCHANGE, Checkpoint, GpuRequest, JobSpec, Message, ProcessRun, SubmitJob
@@ -49,7 +50,7 @@ async def wait_nodes(dsn: str, count: int, timeout_s: float = 60.0) -> None:
                     timeout_s=timeout_s, what=f"{count} nodes registered")
 
 
-async def query(dsn: str, sql: str, *args: object) -> list[dict[str, object]]:
+async def query(dsn: str, sql: str, *args: object) -> list[dict[str, Any]]:
     conn = await asyncpg.connect(dsn)
     try:
         return [dict(r) for r in await conn.fetch(sql, *args)]
