@@ -325,7 +325,7 @@ class OutboxRelay:
                     sent_ids,
                 )
             more = error is None and len(rows) == self._batch_size
-        report_error = await self._report_parked()
+        report_error = await self.report_parked()
         return RelayBatch(sent=len(sent_ids), error=error or report_error, parked=parked, more=more)
 
     async def _record_failure(self, conn: Any, row: Any, outcome: BaseException, failure: str) -> bool:
@@ -353,8 +353,9 @@ class OutboxRelay:
             headers=json.loads(row["headers"]),
         )
 
-    async def _report_parked(self) -> str | None:
-        """Hand each parked, unreported row to ``on_parked``; mark it reported once the hook returned."""
+    async def report_parked(self) -> str | None:
+        """Hand each parked, unreported row to ``on_parked``; mark it reported once the hook returned. The relay
+        does this after each batch; a process that only answers parked rows (its relay runs elsewhere) calls it."""
         if self._on_parked is None:
             return None
         rows = await self._pool.fetch(

@@ -157,7 +157,8 @@ class ScratchServers:
 
 @dataclass
 class ProcessMeter:
-    """CPU seconds and resident memory of one process, read from /proc (through psutil)."""
+    """CPU seconds and resident memory of one process and its children (the scheduler's outbox relay runs in a
+    child process), read from /proc (through psutil)."""
 
     pid: int
     peak_rss: int = 0
@@ -166,13 +167,23 @@ class ProcessMeter:
     def cpu_s(self) -> float:
         import psutil
 
-        times = psutil.Process(self.pid).cpu_times()
-        return float(times.user + times.system)
+        process = psutil.Process(self.pid)
+        total = 0.0
+        for each in (process, *process.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                times = each.cpu_times()
+                total += times.user + times.system
+        return total
 
     def rss(self) -> int:
         import psutil
 
-        return int(psutil.Process(self.pid).memory_info().rss)
+        process = psutil.Process(self.pid)
+        total = 0
+        for each in (process, *process.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                total += each.memory_info().rss
+        return total
 
     def high_water_rss(self) -> int | None:
         """VmHWM: the peak resident set since the process started (Linux only)."""

@@ -11,7 +11,8 @@ Pipeline::
                                                   then every message of the batch is acked (or answered alone)
     gpuorch.events  (node.heartbeat) ──> "scheduler.heartbeats" (latest-wins) ──> lease renewals (memory)
                                                    │
-    outbox relay ──(confirms)──> gpuorch.events (job.accepted/placed/...) and gpuorch.commands (LaunchJob, StopJob)
+    outbox relay (its own process: relay.py) ──(confirms)──> gpuorch.events (job.accepted/placed/...) and
+                                                         gpuorch.commands (LaunchJob, StopJob)
 
 Leadership: a standby blocks on a PostgreSQL session advisory lock; the leader holds it on the connection that
 does every write, so a leader that lost its database session can no longer write. The leader is the only consumer.
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import multiprocessing
 import os
 import signal
 import sys
@@ -48,6 +50,7 @@ from gpuorch_store import OutboxRelay, ensure_database, migrate
 from gpuorch_scheduler.domain.decide import LivenessPolicy
 from gpuorch_scheduler.domain.queueing import QueuePolicy
 from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
+from gpuorch_scheduler.relay import relay_process
 
 log = get_logger(__name__)
 
@@ -64,6 +67,8 @@ ENVIRONMENT = {
     "GPUORCH_TICK_S": ("seconds between liveness/scheduling ticks", "1"),
     "GPUORCH_BATCH_MAX": ("most messages handled in one transaction", "500"),
     "GPUORCH_BATCH_WAIT_MS": ("milliseconds a batch waits for more messages after its first", "20"),
+    "GPUORCH_RELAY_PROCESS": ("1: publish the outbox from a process of its own (the other core); 0: in process",
+                              "1"),
     "GPUORCH_RETENTION_S": ("seconds a finished job stays in the scheduler's memory (the read model keeps it)",
                             "3600"),
     "GPUORCH_IDENTITY_MAP": ("identity map (JSON): broker users -> tenants, default tenant, highest priority, role",
@@ -108,6 +113,7 @@ class Settings:
     retention_s: float
     identity_map: IdentityMap
     trust_all: bool
+    relay_process: bool
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
@@ -156,7 +162,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         snapshot_every_s=float(env("GPUORCH_SNAPSHOT_EVERY_S")),
         batch_max=int(env("GPUORCH_BATCH_MAX")), batch_wait_s=float(env("GPUORCH_BATCH_WAIT_MS")) / 1000.0,
         retention_s=float(env("GPUORCH_RETENTION_S")), identity_map=identity_map,
-        trust_all=env("GPUORCH_IDENTITY") == "trust_all",
+        trust_all=env("GPUORCH_IDENTITY") == "trust_all", relay_process=env("GPUORCH_RELAY_PROCESS") != "0",
     )
 
 
@@ -209,7 +215,10 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
         relay = OutboxRelay(pool, broker, poll_interval=0.5, batch_size=1000, pipeline=True,
                             on_parked=service.on_outbox_parked)
-        relay_task = asyncio.create_task(relay.run_forever(), name="outbox-relay")
+        if settings.relay_process:
+            relay_task = asyncio.create_task(_relay_elsewhere(settings, relay), name="outbox-relay-process")
+        else:
+            relay_task = asyncio.create_task(relay.run_forever(), name="outbox-relay")
         main_queue, heartbeat_queue = scheduler_queues(settings.identity_map)
 
         async def on_heartbeat(message: Message) -> None:
@@ -226,11 +235,42 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         finally:
             relay.stop()
             await broker.close()
-            with contextlib.suppress(Exception):
+            relay_task.cancel()
+            with contextlib.suppress(BaseException):
                 await asyncio.wait_for(relay_task, timeout=5)
             await pool.close()
     finally:
         await conn.close()
+
+
+async def _relay_elsewhere(settings: Settings, answers: OutboxRelay) -> None:
+    """Run the outbox relay in its own process (the machine's other core) and keep it running; meanwhile answer
+    the rows it parks from here (requeueing or failing their jobs goes through this scheduler's log). Raises if
+    the relay keeps dying."""
+    context = multiprocessing.get_context("spawn")
+    failures = 0
+    process = None
+    try:
+        while True:
+            if process is None or not process.is_alive():
+                if process is not None:
+                    failures += 1
+                    log.error("scheduler.relay_died", exitcode=process.exitcode, restarts=failures)
+                    if failures > 5:
+                        raise RuntimeError(f"the outbox relay process died {failures} times")
+                process = context.Process(
+                    target=relay_process, name="gpuorch-outbox-relay", daemon=True,
+                    args=(settings.amqp_url, settings.database_url, f"scheduler/{settings.instance}/relay",
+                          dict(settings.identity_map.node_scopes), os.getpid(), settings.log_level))
+                process.start()
+            await answers.report_parked()
+            await asyncio.sleep(1.0)
+    finally:
+        if process is not None and process.is_alive():
+            process.terminate()
+            await asyncio.to_thread(process.join, 5)
+            if process.is_alive():
+                process.kill()
 
 
 BatchHandler = Callable[..., Awaitable[list[Exception | None]]]
