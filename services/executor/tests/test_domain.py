@@ -187,3 +187,20 @@ def test_config_from_env() -> None:
         ExecutorConfig.from_env({"GPUORCH_NODE_IDS": "a,a"})
     with pytest.raises(ConfigError):
         ExecutorConfig.from_env({"GPUORCH_NODE_ID": "a", "GPUORCH_EXECUTOR_BACKEND": "vm"})
+
+
+def test_a_failure_reason_quoting_hostile_output_still_makes_a_valid_event() -> None:
+    """A launch error or output line with ESC, OSC, CR and NUL must not stop the job's end from being reported."""
+    import uuid as _uuid
+
+    from gpuorch_executor.domain.outcome import Outcome
+    from gpuorch_executor.domain.placement import PlacementRecord
+    from gpuorch_executor.domain.reports import lost_event, outcome_event
+
+    hostile = "docker run exited 1: \x1b[31mred\x1b]0;title\x07 done\r overwrite \x00 nul" + "x" * 3000
+    record = PlacementRecord(placement_id=_uuid.uuid4(), job_id=_uuid.uuid4(), node_id="n1")
+    event = outcome_event(record, Outcome("failed", "launch_error", hostile, 1, 0.5), "executor/n1")
+    lost = lost_event(record, hostile, "executor/n1")
+    for reason in (event.reason, lost.reason):  # type: ignore[attr-defined]
+        assert "\x1b" not in reason and "\x00" not in reason and "\r" not in reason
+        assert "overwrite" in reason and 0 < len(reason) <= 1024  # a CR redraw keeps the last frame, as a terminal

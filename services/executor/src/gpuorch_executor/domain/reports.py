@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from gpuorch_contracts import JobCheckpointed, JobFailed, JobFinished, JobLost, JobStarted, Message
+from gpuorch_contracts import JobCheckpointed, JobFailed, JobFinished, JobLost, JobStarted, Message, reason_text
 
 from gpuorch_executor.domain.lifecycle import event_id
 from gpuorch_executor.domain.outcome import Outcome
@@ -52,13 +52,15 @@ def outcome_event(record: PlacementRecord, outcome: Outcome, producer: str,
     duration = round(max(outcome.duration_s, 0.0), 6)
     if outcome.kind == "finished":
         return JobFinished(**common, exit_code=outcome.exit_code or 0, duration_s=duration)
-    return JobFailed(**common, cause=outcome.cause, reason=outcome.reason, exit_code=outcome.exit_code,
+    # the reason may quote the job's own output (launch errors, the last line of `docker run`): clean it, or a job
+    # that printed an escape sequence or a NUL could never report its end (the event would not validate)
+    return JobFailed(**common, cause=outcome.cause, reason=reason_text(outcome.reason), exit_code=outcome.exit_code,
                      duration_s=duration, stop_reason=outcome.stop_reason)
 
 
 def lost_event(record: PlacementRecord, reason: str, producer: str) -> JobLost:
     return JobLost(
         message_id=event_id(record.placement_id, "outcome"), producer=producer, job_id=record.job_id,
-        placement_id=record.placement_id, node_id=record.node_id, reason=reason[:1024],
+        placement_id=record.placement_id, node_id=record.node_id, reason=reason_text(reason),
         tenant=tenant_of(record),
     )
