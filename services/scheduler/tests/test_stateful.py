@@ -10,6 +10,7 @@ live state.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import uuid
 from datetime import UTC, datetime
@@ -219,6 +220,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         rebuilt = SchedulerService(self.conn, CONFIG, clock=self.clock)
         self.run(rebuilt.recover())
         assert rebuilt.state.to_snapshot() == self.svc.state.to_snapshot()
+        assert json.loads(self.svc.state.snapshot_json()) == self.svc.state.to_snapshot()  # the cached JSON is fresh
 
 
 def test_random_histories_keep_the_invariants(pg_dsn: str) -> None:

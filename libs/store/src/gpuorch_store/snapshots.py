@@ -19,12 +19,13 @@ async def save_snapshot(
     conn: Any,
     stream: str,
     position: int,
-    state: Mapping[str, Any],
+    state: Mapping[str, Any] | str,
     *,
     state_version: int = 1,
     keep: int = DEFAULT_KEEP,
 ) -> None:
-    """Store ``state`` as of event ``position``, keep the newest ``keep``; joins ``conn``'s transaction."""
+    """Store ``state`` (a mapping, or its JSON text) as of event ``position``, keep the newest ``keep``; joins
+    ``conn``'s transaction."""
     if keep < 1:
         raise ValueError("keep must be at least 1")
     if not conn.is_in_transaction():
@@ -39,7 +40,7 @@ async def save_snapshot(
         stream,
         position,
         state_version,
-        json.dumps(state),
+        state if isinstance(state, str) else json.dumps(state),
     )
     await conn.execute(
         """

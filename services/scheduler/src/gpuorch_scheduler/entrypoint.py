@@ -45,11 +45,11 @@ from gpuorch_contracts import (
 from gpuorch_identity import IdentityMap, load_identity_map
 from gpuorch_messaging import Broker, QueueSpec, answer_invalid_submission, scheduler_accepts
 from gpuorch_observability import configure, get_logger, inject_trace, start_metrics_server
-from gpuorch_store import OutboxRelay, ensure_database, migrate
+from gpuorch_store import OutboxRelay, ensure_database, migrate, save_snapshot
 
 from gpuorch_scheduler.domain.decide import LivenessPolicy
 from gpuorch_scheduler.domain.queueing import QueuePolicy
-from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
+from gpuorch_scheduler.handlers import STREAM, SchedulerConfig, SchedulerService
 from gpuorch_scheduler.relay import relay_process
 
 log = get_logger(__name__)
@@ -207,7 +207,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             queues=settings.queues, preemption_margin_s=settings.preemption_margin_s,
             snapshot_every_events=settings.snapshot_every_events, snapshot_every_s=settings.snapshot_every_s,
             retention_s=settings.retention_s, freeze_after_recovery=True, identity=settings.identity_map,
-            trust_unidentified=settings.trust_all))
+            trust_unidentified=settings.trust_all), snapshot_writer=snapshots_aside(settings.database_url))
         await service.recover()
         broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}",
                         node_scopes=settings.identity_map.node_scopes)
@@ -241,6 +241,23 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             await pool.close()
     finally:
         await conn.close()
+
+
+def snapshots_aside(database_url: str) -> Callable[[int, str], Awaitable[None]]:
+    """A snapshot writer with a connection of its own (opened on first use, reopened after an error)."""
+    held: list[Any] = []
+
+    async def write(position: int, text: str) -> None:
+        if not held or held[0].is_closed():
+            held[:] = [await asyncpg.connect(database_url)]
+        try:
+            await save_snapshot(held[0], STREAM, position, text)
+        except Exception:
+            with contextlib.suppress(Exception):
+                await held.pop().close()
+            raise
+
+    return write
 
 
 async def _relay_elsewhere(settings: Settings, answers: OutboxRelay) -> None:

@@ -26,7 +26,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -159,9 +159,14 @@ class SchedulerService:
     """The scheduler's state and the only writer of its log. Not thread-safe; one instance per leader."""
 
     def __init__(self, conn: Any, config: SchedulerConfig | None = None,
-                 clock: Callable[[], float] = time.time, lease_clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] = time.time, lease_clock: Callable[[], float] | None = None,
+                 snapshot_writer: Callable[[int, str], Awaitable[None]] | None = None) -> None:
         """``clock`` stamps decisions (wall time, as the log's times are); leases are measured on ``lease_clock``
-        (monotonic unless a test gives one clock for both), so a wall-clock jump never declares nodes lost."""
+        (monotonic unless a test gives one clock for both), so a wall-clock jump never declares nodes lost.
+        ``snapshot_writer(position, json)`` stores snapshots aside on a connection of its own (the service
+        gives one); without it they are stored in the batch's transaction."""
+        self._snapshot_writer = snapshot_writer
+        self._snapshot_task: asyncio.Task[None] | None = None
         self._conn = conn
         self.config = config or SchedulerConfig()
         self._clock = clock
@@ -333,12 +338,15 @@ class SchedulerService:
                 headers=[headers_of.get(id(m)) or self._trace_headers(m) for m in outgoing],
                 bodies=[_encoded(logged_json.get(id(m)), m) for m in outgoing])
             await self._write_read_models(batch.touched_jobs, batch.touched_nodes, batch.rejected)
-            if self._events_since_snapshot >= self.config.snapshot_every_events or (
-                self._events_since_snapshot and now - self._last_snapshot_at >= self.config.snapshot_every_s
-            ):
-                await save_snapshot(self._conn, STREAM, self.state.position, self.state.to_snapshot())
-                self._events_since_snapshot = 0
-                self._last_snapshot_at = now
+            snapshot_due = self._events_since_snapshot >= self.config.snapshot_every_events or (
+                self._events_since_snapshot and now - self._last_snapshot_at >= self.config.snapshot_every_s)
+            if snapshot_due and self._snapshot_writer is None:
+                await save_snapshot(self._conn, STREAM, self.state.position, self.state.snapshot_json())
+        if snapshot_due:
+            self._events_since_snapshot = 0
+            self._last_snapshot_at = now
+            if self._snapshot_writer is not None:
+                self._write_snapshot_aside(self.state.position, self.state.snapshot_json())
         placed = sum(1 for m, _ in batch.events if m.TYPE == "job.placed")
         PLACEMENTS.inc(placed)
         PREEMPTIONS.inc(batch.preemptions)
@@ -347,6 +355,23 @@ class SchedulerService:
                 REQUEUES.labels("preempted" if m.preempted else "lost").inc()
         if tick:
             self._export_gauges()
+
+    def _write_snapshot_aside(self, position: int, text: str) -> None:
+        """Store a snapshot of committed state through ``snapshot_writer`` (its own connection), beside the next
+        batches: storing megabytes of JSON is the database's work, not a pause in deciding. One at a time; a
+        snapshot due while one is being written waits for the next."""
+        if self._snapshot_task is not None and not self._snapshot_task.done():
+            return
+        writer = self._snapshot_writer
+        assert writer is not None
+
+        async def write() -> None:
+            try:
+                await writer(position, text)
+            except Exception as exc:  # the log is the truth: a missing snapshot only makes recovery longer
+                log.warning("scheduler.snapshot_failed", position=position, error=repr(exc))
+
+        self._snapshot_task = asyncio.create_task(write(), name="snapshot")
 
     async def _known(self, messages: list[Message], batch: _Batch) -> None:
         """What the log and the read model already hold of this batch (one query each, not one per message)."""

@@ -17,6 +17,7 @@ logged and ``capacity_violations(nodes)`` on the nodes a committed plan touched.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -165,6 +166,8 @@ class SchedulerState:
     """The latest event time folded (log time; drives retention)."""
     _ended: deque[tuple[float, uuid.UUID]] = field(default_factory=deque)
     _ending: set[uuid.UUID] = field(default_factory=set)
+    _json: dict[object, str] = field(default_factory=dict)
+    """Each record's JSON in the snapshot, dropped when the fold touches the record (snapshots cost O(changes))."""
     _held_amounts: dict[uuid.UUID, tuple[float, float, float, float]] = field(default_factory=dict)
 
     # -- the fold ---------------------------------------------------------------------------------------------
@@ -178,6 +181,12 @@ class SchedulerState:
         job = self.jobs.get(job_id) if job_id is not None else None  # type: ignore[arg-type]
         held_before = job is not None and job.holds_capacity
         self._fold(event, at, headers)
+        self._json.pop(job_id, None)
+        node_id = event.inventory.node_id if isinstance(event, NodeRegistered) else getattr(event, "node_id", None)
+        if node_id is not None and not isinstance(event, JobStarted | JobFinished | JobFailed | JobCheckpointed):
+            self._json.pop(("node", node_id), None)
+        if isinstance(event, NodeLivenessChanged) and event.liveness == "lost":
+            self._json.clear()  # the fold touched every job that was stopping there (cheap: nodes are rarely lost)
         if job_id is not None:
             self._reindex(job_id, held_before)
         elif isinstance(event, NodeLivenessChanged) and event.liveness == "lost":
@@ -245,6 +254,7 @@ class SchedulerState:
             job = self.jobs.get(job_id)
             if job is not None and job.state in TERMINAL_STATES and not job.holds_capacity:
                 del self.jobs[job_id]
+                self._json.pop(job_id, None)
 
     def _fold(self, event: Message, at: float, headers: dict[str, Any] | None) -> None:
         match event:
@@ -419,6 +429,26 @@ class SchedulerState:
         return problems
 
     # -- snapshots --------------------------------------------------------------------------------------------
+
+    def snapshot_json(self) -> str:
+        """``to_snapshot()`` as JSON text, built from each record's JSON kept since it last changed: the cost of a
+        snapshot grows with what changed since the last one, plus one string join."""
+        cache = self._json
+        jobs = []
+        for job_id, job in self.jobs.items():
+            text = cache.get(job_id)
+            if text is None:
+                text = cache[job_id] = json.dumps(job.to_dict())
+            jobs.append(text)
+        nodes = []
+        for node_id, node in self.nodes.items():
+            text = cache.get(("node", node_id))
+            if text is None:
+                text = cache[("node", node_id)] = json.dumps(node.to_dict())
+            nodes.append(text)
+        head = json.dumps({"version": 2, "position": self.position, "clock": self.clock,
+                           "ended": [[t, str(j)] for t, j in self._ended]})
+        return f'{head[:-1]}, "jobs": [{", ".join(jobs)}], "nodes": [{", ".join(nodes)}]}}'
 
     def to_snapshot(self) -> dict[str, Any]:
         return {
