@@ -312,6 +312,13 @@ class Fleet:
             self._index = PlacementIndex(cluster, self.policy, nvlink_chooser)
         return self._index
 
+    def warm(self) -> None:
+        """Do now what the next placement would otherwise pay for: add registered nodes to the arrays, build the
+        placement index and the idle copy ``never_fits`` answers from. Changes no capacity."""
+        _ = self.index
+        if self.nodes and (self._idle is None or self._idle_version != self.inventory_version):
+            self.never_fits(Ask("none", Request(), 1))
+
     def update_mix(self, requests: Iterable[Request]) -> bool:
         """Use the task mix of ``requests`` (a sample of the queue and running jobs) for fragmentation scores.
         Scores change only if the mix really changed (types, or weights by more than 10 %); True if they did."""

@@ -298,8 +298,9 @@ class Batcher:
 
     The broker calls ``handle`` once per delivery (concurrently, up to the prefetch); it waits until the batch
     holding its message is committed and returns (the broker then acks), or raises that message's own error (the
-    broker retries it, then dead-letters it). A batch closes at ``max_messages`` or ``max_wait_s`` after its first
-    message; a tick due meanwhile joins the batch, so ticks and batches never overlap.
+    broker retries it, then dead-letters it). A batch takes what has arrived; under load (the last batch held a
+    tenth of ``max_messages`` or more) it waits up to ``max_wait_s`` after its first message to close at
+    ``max_messages``. A tick due meanwhile joins the batch, so ticks and batches never overlap.
     """
 
     def __init__(self, handle_batch: BatchHandler, max_messages: int = 500, max_wait_s: float = 0.02,
@@ -307,6 +308,10 @@ class Batcher:
         self._handle_batch = handle_batch
         self.max_messages, self.max_wait_s, self.tick_s = max(1, max_messages), max_wait_s, tick_s
         self._waiting: list[tuple[Message, dict[str, Any], str | None, asyncio.Future[None]]] = []
+        self.busy_batch = max(2, self.max_messages // 10)
+        self._busy = False
+        """The last batch was large: under load, wait up to ``max_wait_s`` to gather the next one (fewer, larger
+        transactions); otherwise handle what is there at once (low latency)."""
         self._arrived = asyncio.Event()
 
     async def handle(self, message: Message, user_id: str | None = None) -> None:
@@ -344,13 +349,14 @@ class Batcher:
                     await asyncio.wait_for(self._arrived.wait(), timeout=max(0.0, next_tick - loop.time()))
                 if stop.is_set():
                     break
-            if self._waiting and len(self._waiting) < self.max_messages:
+            if self._waiting and len(self._waiting) < self.max_messages and self._busy:
                 closes = loop.time() + self.max_wait_s
                 while len(self._waiting) < self.max_messages and loop.time() < closes:
                     self._arrived.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._arrived.wait(), timeout=max(0.0, closes - loop.time()))
             batch, self._waiting = self._waiting[: self.max_messages], self._waiting[self.max_messages:]
+            self._busy = len(batch) >= self.busy_batch
             tick = loop.time() >= next_tick
             if tick:
                 next_tick = loop.time() + self.tick_s

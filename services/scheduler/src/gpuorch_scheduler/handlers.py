@@ -466,6 +466,10 @@ class SchedulerService:
         return refused.reason if refused is not None else None
 
     def _fold_tick(self, now: float, batch: _Batch) -> None:
+        if now - self._last_mix_at >= self.config.mix_refresh_s:
+            self._refresh_mix()
+            self._last_mix_at = now
+        self.state.fleet.warm()  # what the next submission would otherwise pay for: new nodes, the idle fleet
         decision, alert = liveness(self.state, self.last_seen, self._lease_clock(), self.config.liveness,
                                    self.executors)
         decision.published.extend(self._stop_strays())
@@ -498,6 +502,14 @@ class SchedulerService:
         self._strays.clear()
         return stops
 
+    def _refresh_mix(self) -> None:
+        """Fragmentation scores follow the task mix of a sample of the queue and the running jobs (at ticks, so
+        the index a changed mix rebuilds is never rebuilt in the path of a submission)."""
+        fleet = self.state.fleet
+        sample = [*list(self.state.queued.values())[:500], *list(self.state.active.values())[:500]]
+        if sample:
+            fleet.update_mix(fleet.ask(job.spec).request for job in sample)
+
     def _cycle_due(self, now: float) -> bool:
         if now - self._last_cycle_at >= self.config.min_cycle_interval_s:
             return True
@@ -506,10 +518,7 @@ class SchedulerService:
     def _cycle(self, now: float, batch: _Batch) -> None:
         """One scheduling cycle; its plan goes through the applier (see the module docstring)."""
         started = time.perf_counter()
-        refresh = now - self._last_mix_at >= self.config.mix_refresh_s
-        result = schedule(self.state, now, self.config.queues, self.config.limits, refresh_mix=refresh)
-        if refresh:
-            self._last_mix_at = now
+        result = schedule(self.state, now, self.config.queues, self.config.limits, refresh_mix=False)
         SCHEDULE_SECONDS.observe(time.perf_counter() - started)
         self._last_cycle_at = now
         batch.preemptions += result.preemptions
