@@ -25,6 +25,7 @@ from gpuorch_contracts import (
     GpuRequest,
     JobFailed,
     JobSpec,
+    JobStarted,
     ProcessRun,
     SubmitJob,
     decode,
@@ -135,15 +136,18 @@ async def test_tenants_and_facts_come_from_identity_not_from_bodies(
         assert "job.failed from" in await next_of(dead)
         await team_b.publish(registered_node("ghost", gpus=8))
         assert "node.registered from" in await next_of(dead)
+        await team_b.publish(JobStarted(job_id=mine.job_id, placement_id=held, node_id=NODE,
+                                        log_path="/etc/shadow", tenant="team-a"))  # what gpuctl logs would print
+        assert "job.started from" in await next_of(dead)
         await team_b.publish(CancelJob(job_id=mine.job_id, reason="not yours"))
         # a marker after the forgeries: once it is accepted, the forgeries before it have been handled
         marker = SubmitJob(spec=JobSpec(run=run, resources=GpuRequest(gpus=1)))
         await team_b.publish(marker)
         await wait_rows(pg_dsn, "SELECT state FROM jobs WHERE job_id = $1", marker.job_id,
                         until=lambda rs: rs and rs[0]["state"] in ("placed", "queued"), what="marker accepted")
-        state = await wait_rows(pg_dsn, "SELECT state, placement_id FROM jobs WHERE job_id = $1", mine.job_id,
-                                until=lambda rs: True)
-        assert (state[0]["state"], state[0]["placement_id"]) == ("placed", held)  # nothing the forger said stuck
+        state = await wait_rows(pg_dsn, "SELECT state, placement_id, log_path FROM jobs WHERE job_id = $1",
+                                mine.job_id, until=lambda rs: True)
+        assert (state[0]["state"], state[0]["placement_id"], state[0]["log_path"]) == ("placed", held, None)
         known = await wait_rows(pg_dsn, "SELECT node_id FROM nodes", until=lambda rs: True)
         assert [r["node_id"] for r in known] == [NODE]
         accepted = await wait_rows(pg_dsn, "SELECT count(*) AS n FROM jobs WHERE state <> 'rejected'",

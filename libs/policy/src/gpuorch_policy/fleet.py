@@ -279,6 +279,7 @@ class Fleet:
     _idle: Fleet | None = None
     _idle_version: int = -1
     _never: dict[Hashable, str | None] = field(default_factory=dict)
+    _assignments: dict[Hashable, NodeAssignment] = field(default_factory=dict)
 
     # -- reading ----------------------------------------------------------------------------------------------
 
@@ -360,6 +361,16 @@ class Fleet:
         return result
 
     def _assignment(self, request: Request, placement: Placement) -> NodeAssignment:
+        """The contract's form of a placement (shared between equal placements: assignments are never mutated)."""
+        key = (placement.node_id, placement.gpus, request.gpu_memory_mib)
+        known = self._assignments.get(key)
+        if known is None:
+            if len(self._assignments) > 200_000:
+                self._assignments.clear()
+            known = self._assignments[key] = self._new_assignment(request, placement)
+        return known
+
+    def _new_assignment(self, request: Request, placement: Placement) -> NodeAssignment:
         cluster = self.cluster
         i = cluster.index_of[placement.node_id]
         gpus = []
@@ -416,6 +427,8 @@ class Fleet:
     def upsert_node(self, inventory: NodeInventory, schedulable: bool, gpu_health: dict[int, str]) -> None:
         node_id = inventory.node_id
         old = self.nodes.get(node_id)
+        if old is not None:
+            self._assignments.clear()  # GPU uuids or memory may differ now
         self.nodes[node_id] = _NodeInfo(inventory, schedulable, dict(gpu_health))
         self._count(old.inventory if old else None, inventory)
         self.inventory_version += 1
