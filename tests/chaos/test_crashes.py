@@ -157,6 +157,15 @@ async def test_postgres_sessions_terminated_mid_transaction(
         for index, submit in enumerate(submits):
             await publish_when_routable(broker, submit)
             if index in terminate_at:
+                if chaos_stack.dead():  # killed by the previous termination: a supervisor restarts it
+                    chaos_stack.start_scheduler()
+                    restarts += 1
+                for _ in range(300):  # until the scheduler has a session to lose (it may still be starting)
+                    sessions = await query(pg_dsn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = "
+                                           "current_database() AND pid <> pg_backend_pid()")
+                    if sessions[0]["n"]:  # type: ignore[call-overload]
+                        break
+                    await asyncio.sleep(0.1)
                 await asyncio.sleep(rng.random() * 0.3)
                 rows = await query(pg_dsn, "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity "
                                    "WHERE datname = current_database() AND pid <> pg_backend_pid()")
