@@ -144,15 +144,19 @@ async def test_metrics_endpoint_is_scraped(services: list[TelemetryService], amq
     finally:
         await publisher.close()
 
+    uuid0 = gpu_uuid("node-7", 0)
+
     async def scraped() -> bool:
+        """Both the lifecycle (allocation) and the usage sample were taken in: they arrive on one queue but two
+        instances compete for it, so either may be handled first."""
         async with httpx.AsyncClient() as client:
             body = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-        return 'gpuorch_tenant_gpus_allocated{tenant="team-m"} 1.0' in body
+        return 'gpuorch_tenant_gpus_allocated{tenant="team-m"} 1.0' in body and \
+            'gpuorch_tenant_gpus_used{tenant="team-m"}' in body and f'UUID="{uuid0}"' in body
 
     await _wait_for(scraped)
     async with httpx.AsyncClient() as client:
         body = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    uuid0 = gpu_uuid("node-7", 0)
     assert f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{uuid0}",device="nvidia0",Hostname="node-7"}} 85\n' in body
     assert f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{uuid0}",device="nvidia0",Hostname="node-7"}} 60000\n' in body
     assert 'gpuorch_tenant_gpus_used{tenant="team-m"} 0.85' in body
