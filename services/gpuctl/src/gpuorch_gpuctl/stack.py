@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +62,7 @@ class LocalStack:
     nodes: list[SimNode]
     extra_env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
+    _namespace: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def base_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -72,6 +74,8 @@ class LocalStack:
             "PYTHONUNBUFFERED": "1",
             # every process of a local stack connects as one user (guest): senders cannot be told apart
             "GPUORCH_IDENTITY": env.get("GPUORCH_IDENTITY", "trust_all"),
+            # simulated GPUs of this stack differ from those of any other stack on the machine (same node names)
+            "GPUORCH_SIM_NAMESPACE": self._namespace,
         })
         env.update(self.extra_env)
         return env

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import inspect
+import os
 import threading
 import time
 from collections import deque
@@ -47,8 +48,12 @@ SUPPORTED_EVENTS = (
 
 
 def sim_uuid(prefix: str, *parts: object) -> str:
-    """A UUID formatted like NVML's (``GPU-8-4-4-4-12`` hex), derived from ``parts``."""
-    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).hexdigest()
+    """A UUID formatted like NVML's (``GPU-8-4-4-4-12`` hex), derived from ``parts`` and, when set, the
+    ``GPUORCH_SIM_NAMESPACE`` environment variable: simulated fleets of the same node names running side by side
+    on one machine (two test runs) then have different GPUs, so neither sees the other's processes as its own."""
+    namespace = os.environ.get("GPUORCH_SIM_NAMESPACE", "")
+    digest = hashlib.sha256("/".join(str(p) for p in (*([namespace] if namespace else []), *parts)).encode()
+                            ).hexdigest()
     return f"{prefix}-{digest[0:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
