@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from gpuorch_contracts import ExecutorHeartbeat, JobFailed, JobFinished, Message, StopJob
+from gpuorch_contracts import ExecutorHeartbeat, JobFailed, JobFinished, JobStarted, Message, StopJob
 from gpuorch_messaging import PublishError, PublishRefused
 
 from gpuorch_executor.lease import LeaseRenewer
@@ -93,12 +93,14 @@ def test_an_interval_that_one_lost_heartbeat_would_fence_is_refused(harness: Har
 
 async def test_stop_kill_deadline_ignores_wall_clock_steps(harness: Harness) -> None:
     """A stop's SIGKILL is due on the monotonic clock: the wall clock jumping an hour ahead does not hasten it."""
-    from .test_process_jobs import IGNORES_SIGTERM
+    from .test_process_jobs import IGNORES_SIGTERM, log_text
 
     wall = [time.time()]
     harness.executor.clock = lambda: wall[0]
     command = launch_job(["python", "-c", IGNORES_SIGTERM])
     await harness.executor.handle(command)
+    started = harness.publisher.of_type(JobStarted)[-1]
+    await harness.until(lambda: "ready" in log_text(started))  # SIGTERM before its handler would end it at once
     await harness.executor.handle(StopJob(node_id=NODE, job_id=command.job_id, placement_id=command.placement_id,
                                           grace_s=30))
     record = harness.executor.records[command.placement_id]
@@ -129,7 +131,7 @@ async def test_a_jobs_supervisor_fences_it_when_the_executor_is_gone(harness: Ha
     the checkpoint signal at deadline - grace and SIGKILL at the deadline itself; the outcome says fenced."""
     from .test_process_jobs import IGNORES_SIGTERM
 
-    harness.executor.lease = (time.monotonic(), 2.0, 0.5)
+    harness.executor.lease = (time.monotonic(), 4.0, 1.0)  # room for a loaded machine to start python first
     command = launch_job(["python", "-c", IGNORES_SIGTERM])
     await harness.executor.handle(command)
     outcome = await harness.until_ended(command.placement_id)
