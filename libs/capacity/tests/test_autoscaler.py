@@ -22,8 +22,10 @@ POOLS = (H100, L4)
 
 
 def ready(node_id: str, pool: str = "h100", jobs: int = 0, pinned: bool = False, idle_since: float | None = None,
-          free: int = 0) -> NodeState:
-    return NodeState(node_id, pool, "ready", jobs, pinned, idle_since, free)
+          free: int | None = None) -> NodeState:
+    """A ready node; an idle one has all its GPUs free unless ``free`` says otherwise."""
+    gpus = {"h100": 8, "l4": 4}[pool]
+    return NodeState(node_id, pool, "ready", jobs, pinned, idle_since, (0 if jobs else gpus) if free is None else free)
 
 
 @pytest.mark.parametrize(("slots", "per_node", "nodes"), [
@@ -134,3 +136,13 @@ def test_the_same_observation_gives_the_same_plan() -> None:
     obs = FleetObservation(now=10_000, pools=POOLS, nodes=(ready("a", idle_since=0), ready("b", idle_since=5)),
                            pending=(PendingDemand("inference", 3, 100, gpu_milli=500),))
     assert decide(obs) == decide(obs)
+
+
+def test_headroom_is_kept_free_and_never_drained() -> None:
+    pool = PoolSpec("l4", SIM_NODE_TYPES["l4x4"], headroom_gpus=6, idle_before_drain_s=0)
+    short = decide(FleetObservation(now=0, pools=(pool,), nodes=(ready("a", "l4", jobs=3, free=1),)))
+    assert [(o.pool, o.count) for o in short.scale_outs] == [("l4", 2)]
+    assert "headroom" in short.scale_outs[0].reason
+    idle = tuple(ready(f"n{i}", "l4", idle_since=0, free=4) for i in range(3))
+    plan = decide(FleetObservation(now=100, pools=(pool,), nodes=idle))
+    assert len(plan.drains[0].node_ids) == 1  # 12 free, 6 kept: one 4-GPU node may go

@@ -36,6 +36,7 @@ def pools(draw: st.DrawFn) -> tuple[PoolSpec, ...]:
             idle_before_drain_s=draw(st.sampled_from([0.0, 300.0, 900.0])),
             max_step=draw(st.integers(1, 5)),
             min_wait_s=(("batch", draw(st.sampled_from([0.0, 600.0]))),),
+            headroom_gpus=draw(st.sampled_from([0, 0, 2, 8])),
         ))
     return tuple(out)
 
@@ -96,6 +97,10 @@ def test_every_plan_keeps_the_rules(obs: FleetObservation) -> None:
             assert 1 <= len(ids) <= pool.max_step and len(set(ids)) == len(ids)
             assert current - len(ids) >= pool.floor, "drained below the floor"
             assert decision.desired == current - len(ids)
+            free_after = sum(n.free_gpus for n in obs.nodes if n.pool == pool.name and n.phase == "ready"
+                             and n.node_id not in ids)
+            booting = sum(1 for n in obs.nodes if n.pool == pool.name and n.phase == "booting")
+            assert free_after + booting * pool.node_type.gpus >= pool.headroom_gpus, "drained into the headroom"
             for node_id in ids:
                 node = by_id[node_id]
                 assert node.pool == pool.name and node.phase == "ready"

@@ -10,9 +10,10 @@
     scale-out = min(wanted, max_step, ceiling - current)  unless cooling down since the last scale-out
           │ nothing to add and nothing pending that this pool could serve
           ▼
+    + enough nodes to keep headroom_gpus free (ready free GPUs and booting nodes not spoken for)
     scale-in: ready nodes idle for idle_before_drain_s, running no job (so never non-preemptible work),
-              longest idle first, at most max_step and never below the floor, not within scale_in_cooldown_s
-              of the pool's last scale-out or drain
+              longest idle first, at most max_step, never below the floor nor the headroom, not within
+              scale_in_cooldown_s of the pool's last scale-out or drain
 
 Contract (property-tested in tests/test_autoscaler_properties.py):
 - a drained node is ready, runs nothing and in particular nothing non-preemptible;
@@ -115,7 +116,13 @@ def _decide_pool(obs: FleetObservation, pool: PoolSpec, nodes: list[NodeState], 
         slots = [*slots, *([1.0] * int(pressure_gpus - free_gpus + 0.999))]
         reasons.append(f"{pressure_jobs} inference job(s) under memory pressure need about "
                        f"{pressure_gpus:.1f} more GPU(s), {free_gpus} free")
-    wanted = max(0, nodes_for(slots, node_type.gpus) - booting)
+    for_pending = nodes_for(slots, node_type.gpus)
+    wanted = max(0, for_pending - booting)
+    spare = free_gpus + max(0, booting - for_pending) * node_type.gpus
+    if spare < pool.headroom_gpus:
+        extra = -(-(pool.headroom_gpus - spare) // node_type.gpus)
+        wanted += extra
+        reasons.append(f"keep {pool.headroom_gpus} GPU(s) free as headroom, {spare} free")
     if demands:
         jobs = sum(d.count for d in demands)
         shapes = ", ".join(sorted({f"{d.tier} {d.describe()}" for d in demands}))
@@ -153,7 +160,7 @@ def _decide_pool(obs: FleetObservation, pool: PoolSpec, nodes: list[NodeState], 
          and n.idle_since is not None and obs.now - n.idle_since >= pool.idle_before_drain_s),
         key=lambda n: (n.idle_since, n.node_id),
     )
-    count = min(len(idle), pool.max_step, current - pool.floor)
+    count = min(len(idle), pool.max_step, current - pool.floor, (spare - pool.headroom_gpus) // node_type.gpus)
     drain = None
     if count > 0:
         last = max((t for t in (history.last_scale_in_at, history.last_scale_out_at) if t is not None), default=None)
@@ -169,4 +176,6 @@ def _decide_pool(obs: FleetObservation, pool: PoolSpec, nodes: list[NodeState], 
                           f"pending that they could run; floor {pool.floor})")
     elif idle and current <= pool.floor:
         held.append(f"{len(idle)} idle node(s) kept: the pool is at its floor of {pool.floor}")
+    elif idle and pool.headroom_gpus:
+        held.append(f"{len(idle)} idle node(s) kept as headroom ({pool.headroom_gpus} GPU(s))")
     return PoolDecision(pool.name, current, current - count, drain=drain, held_back=tuple(held))

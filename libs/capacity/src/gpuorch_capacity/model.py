@@ -62,6 +62,8 @@ class PoolSpec:
     ``max_step``: at most this many nodes added or drained by one decision.
     ``min_wait_s``: pending work counts as demand only once it waited this long (by tier; missing tiers: 0), so a
     job that will fit in a moment does not buy a node.
+    ``headroom_gpus``: whole GPUs kept free (ready or booting) so that a burst starts at once while more nodes
+    boot; a drain never takes the pool below it.
     """
 
     name: str
@@ -73,6 +75,7 @@ class PoolSpec:
     idle_before_drain_s: float = 900.0
     max_step: int = 10
     min_wait_s: tuple[tuple[str, float], ...] = ()
+    headroom_gpus: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.floor <= self.ceiling:
