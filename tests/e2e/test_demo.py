@@ -1,4 +1,5 @@
-"""`make demo` stays true: the demo command runs the whole stack and at least 10 jobs succeed on 3 nodes."""
+"""`make demo` stays true: the demo command runs the whole stack and at least 10 jobs succeed on 3 nodes; then
+`gpuctl report --out DIR` draws charts with data in them and lists concrete conclusions."""
 
 from __future__ import annotations
 
@@ -21,9 +22,14 @@ def test_demo_runs_a_mixed_workload_on_three_simulated_nodes(tmp_path: Path) -> 
     vhost, database = f"gpuorch-demo-test-{suffix}", f"gpuorch_demo_test_{suffix}"
     env = {**os.environ, "GPUORCH_DEMO_VHOST": vhost,
            "GPUORCH_DEMO_DATABASE_URL": f"postgresql://postgres@127.0.0.1:5432/{database}"}
+    report = None
     try:
         done = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "demo", "--json", "--root", str(tmp_path)],
                               env=env, capture_output=True, text=True, timeout=180)
+        if done.returncode == 0:  # the weekly review right after the demo, as a new user would run it
+            report = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "report", "--json", "--out",
+                                     str(tmp_path / "report"), "--dsn", env["GPUORCH_DEMO_DATABASE_URL"]],
+                                    env=env, capture_output=True, text=True, timeout=120)
     finally:
         drop_vhost(vhost)
         drop_database(database)
@@ -37,3 +43,18 @@ def test_demo_runs_a_mixed_workload_on_three_simulated_nodes(tmp_path: Path) -> 
     assert by_name["train-l4"]["node"] == "node-3"
     findings = {(a["job"], a["kind"]) for a in outcome["advice"]}
     assert {("idle-notebook", "idle"), ("oversized-train", "oversized")} <= findings
+
+    assert report is not None and report.returncode == 0, report.stderr[-3000:] if report else ""
+    review = json.loads(report.stdout)
+    charts = review["charts"]
+    assert review["series_source"].startswith("raw samples")  # a 30-second demo has no closed 5-minute bucket
+    assert charts["utilisation.png"] > 3 and charts["allocation_vs_use.png"] >= 2 and charts["queue_wait.png"] >= 2
+    for name in charts:
+        assert (tmp_path / "report" / name).stat().st_size > 10_000
+    kinds = {(c["kind"], c["subject"]) for c in review["conclusions"]}
+    assert ("idle_gpus", "research") in kinds  # the idle notebook
+    assert ("right_size", "oversized-train") in kinds
+    assert ("short_of", "16 GPUs on one node") in kinds  # too-big
+    assert any(kind == "autoscaler" for kind, _ in kinds)
+    notebook = next(c for c in review["conclusions"] if c["subject"] == "research")
+    assert "idle-notebook" in notebook["text"]
