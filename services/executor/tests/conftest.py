@@ -30,7 +30,8 @@ from gpuorch_executor.handlers import NodeExecutor, NodeSettings
 
 NODE = "node-t"
 TEST_ALLOW = AllowList({
-    "default": TenantPolicy(commands=frozenset({"python", "python3"})),
+    # the tests' jobs are `python -c ...`: inline code allowed by this test configuration, not by the default
+    "default": TenantPolicy(commands=frozenset({"python", "python3"}), inline_code=True),
     "shells": TenantPolicy(commands=frozenset({"sh"})),
     "images": TenantPolicy(images=("registry.example/team/",)),
 })
@@ -60,16 +61,17 @@ def terminal(publisher: RecordingPublisher, placement_id: uuid.UUID) -> list[Any
 
 
 class Harness:
-    def __init__(self, state_dir: Path, docker: str | None = None) -> None:
+    def __init__(self, state_dir: Path, docker: str | None = None, **settings: Any) -> None:
+        """``settings`` override the ``NodeSettings`` of the tests (``backends``, ``job_users``...)."""
         self.state_dir = state_dir
         self.publisher = RecordingPublisher()
         backends: dict[str, Any] = {"process": ProcessBackend(None)}
         if docker is not None:
             backends["container"] = ContainerBackend(docker)
-        self.executor = NodeExecutor(NodeSettings(
-            node_id=NODE, state_dir=state_dir, backends=backends, allow_list=TEST_ALLOW,
-            executor_env=dict(os.environ), poll_interval_s=0.02,
-        ), self.publisher)
+        self.executor = NodeExecutor(NodeSettings(**{
+            "node_id": NODE, "state_dir": state_dir, "backends": backends, "allow_list": TEST_ALLOW,
+            "executor_env": dict(os.environ), "poll_interval_s": 0.02, **settings,
+        }), self.publisher)
 
     async def until(self, predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
         """Run watch passes until ``predicate`` holds (the timeout only guards against a hang)."""

@@ -79,6 +79,6 @@ async def test_the_job_enters_its_cgroup_and_an_oom_kill_is_host_oom(cgroup_harn
     await cgroup_harness.executor.handle(command)
     [started] = cgroup_harness.publisher.of_type(JobStarted)
     outcome = await cgroup_harness.until_ended(command.placement_id)
-    assert (record_cgroup / "cgroup.procs").read_text() == "0"  # written by the job's child before exec
+    assert (record_cgroup / "cgroup.procs").read_text() == str(started.pid)  # the job itself, before exec
     assert isinstance(outcome, JobFailed) and outcome.cause == "host_oom" and outcome.exit_code == 137
     assert started.pid is not None

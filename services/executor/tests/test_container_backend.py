@@ -11,7 +11,12 @@ import pytest
 from gpuorch_contracts import ContainerRun, JobFailed, JobFinished, JobStarted, StopJob
 
 from gpuorch_executor.backends.base import JobLaunch
-from gpuorch_executor.backends.container import ContainerBackend, docker_run_argv
+from gpuorch_executor.backends.container import (
+    DOCKER_CLIENT_PATH,
+    ContainerBackend,
+    docker_run_argv,
+    resolve_docker,
+)
 from gpuorch_executor.domain.allowlist import Mount
 
 from .conftest import NODE, Harness, container_job, launch_job
@@ -26,57 +31,111 @@ def option(argv: list[str], name: str) -> list[str]:
 
 def test_docker_run_argv_isolates_the_container() -> None:
     command = container_job(IMAGE, ["python", "train.py", "--epochs", "3"], gpus=UUIDS, memory_mib=2048)
-    argv = docker_run_argv(command, env_names=["GPUORCH_JOB_ID", "TOKEN"],
+    argv = docker_run_argv(command, docker="/usr/bin/docker", env_file="/state/p/container.env",
                            mounts=(Mount("/data/sets", "/data", True),), checkpoint_dir="/state/p/checkpoint",
-                           cidfile="/state/p/container.id")
-    assert argv[:3] == ["docker", "run", "--rm"]
-    assert option(argv, "--gpus") == ['"device=' + ",".join(UUIDS) + '"']
+                           cidfile="/state/p/container.id", user="61003:61003")
+    assert argv[:3] == ["/usr/bin/docker", "run", "--rm"]
+    assert option(argv, "--gpus") == ['"device=' + ",".join(UUIDS) + '"']  # exactly its own GPU/MIG UUIDs
     assert option(argv, "--cpus") == ["1"]
     assert option(argv, "--memory") == ["2048m"] and option(argv, "--memory-swap") == ["2048m"]
     assert option(argv, "--security-opt") == ["no-new-privileges"]
     assert option(argv, "--cap-drop") == ["ALL"]
+    assert option(argv, "--pids-limit") == ["4096"]
+    assert option(argv, "--user") == ["61003:61003"]
+    assert "--read-only" in argv and option(argv, "--tmpfs") == ["/tmp:rw,nosuid,nodev,size=1g"]
+    assert option(argv, "--network") == ["none"]
     assert option(argv, "--name") == [f"gpuorch-{command.placement_id}"]
     assert option(argv, "--cidfile") == ["/state/p/container.id"]
     assert option(argv, "--mount") == ["type=bind,source=/data/sets,target=/data,readonly",
                                        "type=bind,source=/state/p/checkpoint,target=/gpuorch/checkpoint"]
-    assert option(argv, "-e") == ["GPUORCH_JOB_ID", "TOKEN"]  # names only: values never on the command line
+    assert option(argv, "--env-file") == ["/state/p/container.env"]  # values never on the command line
+    assert "-e" not in argv and "--env" not in argv
     assert "--privileged" not in argv and "-v" not in argv and "--volume" not in argv
-    assert not any(arg.startswith(("--network", "--pid=", "--ipc", "--userns", "--device")) for arg in argv)
+    assert not any(arg.startswith(("--pid=", "--ipc", "--userns", "--device", "--network=")) for arg in argv)
     assert "--pid" not in argv
     image_at = argv.index(IMAGE)
     assert argv[image_at + 1:] == ["python", "train.py", "--epochs", "3"]
 
 
+def test_docker_run_argv_never_root_never_host_network() -> None:
+    command = container_job(IMAGE, [])
+    assert option(docker_run_argv(command), "--user") == ["65534:65534"]
+    with pytest.raises(ValueError, match="root"):
+        docker_run_argv(command, user="0:0")
+    with pytest.raises(ValueError, match="never allowed"):
+        docker_run_argv(command, network="host")
+    assert option(docker_run_argv(command, network="bridge"), "--network") == ["bridge"]
+
+
 def test_a_job_without_gpus_gets_no_gpus_option() -> None:
-    argv = docker_run_argv(container_job(IMAGE, []), env_names=[])
+    argv = docker_run_argv(container_job(IMAGE, []))
     assert "--gpus" not in argv and argv[-1] == IMAGE
 
 
 def test_a_single_gpu() -> None:
-    argv = docker_run_argv(container_job(IMAGE, [], gpus=UUIDS[:1]), env_names=[])
+    argv = docker_run_argv(container_job(IMAGE, [], gpus=UUIDS[:1]))
     assert option(argv, "--gpus") == [f'"device={UUIDS[0]}"']
 
 
-def test_prepare_passes_values_through_the_docker_client_environment(tmp_path: Path) -> None:
-    command = launch_job([], run=ContainerRun(image=IMAGE, argv=["run"], env={"TOKEN": "s3cret"}), gpus=UUIDS[:1])
+HOSTILE_ENV = {"TOKEN": "s3cret", "PATH": "/tmp/evil-bin", "LD_PRELOAD": "/tmp/evil.so",
+               "DOCKER_HOST": "tcp://evil.example:2375", "DOCKER_CONFIG": "/tmp/evil-config",
+               "NVIDIA_VISIBLE_DEVICES": "all"}
+
+
+def test_prepare_keeps_the_jobs_environment_away_from_the_docker_client(tmp_path: Path) -> None:
+    command = launch_job([], run=ContainerRun(image=IMAGE, argv=["run"], env=HOSTILE_ENV), gpus=UUIDS[:1])
     job = JobLaunch(launch=command, placement_dir=tmp_path, log_path=tmp_path / "log",
                     checkpoint_file=tmp_path / "checkpoint" / "confirmed",
-                    executor_env={"PATH": "/usr/bin", "DOCKER_HOST": "unix:///run/d.sock",
-                                  "GPUORCH_AMQP_URL": "amqp://secret"})
-    supervised = ContainerBackend("/usr/bin/docker").prepare(job)
-    assert supervised.argv[0] == "/usr/bin/docker"
+                    executor_env={"PATH": "/usr/bin", "DOCKER_HOST": "unix:///run/d.sock", "HOME": "/root",
+                                  "GPUORCH_AMQP_URL": "amqp://secret", "LD_PRELOAD": "/executor.so"})
+    docker = shim_docker(tmp_path)
+    supervised = ContainerBackend(docker).prepare(job)
+    assert supervised.argv[0] == supervised.executable == docker
     assert "s3cret" not in " ".join(supervised.argv)
-    assert supervised.env["TOKEN"] == "s3cret" and supervised.env["DOCKER_HOST"] == "unix:///run/d.sock"
-    assert supervised.env["GPUORCH_CHECKPOINT_FILE"] == "/gpuorch/checkpoint/confirmed"
-    assert "GPUORCH_AMQP_URL" not in supervised.env
+    # the client's environment is fixed: the executor's docker connection, a fixed PATH, nothing of the job's
+    assert supervised.env == {"PATH": DOCKER_CLIENT_PATH, "DOCKER_HOST": "unix:///run/d.sock", "HOME": "/root"}
+    env_file = tmp_path / "container.env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    inside = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    assert inside["TOKEN"] == "s3cret" and inside["PATH"] == "/tmp/evil-bin"  # the container's own business
+    assert inside["GPUORCH_CHECKPOINT_FILE"] == "/gpuorch/checkpoint/confirmed"
+    assert inside["NVIDIA_VISIBLE_DEVICES"] == inside["CUDA_VISIBLE_DEVICES"] == UUIDS[0]  # not "all"
+    assert "GPUORCH_AMQP_URL" not in inside
     assert supervised.container_name == f"gpuorch-{command.placement_id}"
+
+
+def shim_docker(directory: Path) -> str:
+    shim = directory / "docker"
+    shim.write_text("#!/bin/sh\n")
+    shim.chmod(0o755)
+    return str(shim)
+
+
+def test_the_docker_client_is_an_absolute_path_fixed_at_start(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not found"):
+        resolve_docker("docker", path=str(tmp_path))
+    with pytest.raises(ValueError, match="not found"):
+        resolve_docker(str(tmp_path / "docker"))
+    shim = shim_docker(tmp_path)
+    assert resolve_docker(shim) == shim
+    assert resolve_docker("docker", path=f"/nonexistent:{tmp_path}") == shim
+
+
+def test_a_value_with_a_line_break_cannot_reach_a_container(tmp_path: Path) -> None:
+    command = launch_job([], run=ContainerRun(image=IMAGE, argv=["run"], env={"X": "a\nY=b"}))
+    job = JobLaunch(launch=command, placement_dir=tmp_path, log_path=tmp_path / "log",
+                    checkpoint_file=tmp_path / "checkpoint" / "confirmed", executor_env={})
+    with pytest.raises(ValueError, match="line break"):
+        ContainerBackend(shim_docker(tmp_path)).prepare(job)
 
 
 FAKE_DOCKER = """#!{python}
 import json, os, signal, sys, time
 calls = {calls!r}
 with open(calls, "a") as f:
-    f.write(json.dumps({{"argv": sys.argv[1:], "TOKEN": os.environ.get("TOKEN")}}) + "\\n")
+    env_file = sys.argv[sys.argv.index("--env-file") + 1] if "--env-file" in sys.argv else None
+    f.write(json.dumps({{"argv": sys.argv[1:], "env": dict(os.environ), "executable": sys.argv[0],
+                        "env_file": open(env_file).read() if env_file else None}}) + "\\n")
 if sys.argv[1] == "kill":
     sys.exit(0)
 args = sys.argv[1:]
@@ -103,15 +162,25 @@ def fake_docker(tmp_path: Path) -> tuple[Path, Path]:
 async def test_container_job_flows_through_the_supervisor(tmp_path: Path, fake_docker: tuple[Path, Path]) -> None:
     docker, calls = fake_docker
     harness = Harness(tmp_path / "state", docker=str(docker))
-    command = launch_job([], run=ContainerRun(image=IMAGE, argv=["train", "0"], env={"TOKEN": "s3cret"}),
-                         gpus=UUIDS[:1], tenant="images")
+    evil_bin = tmp_path / "evil-bin"  # a 'docker' the job's PATH would find first
+    evil_bin.mkdir()
+    (evil_bin / "docker").write_text(f"#!/bin/sh\ntouch {tmp_path / 'evil-ran'}\nexit 0\n")
+    (evil_bin / "docker").chmod(0o755)
+    command = launch_job([], run=ContainerRun(image=IMAGE, argv=["train", "0"], env={
+        **HOSTILE_ENV, "PATH": f"{evil_bin}:/usr/bin:/bin"}), gpus=UUIDS[:1], tenant="images")
     await harness.executor.handle(command)
     [started] = harness.publisher.of_type(JobStarted)
     outcome = await harness.until_ended(command.placement_id)
     assert isinstance(outcome, JobFinished)
     assert started.container_id in ("c0ffee", f"gpuorch-{command.placement_id}")
     [call] = [json.loads(line) for line in calls.read_text().splitlines()]
-    assert call["argv"][0] == "run" and call["TOKEN"] == "s3cret"
+    assert call["argv"][0] == "run" and call["executable"] == str(docker)  # the configured client ran
+    assert not (tmp_path / "evil-ran").exists()
+    for name, value in HOSTILE_ENV.items():  # nothing of the job's environment reached the client
+        assert call["env"].get(name) != value, name
+    assert call["env"]["PATH"] == DOCKER_CLIENT_PATH and "LD_PRELOAD" not in call["env"]
+    assert "TOKEN=s3cret" in call["env_file"].splitlines()  # the container gets it, through the env file
+    assert option(call["argv"], "--gpus") == [f'"device={UUIDS[0]}"']
     assert "container says hi" in Path(started.log_path or "").read_text()
 
 

@@ -14,6 +14,7 @@ from gpuorch_executor.domain.allowlist import (
     DEFAULT_ALLOW_LIST,
     AllowListError,
     image_repository,
+    inline_code_flag,
     load_allow_list,
 )
 from gpuorch_executor.domain.environment import job_environment
@@ -54,10 +55,13 @@ def test_signal_exit_code_follows_the_shell_convention() -> None:
     assert classify(ExitReport(signal=9)).exit_code == 137
 
 
-def test_default_allow_list_runs_python_for_the_default_tenant_only() -> None:
-    run = ProcessRun(argv=["python", "-c", "print(42)"])
+def test_default_allow_list_runs_python_scripts_for_the_default_tenant_only() -> None:
+    run = ProcessRun(argv=["python", "train.py", "--epochs", "3"])
     assert DEFAULT_ALLOW_LIST.check_process("default", run, "/usr/bin/python") is None
     assert DEFAULT_ALLOW_LIST.check_process("other", run, "/usr/bin/python") is not None
+    inline = DEFAULT_ALLOW_LIST.check_process("default", ProcessRun(argv=["python", "-c", "print(42)"]),
+                                              "/usr/bin/python")
+    assert inline is not None and "inline code" in inline.reason
     assert DEFAULT_ALLOW_LIST.check_process("default", ProcessRun(argv=["sh", "x.sh"]), "/bin/sh") is not None
 
 
@@ -82,8 +86,46 @@ def test_shell_strings_are_refused_unless_allowed(argv: list[str]) -> None:
     allowed = load_allow_list('{"tenants": {"t": {"commands": ["sh", "bash", "zsh", "dash", "/bin/zsh"], '
                               '"allow_shell": true}}}')
     refusal = denied.check_process("t", ProcessRun(argv=argv), argv[0])
-    assert refusal is not None and "shell string" in refusal.reason
+    assert refusal is not None and "inline code" in refusal.reason
     assert allowed.check_process("t", ProcessRun(argv=argv), argv[0]) is None
+
+
+INTERPRETERS = ["python", "python3", "python3.11", "node", "perl", "ruby", "sh", "bash", "php", "Rscript"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["python", "-c", "x"], ["python3", "-Bc", "x"], ["python3.11", "-u", "-c", "x"], ["python", "-cimport os"],
+    ["python3", "-W", "ignore", "-c", "x"], ["node", "-e", "x"], ["node", "--eval=x"], ["node", "-p", "1"],
+    ["perl", "-e", "x"], ["perl", "-lne", "x"], ["ruby", "-e", "x"], ["sh", "-c", "x"], ["bash", "-c", "x"],
+    ["php", "-r", "x"], ["Rscript", "-e", "x"],
+])
+def test_inline_interpreter_code_is_refused_by_default_and_allowed_by_a_tenants_entry(argv: list[str]) -> None:
+    denied = load_allow_list(json.dumps({"tenants": {"t": {"commands": INTERPRETERS}}}))
+    allowed = load_allow_list(json.dumps({"tenants": {"t": {"commands": INTERPRETERS, "inline_code": True}}}))
+    refusal = denied.check_process("t", ProcessRun(argv=argv), f"/usr/bin/{argv[0]}")
+    assert refusal is not None and "inline code" in refusal.reason and '"inline_code": true' in refusal.reason
+    assert allowed.check_process("t", ProcessRun(argv=argv), f"/usr/bin/{argv[0]}") is None
+
+
+@pytest.mark.parametrize("argv", [
+    ["python", "train.py", "-c", "config.yaml"], ["python3", "-m", "pkg", "-c", "x"], ["python", "-u", "run.py"],
+    ["python3", "-W", "error", "script.py"], ["node", "server.js"], ["perl", "script.pl"],
+])
+def test_scripts_and_modules_are_not_inline_code(argv: list[str]) -> None:
+    denied = load_allow_list(json.dumps({"tenants": {"t": {"commands": INTERPRETERS}}}))
+    assert inline_code_flag(argv) is None
+    assert denied.check_process("t", ProcessRun(argv=argv), f"/usr/bin/{argv[0]}") is None
+
+
+def test_container_network_and_user_come_from_the_tenants_entry() -> None:
+    allow = load_allow_list(json.dumps({"tenants": {
+        "web": {"images": ["x"], "network": "bridge", "container_user": "1000:1000"}, "t": {"images": ["x"]}}}))
+    web, plain = allow.policy_for("web"), allow.policy_for("t")
+    assert web is not None and (web.network, web.container_user) == ("bridge", "1000:1000")
+    assert plain is not None and (plain.network, plain.container_user) == ("none", None)
+    for bad in ({"network": "host"}, {"container_user": "0:0"}, {"container_user": "root"}):
+        with pytest.raises(AllowListError):
+            load_allow_list(json.dumps({"tenants": {"t": {"images": ["x"], **bad}}}))
 
 
 def test_images_by_repository_and_prefix() -> None:

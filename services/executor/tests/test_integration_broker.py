@@ -72,12 +72,17 @@ class EventTap:
         await asyncio.wait_for(loop(), timeout_s)
 
 
+LOCAL_ALLOW_LIST = '{"tenants": {"default": {"commands": ["python", "python3"], "inline_code": true}}}'
+
+
 class ExecutorProcess:
     """``gpuorch-executor`` as a real child process (what runs on a node)."""
 
     def __init__(self, url: str, state_root: Path, nodes: str, log: Path, **extra: str) -> None:
         self.env = {**os.environ, "GPUORCH_AMQP_URL": url, "GPUORCH_NODE_IDS": nodes,
-                    "GPUORCH_EXECUTOR_STATE_DIR": str(state_root), "GPUORCH_EXECUTOR_POLL_S": "0.05", **extra}
+                    "GPUORCH_EXECUTOR_STATE_DIR": str(state_root), "GPUORCH_EXECUTOR_POLL_S": "0.05",
+                    # jobs are `python -c` with this checkout's interpreter, as the executor's own user
+                    "GPUORCH_EXECUTOR_JOB_UIDS": "off", "GPUORCH_EXECUTOR_ALLOW": LOCAL_ALLOW_LIST, **extra}
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -217,8 +217,8 @@ async def test_exec_failure_is_a_launch_error(harness: Harness, tmp_path: Path) 
 
 
 @pytest.mark.parametrize(("argv", "tenant", "words"), [
-    (["sh", "-c", "echo hi"], "shells", "shell string"),
-    (["bash", "-lc", "echo hi"], "default", "shell string"),
+    (["sh", "-c", "echo hi"], "shells", "inline code"),
+    (["bash", "-lc", "echo hi"], "default", "not allowed"),
     (["python -c 'print(1)'"], "default", "shell string"),
     (["perl", "-e", "print 1"], "default", "not allowed"),
     (["python", "-c", "pass"], "nobody", "may not run anything"),

@@ -178,6 +178,25 @@ class RunningPlacement(Strict):
     job_id: uuid.UUID
 
 
+class JobIsolation(Strict):
+    """How an executor isolates the jobs it runs on its node: what is enforced there, in fact, not in intent.
+
+    ``job_users``: ``per_job_uid`` (each process job runs as an unprivileged uid of its own, no supplementary
+    groups: it cannot read the executor's environment, state or credentials, nor another job's files, nor signal
+    another job) or ``executor_uid`` (jobs run as the executor's own user: none of that holds).
+    ``devices`` (process jobs): ``cgroup_v1`` / ``cgroup_v2`` (the kernel's device controller denies every GPU the
+    job was not given) or ``env_only`` (``CUDA_VISIBLE_DEVICES`` only: a job that unsets it sees every GPU).
+    ``limits`` (process jobs' host memory/CPU): ``cgroup_v2`` or ``none``. ``containers``: ``gpus_flag`` (exactly
+    the given GPUs through ``--gpus device=<UUIDs>``, hardened ``docker run``) or ``disabled``. ``notes`` say why
+    something is not enforced."""
+
+    job_users: Literal["per_job_uid", "executor_uid"]
+    devices: Literal["cgroup_v1", "cgroup_v2", "env_only"]
+    limits: Literal["cgroup_v2", "none"]
+    containers: Literal["gpus_flag", "disabled"] = "disabled"
+    notes: Annotated[list[ShortText], Field(max_length=8)] = []
+
+
 class ExecutorHeartbeat(Message):
     """An executor renews its node's lease (the node-agent's ``NodeHeartbeat`` is the other half).
 
@@ -198,6 +217,8 @@ class ExecutorHeartbeat(Message):
     running: Annotated[list[RunningPlacement], Field(max_length=4096)] = Field(
         default=[], description="placements active on this node (launching, running or stopping)")
     running_truncated: bool = Field(default=False, description="more placements run than ``running`` lists")
+    isolation: JobIsolation | None = Field(default=None, description="how this node isolates its jobs (an "
+                                           "executor older than this field sends none)")
 
 
 class NodeLivenessChanged(Message):

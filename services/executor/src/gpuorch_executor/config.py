@@ -17,7 +17,14 @@ environment:
   GPUORCH_EXECUTOR_BACKEND      runtimes enabled here: process, container or process,container (default process)
   GPUORCH_EXECUTOR_ALLOW        allow-list: inline JSON or the path of a JSON file (default: tenant 'default'
                                 may run python and python3); see the README
-  GPUORCH_EXECUTOR_DOCKER       docker CLI used by the container backend (default docker)
+  GPUORCH_EXECUTOR_DOCKER       docker CLI of the container backend, resolved to an absolute path at start on
+                                the executor's PATH (default docker); jobs' environments never change it
+  GPUORCH_EXECUTOR_JOB_UIDS     uids process jobs run as, one per job: first-last (default 61000-61063 when
+                                the executor may switch users, i.e. runs as root; else off) or 'off' (jobs run
+                                as the executor's user: reported in gpuctl nodes)
+  GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT  cgroup v1 devices directory confining process jobs to their GPUs
+                                (default /sys/fs/cgroup/devices/gpuorch); 'off' disables it
+  GPUORCH_EXECUTOR_GPU_DEVICES  JSON {"<GPU uuid>": ["/dev/nvidiaN"]} (default: read from /proc/driver/nvidia)
   GPUORCH_EXECUTOR_CGROUP_ROOT  cgroup v2 directory for per-job limits (default /sys/fs/cgroup/gpuorch);
                                 'off' disables limits
   GPUORCH_FENCING_DEADLINE_S    every job is dead when the lease went unrenewed this long (default 60); the
@@ -45,6 +52,10 @@ class ExecutorConfig:
     allow: str | None
     docker: str
     cgroup_root: str
+    job_uids: str
+    """``first-last``, ``off``, or ``auto`` (a default pool when this process may switch users)."""
+    device_cgroup_root: str
+    gpu_devices: str | None
     fencing_deadline_s: float
     fencing_grace_s: float
     heartbeat_s: float
@@ -83,6 +94,9 @@ class ExecutorConfig:
             allow=env.get("GPUORCH_EXECUTOR_ALLOW"),
             docker=env.get("GPUORCH_EXECUTOR_DOCKER", "docker"),
             cgroup_root=env.get("GPUORCH_EXECUTOR_CGROUP_ROOT", "/sys/fs/cgroup/gpuorch"),
+            job_uids=env.get("GPUORCH_EXECUTOR_JOB_UIDS", "auto"),
+            device_cgroup_root=env.get("GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT", "/sys/fs/cgroup/devices/gpuorch"),
+            gpu_devices=env.get("GPUORCH_EXECUTOR_GPU_DEVICES") or None,
             fencing_deadline_s=deadline,
             fencing_grace_s=grace,
             heartbeat_s=heartbeat,

@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
 
-from gpuorch_contracts import COMMANDS_EXCHANGE, LaunchJob, StopJob
+from gpuorch_contracts import COMMANDS_EXCHANGE, JobIsolation, LaunchJob, StopJob
 from gpuorch_contracts.routing import command_routing_key
 from gpuorch_messaging import Broker, QueueSpec, executor_accepts
 from gpuorch_observability import configure, get_logger, start_metrics_server
@@ -23,9 +24,12 @@ from gpuorch_observability import configure, get_logger, start_metrics_server
 from gpuorch_executor.backends.base import Backend
 from gpuorch_executor.backends.cgroups import CgroupV2
 from gpuorch_executor.backends.container import ContainerBackend
+from gpuorch_executor.backends.devices import DeviceCgroupV1, DeviceConfinement, GpuDeviceNodes
+from gpuorch_executor.backends.job_users import can_switch_users, privileged_gids
 from gpuorch_executor.backends.process import ProcessBackend
-from gpuorch_executor.config import ENVIRONMENT_HELP, ExecutorConfig
+from gpuorch_executor.config import ENVIRONMENT_HELP, ConfigError, ExecutorConfig
 from gpuorch_executor.domain.allowlist import load_allow_list
+from gpuorch_executor.domain.job_users import JobUidsError, JobUserPool, parse_job_uids
 from gpuorch_executor.handlers import NodeExecutor, NodeSettings
 from gpuorch_executor.lease import LeaseRenewer
 from gpuorch_executor.placement_store import StateDirectoryInUse
@@ -44,29 +48,81 @@ def executor_queue(node_id: str) -> QueueSpec:
     )
 
 
-def build_backends(config: ExecutorConfig) -> dict[str, Backend]:
+DEFAULT_JOB_UIDS = "61000-61063"
+
+
+def build_job_users(config: ExecutorConfig) -> JobUserPool | None:
+    """The pool of job uids (``GPUORCH_EXECUTOR_JOB_UIDS``); ``auto`` is the default pool when this process may
+    switch users, else none. A pool this process cannot use is a configuration error, never silently dropped."""
+    value = config.job_uids
+    if value.strip().lower() == "auto":
+        if not can_switch_users():
+            return None
+        value = DEFAULT_JOB_UIDS
+    try:
+        pool = parse_job_uids(value, forbidden_gids=privileged_gids())
+    except JobUidsError as exc:
+        raise ConfigError(str(exc)) from exc
+    if pool is not None and not can_switch_users():
+        raise ConfigError("GPUORCH_EXECUTOR_JOB_UIDS needs an executor that may switch users (root, or "
+                          "CAP_SETUID+CAP_SETGID); set it to 'off' to run jobs as the executor's user")
+    return pool
+
+
+def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None) -> tuple[dict[str, Backend],
+                                                                                         JobIsolation]:
+    """The runtimes this node offers, and what they enforce (logged now; sent on every heartbeat)."""
     backends: dict[str, Backend] = {}
+    notes: list[str] = []
+    limits: str = "none"
+    devices_kind = "env_only"
+    if job_users is None:
+        notes.append("process jobs run as the executor's user (GPUORCH_EXECUTOR_JOB_UIDS off, or not root): "
+                     "they can read its state and signal each other")
     if "process" in config.runtimes:
         cgroups = None
         if config.cgroup_root != "off":
             cgroups, why = CgroupV2.detect(Path(config.cgroup_root))
             if cgroups is None:
                 log.warning("cgroups.unavailable", reason=why, effect="host memory/CPU limits not enforced")
-        backends["process"] = ProcessBackend(cgroups)
+                notes.append(f"no host memory/CPU limits: {why}"[:1024])
+        limits = "cgroup_v2" if cgroups is not None else "none"
+        device_cgroup = None
+        why_not = "GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT is off"
+        if config.device_cgroup_root != "off":
+            device_cgroup, why_not = DeviceCgroupV1.detect(Path(config.device_cgroup_root))
+        if device_cgroup is None:
+            log.warning("devices.unconfined", reason=why_not,
+                        effect="process jobs see GPUs through CUDA_VISIBLE_DEVICES only; a job can unset it")
+            notes.append(f"process jobs not device-confined: {why_not}"[:1024])
+        confinement = DeviceConfinement(device_cgroup, GpuDeviceNodes.from_setting(config.gpu_devices), why_not)
+        devices_kind = confinement.kind
+        backends["process"] = ProcessBackend(cgroups, confinement)
     if "container" in config.runtimes:
-        backends["container"] = ContainerBackend(config.docker)
-    return backends
+        try:
+            backends["container"] = ContainerBackend(config.docker)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+    isolation = JobIsolation(
+        job_users="per_job_uid" if job_users is not None else "executor_uid",
+        devices=devices_kind,  # type: ignore[arg-type]
+        limits=limits,  # type: ignore[arg-type]
+        containers="gpus_flag" if "container" in backends else "disabled", notes=notes[:8],
+    )
+    log.info("executor.isolation", **isolation.model_dump())
+    return backends, isolation
 
 
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     producer = "executor/" + ",".join(config.node_ids)
     broker = Broker(config.amqp_url, producer=producer, connection_name=f"executor {producer}")
     allow_list = load_allow_list(config.allow)
-    backends = build_backends(config)
+    job_users = build_job_users(config)
+    backends, isolation = build_backends(config, job_users)
     executors = [
         NodeExecutor(NodeSettings(node_id=node_id, state_dir=config.state_dir(node_id), backends=backends,
                                   allow_list=allow_list, producer=f"executor/{node_id}",
-                                  poll_interval_s=config.poll_interval_s), broker)
+                                  poll_interval_s=config.poll_interval_s, job_users=job_users), broker)
         for node_id in config.node_ids
     ]
     for executor in executors:
@@ -81,7 +137,8 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
             await broker.consume(executor_queue(executor.node_id), executor.handle)
         log.info("executor.ready", nodes=list(config.node_ids), runtimes=list(config.runtimes))
         lease = LeaseRenewer(broker, executors, interval_s=config.heartbeat_s,
-                             fencing_deadline_s=config.fencing_deadline_s, fencing_grace_s=config.fencing_grace_s)
+                             fencing_deadline_s=config.fencing_deadline_s, fencing_grace_s=config.fencing_grace_s,
+                             isolation=isolation)
         tasks.append(asyncio.create_task(lease.run()))
         await stop.wait()
     finally:
@@ -106,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.parse_args(sys.argv[1:] if argv is None else argv)
     config = ExecutorConfig.from_env()
+    os.umask(0o077)  # whatever the executor writes is its own unless it says otherwise (jobs run as other uids)
     configure("executor", log_level=config.log_level, otlp_endpoint=config.otlp_endpoint)
     start_metrics_server(config.metrics_port)
 
@@ -118,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         asyncio.run(run())
+    except ConfigError as exc:
+        log.error("executor.config_error", error=str(exc))
+        return 2
     except StateDirectoryInUse as exc:
         log.error("executor.state_dir_in_use", error=str(exc))
         return 3

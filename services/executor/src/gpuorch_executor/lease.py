@@ -24,7 +24,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from gpuorch_contracts import ExecutorHeartbeat, RunningPlacement
+from gpuorch_contracts import ExecutorHeartbeat, JobIsolation, RunningPlacement
 from gpuorch_messaging.abc import Publisher, PublishError
 from gpuorch_observability import get_logger
 
@@ -38,7 +38,8 @@ MAX_LISTED_PLACEMENTS = 4096
 class LeaseRenewer:
     def __init__(self, publisher: Publisher, executors: Sequence[NodeExecutor], *, interval_s: float,
                  fencing_deadline_s: float, fencing_grace_s: float, check_interval_s: float = 0.5,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, isolation: JobIsolation | None = None) -> None:
+        """``isolation`` (what this node enforces, found at start) rides on every heartbeat."""
         if interval_s <= 0 or interval_s * 2 > fencing_deadline_s - min(fencing_grace_s, fencing_deadline_s):
             raise ValueError("the heartbeat interval must be positive and at most half of deadline - grace, "
                              "so that one lost heartbeat does not fence")
@@ -48,6 +49,7 @@ class LeaseRenewer:
         self.check_interval_s = check_interval_s
         self.fence = LeaseFence(fencing_deadline_s, fencing_grace_s)
         self.monotonic = monotonic
+        self.isolation = isolation
         now = monotonic()
         previous = [r for r in (e.store.read_lease_renewed() for e in self.executors) if r is not None and r <= now]
         self.renewed_at = min(previous) if previous else now
@@ -65,6 +67,7 @@ class LeaseRenewer:
                 node_id=executor.node_id, sequence=self.sequence, fencing_deadline_s=self.fence.deadline_s,
                 interval_s=self.interval_s, running=active[:MAX_LISTED_PLACEMENTS],
                 running_truncated=len(active) > MAX_LISTED_PLACEMENTS, producer=executor.settings.producer,
+                isolation=self.isolation,
             ))
         return beats
 

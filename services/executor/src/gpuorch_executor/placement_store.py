@@ -7,8 +7,14 @@ Layout (``GPUORCH_EXECUTOR_STATE_DIR``/<node_id>)::
     placements/<placement_id>/started.json   written by the supervisor when the job runs (job pid)
     placements/<placement_id>/exit.json      written by the supervisor when the job ended (exit code / signal)
     placements/<placement_id>/checkpoint/    the job confirms a checkpoint by creating ``confirmed`` in here
+    placements/<placement_id>/home/          the job's HOME, TMPDIR and default working directory
     placements/<placement_id>/supervisor.log the supervisor's own stderr (empty unless it crashed)
     logs/<job_id>/<placement_id>.log         the job's stdout and stderr, interleaved (JobStarted.log_path)
+
+Permissions (jobs run as other uids, see ``domain.job_users``): directories are ``0711`` (a job can reach its
+own checkpoint and home directories, and list nothing); every file the executor or a supervisor writes is
+``0600``; a job's ``checkpoint/`` and ``home/`` are ``0700`` and owned by that job's uid; its log is ``0640``
+with the job's gid. So a job reads neither the executor's records, lease and lock, nor another job's files.
 
 Every JSON file is written with ``write_json_atomically`` (temporary file, rename; plus fsyncs of file and
 directory for the writes that must survive a power cut: a record becoming known, running or ended, and the
@@ -28,6 +34,8 @@ from gpuorch_executor.domain.placement import PlacementRecord
 from gpuorch_executor.supervise import write_json_atomically
 
 CHECKPOINT_FILE_NAME = "confirmed"
+TRAVERSE_ONLY = 0o711
+"""Directories on the way to a job's own files: others may pass through them, never list them."""
 
 
 class StateDirectoryInUse(RuntimeError):
@@ -39,8 +47,10 @@ class PlacementStore:
         self.state_dir = state_dir
         self.placements_dir = state_dir / "placements"
         self.logs_dir = state_dir / "logs"
-        self.placements_dir.mkdir(parents=True, exist_ok=True)
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        for directory in (self.placements_dir, self.logs_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        for directory in (self.state_dir, self.placements_dir, self.logs_dir):
+            directory.chmod(TRAVERSE_ONLY)
 
     def lock(self) -> int:
         """Take this node's state directory for this process (an flock, released even by SIGKILL).
@@ -48,7 +58,7 @@ class PlacementStore:
         Two executors adopting and reporting the same placements would break "exactly one outcome"; the second
         one fails here instead. Returns the descriptor to keep open.
         """
-        fd = os.open(self.state_dir / "executor.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.state_dir / "executor.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -84,11 +94,22 @@ class PlacementStore:
     def checkpoint_file(self, placement_id: uuid.UUID) -> Path:
         return self.placement_dir(placement_id) / "checkpoint" / CHECKPOINT_FILE_NAME
 
-    def prepare(self, record: PlacementRecord) -> None:
-        """Create the placement's directories (idempotent)."""
-        self.placement_dir(record.placement_id).mkdir(parents=True, exist_ok=True)
-        self.checkpoint_file(record.placement_id).parent.mkdir(parents=True, exist_ok=True)
-        self.log_path(record.job_id, record.placement_id).parent.mkdir(parents=True, exist_ok=True)
+    def home_dir(self, placement_id: uuid.UUID) -> Path:
+        return self.placement_dir(placement_id) / "home"
+
+    def prepare(self, record: PlacementRecord, owner_uid: int | None = None) -> None:
+        """Create the placement's directories (idempotent); ``owner_uid`` (the job's) owns its checkpoint and
+        home directories (``0700``); without one they are the executor's own."""
+        placement_dir = self.placement_dir(record.placement_id)
+        log_dir = self.log_path(record.job_id, record.placement_id).parent
+        for directory in (placement_dir, log_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(TRAVERSE_ONLY)
+        for directory in (self.checkpoint_file(record.placement_id).parent, self.home_dir(record.placement_id)):
+            directory.mkdir(exist_ok=True)
+            directory.chmod(0o700)
+            if owner_uid is not None:
+                os.chown(directory, owner_uid, owner_uid)
 
     def save(self, record: PlacementRecord, *, durable: bool = True) -> None:
         """Rewrite the record atomically; ``durable=False`` skips the fsyncs for facts a power cut makes moot

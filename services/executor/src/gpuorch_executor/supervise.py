@@ -6,8 +6,10 @@ small supervisor in its own session; the supervisor is the job's parent, outlive
 what happened to files that the executor (the current one, or the next one after a restart) reads:
 
 - ``launch.json`` (input, written by the executor): ``argv``, ``executable``, ``env``, ``cwd``, ``log_path``,
-  ``cgroup`` (a cgroup v2 directory to run the job in, or null), and ``fence`` (or null): ``lease_path``,
-  ``signal`` (the job's checkpoint signal), ``container`` (``{"docker", "name"}`` for the container runtime);
+  ``cgroup`` (a cgroup v2 directory to run the job in, or null), ``device_cgroup`` (a cgroup v1 ``devices``
+  directory, or null), ``user`` (``{"uid", "gid"}``: the job's own unprivileged user, or null: the supervisor's),
+  and ``fence`` (or null): ``lease_path``, ``signal`` (the job's checkpoint signal), ``container``
+  (``{"docker", "name"}`` for the container runtime);
 - ``started.json``: ``{"job_pid", "supervisor_pid", "started_at", "started_monotonic"}`` once the job runs
   (``started_monotonic`` is ``time.monotonic()``, the host-wide clock deadlines are measured on);
 - ``exit.json``: ``{"exit_code", "signal", "launch_error", "started_at", "finished_at", "duration_s",
@@ -19,6 +21,13 @@ every ``LEASE_CHECK_S``; once the lease has gone unrenewed for ``deadline - grac
 signal, and at ``renewed + deadline`` SIGKILL (``fenced: true`` in ``exit.json``). So the job stops by the deadline
 even when the executor itself is dead (SIGKILLed, crash-looping), and the scheduler may requeue it after the
 deadline without the job running twice. A missing or unreadable lease file changes nothing (an older executor).
+
+The job's user: with ``user`` set, the child joins its cgroups while still privileged, then drops every
+supplementary group, sets its gid and uid (in that order: after ``setuid`` it could not change groups) and a
+``077`` umask, and only then enters ``cwd``: a directory the job's user cannot reach is refused, never entered
+with the supervisor's rights. The log file is opened by the supervisor (owner: the executor's user, group: the
+job's gid, mode 0640), so the job writes it through the inherited descriptor, may read its own log, and no
+other job can read it.
 
 Both output files are written atomically (temporary file, fsync, rename, fsync of the directory): a reader sees a
 whole file or none. The job runs in its own process group (``pgid == job pid``) so the executor can signal the
@@ -44,7 +53,7 @@ def write_json_atomically(path: Path, data: dict[str, Any], *, durable: bool = T
     write survives any process crash (the page cache outlives processes) but maybe not a power cut.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as handle:
         json.dump(data, handle)
         if durable:
             handle.flush()
@@ -146,6 +155,9 @@ class LeaseWatch:
 def supervise(placement_dir: Path) -> int:
     launch = json.loads((placement_dir / "launch.json").read_text())
     cgroup: str | None = launch.get("cgroup")
+    device_cgroup: str | None = launch.get("device_cgroup")
+    user: dict[str, int] | None = launch.get("user")
+    cwd: str | None = launch.get("cwd")
     started_at = time.time()
     started_mono = time.monotonic()
 
@@ -160,14 +172,26 @@ def supervise(placement_dir: Path) -> int:
         for stray in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(stray, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        if cgroup:
-            with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
-                procs.write("0")
+        for directory in (cgroup, device_cgroup):
+            if directory:
+                with open(os.path.join(directory, "cgroup.procs"), "w") as procs:
+                    procs.write(str(os.getpid()))
+        if user is not None:
+            os.setgroups([])
+            os.setgid(int(user["gid"]))
+            os.setuid(int(user["uid"]))
+            os.umask(0o077)
+            if cwd:
+                os.chdir(cwd)
 
-    log_fd = os.open(launch["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    log_fd = os.open(launch["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640 if user else 0o600)
     try:
+        if user is not None:
+            os.fchown(log_fd, -1, int(user["gid"]))
+            os.fchmod(log_fd, 0o640)
         child = subprocess.Popen(
-            launch["argv"], executable=launch.get("executable"), env=launch["env"], cwd=launch.get("cwd"),
+            launch["argv"], executable=launch.get("executable"), env=launch["env"],
+            cwd=None if user is not None else cwd,
             stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT, process_group=0,
             preexec_fn=prepare_child, close_fds=True,
         )
@@ -178,6 +202,7 @@ def supervise(placement_dir: Path) -> int:
             "started_at": started_at, "finished_at": now, "duration_s": 0.0, "oom_kills": 0,
         })
         _release_cgroup(cgroup)
+        _release_cgroup(device_cgroup)
         return 0
     finally:
         os.close(log_fd)
@@ -203,6 +228,7 @@ def supervise(placement_dir: Path) -> int:
         "oom_kills": oom_kills, "fenced": lease.acted,
     })
     _release_cgroup(cgroup)
+    _release_cgroup(device_cgroup)
     return 0
 
 

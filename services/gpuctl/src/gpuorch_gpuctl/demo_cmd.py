@@ -201,7 +201,8 @@ def demo(
         import shutil
 
         shutil.rmtree(root)
-    allow = {"tenants": {tenant: {"commands": ["python", "python3"]} for tenant in ("default", "research", "serving")}}
+    allow = {"tenants": {tenant: {"commands": ["python", "python3"], "inline_code": True}  # the demo's python -c
+                         for tenant in ("default", "research", "serving")}}
     # telemetry judges over seconds here instead of the production minutes, so the demo shows its advice
     quick_telemetry = {"GPUORCH_USAGE_S": "1", "GPUORCH_TELEMETRY_WINDOW_S": "5", "GPUORCH_TELEMETRY_MIN_COVERAGE": "0.3",
                        "GPUORCH_TELEMETRY_OVERSIZED_MIN_OBSERVED_S": "5",

@@ -43,6 +43,10 @@ class ServiceProcess:
         return self.popen is not None and self.popen.poll() is None
 
 
+LOCAL_ALLOW_LIST = '{"tenants": {"default": {"commands": ["python", "python3"], "inline_code": true}}}'
+"""The allow-list of a local stack (demo, end-to-end tests): the executor's default, plus inline code."""
+
+
 def _script(name: str) -> str:
     """Path of a console script installed next to this interpreter (the workspace venv)."""
     candidate = Path(sys.executable).parent / name
@@ -76,6 +80,13 @@ class LocalStack:
             "GPUORCH_IDENTITY": env.get("GPUORCH_IDENTITY", "trust_all"),
             # simulated GPUs of this stack differ from those of any other stack on the machine (same node names)
             "GPUORCH_SIM_NAMESPACE": self._namespace,
+            # A local stack runs jobs with the interpreter of this checkout (often under a home directory other
+            # users cannot enter) and lets them write where the tests read: jobs run as the stack's own user, which
+            # the executor reports (gpuctl nodes: job_users executor_uid). Production keeps the uid pool.
+            "GPUORCH_EXECUTOR_JOB_UIDS": env.get("GPUORCH_EXECUTOR_JOB_UIDS", "off"),
+            # The demo's and tests' jobs are `python -c ...`: inline code is allowed here explicitly, never by the
+            # executor's default allow-list.
+            "GPUORCH_EXECUTOR_ALLOW": env.get("GPUORCH_EXECUTOR_ALLOW", LOCAL_ALLOW_LIST),
         })
         env.update(self.extra_env)
         return env

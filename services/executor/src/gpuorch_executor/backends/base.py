@@ -33,6 +33,14 @@ class JobLaunch:
     executable: str | None = None
     """``argv[0]`` resolved on the executor's PATH (process runtime)."""
     mounts: tuple[Mount, ...] = ()
+    job_uid: int | None = None
+    """The job's own uid (gid = uid) from the node's pool; ``None``: it runs as the executor's user."""
+    home_dir: Path | None = None
+    """The job's private HOME (owned by ``job_uid``)."""
+    network: str = "none"
+    """Containers' network (the tenant's allow-list entry)."""
+    container_user: str | None = None
+    """Containers' ``uid:gid`` from the tenant's entry (else the job uid, else nobody)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,9 @@ class SupervisedCommand:
     executable: str | None = None
     cwd: str | None = None
     cgroup: str | None = None
+    device_cgroup: str | None = None
+    user: dict[str, int] | None = None
+    """``{"uid", "gid"}`` the supervisor switches to before exec (process runtime), or ``None``."""
     container_name: str | None = None
     memory_limited: bool = False
     notes: list[str] = field(default_factory=list)

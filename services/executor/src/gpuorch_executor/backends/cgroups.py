@@ -20,10 +20,15 @@ CPU_PERIOD_US = 100_000
 
 def is_cgroup2_mount(path: Path) -> bool:
     """Whether ``path`` lies on a cgroup2 filesystem (per /proc/self/mountinfo)."""
+    return mount_type_of(path) == "cgroup2"
+
+
+def mount_type_of(path: Path) -> str:
+    """The filesystem type of the mount ``path`` lies on (per /proc/self/mountinfo; '' when unknown)."""
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
-        return False
+        return ""
     best = ""
     best_type = ""
     resolved = str(path.resolve())
@@ -38,7 +43,7 @@ def is_cgroup2_mount(path: Path) -> bool:
             mount_point
         ) >= len(best):
             best, best_type = mount_point, fs_type
-    return best_type == "cgroup2"
+    return best_type
 
 
 class CgroupV2:

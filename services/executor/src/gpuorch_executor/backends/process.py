@@ -1,8 +1,10 @@
 """``process`` backend: the spec's argv runs directly under the supervisor, in its own process group.
 
-Isolation: GPU visibility through ``CUDA_VISIBLE_DEVICES``/``NVIDIA_VISIBLE_DEVICES`` (UUIDs), host memory and CPU
-through a cgroup v2 per job when ``cgroups`` is given (see ``backends.cgroups``), the job's own working directory
-and a minimal environment (``domain.environment``). Signals go to the job's process group, and only after its pid
+Isolation: the job's own uid when the node has a pool (``domain.job_users``; its HOME, TMPDIR and default working
+directory are then its private ``home/``), GPU visibility through ``CUDA_VISIBLE_DEVICES``/``NVIDIA_VISIBLE_DEVICES``
+(UUIDs) and, where the host allows, the cgroup device controller denying every other GPU's device node
+(``backends.devices``), host memory and CPU through a cgroup v2 per job when ``cgroups`` is given (see
+``backends.cgroups``), and a minimal environment (``domain.environment``). Signals go to the job's process group, and only after its pid
 *and* start time were checked.
 """
 
@@ -16,6 +18,7 @@ from gpuorch_contracts import ProcessRun
 
 from gpuorch_executor.backends.base import Backend, JobLaunch, SupervisedCommand, signal_process_group
 from gpuorch_executor.backends.cgroups import CgroupV2
+from gpuorch_executor.backends.devices import DeviceConfinement
 from gpuorch_executor.domain.environment import job_environment
 from gpuorch_executor.domain.placement import PlacementRecord
 
@@ -23,8 +26,9 @@ from gpuorch_executor.domain.placement import PlacementRecord
 class ProcessBackend(Backend):
     runtime: ClassVar[str] = "process"
 
-    def __init__(self, cgroups: CgroupV2 | None = None) -> None:
+    def __init__(self, cgroups: CgroupV2 | None = None, devices: DeviceConfinement | None = None) -> None:
         self.cgroups = cgroups
+        self.devices = devices
 
     def prepare(self, job: JobLaunch) -> SupervisedCommand:
         run = job.launch.spec.run
@@ -35,9 +39,20 @@ class ProcessBackend(Backend):
         cwd = run.workdir
         if cwd is not None and not Path(cwd).is_absolute():
             raise ValueError(f"workdir {cwd!r} must be an absolute path")
-        env = job_environment(job.launch, job.checkpoint_file, job.executor_env)
+        own_user = job.job_uid is not None
+        home = job.home_dir if own_user else None
+        env = job_environment(job.launch, job.checkpoint_file, job.executor_env, home=home, uid=job.job_uid)
+        if cwd is None and home is not None:
+            cwd = str(home)
         cgroup = None
+        device_cgroup = None
         notes = []
+        if self.devices is not None:
+            try:
+                device_cgroup = self.devices.confine(str(job.launch.placement_id),
+                                                     [gpu.gpu_uuid for gpu in job.launch.gpus])
+            except OSError as exc:
+                raise ValueError(f"cannot confine the job to its GPUs: {exc}") from exc
         if self.cgroups is not None:
             spec = job.launch.spec
             try:
@@ -45,11 +60,14 @@ class ProcessBackend(Backend):
                     str(job.launch.placement_id), cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib
                 ))
             except OSError as exc:
+                if self.devices is not None:
+                    self.devices.release(device_cgroup)
                 raise ValueError(f"cannot create the job's cgroup: {exc}") from exc
         else:
             notes.append("no cgroup v2: host memory and CPU limits not enforced")
         return SupervisedCommand(
             argv=list(run.argv), env=env, executable=job.executable, cwd=cwd, cgroup=cgroup,
+            device_cgroup=device_cgroup, user={"uid": job.job_uid, "gid": job.job_uid} if own_user else None,
             memory_limited=cgroup is not None and job.launch.spec.memory_mib > 0, notes=notes,
         )
 
@@ -61,6 +79,8 @@ class ProcessBackend(Backend):
     def release(self, record: PlacementRecord) -> None:
         if self.cgroups is not None and record.cgroup:
             self.cgroups.remove(Path(record.cgroup))
+        if self.devices is not None:
+            self.devices.release(record.device_cgroup)
 
 
 def _kill_cgroup(cgroup: str) -> None:

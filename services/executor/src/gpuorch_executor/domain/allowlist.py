@@ -7,7 +7,8 @@ Format (``GPUORCH_EXECUTOR_ALLOW``: inline JSON, or the path of a JSON file)::
         "research": {"commands": ["python3", "/opt/train/bin/train"],
                      "images": ["ghcr.io/acme/trainer", "registry.local:5000/team/"],
                      "mounts": [{"source": "/data/datasets", "target": "/datasets", "read_only": true}]},
-        "ops":      {"commands": ["bash"], "allow_shell": true},
+        "ops":      {"commands": ["bash"], "inline_code": true},
+        "web":      {"images": ["ghcr.io/acme/web"], "network": "bridge", "container_user": "1000:1000"},
         "*":        {"commands": []}
     }}
 
@@ -15,16 +16,23 @@ Rules:
 - ``commands``: an entry without ``/`` allows that bare name only when ``argv[0]`` is the same bare name; it is
   resolved on the *executor's* PATH (never the job's ``PATH``, which the tenant controls). An entry with ``/``
   allows exactly that absolute path (after resolving symlinks on both sides).
-- ``argv`` is an array and runs without a shell. A shell given a command string (``sh -c``, ``bash -lc`` ... any
-  shell with a short option containing ``c``, or ``--command``) is refused unless the tenant has
-  ``"allow_shell": true``; ``argv[0]`` containing whitespace is refused as a shell string in disguise.
+- ``argv`` is an array and runs without a shell. Inline code is refused unless the tenant has
+  ``"inline_code": true`` (``"allow_shell"`` is the older name of the same switch): a shell given a command string
+  (``sh -c``, ``bash -lc`` ... any shell with a short option containing ``c``, or ``--command``), and interpreters
+  given code on the command line (``python -c`` / ``-Bc``, ``node -e``/``-p``/``--eval``, ``perl -e``/``-E``,
+  ``ruby -e``, ``php -r``, ``Rscript -e``, ``julia -e``, ``lua -e``). ``argv[0]`` containing whitespace is refused
+  as a shell string in disguise.
 - ``images``: an entry ending in ``/`` allows every repository under that prefix; otherwise the repository must be
   equal (the image itself must be pinned ``repo@sha256:<digest>``, which the contract enforces; a tag next to the
   digest is ignored for matching).
+- ``network`` (containers): ``"none"`` unless said otherwise; ``"bridge"`` or a named network the tenant may use
+  (never ``host``, ``container:...``). ``container_user``: ``"uid:gid"`` for its containers, never root (default:
+  the placement's job uid from the pool, or ``65534:65534``).
 - ``mounts``: the only host paths a tenant's containers get (read-only unless said otherwise); a few host paths are
   never allowed (``/``, ``/etc``, ``/proc``, ``/sys``, ``/dev``, ``/root``, ``/var/run/docker.sock`` ...).
 - A tenant not listed falls back to ``"*"``; without ``"*"`` it is refused.
-- Default when the variable is unset: tenant ``default`` may run ``python`` and ``python3``; nothing else.
+- Default when the variable is unset: tenant ``default`` may run ``python`` and ``python3`` scripts (no inline
+  code); nothing else.
 """
 
 from __future__ import annotations
@@ -42,6 +50,23 @@ from gpuorch_contracts import ContainerRun, ProcessRun
 SHELLS: frozenset[str] = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "csh", "tcsh", "ash",
                                     "busybox"})
 _SHELL_COMMAND_FLAG = re.compile(r"^-[A-Za-z]*c[A-Za-z]*$")
+_PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
+_PYTHON_CODE_FLAG = re.compile(r"^-[bBdEhiIOqsSuvVxRP]*c")
+_PYTHON_VALUE_OPTIONS = frozenset({"-W", "-X"})
+INLINE_CODE_FLAGS: dict[str, re.Pattern[str]] = {
+    "node": re.compile(r"^(-[A-Za-z]*[ep][A-Za-z]*|--eval(=.*)?|--print(=.*)?)$"),
+    "nodejs": re.compile(r"^(-[A-Za-z]*[ep][A-Za-z]*|--eval(=.*)?|--print(=.*)?)$"),
+    "deno": re.compile(r"^eval$"),
+    "bun": re.compile(r"^(-e|--eval(=.*)?|-p|--print(=.*)?)$"),
+    "perl": re.compile(r"^-[A-Za-z]*[eE]"),
+    "ruby": re.compile(r"^-[A-Za-z]*e"),
+    "php": re.compile(r"^-[A-Za-z]*r"),
+    "Rscript": re.compile(r"^(-e|--expr(=.*)?)$"),
+    "julia": re.compile(r"^(-[A-Za-z]*[eE]|--eval(=.*)?|--print(=.*)?)$"),
+    "lua": re.compile(r"^-[A-Za-z]*e"),
+    "luajit": re.compile(r"^-[A-Za-z]*e"),
+}
+FORBIDDEN_NETWORKS: frozenset[str] = frozenset({"host"})
 FORBIDDEN_MOUNT_SOURCES: frozenset[str] = frozenset({
     "/", "/etc", "/proc", "/sys", "/dev", "/root", "/boot", "/var/run", "/run", "/var/run/docker.sock",
     "/run/docker.sock", "/var/lib/docker", "/usr", "/bin", "/sbin", "/lib", "/home",
@@ -63,8 +88,13 @@ class Mount:
 class TenantPolicy:
     commands: frozenset[str] = frozenset()
     images: tuple[str, ...] = ()
-    allow_shell: bool = False
+    inline_code: bool = False
+    """Whether shells with a command string and interpreters with code on the command line may run."""
     mounts: tuple[Mount, ...] = ()
+    network: str = "none"
+    """Containers' ``--network``: ``none`` unless the tenant's entry allows one."""
+    container_user: str | None = None
+    """Containers' ``--user`` (``uid:gid``, never 0); ``None``: the job's pool uid, else ``65534:65534``."""
 
 
 @dataclass(frozen=True)
@@ -94,10 +124,11 @@ class AllowList:
         if not argv0 or any(ch.isspace() for ch in argv0):
             return Refusal(f"argv[0] {argv0!r} looks like a shell string; give an argv array")
         name = os.path.basename(argv0)
-        if name in SHELLS and not policy.allow_shell and any(
-            _SHELL_COMMAND_FLAG.match(arg) or arg == "--command" for arg in run.argv[1:]
-        ):
-            return Refusal(f"{name} with a command string is a shell string; give an argv array instead")
+        if not policy.inline_code:
+            inline = inline_code_flag(run.argv)
+            if inline is not None:
+                return Refusal(f"{name} {inline} runs inline code, which tenant {tenant!r} may not run "
+                               '(its allow-list entry has no "inline_code": true); give a script or module')
         if "/" not in argv0:
             if argv0 in policy.commands:
                 return None
@@ -123,6 +154,36 @@ class AllowList:
         return policy.mounts if policy is not None else ()
 
 
+def inline_code_flag(argv: list[str] | tuple[str, ...]) -> str | None:
+    """The option of ``argv`` that makes its program run code given on the command line, or ``None``.
+
+    Shells: a short option containing ``c`` or ``--command`` anywhere. Python: ``-c`` (alone or ending a cluster of
+    flags, ``-Bc``) among the options before the script or ``-m``. Other interpreters: ``INLINE_CODE_FLAGS``.
+    """
+    name = os.path.basename(argv[0]) if argv else ""
+    args = list(argv[1:])
+    if name in SHELLS:
+        return next((a for a in args if _SHELL_COMMAND_FLAG.match(a) or a == "--command"), None)
+    if _PYTHON.match(name):
+        skip = False
+        for arg in args:
+            if skip:
+                skip = False
+                continue
+            if arg in _PYTHON_VALUE_OPTIONS:
+                skip = True
+                continue
+            if arg == "--" or arg == "-m" or not arg.startswith("-") or arg.startswith("-m"):
+                return None
+            if _PYTHON_CODE_FLAG.match(arg):
+                return arg
+        return None
+    pattern = INLINE_CODE_FLAGS.get(name)
+    if pattern is None:
+        return None
+    return next((a for a in args if pattern.match(a)), None)
+
+
 def image_repository(image: str) -> str:
     """``registry:5000/team/app:tag@sha256:...`` -> ``registry:5000/team/app``."""
     name = image.split("@", 1)[0]
@@ -145,7 +206,8 @@ def parse_allow_list(document: Mapping[str, Any]) -> AllowList:
     for tenant, raw in tenants_raw.items():
         if not isinstance(raw, Mapping):
             raise AllowListError(f"tenant {tenant!r}: expected an object")
-        unknown = set(raw) - {"commands", "images", "allow_shell", "mounts"}
+        unknown = set(raw) - {"commands", "images", "allow_shell", "inline_code", "mounts", "network",
+                              "container_user"}
         if unknown:
             raise AllowListError(f"tenant {tenant!r}: unknown keys {sorted(unknown)}")
         commands = raw.get("commands", [])
@@ -156,9 +218,20 @@ def parse_allow_list(document: Mapping[str, Any]) -> AllowList:
             if "/" in command and not command.startswith("/"):
                 raise AllowListError(f"tenant {tenant!r}: command {command!r} must be a bare name or absolute")
         mounts = tuple(_parse_mount(tenant, m) for m in raw.get("mounts", []))
+        network = raw.get("network", "none")
+        if not isinstance(network, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", network) or \
+                network in FORBIDDEN_NETWORKS:
+            raise AllowListError(f"tenant {tenant!r}: network {network!r} is not allowed (none, bridge or a "
+                                 "named network; never host or another container's)")
+        container_user = raw.get("container_user")
+        if container_user is not None:
+            match = re.fullmatch(r"([0-9]+):([0-9]+)", str(container_user))
+            if match is None or int(match.group(1)) == 0 or int(match.group(2)) == 0:
+                raise AllowListError(f"tenant {tenant!r}: container_user must be 'uid:gid', numeric, never root")
         tenants[str(tenant)] = TenantPolicy(
-            commands=frozenset(commands), images=tuple(images), allow_shell=bool(raw.get("allow_shell", False)),
-            mounts=mounts,
+            commands=frozenset(commands), images=tuple(images),
+            inline_code=bool(raw.get("inline_code", False) or raw.get("allow_shell", False)),
+            mounts=mounts, network=network, container_user=container_user,
         )
     return AllowList(tenants)
 

@@ -10,6 +10,8 @@
 - The spec's ``env`` is applied on top of a few variables inherited from the executor (``PATH``, ``HOME``, ``LANG``,
   ``LC_ALL``, ``TZ``, ``TMPDIR``, ``USER``, ``LOGNAME``); nothing else of the executor's environment leaks into jobs
   (it holds the broker URL and its credentials).
+- A job with a user of its own (``domain.job_users``) gets ``HOME`` and ``TMPDIR`` = its private home directory
+  (mode 0700, owned by that user) and ``USER``/``LOGNAME`` = ``gpuorch-job-<uid>``, instead of the executor's.
 - Reserved variables (the GPU and gpuorch ones above) always win over the spec's env: a job cannot widen its own
   GPU visibility by setting ``CUDA_VISIBLE_DEVICES``.
 """
@@ -44,10 +46,15 @@ def gpuorch_variables(launch: LaunchJob, checkpoint_file: Path | str) -> dict[st
 
 
 def job_environment(
-    launch: LaunchJob, checkpoint_file: Path | str, executor_env: Mapping[str, str], *, gpu_variables: bool = True
+    launch: LaunchJob, checkpoint_file: Path | str, executor_env: Mapping[str, str], *, gpu_variables: bool = True,
+    home: Path | str | None = None, uid: int | None = None,
 ) -> dict[str, str]:
     """The complete environment of a job (see the module docstring for the precedence)."""
     env = {name: executor_env[name] for name in INHERITED_VARIABLES if name in executor_env}
+    if home is not None:
+        env.update({"HOME": str(home), "TMPDIR": str(home)})
+    if uid is not None:
+        env.update({"USER": f"gpuorch-job-{uid}", "LOGNAME": f"gpuorch-job-{uid}"})
     env.update(launch.spec.run.env)
     env.update(gpuorch_variables(launch, checkpoint_file))
     if gpu_variables:

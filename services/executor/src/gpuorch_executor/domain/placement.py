@@ -51,6 +51,10 @@ class PlacementRecord(BaseModel):
     checkpoint_file: str | None = None
     container_name: str | None = None
     cgroup: str | None = None
+    device_cgroup: str | None = None
+    """The job's cgroup v1 ``devices`` directory (GPU nodes it was not given denied), if any."""
+    job_uid: int | None = None
+    """The uid the job runs as (lent from the node's pool, ``domain.job_users``); ``None``: the executor's."""
     memory_limited: bool = False
     supervisor_pid: int | None = None
     supervisor_create_time: float | None = None

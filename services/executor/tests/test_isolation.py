@@ -1,0 +1,419 @@
+"""Jobs isolated on their node, with real processes: from the executor, from each other, from GPUs not given.
+
+Needs root (the supervisor switches each job to a uid of the pool) and a Python any uid may run
+(``/usr/bin/python3``: this checkout's interpreter may live under a home directory other users cannot enter); the
+device tests need a writable cgroup v1 ``devices`` hierarchy. Each missing capability skips with its reason.
+Each test session takes a random block of uids, so that two runs side by side never end each other's jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from gpuorch_contracts import JobFailed, JobFinished, JobIsolation, JobStarted
+
+from gpuorch_executor.backends.devices import DeviceCgroupV1, DeviceConfinement, GpuDeviceNodes
+from gpuorch_executor.backends.process import ProcessBackend
+from gpuorch_executor.config import ConfigError, ExecutorConfig
+from gpuorch_executor.domain.allowlist import AllowList, TenantPolicy
+from gpuorch_executor.domain.job_users import JobUidsError, JobUserPool, parse_job_uids
+from gpuorch_executor.entrypoint import build_backends, build_job_users
+
+from .conftest import NODE, Harness, launch_job, terminal
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+ALLOW = AllowList({"default": TenantPolicy(commands=frozenset({"python3"}), inline_code=True)})
+"""This test configuration's allow-list: the jobs below are ``python3 -c`` (inline code, allowed explicitly)."""
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: the supervisor switches each job to a uid of its own"
+    if not (os.path.isfile(SYSTEM_PYTHON) and os.stat(SYSTEM_PYTHON).st_mode & 0o001):
+        return f"needs {SYSTEM_PYTHON} executable by every user (the jobs' interpreter)"
+    return None
+
+
+needs_job_users = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+
+
+@pytest.fixture(scope="module")
+def uid_block() -> int:
+    return random.randrange(200_000, 2_000_000, 64)
+
+
+@pytest.fixture
+def shared_root() -> Iterator[Path]:
+    """A state root every uid may traverse (pytest's tmp_path is 0700: no job could reach its own files there)."""
+    root = Path(tempfile.mkdtemp(prefix="gpuorch-isolation-", dir="/tmp"))
+    root.chmod(0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def isolated(shared_root: Path, uid_block: int) -> AsyncIterator[Harness]:
+    pool = JobUserPool(uid_block, uid_block + 7)
+    harness = Harness(shared_root / "state", job_users=pool, allow_list=ALLOW,
+                      executor_env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+                                    "GPUORCH_AMQP_URL": "amqp://executor:s3cret@broker/"})
+    yield harness
+    for record in harness.executor.active_placements():
+        await harness.executor.settings.backends["process"].kill(record)
+
+
+def job(code: str, *args: str, **kwargs: Any) -> Any:
+    return launch_job(["python3", "-c", code, *args], **kwargs)
+
+
+def started_of(harness: Harness, placement_id: object) -> JobStarted:
+    return next(s for s in harness.publisher.of_type(JobStarted) if s.placement_id == placement_id)
+
+
+def log_of(started: JobStarted) -> str:
+    assert started.log_path is not None
+    return Path(started.log_path).read_text()
+
+
+def last_json(started: JobStarted) -> dict[str, Any]:
+    return json.loads(log_of(started).strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+PROBE = """
+import json, os, sys
+def attempt(what, fn):
+    try:
+        fn()
+        return "allowed"
+    except PermissionError:
+        return "denied"
+    except FileNotFoundError:
+        return "missing"
+    except ProcessLookupError:
+        return "gone"
+targets = json.loads(sys.argv[1])
+out = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "home": os.environ.get("HOME"),
+       "cwd": os.getcwd()}
+for name, path in targets.get("read", {}).items():
+    out["read:" + name] = attempt(name, lambda p=path: open(p, "rb").read(1))
+for name, path in targets.get("list", {}).items():
+    out["list:" + name] = attempt(name, lambda p=path: os.listdir(p))
+for name, path in targets.get("write", {}).items():
+    out["write:" + name] = attempt(name, lambda p=path: open(p, "w").write("x"))
+for name, (pid, signum) in targets.get("signal", {}).items():
+    out["signal:" + name] = attempt(name, lambda p=pid, s=signum: os.kill(p, s))
+checkpoint = os.environ["GPUORCH_CHECKPOINT_FILE"]
+out["own:checkpoint"] = attempt("checkpoint", lambda: open(checkpoint + ".probe", "w").write("x"))
+out["own:home"] = attempt("home", lambda: open(os.path.join(os.environ["HOME"], "f"), "w").write("x"))
+print(json.dumps(out), flush=True)
+"""
+
+WAITS = """
+import sys, time
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+@needs_job_users
+async def test_each_job_runs_as_a_uid_of_its_own_without_groups(isolated: Harness, uid_block: int) -> None:
+    first, second = job(WAITS), job(PROBE, "{}")
+    await isolated.executor.handle(first)
+    await isolated.executor.handle(second)
+    await isolated.until_ended(second.placement_id)
+    started_first, started_second = started_of(isolated, first.placement_id), started_of(isolated, second.placement_id)
+    seen = last_json(started_second)
+    first_uid = psutil.Process(started_first.pid or 0).uids().real
+    assert uid_block <= first_uid < uid_block + 8 and uid_block <= seen["uid"] < uid_block + 8
+    assert seen["uid"] != first_uid and seen["uid"] != os.getuid()  # never the executor's, never shared
+    assert seen["gid"] == seen["uid"] and seen["groups"] == []  # no supplementary group (docker...), ever
+    home = str(isolated.executor.store.home_dir(second.placement_id))
+    assert seen["home"] == home and seen["cwd"] == home
+    assert (seen["own:checkpoint"], seen["own:home"]) == ("allowed", "allowed")
+
+
+@needs_job_users
+async def test_a_job_cannot_read_the_executors_environment_state_or_credentials(isolated: Harness) -> None:
+    store = isolated.executor.store
+    credentials = store.state_dir / "broker.credentials"  # stands for the executor's credentials file
+    fd = os.open(credentials, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"amqp://executor:s3cret@broker/")
+    os.close(fd)
+    lock_fd = store.lock()
+    isolated.executor.lease = (0.0, 3600.0, 10.0)
+    waiting = job(WAITS)
+    await isolated.executor.handle(waiting)
+    probe = job(PROBE, "")
+    targets = {
+        "read": {"executor_environ": f"/proc/{os.getpid()}/environ", "credentials": str(credentials),
+                 "lease": str(store.lease_path), "lock": str(store.state_dir / "executor.lock"),
+                 "other_record": str(store.placement_dir(waiting.placement_id) / "record.json"),
+                 "own_record": str(store.placement_dir(probe.placement_id) / "record.json"),
+                 "own_launch": str(store.placement_dir(probe.placement_id) / "launch.json")},
+        "list": {"state_dir": str(store.state_dir), "placements": str(store.placements_dir),
+                 "logs": str(store.logs_dir)},
+    }
+    probe.spec.run.argv[-1] = json.dumps(targets)
+    await isolated.executor.handle(probe)
+    await isolated.until_ended(probe.placement_id)
+    os.close(lock_fd)
+    started = started_of(isolated, probe.placement_id)
+    seen = last_json(started)
+    for key in ("read:executor_environ", "read:credentials", "read:lease", "read:lock", "read:other_record",
+                "read:own_record", "read:own_launch", "list:state_dir", "list:placements", "list:logs"):
+        assert seen[key] == "denied", (key, seen[key])
+    assert "s3cret" not in log_of(started)
+    env = json.loads((store.placement_dir(probe.placement_id) / "launch.json").read_text())["env"]
+    assert "GPUORCH_AMQP_URL" not in env  # nor is the executor's environment handed to the job
+
+
+@needs_job_users
+async def test_a_job_cannot_read_another_jobs_files_nor_signal_it(isolated: Harness) -> None:
+    victim = job(WAITS)
+    await isolated.executor.handle(victim)
+    [started_victim] = isolated.publisher.of_type(JobStarted)
+    await isolated.until(lambda: "ready" in log_of(started_victim))
+    record = isolated.executor.records[victim.placement_id]
+    victim_dir = isolated.executor.store.placement_dir(victim.placement_id)
+    attacker = job(PROBE, "")
+    targets = {
+        "read": {"log": started_victim.log_path, "started": str(victim_dir / "started.json"),
+                 "launch": str(victim_dir / "launch.json"), "record": str(victim_dir / "record.json"),
+                 "supervisor_log": str(victim_dir / "supervisor.log")},
+        "list": {"checkpoint": str(victim_dir / "checkpoint"), "home": str(victim_dir / "home")},
+        "write": {"checkpoint": str(victim_dir / "checkpoint" / "confirmed"), "exit": str(victim_dir / "exit.json"),
+                  "log": started_victim.log_path},
+        # SIGTERM to the other job; signal 0 (the same permission check, nothing sent) to the supervisor and executor
+        "signal": {"job": [record.job_pid, signal.SIGTERM], "supervisor": [record.supervisor_pid, 0],
+                   "executor": [os.getpid(), 0]},
+    }
+    attacker.spec.run.argv[-1] = json.dumps(targets)
+    await isolated.executor.handle(attacker)
+    await isolated.until_ended(attacker.placement_id)
+    started = started_of(isolated, attacker.placement_id)
+    seen = last_json(started)
+    denied = [k for k in seen if k.split(":")[0] in ("read", "list", "write", "signal")]
+    assert len(denied) == 13 and all(seen[k] == "denied" for k in denied), seen
+    assert not (victim_dir / "exit.json").exists() and not (victim_dir / "checkpoint" / "confirmed").exists()
+    await isolated.executor.tick()
+    assert isolated.executor.records[victim.placement_id].state == "running"  # untouched
+    log_path = Path(started_victim.log_path or "")
+    assert (log_path.stat().st_mode & 0o777, log_path.stat().st_uid) == (0o640, os.getuid())
+    assert log_path.stat().st_gid == record.job_uid  # its owner may read it; nobody else
+
+
+READS_OWN_LOG = """
+import os, sys
+print("first line", flush=True)
+print("read back:", open(sys.argv[1]).read().splitlines()[0], flush=True)
+"""
+
+
+@needs_job_users
+async def test_a_job_reads_its_own_log(isolated: Harness) -> None:
+    command = job(READS_OWN_LOG, "")
+    log_path = isolated.executor.store.log_path(command.job_id, command.placement_id)
+    command.spec.run.argv[-1] = str(log_path)
+    await isolated.executor.handle(command)
+    outcome = await isolated.until_ended(command.placement_id)
+    assert isinstance(outcome, JobFinished), outcome
+    assert "read back: first line" in log_path.read_text()
+
+
+LEAVES_A_DAEMON = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        print("daemon", os.getpid(), flush=True)
+        time.sleep(600)
+    os._exit(0)
+os.wait()
+time.sleep(0.2)
+"""
+
+
+@needs_job_users
+async def test_a_jobs_leftovers_are_killed_before_its_uid_is_lent_again(isolated: Harness) -> None:
+    command = job(LEAVES_A_DAEMON)
+    await isolated.executor.handle(command)
+    outcome = await isolated.until_ended(command.placement_id)
+    assert isinstance(outcome, JobFinished)
+    [started] = isolated.publisher.of_type(JobStarted)
+    daemon_pid = int(next(line for line in log_of(started).splitlines() if line.startswith("daemon")).split()[1])
+    await isolated.until(lambda: not psutil.pid_exists(daemon_pid) or
+                         psutil.Process(daemon_pid).status() == psutil.STATUS_ZOMBIE)
+    record = isolated.executor.records[command.placement_id]
+    assert record.job_uid is not None and record.job_uid not in (isolated.executor.settings.job_users or
+                                                                JobUserPool(1000, 1000)).in_use
+
+
+@needs_job_users
+async def test_an_exhausted_pool_is_a_launch_error(shared_root: Path, uid_block: int) -> None:
+    harness = Harness(shared_root / "state", job_users=JobUserPool(uid_block + 8, uid_block + 8), allow_list=ALLOW,
+                      executor_env={"PATH": "/usr/bin:/bin"})
+    try:
+        first = job(WAITS)
+        await harness.executor.handle(first)
+        second = job("pass")
+        await harness.executor.handle(second)
+        [outcome] = terminal(harness.publisher, second.placement_id)
+        assert isinstance(outcome, JobFailed) and outcome.cause == "launch_error" and "uids" in outcome.reason
+    finally:
+        for record in harness.executor.active_placements():
+            await harness.executor.settings.backends["process"].kill(record)
+
+
+# -- devices: the cgroup device controller, against the kernel ---------------------------------------------------
+
+def _device_cgroup_root() -> tuple[Path, DeviceCgroupV1 | None, str]:
+    root = Path(f"/sys/fs/cgroup/devices/gpuorch-test-{os.getpid()}")
+    cgroup, why = DeviceCgroupV1.detect(root)
+    return root, cgroup, why
+
+
+@pytest.fixture
+def device_cgroup() -> Iterator[DeviceCgroupV1]:
+    root, cgroup, why = _device_cgroup_root()
+    if cgroup is None:
+        pytest.skip(f"no writable cgroup v1 devices hierarchy here ({why}); the cgroup v2 eBPF filter is not "
+                    "implemented, so such hosts report devices=env_only")
+    yield cgroup
+    for child in root.glob("*/"):
+        if child.is_dir():
+            os.rmdir(child)
+    os.rmdir(root)
+
+
+OPENS = """
+import json
+out = {}
+for path in ("/dev/full", "/dev/zero", "/dev/null"):
+    try:
+        open(path, "rb").close()
+        out[path] = "open"
+    except PermissionError:
+        out[path] = "denied"
+print(json.dumps(out), flush=True)
+"""
+STAND_IN_GPUS = {"GPU-aaaaaaaa-0000-0000-0000-000000000000": ["/dev/full"],
+                 "GPU-bbbbbbbb-0000-0000-0000-000000000000": ["/dev/zero"]}
+"""Two stand-in GPUs whose device nodes any user may open, so that only the device controller can refuse them."""
+
+
+@pytest.mark.parametrize(("gpus", "expected"), [
+    (["GPU-aaaaaaaa-0000-0000-0000-000000000000"], {"/dev/full": "open", "/dev/zero": "denied"}),
+    (["GPU-bbbbbbbb-0000-0000-0000-000000000000"], {"/dev/full": "denied", "/dev/zero": "open"}),
+    ([], {"/dev/full": "denied", "/dev/zero": "denied"}),
+    (list(STAND_IN_GPUS), {"/dev/full": "open", "/dev/zero": "open"}),
+])
+async def test_the_device_controller_denies_the_gpus_a_job_was_not_given(
+        tmp_path: Path, device_cgroup: DeviceCgroupV1, gpus: list[str], expected: dict[str, str]) -> None:
+    confinement = DeviceConfinement(device_cgroup, GpuDeviceNodes(STAND_IN_GPUS))
+    assert confinement.kind == "cgroup_v1"
+    harness = Harness(tmp_path / "state", backends={"process": ProcessBackend(None, confinement)})
+    command = launch_job(["python", "-c", OPENS], gpus=gpus, env={"CUDA_VISIBLE_DEVICES": ""})
+    await harness.executor.handle(command)
+    outcome = await harness.until_ended(command.placement_id)
+    assert isinstance(outcome, JobFinished)
+    [started] = harness.publisher.of_type(JobStarted)
+    assert last_json(started) == {**expected, "/dev/null": "open"}  # whatever its environment says
+    record = harness.executor.records[command.placement_id]
+    if len(gpus) < len(STAND_IN_GPUS):
+        assert record.device_cgroup is not None
+        await harness.until(lambda: not Path(record.device_cgroup or "").exists())  # removed when it ended
+    else:
+        assert record.device_cgroup is None  # nothing to deny: no cgroup at all
+
+
+def test_gpu_device_nodes_from_the_driver_and_from_the_setting(tmp_path: Path) -> None:
+    for minor, uuid_ in ((0, "GPU-0"), (3, "GPU-3")):
+        gpu = tmp_path / f"0000:0{minor}:00.0"
+        gpu.mkdir()
+        (gpu / "information").write_text(f"Model: \t\t NVIDIA H100\nGPU UUID: \t {uuid_}\nDevice Minor: \t {minor}\n")
+    nodes = GpuDeviceNodes.discover(tmp_path)
+    assert nodes.nodes == {"GPU-0": ("/dev/nvidia0",), "GPU-3": ("/dev/nvidia3",)}
+    assert nodes.denied_for(["GPU-3"]) == ["/dev/nvidia0"]
+    assert nodes.denied_for(["MIG-unknown"]) == ["/dev/nvidia0", "/dev/nvidia3"]
+    assert GpuDeviceNodes.from_setting(json.dumps(STAND_IN_GPUS)).denied_for([]) == ["/dev/full", "/dev/zero"]
+    with pytest.raises(ValueError):
+        GpuDeviceNodes.from_setting('{"GPU-0": ["/etc/passwd"]}')
+
+
+# -- configuration and the report ------------------------------------------------------------------------------
+
+def test_job_uid_pools_parse_and_never_hold_a_privileged_group() -> None:
+    pool = parse_job_uids("61000-61003")
+    assert pool is not None and (pool.first, pool.last, pool.size) == (61000, 61003, 4)
+    assert [pool.take(), pool.take()] == [61000, 61001]
+    pool.give_back(61000)
+    assert pool.take() == 61000
+    assert parse_job_uids("off") is None
+    for bad in ("61000", "0-10", "999-2000", "5-3"):
+        with pytest.raises(JobUidsError):
+            parse_job_uids(bad)
+    with pytest.raises(JobUidsError, match="docker"):
+        parse_job_uids("61000-61063", forbidden_gids=frozenset({61010}))
+    full = JobUserPool(61000, 61000)
+    assert full.take() == 61000 and full.take() is None
+
+
+def _config(**env: str) -> ExecutorConfig:
+    return ExecutorConfig.from_env({"GPUORCH_NODE_ID": NODE, **env})
+
+
+def test_the_default_pool_is_on_for_an_executor_that_may_switch_users() -> None:
+    pool = build_job_users(_config())
+    if os.geteuid() == 0:
+        assert pool is not None and (pool.first, pool.last) == (61000, 61063)
+    else:
+        assert pool is None  # reported: job_users executor_uid
+    assert build_job_users(_config(GPUORCH_EXECUTOR_JOB_UIDS="off")) is None
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="only an executor that may not switch users refuses a pool")
+def test_a_pool_the_executor_cannot_use_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigError, match="switch users"):
+        build_job_users(_config(GPUORCH_EXECUTOR_JOB_UIDS="61000-61063"))
+
+
+def test_the_executor_reports_what_it_does_not_enforce() -> None:
+    off = {"GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT": "off", "GPUORCH_EXECUTOR_CGROUP_ROOT": "off"}
+    _, isolation = build_backends(_config(**off), None)
+    assert isinstance(isolation, JobIsolation)
+    assert (isolation.job_users, isolation.devices, isolation.limits, isolation.containers) == (
+        "executor_uid", "env_only", "none", "disabled")
+    assert any("executor's user" in note for note in isolation.notes)
+    assert any("not device-confined" in note for note in isolation.notes)
+    _, isolated = build_backends(_config(**off), JobUserPool(61000, 61001))
+    assert isolated.job_users == "per_job_uid"
+
+
+def test_a_device_cgroup_is_reported(device_cgroup: DeviceCgroupV1) -> None:
+    _, isolation = build_backends(_config(GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT=str(device_cgroup.root),
+                                          GPUORCH_EXECUTOR_CGROUP_ROOT="off"), None)
+    assert isolation.devices == "cgroup_v1"
+
+
+def test_heartbeats_carry_the_isolation(tmp_path: Path) -> None:
+    from gpuorch_messaging.testing import RecordingPublisher
+
+    from gpuorch_executor.lease import LeaseRenewer
+
+    harness = Harness(tmp_path / "state")
+    isolation = JobIsolation(job_users="per_job_uid", devices="cgroup_v1", limits="none", containers="gpus_flag")
+    renewer = LeaseRenewer(RecordingPublisher(), [harness.executor], interval_s=1, fencing_deadline_s=60,
+                           fencing_grace_s=10, isolation=isolation)
+    [beat] = renewer.heartbeats()
+    assert beat.isolation == isolation
