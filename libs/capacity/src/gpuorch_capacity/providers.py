@@ -169,21 +169,37 @@ class EventProvider:
     async def apply(self, plan: CapacityPlan, pools: Iterable[PoolSpec], mode: Mode) -> None:
         if mode is Mode.OFF:
             return
-        specs = {p.name: p for p in pools}
-        for decision in plan.pools:
-            CURRENT_NODES.labels(decision.pool).set(decision.current)
-            ADVISED_NODES.labels(decision.pool).set(decision.desired)
-            DESIRED_NODES.labels(decision.pool).set(decision.desired if mode is Mode.AUTO else decision.current)
-            if decision.scale_out is None and decision.drain is None:
-                continue
-            node_type = specs[decision.pool].node_type
-            reasons = [x.reason for x in (decision.scale_out, decision.drain) if x is not None]
-            message = FleetScaleRequested(
-                mode="auto" if mode is Mode.AUTO else "advise", pool=decision.pool, node_type=node_type.name,
-                gpu_model=node_type.gpu_model, gpus_per_node=node_type.gpus, current_nodes=decision.current,
-                desired_nodes=decision.desired, add_nodes=decision.scale_out.count if decision.scale_out else 0,
-                drain_node_ids=list(decision.drain.node_ids) if decision.drain else [],
-                reason="; ".join(reasons)[:1024], producer=self.producer,
-            )
+        set_gauges(plan, mode)
+        for message in scale_requests(plan, pools, mode, self.producer):
             await self.publisher.publish(message)
             self.published.append(message)
+
+
+def set_gauges(plan: CapacityPlan, mode: Mode) -> None:
+    """Current, advised and desired nodes per pool; in ``advise`` the desired gauge stays at the current size."""
+    for decision in plan.pools:
+        CURRENT_NODES.labels(decision.pool).set(decision.current)
+        ADVISED_NODES.labels(decision.pool).set(decision.desired)
+        DESIRED_NODES.labels(decision.pool).set(decision.desired if mode is Mode.AUTO else decision.current)
+
+
+def scale_requests(plan: CapacityPlan, pools: Iterable[PoolSpec], mode: Mode,
+                   producer: str = "capacity") -> list[FleetScaleRequested]:
+    """One ``fleet.scale_requested`` per pool the plan grows or drains (none in mode ``off``)."""
+    if mode is Mode.OFF:
+        return []
+    specs = {p.name: p for p in pools}
+    out = []
+    for decision in plan.pools:
+        if decision.scale_out is None and decision.drain is None:
+            continue
+        node_type = specs[decision.pool].node_type
+        reasons = [x.reason for x in (decision.scale_out, decision.drain) if x is not None]
+        out.append(FleetScaleRequested(
+            mode="auto" if mode is Mode.AUTO else "advise", pool=decision.pool, node_type=node_type.name,
+            gpu_model=node_type.gpu_model, gpus_per_node=node_type.gpus, current_nodes=decision.current,
+            desired_nodes=decision.desired, add_nodes=decision.scale_out.count if decision.scale_out else 0,
+            drain_node_ids=list(decision.drain.node_ids) if decision.drain else [],
+            reason="; ".join(reasons)[:1024], producer=producer,
+        ))
+    return out

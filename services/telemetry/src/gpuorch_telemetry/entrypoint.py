@@ -10,6 +10,9 @@ Environment:
     GPUORCH_TELEMETRY_EXPORT_GPU_METRICS      0 to leave per-GPU DCGM gauges to dcgm-exporter (default 1)
     GPUORCH_TELEMETRY_RAW_RETENTION_DAYS / _ROLLUP_RETENTION_DAYS / _BUCKET_S / _SAMPLE_INTERVAL_S
     GPUORCH_TELEMETRY_<DETECTION FIELD>       any DetectionConfig threshold, e.g. GPUORCH_TELEMETRY_WINDOW_S=600
+    GPUORCH_CAPACITY_MODE       the autoscaler (gpuorch_capacity): off (default), advise, auto
+    GPUORCH_CAPACITY_POOLS      its node pools, JSON: [{"name": "h100", "node_type": "h100x8", "floor": 1, ...}]
+    GPUORCH_CAPACITY_INTERVAL_S seconds between its decisions (default 60)
     GPUORCH_OTLP_ENDPOINT       OTLP/HTTP collector URL for traces (OTEL_EXPORTER_OTLP_ENDPOINT is also read)
     GPUORCH_LOG_LEVEL           log level (default INFO)
 
@@ -34,6 +37,7 @@ from gpuorch_messaging import Broker, QueueSpec, telemetry_accepts
 from gpuorch_observability import configure, get_logger
 
 from gpuorch_telemetry import metrics
+from gpuorch_telemetry.capacity import CapacityDuty, CapacitySettings
 from gpuorch_telemetry.domain.detection import DetectionConfig
 from gpuorch_telemetry.handlers import TelemetryHandlers
 from gpuorch_telemetry.store import RetentionPolicy, TelemetryStore
@@ -69,6 +73,8 @@ class Settings:
     """Export the DCGM-named per-GPU gauges (one series per GPU and metric: ~240k series at 40,000 GPUs)."""
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    capacity: CapacitySettings = field(default_factory=CapacitySettings)
+    """The autoscaler duty (``capacity.py``); off unless ``GPUORCH_CAPACITY_MODE`` says advise or auto."""
     identity_map: str | None = None
     """``GPUORCH_IDENTITY_MAP``: path of deploy/identity.json; its node scopes say which nodes a multi-node
     node-agent or executor user speaks for (``gpuorch_messaging.senders``)."""
@@ -100,6 +106,7 @@ class Settings:
             evaluation_interval_s=number("GPUORCH_TELEMETRY_EVALUATION_INTERVAL_S", 60.0),
             export_gpu_metrics=env.get("GPUORCH_TELEMETRY_EXPORT_GPU_METRICS", "1") not in ("0", "false", "no"),
             detection=detection, retention=retention, identity_map=env.get("GPUORCH_IDENTITY_MAP") or None,
+            capacity=CapacitySettings.from_env(env),
         )
 
 
@@ -115,6 +122,7 @@ class TelemetryService:
         self._tasks: list[asyncio.Task[None]] = []
         self._leader_conn: asyncpg.Connection | None = None
         self.fleet = metrics.register_fleet_collector()
+        self.capacity = CapacityDuty(settings.database_url, self.broker, settings.capacity, producer=settings.instance)
 
     async def start(self, *, serve_metrics: bool = True) -> None:
         s = self.settings
@@ -135,6 +143,9 @@ class TelemetryService:
             asyncio.create_task(self._every(s.maintenance_tick_s, "maintain", handlers.maintain)),
             asyncio.create_task(self._every(s.metrics_refresh_s, "metrics", self.refresh_fleet_metrics)),
         ]
+        if s.capacity.mode.value != "off":
+            self._tasks.append(asyncio.create_task(
+                self._every(s.capacity.interval_s, "capacity", lambda: self.capacity.run_once(utc_now()))))
         log.info("telemetry.started", instance=s.instance, queue=QUEUE_NAME)
 
     async def _every(self, period_s: float, name: str, duty: Callable[[], Awaitable[object]]) -> None:
@@ -180,6 +191,7 @@ class TelemetryService:
             await self.handlers.batcher.drain()
         if self._leader_conn is not None:
             await self._leader_conn.close()
+        await self.capacity.close()
         if self.store is not None:
             await self.store.close()
 
