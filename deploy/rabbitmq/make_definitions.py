@@ -89,7 +89,7 @@ NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", 
                      "node.mig_layout_applied")
 TELEMETRY_QUEUE = "telemetry.samples"
 TELEMETRY_EVENT_BINDINGS = ("gpu.usage_sampled", "gpu.health_changed", "job.#")
-TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made")
+TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made", "fleet.scale_requested")
 SUBMIT_KEYS = ("job.submit", "job.cancel")
 NOTHING = "^$"
 
@@ -188,7 +188,7 @@ def telemetry(user: str = "telemetry") -> Grant:
     return broker_user(
         user, queues=[TELEMETRY_QUEUE], bindings={EVENTS: TELEMETRY_EVENT_BINDINGS},
         publishes={EVENTS: TELEMETRY_EVENTS},
-        purpose="consumes telemetry.samples (competing consumers); publishes alert.raised/resolved, recommendation.made",
+        purpose="consumes telemetry.samples (competing consumers); publishes alert.raised/resolved, recommendation.made, fleet.scale_requested",
     )
 
 

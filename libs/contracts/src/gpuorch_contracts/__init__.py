@@ -5,6 +5,7 @@ Import models from here; ``decode`` turns a body into the right model, ``route``
 types themselves live in ``gpuorch_contracts.text``.
 """
 
+from gpuorch_contracts.capacity import FleetScaleRequested
 from gpuorch_contracts.commands import ApplyMigLayout, LaunchJob, MigGpuLayout, StopJob
 from gpuorch_contracts.envelope import MAX_MESSAGE_BYTES, Message, utc_now
 from gpuorch_contracts.jobs import (
@@ -82,7 +83,7 @@ __all__ = [
     "JobRejected", "JobRequeued", "JobSpec", "JobStarted", "LaunchJob", "Message", "MigGpuLayout", "MigInstance",
     "ModelHints", "NodeAssignment", "NodeHeartbeat", "NodeInventory", "NodeRegistered", "ProcessRun",
     "ProcessUsage", "JobIsolation", "RunningPlacement", "StopJob", "SubmitJob", "UnknownMessageType", "decode", "encode", "route", "utc_now",
-    "AlertRaised", "AlertResolved", "RecommendationMade",
+    "AlertRaised", "AlertResolved", "RecommendationMade", "FleetScaleRequested",
     "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "reason_text",
     "strip_terminal_controls", "TENANT_ROUTED_TYPES", "event_binding", "tenant_binding",
 ]

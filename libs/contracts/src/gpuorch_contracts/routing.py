@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from gpuorch_contracts import commands, jobs, nodes, telemetry
+from gpuorch_contracts import capacity, commands, jobs, nodes, telemetry
 from gpuorch_contracts.envelope import Message
 
 SUBMIT_EXCHANGE = "gpuorch.submit"
@@ -32,6 +32,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         nodes.NodeLivenessChanged, nodes.FleetAlert, nodes.ExecutorHeartbeat, nodes.MigLayoutApplied,
         commands.LaunchJob, commands.StopJob, commands.ApplyMigLayout,
         telemetry.AlertRaised, telemetry.AlertResolved, telemetry.RecommendationMade,
+        capacity.FleetScaleRequested,
     )
 }
 COMMAND_TYPES = frozenset({commands.LaunchJob.TYPE, commands.StopJob.TYPE, commands.ApplyMigLayout.TYPE})
