@@ -131,3 +131,52 @@ async def test_in_auto_the_desired_gauge_holds_while_asked_for_nodes_boot(migrat
         assert value("gpuorch_capacity_current_nodes", {"pool": "duty-h100"}) == 4  # 1 registered + 3 booting
     finally:
         await duty.close()
+
+
+async def test_two_telemetry_instances_one_decides_and_the_event_reaches_the_broker(amqp_url: str,
+                                                                                    migrated_dsn: str) -> None:
+    import asyncio
+
+    import aio_pika
+    from gpuorch_contracts import EVENTS_EXCHANGE, decode
+    from gpuorch_telemetry.entrypoint import Settings, TelemetryService
+
+    await seed(migrated_dsn, datetime.now(UTC).replace(microsecond=0))
+    connection = await aio_pika.connect(amqp_url)
+    received: list[FleetScaleRequested] = []
+    services = []
+    try:
+        channel = await connection.channel()
+        exchange = await channel.declare_exchange(EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True,
+                                                  passive=False, arguments={"alternate-exchange": "gpuorch.unrouted"})
+        queue = await channel.declare_queue(exclusive=True)
+        await queue.bind(exchange, "fleet.scale_requested")
+        for i in range(2):
+            service = TelemetryService(Settings(
+                amqp_url=amqp_url, database_url=migrated_dsn, metrics_port=0, instance=f"telemetry/cap-{i}",
+                prefetch=16, metrics_refresh_s=5, evaluation_tick_s=5, publish_tick_s=5,
+                capacity=CapacitySettings(Mode.AUTO, pools_from_json(POOLS), interval_s=0.2),
+            ))
+            await service.start(serve_metrics=False)
+            services.append(service)
+        deadline = asyncio.get_running_loop().time() + 60
+        while {m.pool for m in received} != {"duty-h100", "duty-l4"}:
+            assert asyncio.get_running_loop().time() < deadline, f"events seen: {received}"
+            message = await queue.get(fail=False)
+            if message is None:
+                await asyncio.sleep(0.1)
+                continue
+            await message.ack()
+            decoded = decode(message.body)
+            assert isinstance(decoded, FleetScaleRequested)
+            received.append(decoded)
+    finally:
+        for service in services:
+            await service.stop()
+        await connection.close()
+    assert {(m.pool, m.mode, m.desired_nodes) for m in received} == {("duty-h100", "auto", 4), ("duty-l4", "auto", 1)}
+    conn = await asyncpg.connect(migrated_dsn)
+    try:  # one leader decided: the cool-downs kept every later tick (of either instance) from deciding again
+        assert await conn.fetchval("SELECT count(*) FROM capacity_decisions") == 2
+    finally:
+        await conn.close()
