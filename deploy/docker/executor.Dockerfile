@@ -4,10 +4,13 @@
 #   docker build -f deploy/docker/executor.Dockerfile --target container -t gpuorch/executor:docker .
 # Default target (last stage, "process"): jobs run as processes inside this container, each in its own process
 # group under a supervisor, with CUDA_VISIBLE_DEVICES set to the GPU/MIG UUIDs they were given.
-# Target "container": adds the docker CLI, so GPUORCH_EXECUTOR_BACKEND=process,container can drive the host's
-# Docker engine through its socket (mounted at run time: /var/run/docker.sock) and start each job as its own
-# container with --gpus device=<UUID> (the host needs the NVIDIA Container Toolkit). Whoever can use that socket
-# is root on the host: give it to this container only on dedicated GPU nodes.
+# Target "container": adds the docker CLI, so GPUORCH_EXECUTOR_BACKEND=container can drive the host's Docker
+# engine through its socket (mounted at run time: /var/run/docker.sock) and start each job as its own hardened
+# container with --gpus device=<UUIDs> (the host needs the NVIDIA Container Toolkit). Whoever can use that socket
+# is root on the host: this target runs no process job (a job inside this container could reach the socket), and
+# asks the toolkit for no GPU (NVIDIA_VISIBLE_DEVICES=void: each job's container gets exactly its own).
+# Process target: the executor hands each job a uid of its own when it runs as root with CAP_SETUID/CAP_SETGID
+# (deploy/k8s/executor.yaml); as uid 10001 it cannot, and its nodes say so (gpuctl nodes: executor's uid).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.13.9
 ARG DOCKER_CLI_IMAGE=docker:27-cli
@@ -51,6 +54,8 @@ ENTRYPOINT ["gpuorch-executor"]
 
 FROM runtime AS container
 COPY --from=docker-cli /usr/local/bin/docker /usr/local/bin/docker
-ENV GPUORCH_EXECUTOR_BACKEND=process,container
+ENV GPUORCH_EXECUTOR_BACKEND=container \
+    GPUORCH_EXECUTOR_DOCKER=/usr/local/bin/docker \
+    NVIDIA_VISIBLE_DEVICES=void
 
 FROM runtime AS process

@@ -163,3 +163,29 @@ def test_kubernetes_credentials_match_the_definitions_and_the_daemonsets(tmp_pat
         script = " ".join(pod["spec"]["template"]["spec"]["containers"][0]["command"])
         copy = " ".join(pod["spec"]["template"]["spec"]["initContainers"][-1]["command"])
         assert f"amqp://{name}-${{GPUORCH_NODE_ID}}:" in script and f"/credentials/all/{name}-${{NODE_NAME}}" in copy
+
+
+def test_jobs_get_uids_of_their_own_and_never_reach_the_docker_socket() -> None:
+    """Issue 13: the process-backend executor may hand out job uids (root with only the capabilities for it); no
+    manifest mounts the docker socket where a job runs; the container-backend image runs no process job and asks
+    the NVIDIA toolkit for no GPU (each job's container gets exactly its own)."""
+    objects = k8s_objects()
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "DaemonSet", "Job")):
+        pod = workload["spec"]["template"]["spec"]
+        host_paths = [v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v]
+        assert not any("docker.sock" in p for p in host_paths), workload["metadata"]["name"]
+    executor = next(o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "executor")
+    [container] = executor["spec"]["template"]["spec"]["containers"]
+    context = container["securityContext"]
+    assert context["runAsUser"] == 0 and context["allowPrivilegeEscalation"] is False
+    assert set(context["capabilities"]["add"]) == {"SETUID", "SETGID", "CHOWN", "FOWNER", "KILL", "DAC_OVERRIDE"}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUORCH_EXECUTOR_JOB_UIDS"] == "61000-61063" and env["GPUORCH_EXECUTOR_BACKEND"] == "process"
+    dockerfile = (DEPLOY / "docker" / "executor.Dockerfile").read_text()
+    container_stage = dockerfile.split("FROM runtime AS container", 1)[1].split("FROM ", 1)[0]
+    assert "GPUORCH_EXECUTOR_BACKEND=container " in container_stage  # no process job beside the socket
+    assert "NVIDIA_VISIBLE_DEVICES=void" in container_stage
+    compose_text = (DEPLOY / "compose.yaml").read_text()
+    socket_lines = [line for line in compose_text.splitlines() if "docker.sock" in line]
+    assert all(line.lstrip().startswith("#") for line in socket_lines)  # only in the commented GPU variant
+    assert "GPUORCH_EXECUTOR_BACKEND: container " in compose_text

@@ -22,7 +22,14 @@ import psutil
 import pytest
 from gpuorch_contracts import JobFailed, JobFinished, JobIsolation, JobStarted
 
-from gpuorch_executor.backends.devices import DeviceCgroupV1, DeviceConfinement, GpuDeviceNodes
+from gpuorch_executor.backends.devices import (
+    DeviceCgroupV1,
+    DeviceCgroupV2,
+    DeviceConfinement,
+    GpuDeviceNodes,
+    cgroup2_mount_point,
+    device_filter_program,
+)
 from gpuorch_executor.backends.process import ProcessBackend
 from gpuorch_executor.config import ConfigError, ExecutorConfig
 from gpuorch_executor.domain.allowlist import AllowList, TenantPolicy
@@ -283,17 +290,46 @@ def _device_cgroup_root() -> tuple[Path, DeviceCgroupV1 | None, str]:
     return root, cgroup, why
 
 
-@pytest.fixture
-def device_cgroup() -> Iterator[DeviceCgroupV1]:
-    root, cgroup, why = _device_cgroup_root()
-    if cgroup is None:
-        pytest.skip(f"no writable cgroup v1 devices hierarchy here ({why}); the cgroup v2 eBPF filter is not "
-                    "implemented, so such hosts report devices=env_only")
-    yield cgroup
+def _remove_tree(root: Path) -> None:
     for child in root.glob("*/"):
         if child.is_dir():
             os.rmdir(child)
     os.rmdir(root)
+
+
+@pytest.fixture
+def device_cgroup() -> Iterator[DeviceCgroupV1]:
+    root, cgroup, why = _device_cgroup_root()
+    if cgroup is None:
+        pytest.skip(f"no writable cgroup v1 devices hierarchy here ({why})")
+    yield cgroup
+    _remove_tree(root)
+
+
+@pytest.fixture(params=["cgroup_v2", "cgroup_v1"])
+def any_device_cgroup(request: pytest.FixtureRequest) -> Iterator[DeviceCgroupV1 | DeviceCgroupV2]:
+    """Each device controller this host offers (v2: an eBPF program; v1: devices.deny), tested against the kernel."""
+    cgroup: DeviceCgroupV1 | DeviceCgroupV2 | None
+    if request.param == "cgroup_v2":
+        mount = cgroup2_mount_point()
+        if mount is None:
+            pytest.skip("no cgroup2 hierarchy here")
+        root = mount / f"gpuorch-test-{os.getpid()}"
+        cgroup, why = DeviceCgroupV2.detect(root)
+        if cgroup is None:
+            pytest.skip(f"cannot attach an eBPF device filter here ({why})")
+    else:
+        root, cgroup, why = _device_cgroup_root()
+        if cgroup is None:
+            pytest.skip(f"no writable cgroup v1 devices hierarchy here ({why})")
+    yield cgroup
+    _remove_tree(root)
+
+
+def test_the_device_filter_program_is_one_rule_per_denied_device() -> None:
+    program = device_filter_program([("c", 195, 0), ("b", 7, 3)])
+    assert len(program) == 8 * (4 + 5 * 2 + 2)
+    assert program[-16:] == bytes([0xB7, 0, 0, 0, 1, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])  # allow the rest
 
 
 OPENS = """
@@ -319,9 +355,10 @@ STAND_IN_GPUS = {"GPU-aaaaaaaa-0000-0000-0000-000000000000": ["/dev/full"],
     (list(STAND_IN_GPUS), {"/dev/full": "open", "/dev/zero": "open"}),
 ])
 async def test_the_device_controller_denies_the_gpus_a_job_was_not_given(
-        tmp_path: Path, device_cgroup: DeviceCgroupV1, gpus: list[str], expected: dict[str, str]) -> None:
-    confinement = DeviceConfinement(device_cgroup, GpuDeviceNodes(STAND_IN_GPUS))
-    assert confinement.kind == "cgroup_v1"
+        tmp_path: Path, any_device_cgroup: DeviceCgroupV1 | DeviceCgroupV2, gpus: list[str],
+        expected: dict[str, str]) -> None:
+    confinement = DeviceConfinement(any_device_cgroup, GpuDeviceNodes(STAND_IN_GPUS))
+    assert confinement.kind == any_device_cgroup.kind
     harness = Harness(tmp_path / "state", backends={"process": ProcessBackend(None, confinement)})
     command = launch_job(["python", "-c", OPENS], gpus=gpus, env={"CUDA_VISIBLE_DEVICES": ""})
     await harness.executor.handle(command)
@@ -400,10 +437,10 @@ def test_the_executor_reports_what_it_does_not_enforce() -> None:
     assert isolated.job_users == "per_job_uid"
 
 
-def test_a_device_cgroup_is_reported(device_cgroup: DeviceCgroupV1) -> None:
-    _, isolation = build_backends(_config(GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT=str(device_cgroup.root),
+def test_a_device_cgroup_is_reported(any_device_cgroup: DeviceCgroupV1 | DeviceCgroupV2) -> None:
+    _, isolation = build_backends(_config(GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT=str(any_device_cgroup.root),
                                           GPUORCH_EXECUTOR_CGROUP_ROOT="off"), None)
-    assert isolation.devices == "cgroup_v1"
+    assert isolation.devices == any_device_cgroup.kind
 
 
 def test_heartbeats_carry_the_isolation(tmp_path: Path) -> None:

@@ -22,8 +22,9 @@ environment:
   GPUORCH_EXECUTOR_JOB_UIDS     uids process jobs run as, one per job: first-last (default 61000-61063 when
                                 the executor may switch users, i.e. runs as root; else off) or 'off' (jobs run
                                 as the executor's user: reported in gpuctl nodes)
-  GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT  cgroup v1 devices directory confining process jobs to their GPUs
-                                (default /sys/fs/cgroup/devices/gpuorch); 'off' disables it
+  GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT  where process jobs get the cgroup that confines them to their GPUs:
+                                'auto' (default: cgroup v2 eBPF device filter, else cgroup v1 devices), a
+                                directory, or 'off' (reported: devices env_only)
   GPUORCH_EXECUTOR_GPU_DEVICES  JSON {"<GPU uuid>": ["/dev/nvidiaN"]} (default: read from /proc/driver/nvidia)
   GPUORCH_EXECUTOR_CGROUP_ROOT  cgroup v2 directory for per-job limits (default /sys/fs/cgroup/gpuorch);
                                 'off' disables limits
@@ -95,7 +96,7 @@ class ExecutorConfig:
             docker=env.get("GPUORCH_EXECUTOR_DOCKER", "docker"),
             cgroup_root=env.get("GPUORCH_EXECUTOR_CGROUP_ROOT", "/sys/fs/cgroup/gpuorch"),
             job_uids=env.get("GPUORCH_EXECUTOR_JOB_UIDS", "auto"),
-            device_cgroup_root=env.get("GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT", "/sys/fs/cgroup/devices/gpuorch"),
+            device_cgroup_root=env.get("GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT", "auto"),
             gpu_devices=env.get("GPUORCH_EXECUTOR_GPU_DEVICES") or None,
             fencing_deadline_s=deadline,
             fencing_grace_s=grace,

@@ -24,7 +24,7 @@ from gpuorch_observability import configure, get_logger, start_metrics_server
 from gpuorch_executor.backends.base import Backend
 from gpuorch_executor.backends.cgroups import CgroupV2
 from gpuorch_executor.backends.container import ContainerBackend
-from gpuorch_executor.backends.devices import DeviceCgroupV1, DeviceConfinement, GpuDeviceNodes
+from gpuorch_executor.backends.devices import DeviceConfinement, GpuDeviceNodes
 from gpuorch_executor.backends.job_users import can_switch_users, privileged_gids
 from gpuorch_executor.backends.process import ProcessBackend
 from gpuorch_executor.config import ENVIRONMENT_HELP, ConfigError, ExecutorConfig
@@ -87,15 +87,13 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
                 log.warning("cgroups.unavailable", reason=why, effect="host memory/CPU limits not enforced")
                 notes.append(f"no host memory/CPU limits: {why}"[:1024])
         limits = "cgroup_v2" if cgroups is not None else "none"
-        device_cgroup = None
-        why_not = "GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT is off"
-        if config.device_cgroup_root != "off":
-            device_cgroup, why_not = DeviceCgroupV1.detect(Path(config.device_cgroup_root))
-        if device_cgroup is None:
-            log.warning("devices.unconfined", reason=why_not,
+        confinement = DeviceConfinement.detect(config.device_cgroup_root,
+                                               GpuDeviceNodes.from_setting(config.gpu_devices),
+                                               cgroups.root if cgroups is not None else None)
+        if confinement.cgroup is None:
+            log.warning("devices.unconfined", reason=confinement.why_not,
                         effect="process jobs see GPUs through CUDA_VISIBLE_DEVICES only; a job can unset it")
-            notes.append(f"process jobs not device-confined: {why_not}"[:1024])
-        confinement = DeviceConfinement(device_cgroup, GpuDeviceNodes.from_setting(config.gpu_devices), why_not)
+            notes.append(f"process jobs not device-confined: {confinement.why_not}"[:1024])
         devices_kind = confinement.kind
         backends["process"] = ProcessBackend(cgroups, confinement)
     if "container" in config.runtimes:

@@ -222,11 +222,24 @@ def nodes(dsn: DsnOpt = DATABASE_URL, as_json: JsonOpt = False) -> None:
     if as_json:
         print(json.dumps(rows, default=str))
         return
-    table = Table("node", "liveness", "gpus", "models", "allocated jobs")
+    table = Table("node", "liveness", "gpus", "models", "allocated jobs", "job isolation")
     for r in rows:
         table.add_row(cell(r["node_id"]), _colour(r["liveness"]), str(r["gpu_count"]), cell(r["models"]),
-                      str(r["jobs"]))
+                      str(r["jobs"]), isolation_text(r.get("isolation")))
     console.print(table)
+
+
+def isolation_text(isolation: dict[str, Any] | None) -> str:
+    """What a node's executor enforces, in one cell: users, GPU devices, host limits; weak points in red."""
+    if not isolation:
+        return "[yellow]not reported[/yellow]"
+    users = "own uid" if isolation.get("job_users") == "per_job_uid" else "[red]executor's uid[/red]"
+    devices = isolation.get("devices", "env_only")
+    devices = f"devices {devices}" if devices != "env_only" else "[red]devices env only[/red]"
+    limits = isolation.get("limits", "none")
+    limits = f"limits {limits}" if limits != "none" else "[yellow]no limits[/yellow]"
+    containers = ", containers --gpus" if isolation.get("containers") == "gpus_flag" else ""
+    return f"{users}, {devices}, {limits}{containers}"
 
 
 def _colour(state: str) -> str:

@@ -61,7 +61,7 @@ async def list_nodes(dsn: str) -> list[dict[str, Any]]:
     conn = await _connect(dsn)
     try:
         rows = await conn.fetch(
-            """SELECT n.node_id, n.liveness, n.inventory::text AS inventory,
+            """SELECT n.node_id, n.liveness, n.inventory::text AS inventory, n.isolation::text AS isolation,
                       (SELECT count(*) FROM jobs j WHERE n.node_id = ANY(j.node_ids)
                          AND j.state IN ('placed', 'running', 'preempting')) AS jobs
                FROM nodes n ORDER BY n.node_id""")
@@ -73,7 +73,8 @@ async def list_nodes(dsn: str) -> list[dict[str, Any]]:
         models = sorted({g["model"] for g in inventory.get("gpus", [])})
         out.append({"node_id": r["node_id"], "liveness": r["liveness"], "gpu_count": len(inventory.get("gpus", [])),
                     "models": ",".join(models), "jobs": r["jobs"], "cpu_milli": inventory.get("cpu_milli"),
-                    "memory_mib": inventory.get("memory_mib")})
+                    "memory_mib": inventory.get("memory_mib"),
+                    "isolation": json.loads(r["isolation"]) if r["isolation"] else None})
     return out
 
 

@@ -174,6 +174,10 @@ class SchedulerService:
         self.state = SchedulerState(retention_s=self.config.retention_s)
         self.last_seen: dict[str, float] = {}
         self.executors: dict[str, ExecutorLease] = {}
+        self.isolation: dict[str, str] = {}
+        """Per node, the JSON of the isolation its executor last reported (``ExecutorHeartbeat.isolation``): a
+        read-model column only (``gpuctl nodes``), never a scheduling input; written when it changes."""
+        self._isolation_unwritten: set[str] = set()
         self._strays: set[tuple[str, uuid.UUID, uuid.UUID]] = set()
         self._stray_stopped: set[tuple[str, uuid.UUID]] = set()
         self.pending: dict[uuid.UUID, Waiting] = {}
@@ -304,6 +308,11 @@ class SchedulerService:
         """Renew the executor's half of a node's lease (memory only), and remember placements it runs that the
         scheduler does not assign to that node: the next tick stops them."""
         self.executors[beat.node_id] = ExecutorLease(self._lease_clock(), beat.fencing_deadline_s)
+        if beat.isolation is not None:
+            isolation = beat.isolation.model_dump_json()
+            if self.isolation.get(beat.node_id) != isolation:
+                self.isolation[beat.node_id] = isolation
+                self._isolation_unwritten.add(beat.node_id)
         for running in beat.running:
             job = self.state.jobs.get(running.job_id)
             current = job is not None and job.holds_capacity and job.placement_id == running.placement_id and \
@@ -628,6 +637,10 @@ class SchedulerService:
         ]
         if node_rows:
             await self._conn.executemany(_UPSERT_NODE, node_rows)
+        for node_id in [n for n in self._isolation_unwritten if n in self.state.nodes]:
+            await self._conn.execute("UPDATE nodes SET isolation = $2::text::jsonb WHERE node_id = $1", node_id,
+                                     self.isolation[node_id])
+            self._isolation_unwritten.discard(node_id)
 
     def _export_gauges(self) -> None:
         depth: dict[str, int] = {"training": 0, "inference": 0, "batch": 0}

@@ -1,27 +1,36 @@
 """GPU device confinement of process jobs by the cgroup device controller, as Slurm's ``ConstrainDevices`` does.
 
-``CUDA_VISIBLE_DEVICES`` is advice: a job may unset it and open every ``/dev/nvidiaN``. Where the host has a
-writable cgroup v1 ``devices`` hierarchy, each process job that must not see some of the node's GPUs gets
-``<root>/<placement_id>`` with one ``devices.deny`` line per device node of every GPU it was *not* given
-(``c 195:N rwm``); the supervisor moves the job into it before exec, so the kernel refuses ``open()`` on those
-nodes (EPERM) whatever the job's environment says, in the job and every child it starts.
+``CUDA_VISIBLE_DEVICES`` is advice: a job may unset it and open every ``/dev/nvidiaN``. Each process job that must
+not see some of the node's GPUs gets a cgroup of its own that denies the device nodes of every GPU it was *not*
+given (``c 195:N``); the supervisor moves the job into it before exec, so the kernel refuses ``open()`` on those
+nodes (EPERM) whatever the job's environment says, in the job and every child it starts. Two ways, found at start:
+
+- cgroup v2 (``DeviceCgroupV2``): a ``BPF_PROG_TYPE_CGROUP_DEVICE`` program, attached with ``BPF_F_ALLOW_MULTI``
+  to the job's cgroup (the same one as its memory/CPU limits when those are on), returns 0 (deny) for the denied
+  ``(type, major, minor)`` and 1 for anything else; systemd and runc confine devices the same way. Needs
+  CAP_BPF/CAP_SYS_ADMIN and a writable cgroup2 tree (on hybrid hosts, ``/sys/fs/cgroup/unified``).
+- cgroup v1 (``DeviceCgroupV1``): ``<root>/<placement_id>`` in the ``devices`` hierarchy, one ``devices.deny``
+  line per denied node.
 
 What is a GPU's device node: ``GpuDeviceNodes.discover`` reads ``/proc/driver/nvidia/gpus/*/information``
 (``GPU UUID`` and ``Device Minor``) -> ``/dev/nvidia<minor>``; ``GPUORCH_EXECUTOR_GPU_DEVICES`` (JSON
 ``{"GPU-...": ["/dev/nvidia0"]}``) replaces it (stand-ins in tests, unusual layouts). The shared control nodes
 (``nvidiactl``, ``nvidia-uvm``) stay open: CUDA needs them for the GPUs the job may use.
 
-Not covered (reported by ``DeviceConfinement.kind``): cgroup v2 hosts (the eBPF device filter is not implemented
-yet), and MIG slices within one GPU (a job given a MIG instance keeps its parent GPU's node; the instance is chosen
+Not covered (reported by ``DeviceConfinement.kind``: ``env_only`` where neither works): MIG slices within one GPU (a job given a MIG instance keeps its parent GPU's node; the instance is chosen
 by ``CUDA_VISIBLE_DEVICES=MIG-...`` only). Containers are confined by Docker and the NVIDIA runtime instead
 (``--gpus device=<UUIDs>``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
+import platform
 import stat
+import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -68,8 +77,8 @@ class GpuDeviceNodes:
         return sorted({p for uuid, paths in self.nodes.items() if uuid not in given for p in paths} - allowed)
 
 
-def device_rule(path: str) -> str:
-    """``c 195:3 rwm`` for a device node (raises ``OSError`` if it is missing or not a device)."""
+def device_number(path: str) -> tuple[str, int, int]:
+    """``("c", 195, 3)`` for a device node (raises ``OSError`` if it is missing or not a device)."""
     st = os.stat(path)
     if stat.S_ISCHR(st.st_mode):
         kind = "c"
@@ -77,16 +86,141 @@ def device_rule(path: str) -> str:
         kind = "b"
     else:
         raise OSError(f"{path} is not a device node")
-    return f"{kind} {os.major(st.st_rdev)}:{os.minor(st.st_rdev)} rwm"
+    return kind, os.major(st.st_rdev), os.minor(st.st_rdev)
 
 
-class DeviceCgroupV1:
-    """A writable cgroup v1 ``devices`` subtree (``<root>/<placement_id>`` per confined job)."""
+def device_rule(path: str) -> str:
+    """``c 195:3 rwm`` for a device node (cgroup v1 ``devices.deny`` syntax)."""
+    kind, major, minor = device_number(path)
+    return f"{kind} {major}:{minor} rwm"
 
-    kind = "cgroup_v1"
+
+# -- cgroup v2: a BPF_PROG_TYPE_CGROUP_DEVICE program ------------------------------------------------------------
+
+_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280, "arm64": 280, "ppc64le": 361, "s390x": 351}
+_BPF_PROG_LOAD, _BPF_PROG_ATTACH = 5, 8
+_BPF_PROG_TYPE_CGROUP_DEVICE, _BPF_CGROUP_DEVICE, _BPF_F_ALLOW_MULTI = 15, 6, 2
+_BPF_DEVCG_DEV = {"b": 1, "c": 2}
+
+
+def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+def device_filter_program(denied: list[tuple[str, int, int]]) -> bytes:
+    """eBPF for ``struct bpf_cgroup_dev_ctx {u32 access_type; u32 major; u32 minor}`` in r1: 0 (deny) when the
+    device is one of ``denied`` (any access), else 1. Pure, so it is tested without a kernel."""
+    program = [_insn(0x61, 2, 1, 0),          # r2 = ctx->access_type
+               _insn(0x57, 2, imm=0xFFFF),    # r2 &= 0xffff: the device type (block 1, char 2)
+               _insn(0x61, 3, 1, 4),          # r3 = ctx->major
+               _insn(0x61, 4, 1, 8)]          # r4 = ctx->minor
+    for kind, major, minor in denied:
+        program += [_insn(0x55, 2, off=4, imm=_BPF_DEVCG_DEV[kind]),   # if r2 != type: next rule
+                    _insn(0x55, 3, off=3, imm=major),                  # if r3 != major: next rule
+                    _insn(0x55, 4, off=2, imm=minor),                  # if r4 != minor: next rule
+                    _insn(0xB7, 0, imm=0), _insn(0x95)]                # return 0 (deny)
+    program += [_insn(0xB7, 0, imm=1), _insn(0x95)]                    # return 1 (allow)
+    return b"".join(program)
+
+
+def _bpf(command: int, attr: bytearray) -> int:
+    number = _BPF_SYSCALL.get(platform.machine())
+    if number is None:
+        raise OSError(f"bpf(2) syscall number unknown on {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    buffer = (ctypes.c_char * len(attr)).from_buffer(attr)
+    result = int(libc.syscall(number, command, buffer, len(attr)))
+    if result < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"bpf({command}): {os.strerror(errno)}")
+    return result
+
+
+def attach_device_filter(cgroup: Path, denied: list[tuple[str, int, int]]) -> None:
+    """Load the device program for ``denied`` and attach it to ``cgroup`` (it stays attached as long as the cgroup
+    exists; the descriptors are closed here). Raises ``OSError`` when the kernel refuses."""
+    code = device_filter_program(denied)
+    code_buffer = ctypes.create_string_buffer(code, len(code))
+    license_buffer = ctypes.create_string_buffer(b"GPL")
+    attr = bytearray(128)  # union bpf_attr, BPF_PROG_LOAD: type, insn_cnt, insns, license (log off)
+    struct.pack_into("<IIQQ", attr, 0, _BPF_PROG_TYPE_CGROUP_DEVICE, len(code) // 8,
+                     ctypes.addressof(code_buffer), ctypes.addressof(license_buffer))
+    program = _bpf(_BPF_PROG_LOAD, attr)
+    try:
+        directory = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            attach = bytearray(128)  # BPF_PROG_ATTACH: target_fd, attach_bpf_fd, attach_type, attach_flags
+            struct.pack_into("<IIII", attach, 0, directory, program, _BPF_CGROUP_DEVICE, _BPF_F_ALLOW_MULTI)
+            _bpf(_BPF_PROG_ATTACH, attach)
+        finally:
+            os.close(directory)
+    finally:
+        os.close(program)
+
+
+def cgroup2_mount_point() -> Path | None:
+    """Where this host mounts the cgroup2 hierarchy (``/sys/fs/cgroup``, or ``/sys/fs/cgroup/unified`` on hybrid
+    hosts), per /proc/self/mountinfo."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) >= 5 and right.split()[:1] == ["cgroup2"]:
+            return Path(fields[4])
+    return None
+
+
+class DeviceCgroup:
+    """A cgroup subtree where each confined job gets a directory; ``remove`` once the job's processes are gone."""
+
+    kind = ""
 
     def __init__(self, root: Path) -> None:
         self.root = root
+
+    def remove(self, path: str) -> None:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
+class DeviceCgroupV2(DeviceCgroup):
+    """A writable cgroup2 subtree where device programs may be attached (``<root>/<placement_id>`` per job, or the
+    job's limits cgroup when it has one)."""
+
+    kind = "cgroup_v2"
+
+    @classmethod
+    def detect(cls, root: Path) -> tuple[DeviceCgroupV2 | None, str]:
+        if mount_type_of(root.parent) != "cgroup2":
+            return None, f"{root.parent} is not a cgroup2 filesystem"
+        probe = root / f".probe-{os.getpid()}"
+        try:
+            root.mkdir(exist_ok=True)
+            probe.mkdir(exist_ok=True)
+            attach_device_filter(probe, [])  # the kernel accepts our programs here (gone with the probe cgroup)
+        except OSError as exc:
+            return None, f"cannot attach a device filter under {root}: {exc}"
+        finally:
+            with contextlib.suppress(OSError):
+                probe.rmdir()
+        return cls(root), "ok"
+
+    def create(self, name: str, denied: list[str], existing: str | None = None) -> str:
+        """The job's cgroup (``existing``, or a new ``<root>/<name>``) with a program denying ``denied``."""
+        numbers = [device_number(path) for path in denied]
+        path = Path(existing) if existing else self.root / name
+        path.mkdir(exist_ok=True)
+        attach_device_filter(path, numbers)
+        return str(path)
+
+
+class DeviceCgroupV1(DeviceCgroup):
+    """A writable cgroup v1 ``devices`` subtree (``<root>/<placement_id>`` per confined job)."""
+
+    kind = "cgroup_v1"
 
     @classmethod
     def detect(cls, root: Path) -> tuple[DeviceCgroupV1 | None, str]:
@@ -101,8 +235,9 @@ class DeviceCgroupV1:
             return None, f"cannot set up {root}: {exc}"
         return cls(root), "ok"
 
-    def create(self, name: str, denied: list[str]) -> str:
-        """The job's device cgroup denying ``denied`` device nodes; raises ``OSError`` when the kernel refuses."""
+    def create(self, name: str, denied: list[str], existing: str | None = None) -> str:
+        """The job's device cgroup denying ``denied`` device nodes; raises ``OSError`` when the kernel refuses.
+        (``existing``, a cgroup v2 directory, has nothing to do with this hierarchy.)"""
         rules = [device_rule(path) for path in denied]
         path = self.root / name
         path.mkdir(exist_ok=True)
@@ -110,35 +245,61 @@ class DeviceCgroupV1:
             (path / "devices.deny").write_text(rule)
         return str(path)
 
-    def remove(self, path: str) -> None:
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass
-
 
 class DeviceConfinement:
     """How this node confines process jobs to their GPUs, and the per-job cgroup when it can (see module doc)."""
 
-    def __init__(self, cgroup: DeviceCgroupV1 | None, devices: GpuDeviceNodes, why_not: str = "") -> None:
+    def __init__(self, cgroup: DeviceCgroupV1 | DeviceCgroupV2 | None, devices: GpuDeviceNodes,
+                 why_not: str = "") -> None:
         self.cgroup = cgroup
         self.devices = devices
         self.why_not = why_not
 
     @property
     def kind(self) -> str:
-        """``cgroup_v1`` (kernel-enforced) or ``env_only`` (``CUDA_VISIBLE_DEVICES`` only)."""
+        """``cgroup_v2`` / ``cgroup_v1`` (kernel-enforced) or ``env_only`` (``CUDA_VISIBLE_DEVICES`` only)."""
         return self.cgroup.kind if self.cgroup is not None else "env_only"
 
-    def confine(self, name: str, gpu_uuids: list[str]) -> str | None:
-        """The job's device cgroup (``None`` when nothing needs denying or the host cannot)."""
+    def confine(self, name: str, gpu_uuids: list[str], limits_cgroup: str | None = None) -> str | None:
+        """The job's device cgroup (``None`` when nothing needs denying or the host cannot). With cgroup v2 and a
+        ``limits_cgroup`` (the job's memory/CPU cgroup), the program goes on that one: a process is in one
+        cgroup2 directory only."""
         if self.cgroup is None:
             return None
         denied = self.devices.denied_for(gpu_uuids)
         if not denied:
             return None
-        return self.cgroup.create(name, denied)
+        return self.cgroup.create(name, denied, limits_cgroup)
 
     def release(self, path: str | None) -> None:
         if self.cgroup is not None and path:
             self.cgroup.remove(path)
+
+    @classmethod
+    def detect(cls, setting: str, devices: GpuDeviceNodes, limits_root: Path | None = None) -> DeviceConfinement:
+        """``GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT``: ``off``; ``auto`` (cgroup v2 under the limits root, or
+        ``<cgroup2 mount>/gpuorch``, then cgroup v1 ``/sys/fs/cgroup/devices/gpuorch``); or a directory (v2 or v1
+        by the filesystem it lies on)."""
+        if setting == "off":
+            return cls(None, devices, "GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT is off")
+        reasons = []
+        if setting == "auto":
+            mount = cgroup2_mount_point()
+            candidates = [limits_root] if limits_root is not None else []
+            candidates += [mount / "gpuorch"] if mount is not None else []
+            candidates.append(V1_DEFAULT_ROOT)
+        else:
+            candidates = [Path(setting)]
+        for root in candidates:
+            found: DeviceCgroupV1 | DeviceCgroupV2 | None
+            if mount_type_of(root.parent) == "cgroup2":
+                found, why = DeviceCgroupV2.detect(root)
+            else:
+                found, why = DeviceCgroupV1.detect(root)
+            if found is not None:
+                return cls(found, devices)
+            reasons.append(why)
+        return cls(None, devices, "; ".join(reasons) or "no cgroup hierarchy")
+
+
+V1_DEFAULT_ROOT = Path("/sys/fs/cgroup/devices/gpuorch")

@@ -47,12 +47,6 @@ class ProcessBackend(Backend):
         cgroup = None
         device_cgroup = None
         notes = []
-        if self.devices is not None:
-            try:
-                device_cgroup = self.devices.confine(str(job.launch.placement_id),
-                                                     [gpu.gpu_uuid for gpu in job.launch.gpus])
-            except OSError as exc:
-                raise ValueError(f"cannot confine the job to its GPUs: {exc}") from exc
         if self.cgroups is not None:
             spec = job.launch.spec
             try:
@@ -60,11 +54,17 @@ class ProcessBackend(Backend):
                     str(job.launch.placement_id), cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib
                 ))
             except OSError as exc:
-                if self.devices is not None:
-                    self.devices.release(device_cgroup)
                 raise ValueError(f"cannot create the job's cgroup: {exc}") from exc
         else:
             notes.append("no cgroup v2: host memory and CPU limits not enforced")
+        if self.devices is not None:
+            try:
+                device_cgroup = self.devices.confine(str(job.launch.placement_id),
+                                                     [gpu.gpu_uuid for gpu in job.launch.gpus], cgroup)
+            except OSError as exc:
+                if cgroup is not None and self.cgroups is not None:
+                    self.cgroups.remove(Path(cgroup))
+                raise ValueError(f"cannot confine the job to its GPUs: {exc}") from exc
         return SupervisedCommand(
             argv=list(run.argv), env=env, executable=job.executable, cwd=cwd, cgroup=cgroup,
             device_cgroup=device_cgroup, user={"uid": job.job_uid, "gid": job.job_uid} if own_user else None,
