@@ -20,15 +20,19 @@ from gpuorch_contracts import JobFinished, JobSpec, LaunchJob, ProcessRun
 from gpuorch_messaging.testing import RecordingPublisher
 
 from gpuorch_executor.backends.process import ProcessBackend
+from gpuorch_executor.domain.allowlist import AllowList, TenantPolicy
 from gpuorch_executor.handlers import NodeExecutor, NodeSettings
+
+INLINE_PYTHON = AllowList({"default": TenantPolicy(commands=frozenset({"python"}), inline_code=True)})
+"""The benchmark's jobs are ``python -c pass``: inline code allowed explicitly (the default refuses it)."""
 
 
 async def run(jobs: int, concurrent: bool) -> str:
     with tempfile.TemporaryDirectory() as state:
         publisher = RecordingPublisher()
         executor = NodeExecutor(NodeSettings(node_id="bench", state_dir=Path(state),
-                                             backends={"process": ProcessBackend(None)}, poll_interval_s=0.02),
-                                publisher)
+                                             backends={"process": ProcessBackend(None)}, poll_interval_s=0.02,
+                                             allow_list=INLINE_PYTHON), publisher)
         watcher = asyncio.create_task(executor.run())
         commands = [LaunchJob(node_id="bench", job_id=uuid.uuid4(), placement_id=uuid.uuid4(),
                               spec=JobSpec(run=ProcessRun(argv=["python", "-c", "pass"])))
