@@ -22,6 +22,8 @@ import psutil
 import pytest
 from gpuorch_contracts import JobFailed, JobFinished, JobIsolation, JobStarted
 
+from gpuorch_executor.backends.base import JobLaunch
+from gpuorch_executor.backends.container import container_user
 from gpuorch_executor.backends.devices import (
     DeviceCgroupV1,
     DeviceCgroupV2,
@@ -34,7 +36,7 @@ from gpuorch_executor.backends.process import ProcessBackend
 from gpuorch_executor.config import ConfigError, ExecutorConfig
 from gpuorch_executor.domain.allowlist import AllowList, TenantPolicy
 from gpuorch_executor.domain.job_users import JobUidsError, JobUserPool, parse_job_uids
-from gpuorch_executor.entrypoint import build_backends, build_job_users
+from gpuorch_executor.entrypoint import build_backends, build_job_users, prepare_state_root
 
 from .conftest import NODE, Harness, launch_job, terminal
 
@@ -264,6 +266,37 @@ async def test_a_jobs_leftovers_are_killed_before_its_uid_is_lent_again(isolated
     record = isolated.executor.records[command.placement_id]
     assert record.job_uid is not None and record.job_uid not in (isolated.executor.settings.job_users or
                                                                 JobUserPool(1000, 1000)).in_use
+
+
+@needs_job_users
+async def test_a_workdir_the_jobs_uid_cannot_reach_is_a_launch_error(isolated: Harness, tmp_path: Path) -> None:
+    private = tmp_path / "private"  # under pytest's 0700 directory: the executor (root) reaches it, the job not
+    private.mkdir()
+    command = job("print('ran')", workdir=str(private))
+    await isolated.executor.handle(command)
+    outcome = await isolated.until_ended(command.placement_id)
+    assert isinstance(outcome, JobFailed) and outcome.cause == "launch_error"
+    assert "ran" not in Path(isolated.executor.records[command.placement_id].log_path or "").read_text()
+
+
+def test_a_state_directory_jobs_cannot_reach_is_refused_at_start(tmp_path: Path, shared_root: Path) -> None:
+    pool = JobUserPool(61000, 61001)
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    with pytest.raises(ConfigError, match="does not let other users pass"):
+        prepare_state_root(closed / "executor", pool)
+    prepare_state_root(closed / "executor", None)  # jobs run as the executor: nothing to reach
+    prepare_state_root(shared_root / "executor", pool)
+    assert (shared_root / "executor").stat().st_mode & 0o777 == 0o711
+
+
+def test_a_container_runs_as_the_jobs_uid_else_the_tenants_else_nobody(tmp_path: Path) -> None:
+    command = job("pass")
+    base = {"launch": command, "placement_dir": tmp_path, "log_path": tmp_path / "log",
+            "checkpoint_file": tmp_path / "c", "executor_env": {}}
+    assert container_user(JobLaunch(**base, job_uid=61007)) == "61007:61007"  # type: ignore[arg-type]
+    assert container_user(JobLaunch(**base, container_user="1000:1000")) == "1000:1000"  # type: ignore[arg-type]
+    assert container_user(JobLaunch(**base)) == "65534:65534"  # type: ignore[arg-type]
 
 
 @needs_job_users

@@ -69,6 +69,29 @@ def build_job_users(config: ExecutorConfig) -> JobUserPool | None:
     return pool
 
 
+def prepare_state_root(root: Path, job_users: JobUserPool | None) -> None:
+    """Create the state root (0711: jobs pass through it to their own home and checkpoint directories, list
+    nothing). With job uids, every directory above it must let other users pass too, or no job could reach its
+    files: that is a configuration error, said now rather than as every launch failing."""
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o711)
+    if job_users is None:
+        return
+    blocked = closed_ancestor(root)
+    if blocked is not None:
+        raise ConfigError(f"GPUORCH_EXECUTOR_STATE_DIR {root}: {blocked} does not let other users pass "
+                          f"(mode {blocked.stat().st_mode & 0o777:o}); jobs run as other uids and could not reach "
+                          "their home and checkpoint directories (chmod o+x it, or move the state directory)")
+
+
+def closed_ancestor(path: Path) -> Path | None:
+    """The first directory above ``path`` that other users may not traverse (no ``o+x``), if any."""
+    for directory in path.resolve().parents:
+        if not directory.stat().st_mode & 0o001:
+            return directory
+    return None
+
+
 def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None) -> tuple[dict[str, Backend],
                                                                                          JobIsolation]:
     """The runtimes this node offers, and what they enforce (logged now; sent on every heartbeat)."""
@@ -116,6 +139,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     broker = Broker(config.amqp_url, producer=producer, connection_name=f"executor {producer}")
     allow_list = load_allow_list(config.allow)
     job_users = build_job_users(config)
+    prepare_state_root(config.state_root, job_users)
     backends, isolation = build_backends(config, job_users)
     executors = [
         NodeExecutor(NodeSettings(node_id=node_id, state_dir=config.state_dir(node_id), backends=backends,
