@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -286,3 +287,44 @@ def test_a_second_executor_on_the_same_state_directory_refuses_to_start(amqp_url
         assert "executor.state_dir_in_use" in (tmp_path / "second.log").read_text()
     finally:
         os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK),
+                    reason="needs root (job uids) and /usr/bin/python3 (an interpreter any uid may run)")
+async def test_the_real_executor_runs_each_job_as_a_uid_of_its_own(
+    amqp_url: str, tap: EventTap, commander: Broker
+) -> None:
+    """``gpuorch-executor`` as on a node run as root: its default-style pool lends each job a uid, the job cannot
+    read the executor's environment (the broker URL and its password), and the heartbeat says so."""
+    import random
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="gpuorch-executor-uids-", dir="/tmp"))
+    root.chmod(0o711)
+    first = random.randrange(200_000, 2_000_000, 64)
+    allow = json.dumps({"tenants": {"default": {"commands": ["/usr/bin/python3"], "inline_code": True}}})
+    executor = ExecutorProcess(amqp_url, root / "state", "node-1", root / "executor.log",
+                               GPUORCH_EXECUTOR_JOB_UIDS=f"{first}-{first + 3}", GPUORCH_EXECUTOR_ALLOW=allow)
+    executor.start()
+    try:
+        assert executor.process is not None
+        probe = ("import json, os\n"
+                 "try:\n    open(f'/proc/{os.getppid()}/environ').read(); environ = 'read'\n"
+                 "except PermissionError:\n    environ = 'denied'\n"
+                 f"try:\n    open('/proc/{executor.process.pid}/environ').read(); executor = 'read'\n"
+                 "except PermissionError:\n    executor = 'denied'\n"
+                 "print(json.dumps({'uid': os.getuid(), 'groups': os.getgroups(), 'supervisor': environ, "
+                 "'executor': executor}))")
+        command = for_node(launch_job(["/usr/bin/python3", "-c", probe]), "node-1")
+        await publish_when_routable(commander, command)
+        await tap.until(lambda: bool(tap.of(TERMINAL, command.placement_id)))
+        [started] = tap.of(JobStarted, command.placement_id)
+        [finished] = tap.of(TERMINAL, command.placement_id)
+        assert isinstance(finished, JobFinished), finished
+        seen = json.loads(Path(started.log_path).read_text().strip().splitlines()[-1])
+        assert first <= seen["uid"] <= first + 3 and seen["groups"] == []
+        assert (seen["supervisor"], seen["executor"]) == ("denied", "denied")
+    finally:
+        executor.terminate()
+        kill_leftovers(root / "state")
+        shutil.rmtree(root, ignore_errors=True)
