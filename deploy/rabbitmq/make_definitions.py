@@ -55,14 +55,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUBMIT = "gpuorch.submit"
+SUBMIT_SHARED = "gpuorch.submit.shared"
+"""``gpuorch.submit``'s alternate exchange (fanout): the submissions' shared lane (queue ``scheduler.submit``)."""
 EVENTS = "gpuorch.events"
 COMMANDS = "gpuorch.commands"
 DLX = "gpuorch.dlx"
 UNROUTED = "gpuorch.unrouted"
 TOPOLOGY_EXCHANGES = (SUBMIT, EVENTS, COMMANDS, DLX)
 
-SCHEDULER_QUEUES = ("scheduler", "scheduler.heartbeats")
-SCHEDULER_SUBMIT_KEYS = ("job.submit", "job.cancel")
+SCHEDULER_QUEUES = ("scheduler", "scheduler.heartbeats", "scheduler.submit")
+SCHEDULER_LANES = r"scheduler\.submit\.[a-z0-9][a-z0-9_-]*"
+"""The scheduler's per-tenant submission lanes ``scheduler.submit.<tenant>`` (one per tenant of the identity map or
+the quotas, so a pattern rather than a list) and their ``.dlq``."""
 IDENTITY_MAP = Path(__file__).resolve().parents[1] / "identity.json"
 TENANT_ROUTED_EVENTS = (
     "job.accepted", "job.rejected", "job.queued", "job.placed", "job.started", "job.finished", "job.failed",
@@ -91,6 +95,7 @@ TELEMETRY_QUEUE = "telemetry.samples"
 TELEMETRY_EVENT_BINDINGS = ("gpu.usage_sampled", "gpu.health_changed", "job.#")
 TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made", "fleet.scale_requested")
 SUBMIT_KEYS = ("job.submit", "job.cancel")
+SUBMIT_KEY_PATTERN = r"job\.(submit|cancel)"
 NOTHING = "^$"
 
 
@@ -128,19 +133,31 @@ class Grant:
 
 def broker_user(user: str, *, queues: Sequence[str], bindings: Mapping[str, Sequence[str]],
                 publishes: Mapping[str, Sequence[str]], key_patterns: Mapping[str, str] | None = None,
+                binding_patterns: Mapping[str, str] | None = None, queue_pattern: str | None = None,
                 purpose: str) -> Grant:
     """A service that connects with ``gpuorch_messaging.Broker``, owns ``queues`` and publishes ``publishes``.
 
     ``bindings``: exchange -> binding keys of its queues; ``publishes``: exchange -> routing keys it publishes
-    (``key_patterns`` replaces the list by a regex where the keys cannot be listed, e.g. every node id).
-    Topic permissions pin every topic exchange it touches to exactly those keys (dead letters: its queue names);
-    exchanges it may neither write nor read get none (the resource permissions refuse them already).
+    (``key_patterns`` / ``binding_patterns`` replace a list by a regex where the keys cannot be listed, e.g.
+    every node id or tenant; ``queue_pattern`` adds queues named by a regex, each with its ``.dlq``). Topic
+    permissions pin every topic exchange it touches to exactly those keys (dead letters: its queue names);
+    exchanges it may neither write nor read get none (the resource permissions refuse them already). Declaring
+    ``gpuorch.events`` and ``gpuorch.submit`` with their alternate exchanges needs write on the alternates and
+    read on the exchanges themselves.
     """
     dead_letter_queues = [f"{q}.dlq" for q in queues]
     own = [*queues, *dead_letter_queues]
-    configure = exactly([*TOPOLOGY_EXCHANGES, UNROUTED, *own])
-    write = exactly([UNROUTED, DLX, *own, *publishes])
-    read = exactly([UNROUTED, EVENTS, DLX, *queues, *bindings])
+
+    def with_pattern(names: list[str], *, dlq: bool = True) -> str:
+        listed = exactly(names)
+        if queue_pattern is None:
+            return listed
+        extra = rf"{queue_pattern}(\.dlq)?" if dlq else queue_pattern
+        return listed[:-2] + "|" + extra + ")$"
+
+    configure = with_pattern([*TOPOLOGY_EXCHANGES, UNROUTED, SUBMIT_SHARED, *own])
+    write = with_pattern([UNROUTED, SUBMIT_SHARED, DLX, *own, *publishes])
+    read = with_pattern([UNROUTED, EVENTS, SUBMIT, DLX, *queues, *bindings], dlq=False)
     topics: dict[str, tuple[str, str]] = {}
     for exchange in TOPOLOGY_EXCHANGES:
         written = list(publishes.get(exchange, ()))
@@ -148,8 +165,11 @@ def broker_user(user: str, *, queues: Sequence[str], bindings: Mapping[str, Sequ
         if exchange == DLX:
             written, bound = list(queues), list(queues)
         pattern = (key_patterns or {}).get(exchange)
-        if written or bound or pattern:
-            topics[exchange] = (pattern or exactly(written), exactly(bound))
+        bound_pattern = (binding_patterns or {}).get(exchange)
+        if exchange == DLX and queue_pattern is not None:
+            pattern = bound_pattern = with_pattern(list(queues), dlq=False)
+        if written or bound or pattern or bound_pattern:
+            topics[exchange] = (pattern or exactly(written), bound_pattern or exactly(bound))
     return Grant(user, configure, write, read, topics, purpose=purpose)
 
 
@@ -158,10 +178,13 @@ def scheduler(user: str = "scheduler") -> Grant:
     any_node = r"^node\..+\.(" + "|".join(re.escape(c) for c in SCHEDULER_COMMANDS) + r")$"
     return broker_user(
         user, queues=SCHEDULER_QUEUES,
-        bindings={SUBMIT: SCHEDULER_SUBMIT_KEYS, EVENTS: SCHEDULER_EVENT_BINDINGS},
+        bindings={SUBMIT: SUBMIT_KEYS, EVENTS: SCHEDULER_EVENT_BINDINGS, SUBMIT_SHARED: ("",)},
         publishes={EVENTS: SCHEDULER_EVENTS, COMMANDS: ()},
         key_patterns={COMMANDS: any_node, EVENTS: event_keys(SCHEDULER_EVENTS)},
-        purpose="consumes scheduler + scheduler.heartbeats; publishes job decisions and launch/stop commands",
+        binding_patterns={SUBMIT: rf"^{SUBMIT_KEY_PATTERN}(\.{TENANT_WORD})?$"},  # lanes; unbinding the bare keys
+        queue_pattern=SCHEDULER_LANES,
+        purpose="consumes scheduler, scheduler.heartbeats and the submission lanes scheduler.submit[.<tenant>]; "
+                "publishes job decisions and launch/stop commands",
     )
 
 
@@ -193,7 +216,9 @@ def telemetry(user: str = "telemetry") -> Grant:
 
 
 def submitter(user: str = "submitter", tenants: Sequence[str] = ("default",), *, http_api: bool = False) -> Grant:
-    """Other systems (and ``gpuctl-submit``): publish ``job.submit`` / ``job.cancel`` to ``gpuorch.submit``;
+    """Other systems (and ``gpuctl-submit``): publish ``job.submit`` / ``job.cancel`` to ``gpuorch.submit``, with
+    or without one of their own tenants as last word (``job.submit.<tenant>``: that tenant's lane; no other
+    tenant's lane);
     declare, bind and read queues ``client.<tenant>.*`` bound to their tenants' job events only.
 
     ``http_api`` adds the ``management`` tag: the user may then do the same through RabbitMQ's HTTP API (what
@@ -206,7 +231,7 @@ def submitter(user: str = "submitter", tenants: Sequence[str] = ("default",), *,
     own_queues = rf"client\.({alternatives})\..+"
     return Grant(user, configure=f"^{own_queues}$", write=rf"^(gpuorch\.submit|{own_queues})$",
                  read=rf"^(gpuorch\.events|{own_queues})$",
-                 topics={SUBMIT: (exactly(SUBMIT_KEYS), NOTHING),
+                 topics={SUBMIT: (rf"^{SUBMIT_KEY_PATTERN}(\.({alternatives}))?$", NOTHING),
                          EVENTS: (NOTHING, rf"^job\.(\*|[a-z_]+)\.({alternatives})$")},
                  tags=("management",) if http_api else (),
                  purpose=f"publishes job.submit/job.cancel; reads its own queues client.<tenant>.* bound to "
@@ -218,10 +243,10 @@ def operator(user: str = "gpuctl-operator") -> Grant:
     ``*.dlq``) and replay dead submissions. It may not publish events or commands: a replayed event or command
     would carry the operator's user_id and be refused by its consumer anyway."""
     return Grant(
-        user, configure=exactly([*TOPOLOGY_EXCHANGES, UNROUTED]),
-        write=exactly([SUBMIT, UNROUTED]),
-        read=r"^(gpuorch\.events|gpuorch\.unrouted|.+\.dlq)$",
-        topics={SUBMIT: (exactly(SUBMIT_KEYS), NOTHING)},
+        user, configure=exactly([*TOPOLOGY_EXCHANGES, UNROUTED, SUBMIT_SHARED]),
+        write=exactly([SUBMIT, UNROUTED, SUBMIT_SHARED]),
+        read=r"^(gpuorch\.events|gpuorch\.submit|gpuorch\.unrouted|.+\.dlq)$",
+        topics={SUBMIT: (rf"^{SUBMIT_KEY_PATTERN}(\.{TENANT_WORD})?$", NOTHING)},
         purpose="gpuctl operator: submit/cancel for any tenant, dlq list and replay of submissions",
     )
 

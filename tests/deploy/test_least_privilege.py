@@ -31,7 +31,7 @@ from gpuorch_contracts import (
 )
 from gpuorch_executor.entrypoint import executor_queue
 from gpuorch_messaging import Broker, QueueSpec
-from gpuorch_scheduler.entrypoint import scheduler_queues
+from gpuorch_scheduler.entrypoint import scheduler_queues, submission_lanes
 from gpuorch_scheduler.testing import registered_node
 from gpuorch_telemetry.entrypoint import queue_spec as telemetry_queue
 
@@ -150,6 +150,8 @@ async def test_each_service_user_does_its_services_work(users: Users, brokers: l
     node_agent = await connect(brokers, users.url("node-agent-1"), "node-agent/node-1")
     scheduler_inbox, heartbeats, samples, commands, mig = Inbox(), Inbox(), Inbox(), Inbox(), Inbox()
     main_queue, heartbeat_queue = scheduler_queues()
+    for lane in submission_lanes(["acme", "research"]):
+        await scheduler.consume(lane, scheduler_inbox)
     await scheduler.consume(main_queue, scheduler_inbox)
     await scheduler.consume(heartbeat_queue, heartbeats)
     await telemetry.consume(telemetry_queue(prefetch=16), samples)
@@ -194,7 +196,7 @@ async def test_each_service_user_does_its_services_work(users: Users, brokers: l
     connection = await aio_pika.connect(users.url("gpuctl"))
     try:
         channel = await connection.channel()
-        dlq = await channel.declare_queue("scheduler.dlq", passive=True)
+        dlq = await channel.declare_queue("scheduler.submit.dlq", passive=True)  # the shared lane
         dead = None
         async with asyncio.timeout(10):
             while dead is None:
@@ -208,6 +210,7 @@ async def test_each_service_user_does_its_services_work(users: Users, brokers: l
 
 FIRST_QUEUES = {
     "scheduler": lambda: scheduler_queues()[0],
+    "scheduler-lane": lambda: submission_lanes(["acme"])[-1],
     "telemetry": lambda: telemetry_queue(),
     "executor-1": lambda: executor_queue("node-1"),
     "node-agent-1": lambda: QueueSpec("node-agent.node-1", [("gpuorch.commands", "node.node-1.apply_mig_layout")]),
@@ -220,13 +223,15 @@ async def test_any_service_user_can_start_first_on_an_empty_vhost(
 ) -> None:
     """Whoever starts first creates the exchanges (``gpuorch.events`` with its alternate exchange) and its queue
     with its dead-letter exchange: RabbitMQ checks the AE/DLX rights only when it creates the entity."""
-    broker = await connect(brokers, users.url(role), role)
+    broker = await connect(brokers, users.url(role.removesuffix("-lane")), role)
     await broker.declare_queue(FIRST_QUEUES[role]())
 
 
 async def test_submitter_may_only_publish_submit_and_cancel(users: Users, brokers: list[Broker]) -> None:
     scheduler = await connect(brokers, users.url("scheduler"), "scheduler/lp")
     await scheduler.declare_queue(scheduler_queues()[0])
+    for lane in submission_lanes(["acme"]):
+        await scheduler.declare_queue(lane)
     await (await connect(brokers, users.url("executor-1"), "executor/node-1")).declare_queue(executor_queue("node-1"))
     url = users.url("submitter")
 
@@ -240,6 +245,7 @@ async def test_submitter_may_only_publish_submit_and_cancel(users: Users, broker
     finally:
         await connection.close()
 
+    await assert_refused(url, publish("gpuorch.submit", "job.submit.acme", submit_body()))  # another tenant's lane
     await assert_refused(url, publish("gpuorch.submit", "job.accepted", submit_body()))
     await assert_refused(url, publish("gpuorch.submit", "node.node-1.launch_job"))
     await assert_refused(url, publish("gpuorch.events", "job.accepted"))
@@ -305,7 +311,7 @@ async def test_definitions_document_imports_and_its_password_hashes_log_in(amqp_
             v = quote(amqp_vhost, safe="")
             topics = api.get(f"/api/topic-permissions/{v}/submitter-{suffix}").raise_for_status().json()
             assert sorted((t["exchange"], t["write"]) for t in topics) == [
-                ("gpuorch.events", "^$"), ("gpuorch.submit", "^(job\\.cancel|job\\.submit)$")]
+                ("gpuorch.events", "^$"), ("gpuorch.submit", "^job\\.(submit|cancel)(\\.(default))?$")]
             assert api.get(f"/api/users/admin-{suffix}").json()["tags"] in (["administrator"], "administrator")
             name = f"submitter-{suffix}"
             connection = await aio_pika.connect(

@@ -15,7 +15,8 @@ import aio_pika
 import pytest
 from gpuorch_client import GpuorchClient
 from gpuorch_contracts import JobAccepted, JobRejected, JobSpec, JobStarted, SubmitJob
-from gpuorch_messaging import Broker, QueueSpec
+from gpuorch_messaging import Broker
+from gpuorch_scheduler.entrypoint import submission_lanes
 
 from tests.deploy.broker_users import RoleUsers, gen
 from tests.deploy.test_least_privilege import assert_refused, publish
@@ -46,7 +47,7 @@ async def test_a_submitter_gets_its_own_tenants_events_and_cannot_read_anothers(
     executor = Broker(users.url("executor"), producer=f"executor/{NODE}", publish_timeout_s=5)
     await scheduler.connect()
     await executor.connect()
-    await scheduler.declare_queue(QueueSpec("scheduler", [("gpuorch.submit", "job.submit")]))
+    await scheduler.declare_queue(submission_lanes([])[0])  # the shared lane takes every submission
     try:
         async with GpuorchClient(users.url("acme-ci"), "acme") as acme, \
                 GpuorchClient(users.url("beta-ci"), "beta") as beta:
@@ -146,7 +147,7 @@ async def test_submit_only_gpuctl_can_submit_without_declaring_anything(users: R
     """``gpuctl submit`` as a submit-only user: ``Broker(declare_topology=False)`` looks exchanges up only."""
     scheduler = Broker(users.url("scheduler"), producer="scheduler/te", publish_timeout_s=5)
     await scheduler.connect()
-    await scheduler.declare_queue(QueueSpec("scheduler", [("gpuorch.submit", "job.submit")]))
+    await scheduler.declare_queue(submission_lanes([])[0])  # the shared lane takes every submission
     submit_only = Broker(users.url("acme-ci"), producer="gpuctl", publish_timeout_s=5, declare_topology=False)
     try:
         await submit_only.connect(timeout_s=5)
@@ -154,7 +155,7 @@ async def test_submit_only_gpuctl_can_submit_without_declaring_anything(users: R
         connection = await aio_pika.connect(users.url("scheduler"))
         try:
             channel = await connection.channel()
-            queue = await channel.declare_queue("scheduler", passive=True)
+            queue = await channel.declare_queue("scheduler.submit", passive=True)
             got = await asyncio.wait_for(_first(queue), 10)
             assert got.user_id == users.names["acme-ci"]
         finally:

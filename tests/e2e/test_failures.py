@@ -85,7 +85,7 @@ async def test_malformed_submission_is_dead_lettered_with_reason_while_valid_job
         await broker.publish(valid)
         await wait_rows(pg_dsn, "SELECT state FROM jobs WHERE job_id = $1", valid.job_id,
                         until=lambda rs: rs and rs[0]["state"] == "queued", what="valid job queued")
-        dlq = await channel.declare_queue("scheduler.dlq", passive=True)
+        dlq = await channel.declare_queue("scheduler.submit.dlq", passive=True)  # the shared lane
         dead = None
         for _ in range(40):
             dead = await dlq.get(no_ack=True, fail=False)

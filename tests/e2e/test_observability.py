@@ -90,4 +90,4 @@ async def test_one_job_is_one_trace_across_services_with_ids_in_logs_and_metrics
                and line.get("job_id") == str(submit.job_id)]
     assert handled and all(line["trace_id"] == trace_id for line in handled)
     assert "gpuorch_scheduler_placements_total 1.0" in scraped
-    assert 'gpuorch_messages_consumed_total{queue="scheduler",type="job.submit"} 1.0' in scraped
+    assert 'gpuorch_messages_consumed_total{queue="scheduler.submit",type="job.submit"} 1.0' in scraped

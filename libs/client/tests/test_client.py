@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from gpuorch_client import GpuorchClient, SubmissionRefused
 from gpuorch_contracts import (
-    SUBMIT_EXCHANGE,
+    SUBMIT_SHARED_EXCHANGE,
     JobAccepted,
     JobFinished,
     JobRejected,
@@ -54,7 +54,7 @@ async def scheduler(amqp_url: str) -> AsyncIterator[list[SubmitJob]]:
         await broker.publish(JobFinished(job_id=message.job_id, placement_id=placement, node_id="n1", exit_code=0,
                                          duration_s=1, tenant=tenant))
 
-    await broker.consume(QueueSpec("t.scheduler", [(SUBMIT_EXCHANGE, "job.submit")]), answer)
+    await broker.consume(QueueSpec("t.scheduler", [(SUBMIT_SHARED_EXCHANGE, "")]), answer)  # every lane
     yield received
     await broker.close()
 

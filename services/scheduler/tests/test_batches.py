@@ -139,6 +139,36 @@ async def test_the_batcher_answers_each_delivery_with_its_own_outcome() -> None:
     assert seen[0][1] is True  # the first pass also ran the tick that was due
 
 
+async def test_the_batcher_takes_from_every_lane_in_turn() -> None:
+    """A lane's backlog (a flooding tenant) does not keep another lane's message out of the next batch."""
+    seen: list[list[str]] = []
+    release = asyncio.Event()
+
+    async def handle_batch(messages: list[Message], *, tick: bool = False,
+                           traces: object = None, senders: object = None) -> list[Exception | None]:
+        await release.wait()
+        seen.append([m.spec.name for m in messages])  # type: ignore[attr-defined]
+        return [None] * len(messages)
+
+    batcher = Batcher(handle_batch, max_messages=4, max_wait_s=0.0, tick_s=3600)
+    flood, quiet, events = batcher.lane("scheduler.submit.flood"), batcher.lane("scheduler.submit"), \
+        batcher.lane("scheduler")
+    deliveries = [asyncio.create_task(flood(submit(f"f{i}"))) for i in range(10)]
+    await asyncio.sleep(0)  # the flood arrives first
+    deliveries += [asyncio.create_task(quiet(submit("q"))), asyncio.create_task(events(submit("e")))]
+    await asyncio.sleep(0)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(batcher.run(stop))
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*deliveries), timeout=5)
+    stop.set()
+    await asyncio.wait_for(runner, timeout=5)
+    batches = [b for b in seen if b]
+    assert sorted(batches[0]) == ["e", "f0", "q"]  # one from each lane; the round that emptied a lane ends it
+    assert [name for batch in batches for name in batch if name.startswith("f")] == [f"f{i}" for i in range(10)]
+    assert sum(len(b) for b in batches) == 12 and all(len(b) <= 4 for b in batches)
+
+
 async def test_only_decisions_are_published_not_the_facts_the_scheduler_consumed(migrated_dsn: str) -> None:
     from gpuorch_contracts import JobStarted
 

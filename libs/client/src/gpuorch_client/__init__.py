@@ -3,7 +3,8 @@
     GpuorchClient(url, tenant).connect()
         declares its own exclusive queue client.<tenant>.<random>, bound to gpuorch.events with job.*.<tenant>
         (the only bindings a submitter's broker user may make), BEFORE anything is published, so no answer is missed
-    submit(spec)  -> job_id      SubmitJob to gpuorch.submit/job.submit with confirms + mandatory and user_id set;
+    submit(spec)  -> job_id      SubmitJob to gpuorch.submit/job.submit.<tenant> (the tenant's lane) with confirms
+                                 + mandatory and user_id set;
                                  no queue bound (NO_ROUTE) or a nack raises SubmissionRefused
     wait(job_id)  -> JobAccepted | JobRejected (the first answer); raises TimeoutError
     follow(job_id) -> async iterator of the job's events until a terminal one (finished, failed, cancelled, rejected)
@@ -42,6 +43,7 @@ from gpuorch_contracts import (
     SubmitJob,
     decode,
     encode,
+    submit_routing_key,
     tenant_binding,
 )
 
@@ -125,14 +127,16 @@ class GpuorchClient:
         self._watched.add(job_id)
         await self._publish(aio_pika.Message(
             encode_json(body), content_type="application/json", message_id=str(message.message_id),
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT, user_id=self.user_id), SubmitJob.TYPE)
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT, user_id=self.user_id),
+            submit_routing_key(spec_data.get("tenant") or self.tenant))
         return job_id
 
     async def cancel(self, job_id: uuid.UUID, reason: str = "cancelled by user") -> None:
-        message = CancelJob(job_id=job_id, reason=reason, producer=self.producer)
+        message = CancelJob(job_id=job_id, reason=reason, producer=self.producer, tenant=self.tenant)
         await self._publish(aio_pika.Message(
             encode(message), content_type="application/json", message_id=str(message.message_id),
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT, user_id=self.user_id), CancelJob.TYPE)
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT, user_id=self.user_id),
+            submit_routing_key(self.tenant, CancelJob.TYPE))
 
     async def _publish(self, message: aio_pika.Message, routing_key: str) -> None:
         assert self._submit is not None

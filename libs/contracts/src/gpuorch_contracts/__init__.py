@@ -63,12 +63,14 @@ from gpuorch_contracts.routing import (
     EVENTS_EXCHANGE,
     MESSAGE_TYPES,
     SUBMIT_EXCHANGE,
+    SUBMIT_SHARED_EXCHANGE,
     TENANT_ROUTED_TYPES,
     UnknownMessageType,
     decode,
     encode,
     event_binding,
     route,
+    submit_routing_key,
     tenant_binding,
 )
 from gpuorch_contracts.telemetry import AlertRaised, AlertResolved, RecommendationMade
@@ -76,7 +78,7 @@ from gpuorch_contracts.text import output_tail_text, reason_text, strip_terminal
 
 __all__ = [
     "COMMANDS_EXCHANGE", "DEAD_LETTER_EXCHANGE", "EVENTS_EXCHANGE", "MAX_MESSAGE_BYTES", "MESSAGE_TYPES",
-    "PRIORITY_VALUE", "SUBMIT_EXCHANGE", "TERMINAL_STATES",
+    "PRIORITY_VALUE", "SUBMIT_EXCHANGE", "SUBMIT_SHARED_EXCHANGE", "TERMINAL_STATES",
     "ApplyMigLayout", "ExecutorHeartbeat", "FleetAlert", "MigGpuOutcome", "MigLayoutApplied", "NodeLivenessChanged", "CancelJob", "Checkpoint", "ContainerRun", "Gang", "GpuAllocation", "GpuHealthChanged",
     "GpuInfo", "GpuLive", "GpuRequest", "GpuSample", "GpuUsageSampled", "JobAccepted", "JobCancelled",
     "JobCheckpointed", "JobFailed", "JobFinished", "JobLost", "JobPlaced", "JobPreempting", "JobQueued",
@@ -85,5 +87,5 @@ __all__ = [
     "ProcessUsage", "JobIsolation", "RunningPlacement", "StopJob", "SubmitJob", "UnknownMessageType", "decode", "encode", "route", "utc_now",
     "AlertRaised", "AlertResolved", "RecommendationMade", "FleetScaleRequested",
     "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "reason_text",
-    "strip_terminal_controls", "TENANT_ROUTED_TYPES", "event_binding", "tenant_binding",
+    "strip_terminal_controls", "TENANT_ROUTED_TYPES", "event_binding", "submit_routing_key", "tenant_binding",
 ]

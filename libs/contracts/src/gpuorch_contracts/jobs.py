@@ -39,6 +39,9 @@ JobState = Literal[
 TERMINAL_STATES: frozenset[str] = frozenset({"rejected", "succeeded", "failed", "cancelled"})
 
 
+DEFAULT_TENANT = "default"
+"""What an encoder writes for an omitted ``JobSpec.tenant``; admission and routing treat it as omitted."""
+
 class ProcessRun(Strict):
     """Run an argv array as a process (never a shell string)."""
 
@@ -128,7 +131,7 @@ class JobSpec(Strict):
     """
 
     name: JobName = "job"
-    tenant: TenantName = Field(default="default", description=(
+    tenant: TenantName = Field(default=DEFAULT_TENANT, description=(
         "the team the job runs for; omit it to use the publisher's default tenant (from the identity map); a "
         "tenant the publisher may not submit for is rejected"))
     tier: Tier = "batch"
@@ -189,6 +192,9 @@ class CancelJob(Message):
     type: Literal["job.cancel"] = "job.cancel"
     job_id: uuid.UUID
     reason: ShortText = "cancelled by user"
+    tenant: TenantName | None = Field(default=None, description=(
+        "the job's tenant, if the canceller knows it: routes the cancel as job.cancel.<tenant>, in the same lane "
+        "as that tenant's submissions (so it cannot overtake them); the scheduler checks the job's own tenant"))
 
 
 class JobAccepted(TenantRouted):

@@ -1,6 +1,10 @@
 """Where each message travels: exchanges, routing keys, and the type -> model registry used to decode.
 
-- ``gpuorch.submit`` (topic): the public entry point; only ``job.submit`` (SubmitJob) and ``job.cancel``.
+- ``gpuorch.submit`` (topic): the public entry point; only ``job.submit`` (SubmitJob) and ``job.cancel``. A
+  submission whose spec names a tenant routes ``job.submit.<tenant>``: the scheduler gives every tenant it knows
+  (identity map, quotas) a queue of its own and takes from them in turn, so one tenant's flood does not wait in
+  front of another's jobs. Every other key (``job.submit``, ``job.cancel``, a tenant the scheduler does not know)
+  is unroutable there and goes to the exchange's alternate ``gpuorch.submit.shared`` (fanout): the shared lane.
 - ``gpuorch.events`` (topic): every event, routing key = the event type (``job.placed``, ``node.heartbeat`` ...);
   a job lifecycle event that names its tenant (``jobs.TenantRouted``) has key ``<type>.<tenant>``
   (``job.started.acme``; ``JobAccepted`` falls back to its spec's tenant). Consumers of all tenants bind
@@ -18,6 +22,8 @@ from gpuorch_contracts import capacity, commands, jobs, nodes, telemetry
 from gpuorch_contracts.envelope import Message
 
 SUBMIT_EXCHANGE = "gpuorch.submit"
+SUBMIT_SHARED_EXCHANGE = "gpuorch.submit.shared"
+"""Alternate exchange of ``gpuorch.submit`` (fanout): submissions no tenant lane takes."""
 EVENTS_EXCHANGE = "gpuorch.events"
 COMMANDS_EXCHANGE = "gpuorch.commands"
 DEAD_LETTER_EXCHANGE = "gpuorch.dlx"
@@ -51,12 +57,22 @@ def tenant_binding(tenant: str, event_type: str = "*") -> str:
     return f"{event_type}.{tenant}" if event_type != "*" else f"job.*.{tenant}"
 
 
+def submit_routing_key(tenant: str | None, submit_type: str = jobs.SubmitJob.TYPE) -> str:
+    """``job.submit.<tenant>`` (the tenant's own lane); ``job.submit`` without a tenant or for the contract's
+    ``default`` placeholder, which admission treats as omitted (the shared lane)."""
+    return f"{submit_type}.{tenant}" if tenant and tenant != jobs.DEFAULT_TENANT else submit_type
+
+
 def command_routing_key(node_id: str, command_type: str) -> str:
     return f"node.{node_id}.{command_type}"
 
 
 def route(message: Message) -> tuple[str, str]:
     """Return ``(exchange, routing_key)`` for a message, following the table in this module's docstring."""
+    if isinstance(message, jobs.SubmitJob):
+        return SUBMIT_EXCHANGE, submit_routing_key(message.spec.tenant)
+    if isinstance(message, jobs.CancelJob):
+        return SUBMIT_EXCHANGE, submit_routing_key(message.tenant, message.TYPE)
     if message.TYPE in SUBMIT_TYPES:
         return SUBMIT_EXCHANGE, message.TYPE
     if message.TYPE in COMMAND_TYPES:

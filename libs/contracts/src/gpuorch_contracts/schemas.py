@@ -98,7 +98,9 @@ def asyncapi_document() -> dict[str, Any]:
             "title": "gpuorch messages", "version": "1",
             "description": (
                 "Other systems submit work by publishing SubmitJob (JSON, content-type application/json) to the "
-                "topic exchange gpuorch.submit with routing key job.submit, with publisher confirms and mandatory. "
+                "topic exchange gpuorch.submit with routing key job.submit.<tenant> (the tenant's own lane: one "
+                "tenant's backlog does not delay another's) or job.submit (the shared lane), with publisher "
+                "confirms and mandatory; cancels likewise (job.cancel.<tenant> or job.cancel). "
                 "Unknown fields are refused; invalid messages are dead-lettered with the reason. Answers arrive "
                 "as job.accepted / job.rejected events on gpuorch.events with routing keys <type>.<tenant> "
                 "(bind job.*.<your tenant>). Every publisher sets the AMQP user_id property to its broker user. Bodies are at most "

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from gpuorch_contracts import PRIORITY_VALUE, JobSpec, SubmitJob
-from gpuorch_contracts.jobs import PriorityClass
+from gpuorch_contracts.jobs import DEFAULT_TENANT, PriorityClass
 from gpuorch_contracts.text import Name, TenantName
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -38,8 +38,6 @@ __all__ = [
 
 ANY_TENANT = "*"
 Role = Literal["submitter", "operator", "service"]
-DEFAULT_TENANT = "default"
-"""``JobSpec.tenant``'s default: a spec that says ``default`` named no tenant."""
 
 
 class Identity(BaseModel):
@@ -98,6 +96,12 @@ class IdentityMap(BaseModel):
 
     def user_for_token(self, token: str) -> str | None:
         return self.tokens.get(token_digest(token))
+
+    @property
+    def named_tenants(self) -> list[str]:
+        """Every tenant an identity names (not ``*``), sorted: the tenants the scheduler gives submission lanes."""
+        return sorted({t for identity in self.identities.values() for t in identity.tenants if t != ANY_TENANT}
+                      | {i.default_tenant for i in self.identities.values() if i.default_tenant is not None})
 
     @property
     def node_scopes(self) -> dict[str, list[str]]:

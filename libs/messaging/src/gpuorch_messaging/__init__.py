@@ -6,6 +6,7 @@ See ``broker.py`` for the delivery guarantees and ``abc.py`` for the interfaces 
 from gpuorch_messaging.abc import Handler, Publisher, PublishError, PublishRefused
 from gpuorch_messaging.broker import (
     DEAD_LETTER_MAX_LENGTH,
+    EXCHANGE_ARGUMENTS,
     EXCHANGE_HEADER,
     QUEUE_HEADER,
     REASON_HEADER,
@@ -28,7 +29,7 @@ from gpuorch_messaging.senders import (
 )
 
 __all__ = [
-    "DEAD_LETTER_MAX_LENGTH", "EXCHANGE_HEADER", "QUEUE_HEADER", "REASON_HEADER", "ROUTING_KEY_HEADER",
+    "DEAD_LETTER_MAX_LENGTH", "EXCHANGE_ARGUMENTS", "EXCHANGE_HEADER", "QUEUE_HEADER", "REASON_HEADER", "ROUTING_KEY_HEADER",
     "Broker", "Handler", "PublishError", "PublishRefused", "Publisher", "QueueSpec",
     "USER_ID_HEADER", "InvalidDelivery", "SenderAwareHandler", "answer_invalid_submission", "job_id_of",
     "Sender", "Speaker", "executor_accepts", "node_agent_accepts", "refusal", "scheduler_accepts", "speaker_of",

@@ -35,6 +35,7 @@ attempt that we dead-letter ourselves) are expressed directly on aio-pika, which
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
@@ -53,6 +54,7 @@ from gpuorch_contracts import (
     EVENTS_EXCHANGE,
     MAX_MESSAGE_BYTES,
     SUBMIT_EXCHANGE,
+    SUBMIT_SHARED_EXCHANGE,
     Message,
     decode,
     encode,
@@ -77,8 +79,16 @@ USER_ID_HEADER = "x-gpuorch-original-user-id"
 EXCHANGES = (SUBMIT_EXCHANGE, EVENTS_EXCHANGE, COMMANDS_EXCHANGE, DEAD_LETTER_EXCHANGE)
 UNROUTED = "gpuorch.unrouted"
 """Alternate exchange (and bounded queue) of ``gpuorch.events``: an event nobody subscribes to yet is kept here
-for inspection instead of being returned; commands and submissions have no alternate, so theirs raise."""
+for inspection instead of being returned; commands have no alternate, so theirs raise (submissions go to the
+shared lane, and raise when the scheduler has not declared it yet)."""
 UNROUTED_MAX_LENGTH = 10_000
+EXCHANGE_ARGUMENTS: dict[str, dict[str, Any]] = {
+    EVENTS_EXCHANGE: {"alternate-exchange": UNROUTED},
+    SUBMIT_EXCHANGE: {"alternate-exchange": SUBMIT_SHARED_EXCHANGE},
+}
+"""Declaration arguments of the topic exchanges (every declarer must use the same: RabbitMQ refuses a
+re-declaration with other arguments). ``gpuorch.submit``'s alternate is the submissions' shared lane (a fanout
+the scheduler binds ``scheduler.submit`` to): a key no tenant lane takes lands there instead of being returned."""
 DEAD_LETTER_MAX_LENGTH = 100_000
 """Default bound of every ``Q.dlq``: past it the oldest dead letters are dropped (``drop-head``), so a poison
 flood cannot fill the broker's disk; ``gpuctl dlq`` shows what is kept."""
@@ -349,6 +359,21 @@ class Broker:
         assert self._channel is not None, "connect() first"
         await _declare(self._channel, spec)
 
+    async def unbind(self, queue: str, bindings: Sequence[tuple[str, str]]) -> None:
+        """Remove ``bindings`` (exchange, key) from ``queue`` if they exist: a topology change for a queue that
+        outlives releases (a missing queue or binding is fine). Uses a channel of its own."""
+        assert self._connection is not None, "connect() first"
+        channel = await self._connection.channel()
+        try:
+            target = await channel.get_queue(queue, ensure=False)
+            for exchange, key in bindings:
+                await target.unbind(exchange, routing_key=key)
+        except aiormq.exceptions.ChannelClosed as exc:  # e.g. NOT_FOUND: no such queue yet
+            log.debug("broker.unbind_skipped", queue=queue, reason=str(exc))
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
     async def consume(
         self, spec: QueueSpec, handler: Handler | SenderAwareHandler, *, decoder: Decoder = decode,
         with_sender: bool = False,
@@ -498,11 +523,11 @@ async def _declare_exchanges(channel: Any) -> dict[str, Any]:
     queue = await channel.declare_queue(UNROUTED, durable=True, arguments={
         "x-queue-type": "quorum", "x-max-length": UNROUTED_MAX_LENGTH, "x-overflow": "drop-head"})
     await queue.bind(unrouted)
+    await channel.declare_exchange(SUBMIT_SHARED_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True)
     exchanges = {}
     for name in EXCHANGES:
-        arguments = {"alternate-exchange": UNROUTED} if name == EVENTS_EXCHANGE else None
         exchanges[name] = await channel.declare_exchange(
-            name, aio_pika.ExchangeType.TOPIC, durable=True, arguments=arguments)
+            name, aio_pika.ExchangeType.TOPIC, durable=True, arguments=EXCHANGE_ARGUMENTS.get(name))
     return exchanges
 
 

@@ -23,7 +23,8 @@ dlq_app = typer.Typer(help="Inspect and replay dead-lettered messages.", no_args
 console = Console(emoji=False)
 err = Console(stderr=True, emoji=False)
 
-KNOWN_QUEUES = ("scheduler", "scheduler.heartbeats", "telemetry.samples")
+KNOWN_QUEUES = ("scheduler", "scheduler.submit", "scheduler.heartbeats", "telemetry.samples")
+"""Consumer queues whose dead letters `gpuctl dlq` shows by default (a tenant lane: `--queue scheduler.submit.<tenant>`)."""
 AmqpOpt = Annotated[str, typer.Option(
     "--amqp-url", envvar=["GPUORCH_OPERATOR_AMQP_URL", "GPUORCH_AMQP_URL"],
     help="RabbitMQ URL of an operator user (gpuctl-operator): dead letters are not for submitters")]

@@ -2,11 +2,13 @@
 
 Pipeline::
 
-    gpuorch.submit  (job.submit, job.cancel) ─┐
-    gpuorch.events  (job.started/finished/    ├─> queue "scheduler" (quorum, single active consumer, prefetch 1000)
-                     failed/lost/checkpointed,│        │ Batcher: up to GPUORCH_BATCH_MAX messages, or
-                     node.registered,         │        │ GPUORCH_BATCH_WAIT_MS after the first; ticks join it
-                     gpu.health_changed)     ─┘        ▼ handlers.SchedulerService.handle_batch
+    gpuorch.submit  job.submit.<tenant>      ─> lane "scheduler.submit.<tenant>" (per known tenant) ─┐
+                    anything else ─> gpuorch.submit.shared ─> lane "scheduler.submit" ───────────────┤
+    gpuorch.events  (job.started/finished/failed/lost/checkpointed,                                    │
+                     node.registered, gpu.health_changed) ─> queue "scheduler" ───────────────────────┤
+                                                       │ Batcher: lanes in turn, at most GPUORCH_BATCH_MAX <┘
+                                                       │ messages and GPUORCH_BATCH_BUDGET_MS of work; ticks
+                                                       ▼ join it. handlers.SchedulerService.handle_batch
                                                   one PostgreSQL transaction per batch: log + outbox + read models,
                                                   then every message of the batch is acked (or answered alone)
     gpuorch.events  (node.heartbeat) ──> "scheduler.heartbeats" (latest-wins) ──> lease renewals (memory)
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -37,11 +40,14 @@ import asyncpg
 from gpuorch_contracts import (
     EVENTS_EXCHANGE,
     SUBMIT_EXCHANGE,
+    SUBMIT_SHARED_EXCHANGE,
     ExecutorHeartbeat,
     Message,
     NodeHeartbeat,
     event_binding,
+    submit_routing_key,
 )
+from gpuorch_contracts.jobs import DEFAULT_TENANT
 from gpuorch_identity import IdentityMap, load_identity_map
 from gpuorch_messaging import Broker, QueueSpec, answer_invalid_submission, scheduler_accepts
 from gpuorch_observability import configure, get_logger, inject_trace, start_metrics_server
@@ -56,6 +62,7 @@ log = get_logger(__name__)
 
 LEADER_LOCK_KEY = 0x67707552_5343_4844
 SCHEDULER_QUEUE = "scheduler"
+SUBMIT_QUEUE = "scheduler.submit"
 HEARTBEAT_QUEUE = "scheduler.heartbeats"
 
 ENVIRONMENT = {
@@ -67,6 +74,8 @@ ENVIRONMENT = {
     "GPUORCH_TICK_S": ("seconds between liveness/scheduling ticks", "1"),
     "GPUORCH_BATCH_MAX": ("most messages handled in one transaction", "500"),
     "GPUORCH_BATCH_WAIT_MS": ("milliseconds a batch waits for more messages after its first", "20"),
+    "GPUORCH_BATCH_BUDGET_MS": ("a batch holds what takes about this long to handle (the longest another tenant's "
+                                "submission waits for the batch in progress; 0: only GPUORCH_BATCH_MAX)", "10"),
     "GPUORCH_RELAY_PROCESS": ("1: publish the outbox from a process of its own (the other core); 0: in process",
                               "1"),
     "GPUORCH_RETENTION_S": ("seconds a finished job stays in the scheduler's memory (the read model keeps it)",
@@ -110,6 +119,7 @@ class Settings:
     snapshot_every_s: float
     batch_max: int
     batch_wait_s: float
+    batch_budget_s: float
     retention_s: float
     identity_map: IdentityMap
     trust_all: bool
@@ -161,33 +171,57 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         snapshot_every_events=int(env("GPUORCH_SNAPSHOT_EVERY_EVENTS")),
         snapshot_every_s=float(env("GPUORCH_SNAPSHOT_EVERY_S")),
         batch_max=int(env("GPUORCH_BATCH_MAX")), batch_wait_s=float(env("GPUORCH_BATCH_WAIT_MS")) / 1000.0,
+        batch_budget_s=float(env("GPUORCH_BATCH_BUDGET_MS")) / 1000.0,
         retention_s=float(env("GPUORCH_RETENTION_S")), identity_map=identity_map,
         trust_all=env("GPUORCH_IDENTITY") == "trust_all", relay_process=env("GPUORCH_RELAY_PROCESS") != "0",
     )
 
 
 def scheduler_queues(identity_map: IdentityMap | None = None) -> tuple[QueueSpec, QueueSpec]:
-    """The scheduler's two queues, each taking only its message types from the publishers allowed to send them
-    (``scheduler_accepts``); with an identity map, an identifiable invalid submission is answered with a
-    ``job.rejected`` routed to its publisher's default tenant."""
-    on_invalid = answer_invalid_submission(identity_map.default_tenant) if identity_map is not None else None
+    """The scheduler's event and heartbeat queues, each taking only its message types from the publishers allowed
+    to send them (``scheduler_accepts``). Submissions arrive on ``submission_lanes``."""
     main = QueueSpec(
         SCHEDULER_QUEUE,
-        [
-            (SUBMIT_EXCHANGE, "job.submit"), (SUBMIT_EXCHANGE, "job.cancel"),
-            *((EVENTS_EXCHANGE, event_binding(key)) for key in (  # job events route as <type>.<tenant>
-                "job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed",
-                "node.registered", "gpu.health_changed",
-            )),
-        ],
+        [(EVENTS_EXCHANGE, event_binding(key)) for key in (  # job events route as <type>.<tenant>
+            "job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed",
+            "node.registered", "gpu.health_changed",
+        )],
         prefetch=1000, delivery_limit=10, single_active_consumer=True,
-        max_length=1_000_000, overflow="reject-publish",  # a safety bound: submitters are told (nack), not dropped
-        accepts=scheduler_accepts(), on_invalid=on_invalid,
+        max_length=1_000_000, overflow="reject-publish",  # a safety bound: publishers are told (nack), not dropped
+        accepts=scheduler_accepts(),
     )
     heartbeats = QueueSpec(HEARTBEAT_QUEUE, [(EVENTS_EXCHANGE, "node.heartbeat"), (EVENTS_EXCHANGE, "executor.heartbeat")],
                            prefetch=500,
                            max_length=20000, overflow="drop-head", delivery_limit=3, accepts=scheduler_accepts())
     return main, heartbeats
+
+
+def submission_lanes(tenants: list[str], identity_map: IdentityMap | None = None) -> list[QueueSpec]:
+    """One queue per known tenant (``scheduler.submit.<tenant>``, bound to ``job.submit.<tenant>`` and
+    ``job.cancel.<tenant>``) and the shared
+    lane (``scheduler.submit``, bound to ``gpuorch.submit``'s alternate exchange: plain ``job.submit`` /
+    ``job.cancel`` and tenants without a lane). The scheduler consumes each on its own channel and takes from
+    them in turn (``Batcher``), so a tenant's backlog waits behind nothing but its own. Each is bounded
+    (``reject-publish``: a flooding publisher is told); with an identity map, an identifiable invalid submission
+    is answered with a ``job.rejected`` routed to its publisher's default tenant."""
+    on_invalid = answer_invalid_submission(identity_map.default_tenant) if identity_map is not None else None
+
+    def lane(name: str, bindings: list[tuple[str, str]]) -> QueueSpec:
+        return QueueSpec(name, bindings, prefetch=500, delivery_limit=10, single_active_consumer=True,
+                         max_length=200_000, overflow="reject-publish", accepts=scheduler_accepts(),
+                         on_invalid=on_invalid)
+
+    lanes = [lane(SUBMIT_QUEUE, [(SUBMIT_SHARED_EXCHANGE, "")])]
+    for tenant in sorted(set(tenants) - {DEFAULT_TENANT}):
+        lanes.append(lane(f"{SUBMIT_QUEUE}.{tenant}", [(SUBMIT_EXCHANGE, submit_routing_key(tenant)),
+                                                         (SUBMIT_EXCHANGE, submit_routing_key(tenant, "job.cancel"))]))
+    return lanes
+
+
+def lane_tenants(settings: Settings) -> list[str]:
+    """The tenants with a submission lane of their own: every tenant the identity map names, and every tenant
+    with a quota."""
+    return sorted((set(settings.identity_map.named_tenants) | set(settings.queues.quotas)) - {"*", DEFAULT_TENANT})
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
@@ -227,8 +261,15 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             elif isinstance(message, ExecutorHeartbeat):
                 await service.executor_heartbeat(message)
 
-        batcher = Batcher(service.handle_batch, settings.batch_max, settings.batch_wait_s, settings.tick_s)
-        await broker.consume(main_queue, batcher.handle, with_sender=True)
+        batcher = Batcher(service.handle_batch, settings.batch_max, settings.batch_wait_s, settings.tick_s,
+                          settings.batch_budget_s)
+        # The lanes first: once "scheduler" and "scheduler.heartbeats" exist (what tests and tools wait for),
+        # every submission is routable.
+        for lane in submission_lanes(lane_tenants(settings), settings.identity_map):
+            await broker.consume(lane, batcher.lane(lane.name), with_sender=True)
+        await broker.unbind(SCHEDULER_QUEUE,  # submissions left this queue for the lanes
+                             [(SUBMIT_EXCHANGE, "job.submit"), (SUBMIT_EXCHANGE, "job.cancel")])
+        await broker.consume(main_queue, batcher.lane(main_queue.name), with_sender=True)
         await broker.consume(heartbeat_queue, on_heartbeat)
         try:
             await batcher.run(stop, watch=relay_task)
@@ -293,34 +334,87 @@ async def _relay_elsewhere(settings: Settings, answers: OutboxRelay) -> None:
 BatchHandler = Callable[..., Awaitable[list[Exception | None]]]
 
 
+Waiting = tuple[Message, dict[str, Any], str | None, "asyncio.Future[None]"]
+MIN_BATCH = 8
+"""The smallest batch a budget shrinks to: below it the per-transaction cost dominates."""
+
+
 class Batcher:
     """Gathers deliveries into batches for one transaction each, and runs the periodic tick between them.
 
-    The broker calls ``handle`` once per delivery (concurrently, up to the prefetch); it waits until the batch
-    holding its message is committed and returns (the broker then acks), or raises that message's own error (the
-    broker retries it, then dead-letters it). A batch takes what has arrived; under load (the last batch held a
-    tenth of ``max_messages`` or more) it waits up to ``max_wait_s`` after its first message to close at
-    ``max_messages``. A tick due meanwhile joins the batch, so ticks and batches never overlap.
+    The broker calls a lane's handler once per delivery (``lane(name)``: one per queue; ``handle`` is the lane
+    ``""``), concurrently up to the queue's prefetch; it waits until the batch holding its message is committed
+    and returns (the broker then acks), or raises that message's own error (the broker retries it, then
+    dead-letters it). A batch takes what has arrived, from every lane in turn (one message from each waiting lane,
+    round after round) and ends with the round that took a lane's last waiting message: a lane's backlog delays
+    another lane's message by the batch in progress (bounded by ``budget_s``) and one round at most. Under
+    load (the last batch held a tenth of ``max_messages`` or more) it waits up to ``max_wait_s`` after its first
+    message to close at ``max_messages``. A tick due meanwhile joins the batch, so ticks and batches never overlap.
     """
 
     def __init__(self, handle_batch: BatchHandler, max_messages: int = 500, max_wait_s: float = 0.02,
-                 tick_s: float = 1.0) -> None:
+                 tick_s: float = 1.0, budget_s: float = 0.0) -> None:
         self._handle_batch = handle_batch
         self.max_messages, self.max_wait_s, self.tick_s = max(1, max_messages), max_wait_s, tick_s
-        self._waiting: list[tuple[Message, dict[str, Any], str | None, asyncio.Future[None]]] = []
+        self.budget_s = budget_s
+        """A batch holds what the scheduler handles in about this long at the recent cost per message (0: no
+        bound but ``max_messages``): how long a message arriving in another lane waits for the batch in
+        progress, since any lane's message may arrive at any moment."""
+        self.cost_s = 0.0
+        """Seconds per message, a moving average over recent batches."""
+        self._lanes: dict[str, collections.deque[Waiting]] = {}
+        self._waiting = 0
         self.busy_batch = max(2, self.max_messages // 10)
         self._busy = False
         """The last batch was large: under load, wait up to ``max_wait_s`` to gather the next one (fewer, larger
         transactions); otherwise handle what is there at once (low latency)."""
         self._arrived = asyncio.Event()
 
+    def lane(self, name: str) -> Callable[[Message, str | None], Awaitable[None]]:
+        """The delivery handler of lane ``name`` (a queue)."""
+        waiting = self._lanes.setdefault(name, collections.deque())
+
+        async def handle(message: Message, user_id: str | None = None) -> None:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            trace = dict(inject_trace({}))  # the delivery's span: decisions about this message join its trace
+            waiting.append((message, trace, user_id, done))
+            self._waiting += 1
+            self._arrived.set()
+            await done
+
+        return handle
+
     async def handle(self, message: Message, user_id: str | None = None) -> None:
-        """One delivery (``user_id``: its verified publisher); returns once its batch committed."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        trace = dict(inject_trace({}))  # the delivery's span: decisions about this message join its trace
-        self._waiting.append((message, trace, user_id, done))
-        self._arrived.set()
-        await done
+        """One delivery on the lane ``""`` (``user_id``: its verified publisher); returns once its batch
+        committed."""
+        await self.lane("")(message, user_id)
+
+    @property
+    def limit(self) -> int:
+        """The size the next batch may reach: ``max_messages``, or what fits ``budget_s`` at the recent cost."""
+        if self.budget_s <= 0 or self.cost_s <= 0:
+            return self.max_messages
+        return max(MIN_BATCH, min(self.max_messages, int(self.budget_s / self.cost_s)))
+
+    def _take(self) -> list[Waiting]:
+        """The next batch: up to ``limit``, one from each waiting lane in turn, until a lane runs empty."""
+        busy = [lane for lane in self._lanes.values() if lane]
+        limit = self.limit
+        if len(busy) == 1:
+            lane = busy[0]
+            batch = [lane.popleft() for _ in range(min(len(lane), limit))]
+        else:
+            batch = []
+            while busy and len(batch) < limit:
+                for lane in busy:
+                    batch.append(lane.popleft())
+                    if len(batch) == limit:
+                        break
+                if not all(busy):
+                    break  # a lane's last message is in: close the batch so it is decided at once
+                busy = [lane for lane in busy if lane]
+        self._waiting -= len(batch)
+        return batch
 
     async def run(self, stop: asyncio.Event, watch: asyncio.Task[Any] | None = None) -> None:
         """Until ``stop``: batches as messages arrive, a tick every ``tick_s``. Raises if ``watch`` ends."""
@@ -349,19 +443,20 @@ class Batcher:
                     await asyncio.wait_for(self._arrived.wait(), timeout=max(0.0, next_tick - loop.time()))
                 if stop.is_set():
                     break
-            if self._waiting and len(self._waiting) < self.max_messages and self._busy:
+            if self._waiting and self._waiting < self.limit and self._busy:
                 closes = loop.time() + self.max_wait_s
-                while len(self._waiting) < self.max_messages and loop.time() < closes:
+                while self._waiting < self.limit and loop.time() < closes:
                     self._arrived.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._arrived.wait(), timeout=max(0.0, closes - loop.time()))
-            batch, self._waiting = self._waiting[: self.max_messages], self._waiting[self.max_messages:]
+            batch = self._take()
             self._busy = len(batch) >= self.busy_batch
             tick = loop.time() >= next_tick
             if tick:
                 next_tick = loop.time() + self.tick_s
             if not batch and not tick:
                 continue
+            started = loop.time()
             try:
                 outcomes = await self._handle_batch([m for m, _, _, _ in batch], tick=tick,
                                                     traces=[t for _, t, _, _ in batch],
@@ -371,6 +466,9 @@ class Batcher:
                     if not done.done():
                         done.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
                 raise
+            if batch:
+                cost = (loop.time() - started) / len(batch)
+                self.cost_s = cost if self.cost_s <= 0 else 0.8 * self.cost_s + 0.2 * cost
             for (_, _, _, done), outcome in zip(batch, outcomes, strict=True):
                 if done.done():
                     continue  # the delivery was cancelled (its connection dropped): the broker redelivers it
