@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from gpuorch_gpuctl.stack import LocalStack
@@ -27,7 +30,18 @@ async def test_gpuctl_nodes_reports_the_isolation_each_node_provides(stack: Loca
     env = {}
     if os.geteuid() == 0:
         first = random.randrange(200_000, 2_000_000, 64)
-        env["GPUORCH_EXECUTOR_JOB_UIDS"] = f"{first}-{first + 7}"
+        state = Path(tempfile.mkdtemp(prefix="gpuorch-e2e-isolation-", dir="/tmp"))  # job uids pass through it
+        state.chmod(0o711)
+        env = {"GPUORCH_EXECUTOR_JOB_UIDS": f"{first}-{first + 7}", "GPUORCH_EXECUTOR_STATE_DIR": str(state)}
+    try:
+        await _report_and_check(stack, amqp_url, pg_dsn, env)
+    finally:
+        if env:
+            stack.stop_all()
+            shutil.rmtree(env["GPUORCH_EXECUTOR_STATE_DIR"], ignore_errors=True)
+
+
+async def _report_and_check(stack: LocalStack, amqp_url: str, pg_dsn: str, env: dict[str, str]) -> None:
     stack.start_scheduler()
     stack.start_executor(**env)
     await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
@@ -37,6 +51,7 @@ async def test_gpuctl_nodes_reports_the_isolation_each_node_provides(stack: Loca
                                what="the executor's isolation in the read model")
     stored = json.loads(rows[0]["isolation"])
     expected_users = "per_job_uid" if env else "executor_uid"
+    assert stored["limits"] == "none"  # the local stack runs without host limits, and says so
     assert stored["job_users"] == expected_users
     assert stored["devices"] in ("cgroup_v2", "cgroup_v1", "env_only") and stored["limits"] in ("cgroup_v2", "none")
     if stored["devices"] == "env_only":

@@ -3,17 +3,20 @@
 This machine may not have a writable cgroup2 hierarchy (then detection must say so and jobs run without limits);
 the per-job cgroup logic is exercised on a stand-in directory with the same file names, including the path
 through the supervisor (the job moves itself into ``cgroup.procs``; ``memory.events`` ``oom_kill`` -> host_oom).
+cgroup v1 ``memory`` and ``cpu`` hierarchies, where this machine has them writable, are tested against the kernel
+(a real OOM kill under the limit; the job in both cgroups); elsewhere those tests skip with the reason.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from gpuorch_contracts import JobFailed, JobStarted
 
-from gpuorch_executor.backends.cgroups import CgroupV2, is_cgroup2_mount
+from gpuorch_executor.backends.cgroups import CgroupV1, CgroupV2, is_cgroup2_mount
 from gpuorch_executor.backends.process import ProcessBackend
 
 from .conftest import Harness, launch_job
@@ -82,3 +85,60 @@ async def test_the_job_enters_its_cgroup_and_an_oom_kill_is_host_oom(cgroup_harn
     assert (record_cgroup / "cgroup.procs").read_text() == str(started.pid)  # the job itself, before exec
     assert isinstance(outcome, JobFailed) and outcome.cause == "host_oom" and outcome.exit_code == 137
     assert started.pid is not None
+
+
+@pytest.fixture
+def cgroup_v1() -> Iterator[CgroupV1]:
+    memory_root = Path(f"/sys/fs/cgroup/memory/gpuorch-test-{os.getpid()}")
+    cpu_root = Path(f"/sys/fs/cgroup/cpu/gpuorch-test-{os.getpid()}")
+    cgroups, reason = CgroupV1.detect(memory_root, cpu_root)
+    if cgroups is None:
+        pytest.skip(f"no writable cgroup v1 memory and cpu hierarchies here ({reason})")
+    yield cgroups
+    for root in (memory_root, cpu_root):
+        for child in root.glob("*/"):
+            if child.is_dir():
+                os.rmdir(child)
+        os.rmdir(root)
+
+
+FILLS_MEMORY = """
+print("ready", flush=True)
+ballast = b"x" * (512 * 1024 * 1024)
+print("survived", len(ballast), flush=True)
+"""
+READS_ITS_CGROUPS = """
+import sys
+print(open("/proc/self/cgroup").read(), flush=True)
+"""
+
+
+async def test_cgroup_v1_limits_are_enforced_by_the_kernel(tmp_path: Path, cgroup_v1: CgroupV1) -> None:
+    harness = Harness(tmp_path / "state", backends={"process": ProcessBackend(cgroup_v1)})
+    command = launch_job(["python", "-c", FILLS_MEMORY], memory_mib=64)
+    await harness.executor.handle(command)
+    outcome = await harness.until_ended(command.placement_id)
+    [started] = harness.publisher.of_type(JobStarted)
+    assert "survived" not in Path(started.log_path or "").read_text()
+    assert isinstance(outcome, JobFailed) and outcome.cause == "host_oom", outcome
+    record = harness.executor.records[command.placement_id]
+    assert record.cgroup == str(cgroup_v1.root / str(command.placement_id))
+    await harness.until(lambda: not Path(record.cgroup or "").exists())  # removed once the job ended
+
+
+async def test_cgroup_v1_jobs_join_their_memory_and_cpu_cgroups(tmp_path: Path, cgroup_v1: CgroupV1) -> None:
+    harness = Harness(tmp_path / "state", backends={"process": ProcessBackend(cgroup_v1)})
+    command = launch_job(["python", "-c", READS_ITS_CGROUPS], memory_mib=256)
+    cpu_dir = cgroup_v1.cpu_root / str(command.placement_id)
+    await harness.executor.handle(command)
+    assert (cpu_dir / "cpu.cfs_quota_us").read_text().strip() == str(command.spec.cpu_milli * 100)
+    memory_dir = cgroup_v1.root / str(command.placement_id)
+    assert (memory_dir / "memory.limit_in_bytes").read_text().strip() == str(256 * 1024 * 1024)
+    outcome = await harness.until_ended(command.placement_id)
+    assert outcome.exit_code == 0, outcome
+    [started] = harness.publisher.of_type(JobStarted)
+    lines = Path(started.log_path or "").read_text().splitlines()
+    memory_line = next(line for line in lines if ":memory:" in line)
+    cpu_line = next(line for line in lines if ":cpu:" in line or ":cpu," in line)
+    assert memory_line.endswith(f"/{cgroup_v1.root.name}/{command.placement_id}")
+    assert cpu_line.endswith(f"/{cgroup_v1.cpu_root.name}/{command.placement_id}")

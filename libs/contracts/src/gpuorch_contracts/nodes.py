@@ -186,13 +186,13 @@ class JobIsolation(Strict):
     another job) or ``executor_uid`` (jobs run as the executor's own user: none of that holds).
     ``devices`` (process jobs): ``cgroup_v1`` / ``cgroup_v2`` (the kernel's device controller denies every GPU the
     job was not given) or ``env_only`` (``CUDA_VISIBLE_DEVICES`` only: a job that unsets it sees every GPU).
-    ``limits`` (process jobs' host memory/CPU): ``cgroup_v2`` or ``none``. ``containers``: ``gpus_flag`` (exactly
-    the given GPUs through ``--gpus device=<UUIDs>``, hardened ``docker run``) or ``disabled``. ``notes`` say why
-    something is not enforced."""
+    ``limits`` (process jobs' host memory/CPU): ``cgroup_v2``, ``cgroup_v1`` or ``none``. ``containers``:
+    ``gpus_flag`` (exactly the given GPUs through ``--gpus device=<UUIDs>``, hardened ``docker run``) or
+    ``disabled``. ``notes`` say why something is not enforced."""
 
     job_users: Literal["per_job_uid", "executor_uid"]
     devices: Literal["cgroup_v1", "cgroup_v2", "env_only"]
-    limits: Literal["cgroup_v2", "none"]
+    limits: Literal["cgroup_v2", "cgroup_v1", "none"]
     containers: Literal["gpus_flag", "disabled"] = "disabled"
     notes: Annotated[list[ShortText], Field(max_length=8)] = []
 

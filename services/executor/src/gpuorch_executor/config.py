@@ -26,8 +26,9 @@ environment:
                                 'auto' (default: cgroup v2 eBPF device filter, else cgroup v1 devices), a
                                 directory, or 'off' (reported: devices env_only)
   GPUORCH_EXECUTOR_GPU_DEVICES  JSON {"<GPU uuid>": ["/dev/nvidiaN"]} (default: read from /proc/driver/nvidia)
-  GPUORCH_EXECUTOR_CGROUP_ROOT  cgroup v2 directory for per-job limits (default /sys/fs/cgroup/gpuorch);
-                                'off' disables limits
+  GPUORCH_EXECUTOR_CGROUP_ROOT  cgroup v2 directory for per-job limits (default /sys/fs/cgroup/gpuorch; without
+                                cgroup v2, cgroup v1 memory and cpu under <hierarchy>/gpuorch); 'off' disables
+                                limits
   GPUORCH_FENCING_DEADLINE_S    every job is dead when the lease went unrenewed this long (default 60); the
                                 scheduler's lost-after must exceed it
   GPUORCH_FENCING_GRACE_S       the fence sends checkpoint signals this long before the deadline (default 10)

@@ -22,7 +22,7 @@ from gpuorch_messaging import Broker, QueueSpec, executor_accepts
 from gpuorch_observability import configure, get_logger, start_metrics_server
 
 from gpuorch_executor.backends.base import Backend
-from gpuorch_executor.backends.cgroups import CgroupV2
+from gpuorch_executor.backends.cgroups import CgroupV1, CgroupV2
 from gpuorch_executor.backends.container import ContainerBackend
 from gpuorch_executor.backends.devices import DeviceConfinement, GpuDeviceNodes
 from gpuorch_executor.backends.job_users import can_switch_users, privileged_gids
@@ -49,6 +49,8 @@ def executor_queue(node_id: str) -> QueueSpec:
 
 
 DEFAULT_JOB_UIDS = "61000-61063"
+CGROUP_V1_MEMORY_ROOT = Path("/sys/fs/cgroup/memory/gpuorch")
+CGROUP_V1_CPU_ROOT = Path("/sys/fs/cgroup/cpu/gpuorch")
 
 
 def build_job_users(config: ExecutorConfig) -> JobUserPool | None:
@@ -103,16 +105,19 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
         notes.append("process jobs run as the executor's user (GPUORCH_EXECUTOR_JOB_UIDS off, or not root): "
                      "they can read its state and signal each other")
     if "process" in config.runtimes:
-        cgroups = None
+        cgroups: CgroupV2 | CgroupV1 | None = None
         if config.cgroup_root != "off":
             cgroups, why = CgroupV2.detect(Path(config.cgroup_root))
             if cgroups is None:
+                cgroups, why_v1 = CgroupV1.detect(CGROUP_V1_MEMORY_ROOT, CGROUP_V1_CPU_ROOT)
+                why = f"{why}; {why_v1}"
+            if cgroups is None:
                 log.warning("cgroups.unavailable", reason=why, effect="host memory/CPU limits not enforced")
                 notes.append(f"no host memory/CPU limits: {why}"[:1024])
-        limits = "cgroup_v2" if cgroups is not None else "none"
+        limits = cgroups.kind if cgroups is not None else "none"
         confinement = DeviceConfinement.detect(config.device_cgroup_root,
                                                GpuDeviceNodes.from_setting(config.gpu_devices),
-                                               cgroups.root if cgroups is not None else None)
+                                               cgroups.root if isinstance(cgroups, CgroupV2) else None)
         if confinement.cgroup is None:
             log.warning("devices.unconfined", reason=confinement.why_not,
                         effect="process jobs see GPUs through CUDA_VISIBLE_DEVICES only; a job can unset it")

@@ -201,7 +201,8 @@ class NodeExecutor:
         self.node.supervisors.start(record, {
             "argv": supervised.argv, "executable": supervised.executable, "env": supervised.env,
             "cwd": supervised.cwd, "log_path": record.log_path, "cgroup": supervised.cgroup,
-            "device_cgroup": supervised.device_cgroup, "user": supervised.user,
+            "device_cgroup": supervised.device_cgroup, "joined_cgroups": supervised.joined_cgroups,
+            "user": supervised.user,
             "fence": {"lease_path": str(self.store.lease_path), "signal": command.spec.checkpoint.signal,
                       "container": {"docker": getattr(backend, "docker", "docker"), "name": supervised.container_name}
                       if supervised.container_name else None},

@@ -6,8 +6,8 @@ small supervisor in its own session; the supervisor is the job's parent, outlive
 what happened to files that the executor (the current one, or the next one after a restart) reads:
 
 - ``launch.json`` (input, written by the executor): ``argv``, ``executable``, ``env``, ``cwd``, ``log_path``,
-  ``cgroup`` (a cgroup v2 directory to run the job in, or null), ``device_cgroup`` (a cgroup v1 ``devices``
-  directory, or null), ``user`` (``{"uid", "gid"}``: the job's own unprivileged user, or null: the supervisor's),
+  ``cgroup`` (the job's main cgroup: v2, or v1 ``memory``; or null), ``joined_cgroups`` (more cgroups to join: the
+  v1 ``cpu`` one), ``device_cgroup`` (its device-confining cgroup, or null), ``user`` (``{"uid", "gid"}``: the job's own unprivileged user, or null: the supervisor's),
   and ``fence`` (or null): ``lease_path``, ``signal`` (the job's checkpoint signal), ``container``
   (``{"docker", "name"}`` for the container runtime);
 - ``started.json``: ``{"job_pid", "supervisor_pid", "started_at", "started_monotonic"}`` once the job runs
@@ -68,20 +68,22 @@ def write_json_atomically(path: Path, data: dict[str, Any], *, durable: bool = T
 
 
 def _oom_kills(cgroup: str | None) -> int:
+    """``oom_kill`` of the job's cgroup: ``memory.events`` (v2) or ``memory.oom_control`` (v1)."""
     if not cgroup:
         return 0
-    try:
-        for line in Path(cgroup, "memory.events").read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-    except (OSError, ValueError):
-        pass
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            for line in Path(cgroup, name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
     return 0
 
 
 def _release_cgroup(cgroup: str | None) -> None:
-    if not cgroup:
+    if not cgroup or not os.path.isdir(cgroup):
         return
     try:
         Path(cgroup, "cgroup.kill").write_text("1")  # leftovers of the job that escaped its process group
@@ -156,6 +158,7 @@ def supervise(placement_dir: Path) -> int:
     launch = json.loads((placement_dir / "launch.json").read_text())
     cgroup: str | None = launch.get("cgroup")
     device_cgroup: str | None = launch.get("device_cgroup")
+    joined: list[str] = list(launch.get("joined_cgroups") or [])
     user: dict[str, int] | None = launch.get("user")
     cwd: str | None = launch.get("cwd")
     started_at = time.time()
@@ -172,7 +175,7 @@ def supervise(placement_dir: Path) -> int:
         for stray in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(stray, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        for directory in (cgroup, device_cgroup):
+        for directory in dict.fromkeys((cgroup, *joined, device_cgroup)):
             if directory:
                 with open(os.path.join(directory, "cgroup.procs"), "w") as procs:
                     procs.write(str(os.getpid()))
@@ -201,8 +204,8 @@ def supervise(placement_dir: Path) -> int:
             "exit_code": None, "signal": None, "launch_error": f"{type(exc).__name__}: {exc}"[:900],
             "started_at": started_at, "finished_at": now, "duration_s": 0.0, "oom_kills": 0,
         })
-        _release_cgroup(cgroup)
-        _release_cgroup(device_cgroup)
+        for directory in (cgroup, *joined, device_cgroup):
+            _release_cgroup(directory)
         return 0
     finally:
         os.close(log_fd)
@@ -227,8 +230,8 @@ def supervise(placement_dir: Path) -> int:
         "started_at": started_at, "finished_at": time.time(), "duration_s": time.monotonic() - started_mono,
         "oom_kills": oom_kills, "fenced": lease.acted,
     })
-    _release_cgroup(cgroup)
-    _release_cgroup(device_cgroup)
+    for directory in (cgroup, *joined, device_cgroup):
+        _release_cgroup(directory)
     return 0
 
 

@@ -84,6 +84,9 @@ class LocalStack:
             # users cannot enter) and lets them write where the tests read: jobs run as the stack's own user, which
             # the executor reports (gpuctl nodes: job_users executor_uid). Production keeps the uid pool.
             "GPUORCH_EXECUTOR_JOB_UIDS": env.get("GPUORCH_EXECUTOR_JOB_UIDS", "off"),
+            # Simulated nodes share this one host and their jobs' host CPU and memory are fictional (chaos jobs ask
+            # for 16 MiB): no host limits here, as the executor reports (limits: none).
+            "GPUORCH_EXECUTOR_CGROUP_ROOT": env.get("GPUORCH_EXECUTOR_CGROUP_ROOT", "off"),
             # The demo's and tests' jobs are `python -c ...`: inline code is allowed here explicitly, never by the
             # executor's default allow-list.
             "GPUORCH_EXECUTOR_ALLOW": env.get("GPUORCH_EXECUTOR_ALLOW", LOCAL_ALLOW_LIST),

@@ -53,6 +53,8 @@ class SupervisedCommand:
     cwd: str | None = None
     cgroup: str | None = None
     device_cgroup: str | None = None
+    joined_cgroups: list[str] = field(default_factory=list)
+    """More cgroups the job joins (cgroup v1: its ``cpu`` one beside its ``memory`` one)."""
     user: dict[str, int] | None = None
     """``{"uid", "gid"}`` the supervisor switches to before exec (process runtime), or ``None``."""
     container_name: str | None = None

@@ -17,7 +17,7 @@ from typing import ClassVar
 from gpuorch_contracts import ProcessRun
 
 from gpuorch_executor.backends.base import Backend, JobLaunch, SupervisedCommand, signal_process_group
-from gpuorch_executor.backends.cgroups import CgroupV2
+from gpuorch_executor.backends.cgroups import CgroupV1, CgroupV2
 from gpuorch_executor.backends.devices import DeviceConfinement
 from gpuorch_executor.domain.environment import job_environment
 from gpuorch_executor.domain.placement import PlacementRecord
@@ -26,7 +26,7 @@ from gpuorch_executor.domain.placement import PlacementRecord
 class ProcessBackend(Backend):
     runtime: ClassVar[str] = "process"
 
-    def __init__(self, cgroups: CgroupV2 | None = None, devices: DeviceConfinement | None = None) -> None:
+    def __init__(self, cgroups: CgroupV2 | CgroupV1 | None = None, devices: DeviceConfinement | None = None) -> None:
         self.cgroups = cgroups
         self.devices = devices
 
@@ -46,28 +46,30 @@ class ProcessBackend(Backend):
             cwd = str(home)
         cgroup = None
         device_cgroup = None
+        joined: list[str] = []
         notes = []
+        name = str(job.launch.placement_id)
         if self.cgroups is not None:
             spec = job.launch.spec
             try:
-                cgroup = str(self.cgroups.create(
-                    str(job.launch.placement_id), cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib
-                ))
+                cgroup = str(self.cgroups.create(name, cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib))
             except OSError as exc:
                 raise ValueError(f"cannot create the job's cgroup: {exc}") from exc
+            joined = [str(path) for path in self.cgroups.companions(name)]
         else:
-            notes.append("no cgroup v2: host memory and CPU limits not enforced")
+            notes.append("no cgroup: host memory and CPU limits not enforced")
         if self.devices is not None:
             try:
-                device_cgroup = self.devices.confine(str(job.launch.placement_id),
-                                                     [gpu.gpu_uuid for gpu in job.launch.gpus], cgroup)
+                v2_cgroup = cgroup if self.cgroups is not None and self.cgroups.kind == "cgroup_v2" else None
+                device_cgroup = self.devices.confine(name, [gpu.gpu_uuid for gpu in job.launch.gpus], v2_cgroup)
             except OSError as exc:
                 if cgroup is not None and self.cgroups is not None:
                     self.cgroups.remove(Path(cgroup))
                 raise ValueError(f"cannot confine the job to its GPUs: {exc}") from exc
         return SupervisedCommand(
             argv=list(run.argv), env=env, executable=job.executable, cwd=cwd, cgroup=cgroup,
-            device_cgroup=device_cgroup, user={"uid": job.job_uid, "gid": job.job_uid} if own_user else None,
+            device_cgroup=device_cgroup, joined_cgroups=joined,
+            user={"uid": job.job_uid, "gid": job.job_uid} if own_user else None,
             memory_limited=cgroup is not None and job.launch.spec.memory_mib > 0, notes=notes,
         )
 
