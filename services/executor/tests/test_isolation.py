@@ -241,15 +241,18 @@ async def test_a_job_reads_its_own_log(isolated: Harness) -> None:
 
 
 LEAVES_A_DAEMON = """
-import os, sys, time
+import os, time
+read_end, write_end = os.pipe()
 if os.fork() == 0:
     os.setsid()
-    if os.fork() == 0:
-        print("daemon", os.getpid(), flush=True)
+    if os.fork() == 0:  # a daemon: its own session, its own process group, reparented to init
+        os.write(write_end, str(os.getpid()).encode())
+        os.close(write_end)
         time.sleep(600)
     os._exit(0)
 os.wait()
-time.sleep(0.2)
+os.close(write_end)
+print("daemon", os.read(read_end, 32).decode(), flush=True)
 """
 
 
@@ -263,9 +266,8 @@ async def test_a_jobs_leftovers_are_killed_before_its_uid_is_lent_again(isolated
     daemon_pid = int(next(line for line in log_of(started).splitlines() if line.startswith("daemon")).split()[1])
     await isolated.until(lambda: not psutil.pid_exists(daemon_pid) or
                          psutil.Process(daemon_pid).status() == psutil.STATUS_ZOMBIE)
-    record = isolated.executor.records[command.placement_id]
-    assert record.job_uid is not None and record.job_uid not in (isolated.executor.settings.job_users or
-                                                                JobUserPool(1000, 1000)).in_use
+    record, pool = isolated.executor.records[command.placement_id], isolated.executor.settings.job_users
+    assert pool is not None and record.job_uid is not None and record.job_uid not in pool.in_use
 
 
 @needs_job_users
