@@ -104,6 +104,9 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
     if job_users is None:
         notes.append("process jobs run as the executor's user (GPUORCH_EXECUTOR_JOB_UIDS off, or not root): "
                      "they can read its state and signal each other")
+        log.warning("job_users.unavailable", reason="GPUORCH_EXECUTOR_JOB_UIDS is off or the executor may not "
+                    "switch users", effect="process jobs run as the executor's user: not isolated from it or "
+                    "from each other")
     if "process" in config.runtimes:
         cgroups: CgroupV2 | CgroupV1 | None = None
         if config.cgroup_root != "off":
