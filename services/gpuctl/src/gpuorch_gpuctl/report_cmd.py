@@ -167,6 +167,8 @@ FROM telemetry_job_samples WHERE sampled_at >= $1 AND sampled_at < $2 AND ($4::t
 GROUP BY 1, 2 ORDER BY 1
 """
 
+OPEN_END = timedelta(days=1)
+"""Without ``--to`` the period is open-ended: rows stamped up to this far after the reader's clock still count."""
 MIN_ROLLUP_POINTS = 6
 """Fewer 5-minute buckets than this in the period: the utilisation chart reads raw samples in finer buckets."""
 RAW_POINTS = 120
@@ -252,31 +254,32 @@ async def build_report(dsn: str, since: str = "7d", now: datetime | None = None,
     """Read the period ``[start, end)`` (default: ``now - since`` to now) into a ``Report``: jobs sorted by idle
     GPU-hours (most first), tenant lines, utilisation series, queue waits by request shape, and conclusions."""
     now = now or datetime.now(UTC)
+    upper = end or now + OPEN_END  # without --to, nothing a little ahead of this clock is cut off (clock skew)
     end = end or now
     start = start or end - parse_since(since)
-    window = (start, end, tenant)
+    window = (start, upper, tenant)
     conn = await asyncpg.connect(dsn)
     try:
         jobs = [dict(r) for r in await conn.fetch(JOBS_SQL, *window)]
         advice = {r["job_id"]: dict(r) for r in await conn.fetch(ADVICE_SQL, *window)}
         oversized = [dict(r) for r in await conn.fetch(OVERSIZED_SQL, *window)]
         tenant_series = [dict(r) for r in await conn.fetch(TENANT_SERIES_SQL, *window)]
-        fleet_series = [dict(r) for r in await conn.fetch(FLEET_SERIES_SQL, start, end)]
+        fleet_series = [dict(r) for r in await conn.fetch(FLEET_SERIES_SQL, start, upper)]
         source = "rollups"
         if len(fleet_series) < MIN_ROLLUP_POINTS:
-            extent = await conn.fetchrow(RAW_EXTENT_SQL, start, end)
+            extent = await conn.fetchrow(RAW_EXTENT_SQL, start, upper)
             if extent and extent["first"] is not None:
                 span = (extent["last"] - extent["first"]).total_seconds()
                 width = timedelta(seconds=min(300.0, max(5.0, round(span / RAW_POINTS))))
-                fleet_series = [dict(r) for r in await conn.fetch(RAW_FLEET_SERIES_SQL, start, end, width)]
-                tenant_series = [dict(r) for r in await conn.fetch(RAW_TENANT_SERIES_SQL, start, end, width, tenant)]
+                fleet_series = [dict(r) for r in await conn.fetch(RAW_FLEET_SERIES_SQL, start, upper, width)]
+                tenant_series = [dict(r) for r in await conn.fetch(RAW_TENANT_SERIES_SQL, start, upper, width, tenant)]
                 source = f"raw samples ({width.total_seconds():.0f} s buckets)"
         queue = [dict(r) for r in await conn.fetch(QUEUE_SQL, *window)]
-        throttle = [dict(r) for r in await conn.fetch(THROTTLE_SQL, start, end)]
-        nodes = [dict(r) for r in await conn.fetch(NODES_SQL, end)]
+        throttle = [dict(r) for r in await conn.fetch(THROTTLE_SQL, start, upper)]
+        nodes = [dict(r) for r in await conn.fetch(NODES_SQL, upper)]
         recorded = []
         if await conn.fetchval("SELECT to_regclass('capacity_decisions') IS NOT NULL"):
-            recorded = [dict(r) for r in await conn.fetch(DECISIONS_SQL, start, end)]
+            recorded = [dict(r) for r in await conn.fetch(DECISIONS_SQL, start, upper)]
     finally:
         await conn.close()
     tenants: dict[str, TenantLine] = {}
