@@ -257,6 +257,8 @@ def _register_optional_commands() -> None:
         ("replay_cmd", lambda m: app.command("replay")(m.replay)),
         ("report_cmd", lambda m: app.command("report")(m.report)),
         ("bench_cmd", lambda m: app.add_typer(m.bench_app, name="bench")),
+        ("bench_capacity_cmd", lambda m: importlib.import_module("gpuorch_gpuctl.bench_cmd").bench_app.command(
+            "capacity")(m.capacity)),
     ):
         try:
             attach(importlib.import_module(f"gpuorch_gpuctl.{module}"))

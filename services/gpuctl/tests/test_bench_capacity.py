@@ -1,0 +1,23 @@
+"""``gpuctl bench capacity``: the simulated day runs in process and its figures hang together (deterministic; the
+figures themselves are in docs/capacity.md, not asserted here beyond their order)."""
+
+from __future__ import annotations
+
+import json
+
+from gpuorch_gpuctl.cli import app
+from typer.testing import CliRunner
+
+
+def test_bench_capacity_json_compares_three_fleets_on_one_day() -> None:
+    result = CliRunner().invoke(app, ["bench", "capacity", "--seeds", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    rows = {r["fleet"]: r for r in payload["rows"]}
+    assert set(rows) == {"peak", "mean", "autoscaled"}
+    assert all(r["unfinished"] == 0 for r in rows.values())  # every job of the day started on every fleet
+    assert rows["peak"]["gpu_hours"] == 24 * (rows["peak"]["nodes"]["h100"][0] * 8 + rows["peak"]["nodes"]["l4"][0] * 4)
+    assert rows["mean"]["gpu_hours"] < rows["autoscaled"]["gpu_hours"] < rows["peak"]["gpu_hours"]
+    assert rows["peak"]["mean_wait_s"] <= rows["autoscaled"]["mean_wait_s"] < rows["mean"]["mean_wait_s"]
+    (verdict,) = payload["verdicts"]
+    assert set(verdict) >= {"wait_within_10pct_of_peak", "gpu_hours_vs_peak", "cost_vs_peak", "turnaround_vs_peak"}
