@@ -60,11 +60,3 @@ async def test_event_provider_publishes_one_event_per_changed_pool_and_sets_the_
     assert len(publisher.of_type(FleetScaleRequested)) == 2
     assert FleetScaleRequested.model_validate_json(advice.model_dump_json()) == advice
 
-
-def test_simulated_node_types_match_the_simulated_nvml() -> None:
-    from gpuorch_node_agent.sim.profiles import device_profile
-
-    for node_type in SIM_NODE_TYPES.values():
-        profile = device_profile(node_type.sim_profile)
-        assert (profile.model, profile.memory_mib) == (node_type.gpu_model, node_type.gpu_memory_mib)
-        assert tuple(p.name for p in profile.mig if not p.media_extensions) == node_type.mig_profiles
