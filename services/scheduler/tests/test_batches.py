@@ -139,8 +139,8 @@ async def test_the_batcher_answers_each_delivery_with_its_own_outcome() -> None:
     assert seen[0][1] is True  # the first pass also ran the tick that was due
 
 
-async def test_the_batcher_takes_from_every_lane_in_turn() -> None:
-    """A lane's backlog (a flooding tenant) does not keep another lane's message out of the next batch."""
+async def _batches_of(batcher: Batcher, arrivals: list[tuple[str, str, bool]]) -> list[list[str]]:
+    """Deliver ``(lane, name, submissions)`` in order while the batcher is held, then let it run; its batches."""
     seen: list[list[str]] = []
     release = asyncio.Event()
 
@@ -150,23 +150,42 @@ async def test_the_batcher_takes_from_every_lane_in_turn() -> None:
         seen.append([m.spec.name for m in messages])  # type: ignore[attr-defined]
         return [None] * len(messages)
 
-    batcher = Batcher(handle_batch, max_messages=4, max_wait_s=0.0, tick_s=3600)
-    flood, quiet, events = batcher.lane("scheduler.submit.flood"), batcher.lane("scheduler.submit"), \
-        batcher.lane("scheduler")
-    deliveries = [asyncio.create_task(flood(submit(f"f{i}"))) for i in range(10)]
-    await asyncio.sleep(0)  # the flood arrives first
-    deliveries += [asyncio.create_task(quiet(submit("q"))), asyncio.create_task(events(submit("e")))]
-    await asyncio.sleep(0)
+    batcher._handle_batch = handle_batch
+    deliveries = []
+    for lane, name, submissions in arrivals:
+        deliveries.append(asyncio.create_task(batcher.lane(lane, submissions=submissions)(submit(name))))
+        await asyncio.sleep(0)
     stop = asyncio.Event()
     runner = asyncio.create_task(batcher.run(stop))
     release.set()
     await asyncio.wait_for(asyncio.gather(*deliveries), timeout=5)
     stop.set()
     await asyncio.wait_for(runner, timeout=5)
-    batches = [b for b in seen if b]
+    return [b for b in seen if b]
+
+
+async def test_the_batcher_takes_from_every_lane_in_turn_and_keeps_batches_short_while_tenants_share() -> None:
+    """A lane's backlog (a flooding tenant) does not keep another tenant's message out of the next batch; while two
+    tenants submit, a batch ends with the round that empties a lane."""
+    flood = [("scheduler.submit.flood", f"f{i}", True) for i in range(10)]
+    arrivals = [*flood, ("scheduler.submit", "q", True), ("scheduler", "e", False)]
+    batches = await _batches_of(Batcher(_no_batches, max_messages=4, max_wait_s=0.0, tick_s=3600, budget_s=1.0),
+                                arrivals)
     assert sorted(batches[0]) == ["e", "f0", "q"]  # one from each lane; the round that emptied a lane ends it
     assert [name for batch in batches for name in batch if name.startswith("f")] == [f"f{i}" for i in range(10)]
     assert sum(len(b) for b in batches) == 12 and all(len(b) <= 4 for b in batches)
+
+
+async def test_a_lone_flood_keeps_full_batches() -> None:
+    """One submission lane active (and the events queue): no sharing, so batches stay at ``max_messages``."""
+    flood = [("scheduler.submit.flood", f"f{i}", True) for i in range(10)]
+    batches = await _batches_of(Batcher(_no_batches, max_messages=4, max_wait_s=0.0, tick_s=3600, budget_s=1.0),
+                                [*flood, ("scheduler", "e", False)])
+    assert sorted(batches[0]) == ["e", "f0", "f1", "f2"] and [len(b) for b in batches] == [4, 4, 3]
+
+
+async def _no_batches(messages: list[Message], **_: object) -> list[Exception | None]:
+    raise AssertionError("replaced by _batches_of")
 
 
 async def test_only_decisions_are_published_not_the_facts_the_scheduler_consumed(migrated_dsn: str) -> None:

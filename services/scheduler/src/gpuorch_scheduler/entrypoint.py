@@ -74,8 +74,8 @@ ENVIRONMENT = {
     "GPUORCH_TICK_S": ("seconds between liveness/scheduling ticks", "1"),
     "GPUORCH_BATCH_MAX": ("most messages handled in one transaction", "500"),
     "GPUORCH_BATCH_WAIT_MS": ("milliseconds a batch waits for more messages after its first", "20"),
-    "GPUORCH_BATCH_BUDGET_MS": ("a batch holds what takes about this long to handle (the longest another tenant's "
-                                "submission waits for the batch in progress; 0: only GPUORCH_BATCH_MAX)", "10"),
+    "GPUORCH_BATCH_BUDGET_MS": ("while several tenants submit, a batch holds about this much work (what another "
+                                "tenant's submission may wait for; 0: always GPUORCH_BATCH_MAX)", "10"),
     "GPUORCH_RELAY_PROCESS": ("1: publish the outbox from a process of its own (the other core); 0: in process",
                               "1"),
     "GPUORCH_RETENTION_S": ("seconds a finished job stays in the scheduler's memory (the read model keeps it)",
@@ -269,7 +269,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             await broker.consume(lane, batcher.lane(lane.name), with_sender=True)
         await broker.unbind(SCHEDULER_QUEUE,  # submissions left this queue for the lanes
                              [(SUBMIT_EXCHANGE, "job.submit"), (SUBMIT_EXCHANGE, "job.cancel")])
-        await broker.consume(main_queue, batcher.lane(main_queue.name), with_sender=True)
+        await broker.consume(main_queue, batcher.lane(main_queue.name, submissions=False), with_sender=True)
         await broker.consume(heartbeat_queue, on_heartbeat)
         try:
             await batcher.run(stop, watch=relay_task)
@@ -337,6 +337,8 @@ BatchHandler = Callable[..., Awaitable[list[Exception | None]]]
 Waiting = tuple[Message, dict[str, Any], str | None, "asyncio.Future[None]"]
 MIN_BATCH = 8
 """The smallest batch a budget shrinks to: below it the per-transaction cost dominates."""
+SHARED_WINDOW_S = 30.0
+"""Submission lanes that received a message this recently count as active tenants (``Batcher.sharing``)."""
 
 
 class Batcher:
@@ -346,23 +348,27 @@ class Batcher:
     ``""``), concurrently up to the queue's prefetch; it waits until the batch holding its message is committed
     and returns (the broker then acks), or raises that message's own error (the broker retries it, then
     dead-letters it). A batch takes what has arrived, from every lane in turn (one message from each waiting lane,
-    round after round) and ends with the round that took a lane's last waiting message: a lane's backlog delays
-    another lane's message by the batch in progress (bounded by ``budget_s``) and one round at most. Under
-    load (the last batch held a tenth of ``max_messages`` or more) it waits up to ``max_wait_s`` after its first
-    message to close at ``max_messages``. A tick due meanwhile joins the batch, so ticks and batches never overlap.
+    round after round), at most ``max_messages``. Under load (the last batch held a tenth of ``max_messages`` or
+    more) it waits up to ``max_wait_s`` after its first message to close at ``max_messages``. A tick due meanwhile
+    joins the batch, so ticks and batches never overlap.
+
+    Sharing: while two or more submission lanes (tenants) have submitted within ``shared_window_s``, a batch also
+    ends at about ``budget_s`` of work (at the recent cost per message) and with the round that took a lane's last
+    waiting message, so one tenant's backlog delays another's submission by one short batch at most. A lone
+    flood (one lane active) keeps full batches: throughput when nobody else is waiting; the first submission of
+    another tenant may then wait for one full batch in progress.
     """
 
     def __init__(self, handle_batch: BatchHandler, max_messages: int = 500, max_wait_s: float = 0.02,
-                 tick_s: float = 1.0, budget_s: float = 0.0) -> None:
+                 tick_s: float = 1.0, budget_s: float = 0.0, shared_window_s: float = SHARED_WINDOW_S) -> None:
         self._handle_batch = handle_batch
         self.max_messages, self.max_wait_s, self.tick_s = max(1, max_messages), max_wait_s, tick_s
-        self.budget_s = budget_s
-        """A batch holds what the scheduler handles in about this long at the recent cost per message (0: no
-        bound but ``max_messages``): how long a message arriving in another lane waits for the batch in
-        progress, since any lane's message may arrive at any moment."""
+        self.budget_s, self.shared_window_s = budget_s, shared_window_s
         self.cost_s = 0.0
         """Seconds per message, a moving average over recent batches."""
         self._lanes: dict[str, collections.deque[Waiting]] = {}
+        self._last_submission: dict[str, float] = {}
+        """Submission lane -> when it last received a message (loop time)."""
         self._waiting = 0
         self.busy_batch = max(2, self.max_messages // 10)
         self._busy = False
@@ -370,14 +376,18 @@ class Batcher:
         transactions); otherwise handle what is there at once (low latency)."""
         self._arrived = asyncio.Event()
 
-    def lane(self, name: str) -> Callable[[Message, str | None], Awaitable[None]]:
-        """The delivery handler of lane ``name`` (a queue)."""
+    def lane(self, name: str, *, submissions: bool = True) -> Callable[[Message, str | None], Awaitable[None]]:
+        """The delivery handler of lane ``name`` (a queue); ``submissions``: a tenant's lane (counts for
+        sharing), not the events queue."""
         waiting = self._lanes.setdefault(name, collections.deque())
 
         async def handle(message: Message, user_id: str | None = None) -> None:
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            done: asyncio.Future[None] = loop.create_future()
             trace = dict(inject_trace({}))  # the delivery's span: decisions about this message join its trace
             waiting.append((message, trace, user_id, done))
+            if submissions:
+                self._last_submission[name] = loop.time()
             self._waiting += 1
             self._arrived.set()
             await done
@@ -390,16 +400,26 @@ class Batcher:
         await self.lane("")(message, user_id)
 
     @property
+    def sharing(self) -> bool:
+        """Two or more submission lanes received messages within ``shared_window_s``."""
+        if self.budget_s <= 0 or len(self._last_submission) < 2:
+            return False
+        since = asyncio.get_running_loop().time() - self.shared_window_s
+        return sum(1 for at in self._last_submission.values() if at >= since) >= 2
+
+    @property
     def limit(self) -> int:
-        """The size the next batch may reach: ``max_messages``, or what fits ``budget_s`` at the recent cost."""
-        if self.budget_s <= 0 or self.cost_s <= 0:
+        """The size the next batch may reach: ``max_messages``, or while sharing what fits ``budget_s`` at the
+        recent cost per message."""
+        if not self.sharing or self.cost_s <= 0:
             return self.max_messages
-        return max(MIN_BATCH, min(self.max_messages, int(self.budget_s / self.cost_s)))
+        return min(self.max_messages, max(MIN_BATCH, int(self.budget_s / self.cost_s)))
 
     def _take(self) -> list[Waiting]:
-        """The next batch: up to ``limit``, one from each waiting lane in turn, until a lane runs empty."""
+        """The next batch: up to ``limit``, one from each waiting lane in turn (while sharing: until a lane runs
+        empty)."""
         busy = [lane for lane in self._lanes.values() if lane]
-        limit = self.limit
+        limit, sharing = self.limit, self.sharing
         if len(busy) == 1:
             lane = busy[0]
             batch = [lane.popleft() for _ in range(min(len(lane), limit))]
@@ -410,7 +430,7 @@ class Batcher:
                     batch.append(lane.popleft())
                     if len(batch) == limit:
                         break
-                if not all(busy):
+                if sharing and not all(busy):
                     break  # a lane's last message is in: close the batch so it is decided at once
                 busy = [lane for lane in busy if lane]
         self._waiting -= len(batch)
