@@ -6,6 +6,7 @@ them once, in their own step. Counts come from ``GPUORCH_CHAOS_*`` (see docs/REL
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if "chaos" in (config.getoption("markexpr", "") or ""):
+        timeout_s = os.environ.get("GPUORCH_CHAOS_TIMEOUT_S")  # full-size runs take longer than CI's limits
+        if timeout_s:
+            for item in items:
+                item.add_marker(pytest.mark.timeout(float(timeout_s)), append=False)
         return
     skip = pytest.mark.skip(reason="the chaos suite runs with -m chaos (make chaos)")
     for item in items:

@@ -198,7 +198,7 @@ async def test_a_flooding_tenant_is_capped_with_clear_rejections(
     await chaos_stack.queues_declared(["scheduler", "scheduler.heartbeats"])
     async with fleet_without_executors(amqp_url, pg_dsn, nodes=2) as broker:
         flood = await _flood(broker, count)
-        await wait_states(pg_dsn, [j.job_id for j in flood], ("queued", "placed", "rejected"), timeout_s=240,
+        await wait_states(pg_dsn, [j.job_id for j in flood], ("queued", "placed", "rejected"), timeout_s=max(240, len(flood) / 200),
                           what="flood submissions answered")
         quiet = await _quiet_latencies(broker, pg_dsn, 3)
     rows = await query(pg_dsn, "SELECT state, reason FROM jobs WHERE job_id = ANY($1::uuid[])", [j.job_id for j in flood])
@@ -228,14 +228,14 @@ async def test_a_flooding_tenant_does_not_slow_another_tenant(
         idle = await _quiet_latencies(broker, pg_dsn, samples)
         assert scheduler.popen is not None
         os.killpg(scheduler.popen.pid, signal.SIGSTOP)
-        try:
-            flood = await _flood(broker, count)
+        try:  # at most 2,000 while paused: a longer pause would outlast the (shortened) node leases
+            flood = await _flood(broker, min(count, 2000))
             quiet = share_job(tenant="quiet")
             await publish_when_routable(broker, quiet)
         finally:
             os.killpg(scheduler.popen.pid, signal.SIGCONT)
         await wait_states(pg_dsn, [quiet.job_id], ("placed",), what="the quiet job placed")
-        await wait_states(pg_dsn, [j.job_id for j in flood], ("queued", "placed", "rejected"), timeout_s=240,
+        await wait_states(pg_dsn, [j.job_id for j in flood], ("queued", "placed", "rejected"), timeout_s=max(240, len(flood) / 200),
                           what="flood submissions answered")
         loaded = []
         for _ in range(samples):  # each quiet submission arrives right behind a whole flood, as in a real flood
@@ -248,9 +248,9 @@ async def test_a_flooding_tenant_does_not_slow_another_tenant(
     overtaken_by = rows[0]["n"]
     verdict = await check_invariants(pg_dsn)
     idle_s, loaded_s = statistics.median(idle), statistics.median(loaded)
-    report("tenant-flood-latency", f"{verdict.figures()}; paused then {count} flooding submissions and 1 quiet: "
+    report("tenant-flood-latency", f"{verdict.figures()}; paused then {len(flood)} flooding submissions and 1 quiet: "
            f"{overtaken_by} of the flood answered before the quiet job was placed; quiet tenant submit->placed "
            f"median idle {idle_s:.3f}s, right behind {count} flooding submissions {loaded_s:.3f}s "
            f"({loaded_s / idle_s:.1f}x)")
     verdict.assert_holds()
-    assert overtaken_by <= count // 2, f"the quiet job waited for {overtaken_by} of {count} flooding submissions"
+    assert overtaken_by <= len(flood) // 2, f"the quiet job waited for {overtaken_by} of {len(flood)} flooding submissions"
