@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from typing import Any
 
 import aio_pika
 import pytest
@@ -12,8 +13,10 @@ from gpuorch_contracts import (
     DEAD_LETTER_EXCHANGE,
     EVENTS_EXCHANGE,
     SUBMIT_EXCHANGE,
+    SUBMIT_SHARED_EXCHANGE,
     JobAccepted,
     JobSpec,
+    Message,
     ProcessRun,
     StopJob,
     SubmitJob,
@@ -77,6 +80,43 @@ async def test_unroutable_command_or_submission_raises(amqp_url: str) -> None:
             await broker.publish(StopJob(node_id="nowhere", job_id=uuid.uuid4(), placement_id=uuid.uuid4()))
     finally:
         await broker.close()
+
+
+async def test_a_submission_no_tenant_lane_takes_reaches_the_shared_lane(amqp_url: str) -> None:
+    """``gpuorch.submit``'s alternate exchange: a key nobody binds (a tenant without a lane, the plain key) lands
+    in whatever is bound to ``gpuorch.submit.shared``; a key a lane binds goes only to that lane."""
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    got: dict[str, list[str]] = {"shared": [], "acme": []}
+
+    def collect(lane: str) -> Any:
+        async def handle(message: Message) -> None:
+            got[lane].append(message.spec.tenant)  # type: ignore[attr-defined]
+        return handle
+
+    try:
+        await broker.consume(QueueSpec("t.shared", [(SUBMIT_SHARED_EXCHANGE, "")]), collect("shared"))
+        await broker.consume(QueueSpec("t.acme", [(SUBMIT_EXCHANGE, "job.submit.acme")]), collect("acme"))
+        for tenant in ("acme", "beta", "default"):
+            await broker.publish(SubmitJob(spec=SPEC.model_copy(update={"tenant": tenant})))
+        async with asyncio.timeout(20):
+            while len(got["shared"]) + len(got["acme"]) < 3:
+                await asyncio.sleep(0.05)
+    finally:
+        await broker.close()
+    assert got == {"shared": ["beta", "default"], "acme": ["acme"]}
+
+
+async def test_an_exchange_declared_with_other_arguments_is_a_clear_error(amqp_url: str) -> None:
+    connection = await aio_pika.connect(amqp_url)
+    try:  # what a gpuorch before the submission lanes declared
+        await (await connection.channel()).declare_exchange(SUBMIT_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
+    finally:
+        await connection.close()
+    broker = Broker(amqp_url, producer="test")
+    with pytest.raises(RuntimeError, match="delete it once"):
+        await broker.connect()
+    await broker.close()
 
 
 async def test_event_without_subscribers_is_kept_in_the_unrouted_queue(amqp_url: str) -> None:

@@ -526,8 +526,14 @@ async def _declare_exchanges(channel: Any) -> dict[str, Any]:
     await channel.declare_exchange(SUBMIT_SHARED_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True)
     exchanges = {}
     for name in EXCHANGES:
-        exchanges[name] = await channel.declare_exchange(
-            name, aio_pika.ExchangeType.TOPIC, durable=True, arguments=EXCHANGE_ARGUMENTS.get(name))
+        try:
+            exchanges[name] = await channel.declare_exchange(
+                name, aio_pika.ExchangeType.TOPIC, durable=True, arguments=EXCHANGE_ARGUMENTS.get(name))
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            raise RuntimeError(
+                f"exchange {name} exists with other arguments than {EXCHANGE_ARGUMENTS.get(name)} (declared by an "
+                f"older gpuorch): delete it once (rabbitmqadmin delete exchange name={name}) and restart: {exc}"
+            ) from exc
     return exchanges
 
 
