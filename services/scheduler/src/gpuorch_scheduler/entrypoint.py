@@ -352,11 +352,12 @@ class Batcher:
     more) it waits up to ``max_wait_s`` after its first message to close at ``max_messages``. A tick due meanwhile
     joins the batch, so ticks and batches never overlap.
 
-    Sharing: while two or more submission lanes (tenants) have submitted within ``shared_window_s``, a batch also
-    ends at about ``budget_s`` of work (at the recent cost per message) and with the round that took a lane's last
-    waiting message, so one tenant's backlog delays another's submission by one short batch at most. A lone
-    flood (one lane active) keeps full batches: throughput when nobody else is waiting; the first submission of
-    another tenant may then wait for one full batch in progress.
+    Sharing: while two or more submission lanes (tenants) have submitted within ``shared_window_s`` and one of them
+    has little waiting, a batch also ends at about ``budget_s`` of work (at the recent cost per message) and with
+    the round that took a lane's last waiting message, so one tenant's backlog delays another's submission by one
+    short batch at most. A lone flood (one lane active), or every active lane backlogged, keeps full batches:
+    throughput when nobody is left waiting for it; the first submission of a tenant that was quiet for
+    ``shared_window_s`` may wait for one full batch in progress.
     """
 
     def __init__(self, handle_batch: BatchHandler, max_messages: int = 500, max_wait_s: float = 0.02,
@@ -401,11 +402,15 @@ class Batcher:
 
     @property
     def sharing(self) -> bool:
-        """Two or more submission lanes received messages within ``shared_window_s``."""
+        """Two or more submission lanes received messages within ``shared_window_s``, and one of them has little
+        waiting (a tenant whose next submission should not wait behind another's backlog). When every active lane
+        is backlogged, each tenant waits mostly for its own backlog: full batches, taken in turn, serve all of them
+        sooner."""
         if self.budget_s <= 0 or len(self._last_submission) < 2:
             return False
         since = asyncio.get_running_loop().time() - self.shared_window_s
-        return sum(1 for at in self._last_submission.values() if at >= since) >= 2
+        active = [name for name, at in self._last_submission.items() if at >= since]
+        return len(active) >= 2 and any(len(self._lanes[name]) < MIN_BATCH for name in active)
 
     @property
     def limit(self) -> int:
