@@ -301,6 +301,37 @@ def test_a_container_runs_as_the_jobs_uid_else_the_tenants_else_nobody(tmp_path:
     assert container_user(JobLaunch(**base)) == "65534:65534"  # type: ignore[arg-type]
 
 
+LEAVES_FILES = """
+import os, sys
+open(sys.argv[1], "w").write("secret of the last job")
+open(os.path.join(os.environ["HOME"], "notes"), "w").write("secret of the last job")
+print("the last job's log", flush=True)
+"""
+
+
+@needs_job_users
+async def test_the_next_job_lent_the_same_uid_finds_nothing_of_the_last(shared_root: Path, uid_block: int) -> None:
+    uid = uid_block + 9
+    harness = Harness(shared_root / "state", job_users=JobUserPool(uid, uid), allow_list=ALLOW,
+                      executor_env={"PATH": "/usr/bin:/bin"})
+    left_in_tmp = Path(f"/tmp/gpuorch-left-by-{uid}")
+    first = job(LEAVES_FILES, str(left_in_tmp))
+    await harness.executor.handle(first)
+    assert isinstance(await harness.until_ended(first.placement_id), JobFinished)
+    store = harness.executor.store
+    first_log = store.log_path(first.job_id, first.placement_id)
+    assert not left_in_tmp.exists() and not store.home_dir(first.placement_id).exists()
+    assert (first_log.stat().st_uid, first_log.stat().st_gid, first_log.stat().st_mode & 0o777) == (0, 0, 0o600)
+    assert store.checkpoint_file(first.placement_id).parent.stat().st_uid == 0
+    second = job(PROBE, json.dumps({"read": {"last_log": str(first_log)},
+                                    "list": {"last_checkpoint": str(store.checkpoint_file(first.placement_id).parent)}}))
+    await harness.executor.handle(second)
+    assert isinstance(await harness.until_ended(second.placement_id), JobFinished)
+    seen = last_json(started_of(harness, second.placement_id))
+    assert seen["uid"] == uid  # the same uid, lent again
+    assert (seen["read:last_log"], seen["list:last_checkpoint"]) == ("denied", "denied")
+
+
 @needs_job_users
 async def test_an_exhausted_pool_is_a_launch_error(shared_root: Path, uid_block: int) -> None:
     harness = Harness(shared_root / "state", job_users=JobUserPool(uid_block + 8, uid_block + 8), allow_list=ALLOW,

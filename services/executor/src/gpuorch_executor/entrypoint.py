@@ -25,7 +25,7 @@ from gpuorch_executor.backends.base import Backend
 from gpuorch_executor.backends.cgroups import CgroupV1, CgroupV2
 from gpuorch_executor.backends.container import ContainerBackend
 from gpuorch_executor.backends.devices import DeviceConfinement, GpuDeviceNodes
-from gpuorch_executor.backends.job_users import can_switch_users, privileged_gids
+from gpuorch_executor.backends.job_users import can_switch_users, named_uids, privileged_gids
 from gpuorch_executor.backends.process import ProcessBackend
 from gpuorch_executor.config import ENVIRONMENT_HELP, ConfigError, ExecutorConfig
 from gpuorch_executor.domain.allowlist import load_allow_list
@@ -68,6 +68,11 @@ def build_job_users(config: ExecutorConfig) -> JobUserPool | None:
     if pool is not None and not can_switch_users():
         raise ConfigError("GPUORCH_EXECUTOR_JOB_UIDS needs an executor that may switch users (root, or "
                           "CAP_SETUID+CAP_SETGID); set it to 'off' to run jobs as the executor's user")
+    if pool is not None:
+        named = named_uids(range(pool.first, pool.last + 1))
+        if named:
+            log.warning("job_users.named", uids=named[:8], effect="these uids belong to host users: their "
+                        "processes are killed and their files in /tmp removed whenever a job lent one ends")
     return pool
 
 

@@ -23,6 +23,7 @@ import shutil
 import signal as signals
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from gpuorch_contracts import Message
@@ -30,7 +31,7 @@ from gpuorch_observability import get_logger
 from prometheus_client import Counter, Gauge
 
 from gpuorch_executor.backends.base import create_time_of, same_process
-from gpuorch_executor.backends.job_users import end_processes_of
+from gpuorch_executor.backends.job_users import reclaim
 from gpuorch_executor.domain.lifecycle import StopReason
 from gpuorch_executor.domain.outcome import ExitReport, Outcome, classify
 from gpuorch_executor.domain.placement import PlacementRecord, StopRequest
@@ -291,11 +292,15 @@ class PlacementWatch:
         self.release(record)
 
     def release(self, record: PlacementRecord) -> None:
-        """Give back what the placement held: leftovers of its uid are killed, then cgroups go, then the uid."""
+        """Give back what the placement held: its uid is reclaimed (``backends.job_users.reclaim``: leftovers
+        killed, its files made the executor's), then its cgroups go, then the uid returns to the pool."""
         pool = self.node.settings.job_users
         uid = record.job_uid
         if pool is not None and uid is not None and uid in pool:
-            killed = end_processes_of(uid)
+            store = self.node.store
+            killed = reclaim(uid, home=store.home_dir(record.placement_id),
+                             checkpoint_dir=store.checkpoint_file(record.placement_id).parent,
+                             log_path=Path(record.log_path) if record.log_path else None)
             if killed:
                 log.warning("job.leftovers_killed", placement_id=str(record.placement_id), uid=uid, processes=killed)
         backend = self.node.backend(record)
