@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 
-from gpuorch_gpuctl.cli import app
+import typer
+from gpuorch_gpuctl.bench_capacity_cmd import capacity
 from typer.testing import CliRunner
 
 
 def test_bench_capacity_json_compares_three_fleets_on_one_day() -> None:
-    result = CliRunner().invoke(app, ["bench", "capacity", "--seeds", "3", "--json"])
+    # the command alone: the bench group's callback would point the process's logging at the runner's stderr,
+    # which is closed after the call (later tests' log lines would fail on it)
+    app = typer.Typer()
+    app.command()(capacity)
+    result = CliRunner().invoke(app, ["--seeds", "3", "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     rows = {r["fleet"]: r for r in payload["rows"]}
