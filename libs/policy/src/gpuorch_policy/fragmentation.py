@@ -39,14 +39,24 @@ class TaskMix:
     """
 
     def __init__(
-        self, types: Sequence[TaskType], weights: Sequence[int], memory_mib: Sequence[int] | None = None
+        self, types: Sequence[TaskType], weights: Sequence[int], memory_mib: Sequence[int] | None = None,
+        observed: Sequence[tuple[TaskType, int, int]] | None = None,
     ) -> None:
         if len(types) != len(weights) or not types:
             raise ValueError("a task mix needs at least one type and one weight per type")
         self.types = tuple(types)
         self.weights = np.array(weights, dtype=np.int64)
         memory = np.zeros(len(types), dtype=np.int64) if memory_mib is None else np.array(memory_mib, np.int64)
+        # Every type seen, rare ones included (type, count, mean memory): for reserving scarce nodes.
+        self.observed = (
+            tuple(observed)
+            if observed is not None
+            else tuple((t, int(w), int(m)) for t, w, m in zip(types, weights, memory, strict=True))
+        )
         self.total_weight = int(self.weights.sum())
+        gpu_demand = sum(c * t.num_gpu * t.gpu_milli for t, c, _ in self.observed)
+        multi = sum(c * t.num_gpu * t.gpu_milli for t, c, _ in self.observed if t.num_gpu >= 2)
+        self.multi_gpu_share = multi / gpu_demand if gpu_demand else 0.0  # of the GPU request, 0-1
         gpu = [k for k, t in enumerate(types) if t.num_gpu > 0 and t.gpu_milli > 0]
         self.gpu_cpu = np.array([types[k].cpu_milli for k in gpu], dtype=np.int64)
         self.gpu_milli = np.array([types[k].gpu_milli for k in gpu], dtype=np.int64)
@@ -83,7 +93,8 @@ class TaskMix:
             chosen.append((task_type, count))
             cumulative += count
         return cls(
-            [t for t, _ in chosen], [c for _, c in chosen], [memory[t] // c for t, c in chosen]
+            [t for t, _ in chosen], [c for _, c in chosen], [memory[t] // c for t, c in chosen],
+            observed=[(t, c, memory[t] // c) for t, c in ordered],
         )
 
     def coefficient_table(self, cluster: Cluster) -> np.ndarray:

@@ -243,8 +243,12 @@ class GpuorchScore:
     what tasks of each type could really take from the node (instances limited by GPU shares, host CPU and host
     memory), so it sees CPU- or memory-stranded GPUs and share leftovers that fit no typical share. `resolution`
     is the number of score levels: coarse levels make near-equal nodes tie (measured: finer scores do worse).
-    Within a level: CPU-only tasks go beside the busiest GPUs; GPU tasks where the most CPU per free GPU remains;
-    then the first node by name. The other switches exist for the measurements in docs/placement.md.
+    Within a level: nodes that alone can host some rare type of the mix (`reserve_scarce`: fewer than that share
+    of the GPU nodes could host it when empty, e.g. 8 GPUs with 120 cores and 720 GiB) come last; then CPU-only
+    tasks go beside the busiest GPUs, GPU tasks where the most CPU per free GPU remains; then the first node by name.
+    A per-mix choice: when multi-GPU tasks carry `multi_gpu_switch` or more of the mix's GPU request, FGD's own
+    score is used instead (measured: FGD is ahead there). The other switches exist for the measurements in
+    docs/placement.md.
     """
 
     name = "gpuorch"
@@ -259,8 +263,16 @@ class GpuorchScore:
         cpu_tasks_to_busy_gpus: bool = True,
         bucket_milli: int = 0,
         prefer_cpu_rich: bool = True,
+        reserve_scarce: float = 0.1,
+        multi_gpu_switch: float = 0.27,
+        fgd_reserve: bool = False,
     ) -> None:
         self.mix = mix
+        self.fgd_reserve = fgd_reserve
+        self.fgd = FgdScore(mix) if mix.multi_gpu_share >= multi_gpu_switch else None
+        self.reserve_scarce = reserve_scarce
+        self._reserved_for: tuple[int, int] = (-1, -1)
+        self._reserved = np.zeros(0, dtype=np.int64)
         self.prefer_cpu_rich = prefer_cpu_rich
         self.bucket_milli = bucket_milli
         self.cpu_tasks_to_busy_gpus = cpu_tasks_to_busy_gpus
@@ -290,9 +302,42 @@ class GpuorchScore:
     def cache_key(self, request: Request) -> Hashable:
         return (*_scoring_key(request), request.memory_mib if self.use_memory else 0)
 
+    def reserved(self, cluster: Cluster) -> IntArray:
+        """1 for the nodes that are among the few (< reserve_scarce of the GPU nodes) able to host, when empty,
+        some GPU task type seen in the mix (say 8 GPUs with 120 cores and 720 GiB, or a rare model); 0 elsewhere.
+        Depends on node totals only, so it is kept per cluster and size."""
+        key = (id(cluster), cluster.size)
+        if self._reserved_for == key:
+            return self._reserved
+        reserved = np.zeros(cluster.size, dtype=np.bool_)
+        gpu_nodes = max(int((cluster.gpu_count > 0).sum()), 1)
+        names = list(cluster.model_names)
+        for task_type, _count, memory in self.mix.observed:
+            if task_type.num_gpu == 0:
+                continue
+            hosts = (
+                (cluster.gpu_count >= task_type.num_gpu)
+                & (cluster.cpu_total >= task_type.cpu_milli)
+                & (cluster.mem_total >= memory)
+            )
+            if task_type.gpu_models:
+                ids = [names.index(m) for m in task_type.gpu_models if m in names]
+                hosts &= np.isin(cluster.node_model, ids)
+            found = int(hosts.sum())
+            if 0 < found < self.reserve_scarce * gpu_nodes:
+                reserved |= hosts
+        self._reserved_for = key
+        self._reserved = reserved.astype(np.int64)
+        return self._reserved
+
     def score(
         self, request: Request, cluster: Cluster, rows: IntArray, rng: np.random.Generator | None
     ) -> tuple[IntArray, IntArray]:
+        if self.fgd is not None:
+            scores, picks = self.fgd.score(request, cluster, rows, rng)
+            if self.fgd_reserve:
+                scores = scores * 2 + (1 - self.reserved(cluster)[rows])
+            return scores, picks
         mix = self.mix
         free = cluster.gpu_usable[rows]
         cpu = cluster.cpu_free[rows]
@@ -326,6 +371,9 @@ class GpuorchScore:
         else:
             best = np.argmax(per_option, axis=1)
         scores = per_option[np.arange(len(rows)), best]
+        if self.reserve_scarce > 0:
+            # Among equal levels, keep off the few nodes that alone can host some rare big or constrained type.
+            scores = scores * 2 + (1 - self.reserved(cluster)[rows])
         if self.cpu_tasks_to_busy_gpus and request.num_gpu == 0:
             # Among equal levels, a CPU-only task goes where the fewest GPU-milli are free: CPU next to busy GPUs
             # is CPU that GPU tasks could not have used anyway.
