@@ -24,6 +24,7 @@ from gpuorch_policy import DEFAULT_POLICY, PUBLISHED, TaskMix, build_policy, pol
 from gpuorch_policy.jobs import QUEUE_POLICIES, jobs_from_tasks, replay_jobs
 from gpuorch_policy.openb import Task, inflate_seeded, parse_nodes, parse_tasks
 from gpuorch_policy.replay import ReplayResult, replay_protocol
+from gpuorch_policy.variants import DEFAULT_VARIANT_SEED, make_variant, parse_variant, to_csv_lines
 from gpuorch_policy.verify import check_placements
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -101,10 +102,15 @@ def run_arrivals(
     progress: Progress | None = None,
     log: Console | None = None,
     curve_points: tuple[int, ...] = CURVE_POINTS,
+    variant: str | None = None,
+    variant_seed: int = DEFAULT_VARIANT_SEED,
 ) -> dict[str, Any]:
-    """The arrivals protocol for every seed; returns the `--json` object. Usable from scripts (bench)."""
+    """The arrivals protocol for every seed; returns the `--json` object. Usable from scripts (bench).
+    `variant` ('multi_gpu-40', ...) replays that workload variant of the task list (gpuorch_policy.variants)."""
     nodes = parse_nodes(nodes_lines)
     tasks: list[Task] = parse_tasks(pods_lines)
+    if variant:
+        tasks = make_variant(tasks, nodes, variant, variant_seed)
     mix = TaskMix.from_requests(t.request for t in tasks)
     policy = build_policy(policy_name, mix)
     per_seed = []
@@ -144,7 +150,9 @@ def run_arrivals(
                 f"{result.seconds:.2f} s"
             )
     summary: dict[str, Any] = {"policy": policy.name, "tune": tune, "seeds": per_seed, "mean": _mean_summary(per_seed)}
-    if policy.name in PUBLISHED:
+    if variant:
+        summary["variant"] = {"name": variant, "seed": variant_seed, "tasks": len(tasks)}
+    if policy.name in PUBLISHED and not variant:
         alloc, unalloc = PUBLISHED[policy.name]
         summary["published"] = {"allocated_pct_at_100": alloc, "unallocated_pct_at_130": unalloc}
     return summary
@@ -249,6 +257,20 @@ def replay(
     verify: Annotated[
         Path | None, typer.Option("--verify", help="check a --placements FILE against capacities instead of replaying")
     ] = None,
+    variant: Annotated[
+        str | None,
+        typer.Option(
+            "--variant",
+            help="replay a workload variant of --pods, e.g. multi_gpu-40, gpu_share-60, gpu_spec-25, cpu_only-200 "
+            "(FGD paper families; with --verify, check placements of that variant)",
+        ),
+    ] = None,
+    variant_seed: Annotated[
+        int, typer.Option("--variant-seed", help="seed of the variant generator")
+    ] = DEFAULT_VARIANT_SEED,
+    write_variant: Annotated[
+        Path | None, typer.Option("--write-variant", help="with --variant: write the variant's task list CSV and exit")
+    ] = None,
 ) -> None:
     """Replay a trace through the placement core (FGD paper protocol, or a job-level queue replay)."""
     console = Console(emoji=False)
@@ -256,9 +278,22 @@ def replay(
     nodes_lines, pods_lines = _read_csv(nodes), _read_csv(pods)
     if policy.lower() not in {p.lower() for p in policy_names()}:
         raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(policy_names())}")
+    if variant:
+        try:
+            parse_variant(variant)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        if write_variant is not None:
+            lines = to_csv_lines(make_variant(parse_tasks(pods_lines), parse_nodes(nodes_lines), variant, variant_seed))
+            write_variant.write_text("\n".join(lines) + "\n")
+            err.print(f"{len(lines) - 1} tasks of {variant} (seed {variant_seed}) written to {write_variant}")
+            return
     if verify is not None:
         records = [json.loads(line) for line in verify.read_text().splitlines() if line.strip()]
-        requests = {t.name: t.request for t in parse_tasks(pods_lines)}
+        tasks = parse_tasks(pods_lines)
+        if variant:
+            tasks = make_variant(tasks, parse_nodes(nodes_lines), variant, variant_seed)
+        requests = {t.name: t.request for t in tasks}
         problems = check_placements(parse_nodes(nodes_lines), requests, records)
         report = {"records": len(records), "violations": len(problems), "first": problems[:20]}
         if json_output:
@@ -293,7 +328,7 @@ def replay(
         ) as progress:
             summary = run_arrivals(
                 nodes_lines, pods_lines, policy, seed_list, tune, out, progress,
-                log=None if err.is_terminal else err,
+                log=None if err.is_terminal else err, variant=variant, variant_seed=variant_seed,
             )
     finally:
         if out is not None:
