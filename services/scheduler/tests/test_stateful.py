@@ -223,6 +223,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert json.loads(self.svc.state.snapshot_json()) == self.svc.state.to_snapshot()  # the cached JSON is fresh
 
 
+@pytest.mark.timeout(600)  # 20 histories of 60 steps against PostgreSQL: about 40 s alone, minutes on a busy machine
 def test_random_histories_keep_the_invariants(pg_dsn: str) -> None:
     from gpuorch_store import migrate
 

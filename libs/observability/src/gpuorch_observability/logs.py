@@ -19,6 +19,18 @@ def _add_trace_ids(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableM
     return event
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time of the write, not at configure time: a process that swaps
+    it (a CLI test runner capturing output, then closing its buffer) keeps logging instead of raising
+    ``I/O operation on closed file`` in whatever logs next."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(service: str, level: str = "INFO") -> None:
     """JSON lines on stderr: timestamp, level, service, event, trace_id/span_id, bound context vars."""
     numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
@@ -35,7 +47,7 @@ def configure_logging(service: str, level: str = "INFO") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.bind_contextvars(service=service)
