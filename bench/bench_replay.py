@@ -162,7 +162,7 @@ def run_variants(args: argparse.Namespace, source: Path) -> None:
         "# gpuorch, FGD and BestFit on workload variants of the openb trace",
         "",
         f"Command: `uv run python bench/bench_replay.py --variants {args.variants} --seeds {args.seeds} "
-        f"--variant-seed {args.variant_seed} --jobs {args.jobs}`  ",
+        f"--variant-seed {args.variant_seed} --jobs {args.jobs} --out-name {args.out_name}`  ",
         f"Machine: {where}; {wall:.0f} s wall in all  ",
         "Variants: gpuorch_policy.variants (FGD paper families); held-out levels were never used for tuning.",
         "Unallocated GPU % at 130 % arrived, mean over the seeds (lower is better); ratio = gpuorch / FGD.",
@@ -201,17 +201,17 @@ def run_variants(args: argparse.Namespace, source: Path) -> None:
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "replay_variants.md").write_text(text)
-    (RESULTS / "replay_variants.json").write_text(
+    (RESULTS / f"{args.out_name}.md").write_text(text)
+    (RESULTS / f"{args.out_name}.json").write_text(
         json.dumps({"machine": where, "seeds": seeds, "variant_seed": args.variant_seed, "unallocated_pct_at_130":
                     results, "seconds": seconds}, indent=1)
     )
     if not args.no_plot:
-        plot_variants(names, results)
+        plot_variants(names, results, ROOT / "docs" / "img" / f"{args.out_name}.png")
     print(text)
 
 
-def plot_variants(names: list[str], results: dict[str, dict[str, list[float]]]) -> None:
+def plot_variants(names: list[str], results: dict[str, dict[str, list[float]]], path: Path = VARIANT_PLOT) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -233,8 +233,8 @@ def plot_variants(names: list[str], results: dict[str, dict[str, list[float]]]) 
         ax.grid(alpha=0.3)
     axes[0][0].legend()
     fig.tight_layout()
-    VARIANT_PLOT.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(VARIANT_PLOT, dpi=110)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -247,6 +247,9 @@ def main() -> None:
     parser.add_argument("--variants", default="", help="all, tuned, held-out or a comma list (FGD, BestFit, gpuorch)")
     parser.add_argument("--variant-seed", type=int, default=DEFAULT_VARIANT_SEED)
     parser.add_argument("--jobs", type=int, default=1, help="--variants: replays run in this many processes")
+    parser.add_argument(
+        "--out-name", default="replay_variants", help="--variants: bench/results/NAME.md/.json, docs/img/NAME.png"
+    )
     args = parser.parse_args()
     source = trace_dir()
     if args.variants:
