@@ -35,8 +35,9 @@ async def seed(dsn: str, now: datetime) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         for node_id, model, gpus in (("h-1", "H100-80GB", 8), ("l-1", "L4", 4), ("l-2", "L4", 4)):
-            await conn.execute("INSERT INTO nodes (node_id, liveness, inventory, inventory_hash) VALUES ($1, 'alive', "
-                               "$2::jsonb, 'h')", node_id, inventory(node_id, model, gpus))
+            await conn.execute("INSERT INTO nodes (node_id, liveness, inventory, inventory_hash, updated_at) VALUES "
+                               "($1, 'alive', $2::jsonb, 'h', $3)", node_id, inventory(node_id, model, gpus),
+                               now - timedelta(days=1))  # registered yesterday
 
         async def job(state: str, spec: dict[str, object], submitted: datetime, node: str | None = None) -> None:
             assignments = [{"node_id": node, "gpus": [{"gpu_uuid": f"GPU-{node}-0", "gpu_index": 0}]}] if node else []
@@ -108,6 +109,17 @@ async def test_capacity_duty_decides_from_the_read_models_and_publishes_at_least
             assert await conn.fetchval("SELECT count(*) FROM capacity_decisions WHERE published_at IS NULL") == 0
         finally:
             await conn.close()
+    finally:
+        await duty.close()
+
+
+async def test_capacity_duty_waits_for_the_fleet_after_a_start(migrated_dsn: str) -> None:
+    now = datetime.now(UTC)
+    duty = CapacityDuty(migrated_dsn, RecordingPublisher(), CapacitySettings(Mode.AUTO, pools_from_json(POOLS)))
+    try:  # no node registered yet: every pool would look below its floor, so nothing is decided for a minute
+        assert await duty.run_once(now) is None
+        later = await duty.run_once(now + timedelta(minutes=2))
+        assert later is not None and [(o.pool, o.count) for o in later.scale_outs] == [("duty-l4", 1)]
     finally:
         await duty.close()
 

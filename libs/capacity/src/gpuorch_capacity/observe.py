@@ -2,7 +2,8 @@
 
     pools_from_json(GPUORCH_CAPACITY_POOLS)             -> the PoolSpecs
     observation(now, pools, node_rows, running_rows, queued_rows, pressure_rows, history_rows, draining)
-        node_rows     nodes: node_id, liveness, inventory (NodeInventory as JSON), last_job_end (or None)
+        node_rows     nodes: node_id, liveness, inventory (NodeInventory as JSON), last_job_end (when it last
+                      ran something, or registered; None: unknown)
         running_rows  jobs placed or running: job_id, node_ids, assignments, preemptible
         queued_rows   jobs queued: tier, spec, submitted_at, pending_reason
         pressure_rows open memory_pressure alerts: job_id, tier, node_id, gpus

@@ -133,6 +133,19 @@ async def _advice(database_url: str, ids: list[uuid.UUID]) -> list[dict[str, Any
     return [dict(r) for r in rows]
 
 
+async def _capacity_advice(database_url: str) -> list[dict[str, Any]]:
+    """What the autoscaler advised during the demo (telemetry's capacity_decisions; often nothing in 30 seconds)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT pool, current_nodes, desired_nodes, reason FROM capacity_decisions "
+                                "ORDER BY decided_at")
+    finally:
+        await conn.close()
+    return [dict(r) for r in rows]
+
+
 async def _wait_for_scheduler(database_url: str, nodes: int, timeout_s: float) -> None:
     import asyncpg
 
@@ -207,9 +220,14 @@ def demo(
     quick_telemetry = {"GPUORCH_USAGE_S": "1", "GPUORCH_TELEMETRY_WINDOW_S": "5", "GPUORCH_TELEMETRY_MIN_COVERAGE": "0.3",
                        "GPUORCH_TELEMETRY_OVERSIZED_MIN_OBSERVED_S": "5",
                        "GPUORCH_TELEMETRY_EVALUATION_INTERVAL_S": "1", "GPUORCH_TELEMETRY_SAMPLE_INTERVAL_S": "1"}
+    # the autoscaler advises (telemetry's capacity duty, mode advise) over one pool per demo node type, in seconds
+    pool = {"floor": 1, "ceiling": 2, "scale_out_cooldown_s": 30, "scale_in_cooldown_s": 30, "idle_before_drain_s": 30}
+    capacity = {"GPUORCH_CAPACITY_MODE": "advise", "GPUORCH_CAPACITY_INTERVAL_S": "2",
+                "GPUORCH_CAPACITY_POOLS": json.dumps([{"name": name, "node_type": name, **pool}
+                                                      for name in ("h100x8", "a100x4", "l4x4")])}
     stack = LocalStack(root=root, amqp_url=amqp_url, database_url=database_url, nodes=DEMO_NODES,
                        extra_env={"GPUORCH_HEARTBEAT_S": "2", "GPUORCH_EXECUTOR_ALLOW": json.dumps(allow),
-                                  **quick_telemetry})
+                                  **quick_telemetry, **capacity})
     workload = demo_workload()
     outcome: dict[str, Any] = {}
     with stack:
@@ -237,6 +255,7 @@ def demo(
                     break
                 time.sleep(0.5)
         advice = asyncio.run(_advice(database_url, ids))
+        scaling = asyncio.run(_capacity_advice(database_url))
         counts: dict[str, int] = {}
         for r in rows:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
@@ -246,7 +265,8 @@ def demo(
                    "advice": [{"job": names.get(a["job_id"], str(a["job_id"])), "kind": a["kind"],
                                "explanation": a["explanation"], "advice": a["advice"]} for a in advice],
                    "jobs_detail": [{"name": names[r["job_id"]], "state": r["state"], "node": (r["node_ids"] or [None])[0],
-                                    "exit_code": r["exit_code"]} for r in rows]}
+                                    "exit_code": r["exit_code"]} for r in rows],
+                   "capacity_advice": scaling}
     console.print(f"[bold]done in {outcome['seconds']}s:[/bold] " + ", ".join(f"{v} {k}" for k, v in counts.items())
                   + f"; nodes used: {cell(', '.join(nodes_used))}")
     if outcome.get("advice"):
@@ -257,7 +277,11 @@ def demo(
             table.add_row(cell(item["job"]), cell(item["kind"]),
                           f"{cell(item['explanation'])}\n[dim]{cell(item['advice'] or '')}[/dim]")
         console.print(table)
+    for item in outcome.get("capacity_advice") or []:
+        console.print(f"autoscaler (advise): pool {cell(item['pool'])} {item['current_nodes']} -> "
+                      f"{item['desired_nodes']} node(s): {cell(item['reason'])}")
     console.print("try: uv run gpuctl jobs --dsn " + database_url + "   (the demo database stays until the next run)")
+    console.print("     uv run gpuctl report --out report --dsn " + database_url + "   (the review: charts, conclusions)")
     if as_json:
         print(json.dumps(outcome))
     if counts.get("succeeded", 0) < 10 or len(nodes_used) < 3:

@@ -31,12 +31,16 @@ log = get_logger(__name__)
 CAPACITY_LOCK = "gpuorch.telemetry.capacity"
 DRAIN_MEMORY = timedelta(hours=1)
 """A node the autoscaler asked to drain within this long counts as draining while it is still registered."""
+STARTUP_GRACE = timedelta(minutes=1)
+"""While no node is registered at all, no decision for this long after the duty's first run: right after a start the
+read model may simply not have heard from the fleet yet (every pool would look below its floor)."""
 BOOT_WINDOW = timedelta(minutes=15)
 """Nodes asked for (mode auto) within this long and not registered yet count as booting."""
 
 NODES_SQL = """
 SELECT n.node_id, n.liveness, n.inventory,
-       (SELECT max(j.ended_at) FROM jobs j WHERE n.node_id = ANY(j.node_ids) AND j.ended_at > $1) AS last_job_end
+       greatest((SELECT max(j.ended_at) FROM jobs j WHERE n.node_id = ANY(j.node_ids) AND j.ended_at > $1),
+                n.updated_at) AS last_job_end  -- a node that ran nothing yet is idle since it (re)registered
 FROM nodes n
 """
 RUNNING_SQL = """
@@ -94,10 +98,12 @@ class CapacityDuty:
     settings: CapacitySettings
     producer: str = "telemetry"
     last_plan: CapacityPlan | None = None
+    first_run_at: datetime | None = None
     _conn: asyncpg.Connection | None = field(default=None, repr=False)
 
     async def run_once(self, now: datetime) -> CapacityPlan | None:
-        """Decide, record and publish; None when off or another instance holds the lock."""
+        """Decide, record and publish; None when off, when another instance holds the lock, or while no node is
+        registered yet within ``STARTUP_GRACE`` of the first run."""
         if self.settings.mode is Mode.OFF:
             return None
         if self._conn is None or self._conn.is_closed():
@@ -106,8 +112,12 @@ class CapacityDuty:
         if not await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", CAPACITY_LOCK):
             return None
         await self.publish_pending()
+        self.first_run_at = self.first_run_at or now
+        nodes = await conn.fetch(NODES_SQL, now - timedelta(days=1))
+        if not nodes and now - self.first_run_at < STARTUP_GRACE:
+            return None
         obs = observation(
-            now, self.settings.pools, await conn.fetch(NODES_SQL, now - timedelta(days=1)),
+            now, self.settings.pools, nodes,
             await conn.fetch(RUNNING_SQL), await conn.fetch(QUEUED_SQL), await conn.fetch(PRESSURE_SQL),
             await conn.fetch(HISTORY_SQL), [r["node_id"] for r in await conn.fetch(DRAINING_SQL, now - DRAIN_MEMORY)],
             {r["pool"]: r["desired_nodes"] for r in await conn.fetch(ASKED_SQL, now - BOOT_WINDOW)},
