@@ -337,8 +337,10 @@ BatchHandler = Callable[..., Awaitable[list[Exception | None]]]
 Waiting = tuple[Message, dict[str, Any], str | None, "asyncio.Future[None]"]
 MIN_BATCH = 8
 """The smallest batch a budget shrinks to: below it the per-transaction cost dominates."""
-SHARED_WINDOW_S = 30.0
-"""Submission lanes that received a message this recently count as active tenants (``Batcher.sharing``)."""
+SHARED_WINDOW_S = 300.0
+"""Submission lanes that received a message this recently count as active tenants (``Batcher.sharing``): a tenant
+that submits now and then (a CI pipeline, a person) stays protected between its submissions. With 30 s, a quiet
+tenant's submission right behind a 100,000-job flood waited 1.4 s (the flood took longer than 30 s to publish)."""
 
 
 class Batcher:
