@@ -15,6 +15,7 @@ from tests.chaos.faults import LOST_AFTER_S, SEED, ChaosStack, scale
 from tests.chaos.invariants import check_invariants
 from tests.chaos.scenario import (
     fleet_without_executors,
+    nodes_for,
     query,
     recording_job,
     report,
@@ -153,7 +154,7 @@ async def test_postgres_sessions_terminated_mid_transaction(
     submits = [share_job() for _ in range(count)]
     terminate_at = set(rng.sample(range(1, count), terminations))
     terminated = 0
-    async with fleet_without_executors(amqp_url, pg_dsn, nodes=2) as broker:
+    async with fleet_without_executors(amqp_url, pg_dsn, nodes=nodes_for(count, 2)) as broker:
         for index, submit in enumerate(submits):
             await publish_when_routable(broker, submit)
             if index in terminate_at:

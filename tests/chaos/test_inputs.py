@@ -19,7 +19,7 @@ from gpuorch_messaging import REASON_HEADER, Broker, QueueSpec
 
 from tests.chaos.faults import ChaosStack, scale
 from tests.chaos.invariants import check_invariants
-from tests.chaos.scenario import fleet_without_executors, query, report, share_job, wait_states
+from tests.chaos.scenario import fleet_without_executors, nodes_for, query, report, share_job, wait_states
 from tests.e2e.harness import publish_when_routable, wait_rows
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
@@ -77,7 +77,7 @@ async def test_hostile_inputs_are_refused_with_a_reason_while_valid_traffic_flow
     valid = [share_job() for _ in range(scale("hostile_valid_jobs", 20))]
     connection = await aio_pika.connect(amqp_url)
     try:
-        async with fleet_without_executors(amqp_url, pg_dsn, nodes=1) as broker:
+        async with fleet_without_executors(amqp_url, pg_dsn, nodes=nodes_for(len(valid))) as broker:
             channel = await connection.channel(publisher_confirms=True)
             exchange = await channel.get_exchange(SUBMIT_EXCHANGE)
             for (name, body), good in zip(bodies.items(), valid, strict=False):

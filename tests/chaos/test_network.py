@@ -17,6 +17,7 @@ from tests.chaos.faults import LOST_AFTER_S, BrokerProxy, ChaosStack, scale
 from tests.chaos.invariants import check_invariants
 from tests.chaos.scenario import (
     fleet_without_executors,
+    nodes_for,
     query,
     recording_job,
     report,
@@ -61,7 +62,7 @@ async def test_broker_restart_during_confirmed_submissions(
     outage_at = {count // 3, 2 * count // 3}
     resent = 0
     started = time.monotonic()
-    async with fleet_without_executors(amqp_url, pg_dsn, nodes=2):
+    async with fleet_without_executors(amqp_url, pg_dsn, nodes=nodes_for(count, 2)):
         client = Broker(proxy.url(amqp_url), producer="chaos-submitter", publish_timeout_s=10)
         await client.connect()
         try:
