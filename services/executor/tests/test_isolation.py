@@ -14,6 +14,7 @@ import random
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -160,7 +161,7 @@ async def test_a_job_cannot_read_the_executors_environment_state_or_credentials(
     os.write(fd, b"amqp://executor:s3cret@broker/")
     os.close(fd)
     lock_fd = store.lock()
-    isolated.executor.lease = (0.0, 3600.0, 10.0)
+    isolated.executor.lease = (time.monotonic(), 3600.0, 10.0)  # a fresh lease: lease.json exists
     waiting = job(WAITS)
     await isolated.executor.handle(waiting)
     probe = job(PROBE, "")
