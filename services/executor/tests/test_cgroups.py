@@ -9,6 +9,7 @@ cgroup v1 ``memory`` and ``cpu`` hierarchies, where this machine has them writab
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,8 +109,15 @@ ballast = b"x" * (512 * 1024 * 1024)
 print("survived", len(ballast), flush=True)
 """
 READS_ITS_CGROUPS = """
-import sys
-print(open("/proc/self/cgroup").read(), flush=True)
+import json
+cgroups = dict(line.split(":", 2)[1:] for line in open("/proc/self/cgroup").read().splitlines())
+memory = cgroups["memory"].strip()
+cpu = next(path for names, path in cgroups.items() if "cpu" in names.split(",") and names != "cpuset").strip()
+print(json.dumps({
+    "memory": memory, "cpu": cpu,
+    "limit": open(f"/sys/fs/cgroup/memory{memory}/memory.limit_in_bytes").read().strip(),
+    "quota": open(f"/sys/fs/cgroup/cpu{cpu}/cpu.cfs_quota_us").read().strip(),
+}), flush=True)
 """
 
 
@@ -127,18 +135,15 @@ async def test_cgroup_v1_limits_are_enforced_by_the_kernel(tmp_path: Path, cgrou
 
 
 async def test_cgroup_v1_jobs_join_their_memory_and_cpu_cgroups(tmp_path: Path, cgroup_v1: CgroupV1) -> None:
+    """What the job itself sees from inside (no race with the supervisor removing its cgroups when it ends)."""
     harness = Harness(tmp_path / "state", backends={"process": ProcessBackend(cgroup_v1)})
     command = launch_job(["python", "-c", READS_ITS_CGROUPS], memory_mib=256)
-    cpu_dir = cgroup_v1.cpu_root / str(command.placement_id)
     await harness.executor.handle(command)
-    assert (cpu_dir / "cpu.cfs_quota_us").read_text().strip() == str(command.spec.cpu_milli * 100)
-    memory_dir = cgroup_v1.root / str(command.placement_id)
-    assert (memory_dir / "memory.limit_in_bytes").read_text().strip() == str(256 * 1024 * 1024)
     outcome = await harness.until_ended(command.placement_id)
     assert outcome.exit_code == 0, outcome
     [started] = harness.publisher.of_type(JobStarted)
-    lines = Path(started.log_path or "").read_text().splitlines()
-    memory_line = next(line for line in lines if ":memory:" in line)
-    cpu_line = next(line for line in lines if ":cpu:" in line or ":cpu," in line)
-    assert memory_line.endswith(f"/{cgroup_v1.root.name}/{command.placement_id}")
-    assert cpu_line.endswith(f"/{cgroup_v1.cpu_root.name}/{command.placement_id}")
+    seen = json.loads(Path(started.log_path or "").read_text().strip().splitlines()[-1])
+    assert seen["memory"].endswith(f"/{cgroup_v1.root.name}/{command.placement_id}")
+    assert seen["cpu"].endswith(f"/{cgroup_v1.cpu_root.name}/{command.placement_id}")
+    assert seen["limit"] == str(256 * 1024 * 1024)
+    assert seen["quota"] == str(command.spec.cpu_milli * 100)
