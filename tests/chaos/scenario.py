@@ -58,12 +58,12 @@ async def query(dsn: str, sql: str, *args: object) -> list[dict[str, Any]]:
         await conn.close()
 
 
-@asynccontextmanager
 def nodes_for(jobs: int, at_least: int = 1, gpus: int = 8, milli: int = 100) -> int:
     """Fake nodes enough to place ``jobs`` shares of ``milli`` (full-size runs scale the fleet with the jobs)."""
     return max(at_least, -(-jobs * milli // (gpus * 1000)))
 
 
+@asynccontextmanager
 async def fleet_without_executors(amqp_url: str, dsn: str, nodes: int, gpus: int = 8) -> AsyncIterator[Broker]:
     """Registered, heartbeating fake nodes and a sink for their commands (so LaunchJobs are routable); yields the
     test's own broker connection (not faulted)."""
