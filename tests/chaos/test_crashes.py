@@ -161,16 +161,22 @@ async def test_postgres_sessions_terminated_mid_transaction(
                 if chaos_stack.dead():  # killed by the previous termination: a supervisor restarts it
                     chaos_stack.start_scheduler()
                     restarts += 1
-                for _ in range(300):  # until the scheduler has a session to lose (it may still be starting)
+                delay = rng.random() * 0.3
+                for _ in range(300):  # until a session of the scheduler was terminated (it may still be starting,
+                    if chaos_stack.dead():  # or exiting after the previous termination)
+                        chaos_stack.start_scheduler()
+                        restarts += 1
                     sessions = await query(pg_dsn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = "
                                            "current_database() AND pid <> pg_backend_pid()")
-                    if sessions[0]["n"]:  # type: ignore[call-overload]
+                    if not sessions[0]["n"]:  # type: ignore[call-overload]
+                        await asyncio.sleep(0.1)
+                        continue
+                    await asyncio.sleep(delay)
+                    rows = await query(pg_dsn, "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity "
+                                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                    if rows[0]["n"]:  # type: ignore[call-overload]
+                        terminated += int(rows[0]["n"])  # type: ignore[call-overload]
                         break
-                    await asyncio.sleep(0.1)
-                await asyncio.sleep(rng.random() * 0.3)
-                rows = await query(pg_dsn, "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity "
-                                   "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-                terminated += int(rows[0]["n"])  # type: ignore[call-overload]
             if chaos_stack.dead():
                 chaos_stack.start_scheduler()
                 restarts += 1
