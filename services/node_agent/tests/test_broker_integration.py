@@ -14,10 +14,10 @@ from gpuorch_contracts import (
     NodeHeartbeat,
     NodeRegistered,
 )
-from gpuorch_messaging import Broker, QueueSpec
+from gpuorch_messaging import Broker, QueueSpec, dispatch
 from gpuorch_node_agent.entrypoint import build_simulated_agents, command_queue, parse_config
 from gpuorch_node_agent.fleet import FleetRunner
-from gpuorch_node_agent.handlers import dispatch, handlers
+from gpuorch_node_agent.handlers import handlers
 from gpuorch_node_agent.sim.processes import StaticProcessTable
 from gpuorch_node_agent.sim.profiles import parse_profile_mix
 
@@ -49,7 +49,7 @@ async def test_fleet_heartbeats_and_mig_command_through_rabbitmq(amqp_url):
     runner = FleetRunner(agents, broker, heartbeat_s=0.5, usage_s=1.0, seed=1)
     await runner.start()
     registry = handlers(runner.by_node_id, runner.publish_now)
-    await broker.consume(command_queue(config, [a.node_id for a in agents]), lambda m: dispatch(registry, m))
+    await broker.consume(command_queue(config, [a.node_id for a in agents]), lambda m: dispatch(registry, m, service="node-agent"))
     try:
         node_ids = {a.node_id for a in agents}
         await _until(lambda: {m.inventory.node_id for m in seen if isinstance(m, NodeRegistered)} == node_ids)

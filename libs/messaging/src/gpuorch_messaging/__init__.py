@@ -16,6 +16,7 @@ from gpuorch_messaging.broker import (
     QueueSpec,
     SenderAwareHandler,
 )
+from gpuorch_messaging.registry import Registry, dispatch, handler_for
 from gpuorch_messaging.rejections import InvalidDelivery, answer_invalid_submission, job_id_of
 from gpuorch_messaging.senders import (
     Sender,
@@ -33,5 +34,5 @@ __all__ = [
     "Broker", "Handler", "PublishError", "PublishRefused", "Publisher", "QueueSpec",
     "USER_ID_HEADER", "InvalidDelivery", "SenderAwareHandler", "answer_invalid_submission", "job_id_of",
     "Sender", "Speaker", "executor_accepts", "node_agent_accepts", "refusal", "scheduler_accepts", "speaker_of",
-    "telemetry_accepts",
+    "telemetry_accepts", "Registry", "dispatch", "handler_for",
 ]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuorch_contracts import LaunchJob, Message, ProcessRun, StopJob
+from gpuorch_messaging import dispatch
 from gpuorch_messaging.abc import Publisher
 from gpuorch_observability import get_logger, inject_trace
 from prometheus_client import Counter, Histogram
@@ -104,12 +105,8 @@ class NodeExecutor:
     # -- commands ---------------------------------------------------------------------------------------------
 
     async def handle(self, message: Message) -> None:
-        """Dispatch a command through ``handlers``; other messages are ignored with a log line."""
-        handler = self.handlers.get(message.TYPE)
-        if handler is None:
-            log.warning("executor.unhandled_message", type=message.TYPE, node_id=self.node_id)
-            return
-        await handler(message)
+        """Dispatch a command through ``handlers`` (the registry); other messages are ignored (logged)."""
+        await dispatch(self.handlers, message, service="executor")
 
     async def launch(self, command: LaunchJob) -> None:
         if command.node_id != self.node_id:

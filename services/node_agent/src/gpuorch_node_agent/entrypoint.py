@@ -30,7 +30,7 @@ from gpuorch_observability import configure, get_logger
 
 from gpuorch_node_agent.agent import NodeAgent
 from gpuorch_node_agent.fleet import FleetRunner, publish_batch
-from gpuorch_node_agent.handlers import dispatch, handlers
+from gpuorch_node_agent.handlers import handlers
 from gpuorch_node_agent.sim.nvml import EventHub, SimulatedNvml
 from gpuorch_node_agent.sim.processes import ProcessTable
 from gpuorch_node_agent.sim.profiles import NodeSpec, parse_node_csv, parse_node_profile, parse_profile_mix
@@ -174,7 +174,7 @@ async def run(config: AgentConfig) -> FleetRunner:
     if config.stdout:
         publisher: Any = JsonLinesPublisher()
     else:
-        from gpuorch_messaging import Broker
+        from gpuorch_messaging import Broker, dispatch
 
         producer = f"node-agent/{config.fleet_name if config.is_fleet else config.node_id}"
         broker = Broker(config.amqp_url, producer=producer)
@@ -192,7 +192,7 @@ async def run(config: AgentConfig) -> FleetRunner:
     if broker is not None:  # bind before heartbeats start: 5,000 bindings take a while
         registry = handlers(runner.by_node_id, runner.publish_now)
         await broker.consume(command_queue(config, [a.node_id for a in agents]),
-                             lambda message: dispatch(registry, message))
+                             lambda message: dispatch(registry, message, service="node-agent"))
     await runner.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,4 +1,4 @@
-"""Command handlers of the node agent (one registry: ``HANDLERS``).
+"""Command handlers of the node agent (one registry: ``handlers(...)``, dispatched by ``gpuorch_messaging.dispatch``).
 
 ``ApplyMigLayoutHandler``: applies an ``ApplyMigLayout`` to the node it names, if this process runs that node.
 - Each GPU of the command is applied or refused on its own; a refusal (work still running, layout against NVIDIA's
@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 from gpuorch_contracts import ApplyMigLayout, Message, MigGpuOutcome, MigLayoutApplied
 from gpuorch_observability import get_logger
@@ -60,11 +59,3 @@ def handlers(agents: Mapping[str, NodeAgent], publish: Callable[[list[Message]],
              ) -> dict[str, Callable[[Message], Awaitable[None]]]:
     """Message type -> handler: the registry the entrypoint consumes with."""
     return {ApplyMigLayout.TYPE: ApplyMigLayoutHandler(agents, publish)}
-
-
-async def dispatch(registry: Mapping[str, Callable[[Message], Awaitable[None]]], message: Message) -> Any:
-    handler = registry.get(message.TYPE)
-    if handler is None:
-        log.warning("command.no_handler", type=message.TYPE)
-        return None
-    return await handler(message)

@@ -55,6 +55,7 @@ from gpuorch_contracts import (
 )
 from gpuorch_contracts.jobs import TenantRouted
 from gpuorch_identity import IdentityMap, Rejection, authorize_cancel, authorize_submission
+from gpuorch_messaging import handler_for
 from gpuorch_observability import get_logger, inject_trace
 from gpuorch_store import (
     NewEvent,
@@ -90,6 +91,9 @@ log = get_logger(__name__)
 
 STREAM = "scheduler"
 LOGGED_INCOMING = (JobStarted, JobFinished, JobFailed, JobCheckpointed, JobLost, NodeRegistered, GpuHealthChanged)
+_Folded = tuple[Message | None, Decision, uuid.UUID | None]
+"""What a fold handler makes of a message: the fact to log (or None), the decision, the job whose stop it confirms
+(or None); a handler returns None when the message changes nothing."""
 
 BATCH_SECONDS = Histogram("gpuorch_scheduler_batch_seconds", "Time to handle one batch of messages incl. commit")
 BATCH_SIZE = Histogram("gpuorch_scheduler_batch_size", "Messages per committed batch",
@@ -193,6 +197,17 @@ class SchedulerService:
         self._senders: dict[uuid.UUID, str | None] = {}
         self._rates = SubmissionRates()
         self._delivery_trace: dict[str, Any] | None = None
+        self.fold_handlers: dict[str, Callable[[Any, float, _Batch], _Folded | None]] = {
+            SubmitJob.TYPE: self._fold_submit,
+            CancelJob.TYPE: self._fold_cancel,
+            JobFailed.TYPE: self._fold_job_ended,
+            JobLost.TYPE: self._fold_job_ended,
+            JobFinished.TYPE: self._fold_job_ended,
+            NodeRegistered.TYPE: self._fold_node_registered,
+            **{cls.TYPE: self._fold_fact for cls in LOGGED_INCOMING if cls.TYPE not in (
+                JobFailed.TYPE, JobLost.TYPE, JobFinished.TYPE, NodeRegistered.TYPE)},
+        }
+        """The registry: message type -> its fold (what ``_fold_message`` applies); see ``gpuorch_messaging.registry``."""
 
     # -- recovery ---------------------------------------------------------------------------------------------
 
@@ -394,42 +409,14 @@ class SchedulerService:
             batch.known_jobs.update(r["job_id"] for r in rows)
 
     def _fold_message(self, message: Message, now: float, batch: _Batch) -> None:
-        """Interpret one consumed message: log and apply it (if it is a fact the log keeps) with the decisions it
-        causes. A message already logged changes nothing."""
-        incoming: Message | None = None
-        decision = Decision()
-        follow_up: uuid.UUID | None = None
+        """Interpret one consumed message through ``fold_handlers``: log and apply it (if it is a fact the log
+        keeps) with the decisions it causes. A message already logged changes nothing."""
         self._delivery_trace = self._traces.get(message.message_id)
-        match message:
-            case SubmitJob():
-                if message.job_id in batch.known_jobs:
-                    return  # accepted (or rejected) long ago and forgotten from memory since: idempotent
-                decision = self._admit(message, now)
-                batch.wants_cycle = True
-            case CancelJob():
-                refused = self._cancel_refused(message)
-                if refused is not None:
-                    log.warning("scheduler.cancel_refused", job_id=str(message.job_id), reason=refused)
-                    return
-                decision = cancel(self.state, message)
-            case JobFailed() if message.cause == "lost" and message.placement_id and message.node_id:
-                incoming = JobLost(message_id=message.message_id, job_id=message.job_id,
-                                   placement_id=message.placement_id, node_id=message.node_id, reason=message.reason,
-                                   occurred_at=message.occurred_at, tenant=message.tenant)  # when the job ended
-            case JobLost() | JobFailed() | JobFinished():
-                incoming = message
-                follow_up = message.job_id
-            case NodeRegistered():
-                self.last_seen[message.inventory.node_id] = self._lease_clock()
-                known = self.state.nodes.get(message.inventory.node_id)
-                if known is not None and known.inventory_hash == message.inventory_hash:
-                    return  # a periodic re-registration with nothing new: the lease renewal is all it means
-                incoming = message
-            case _ if isinstance(message, LOGGED_INCOMING):
-                incoming = message
-            case _:
-                log.warning("scheduler.ignored_message", type=message.TYPE)
-                return
+        fold = handler_for(self.fold_handlers, message, service="scheduler")
+        folded = fold(message, now, batch) if fold is not None else None
+        if folded is None:
+            return
+        incoming, decision, follow_up = folded
         if incoming is not None:
             if incoming.message_id in batch.logged_ids:
                 return  # already applied: a redelivery
@@ -447,6 +434,36 @@ class SchedulerService:
         batch.published += decision.published
         if decision.logged or decision.published:
             batch.wants_cycle = True
+
+    def _fold_submit(self, message: SubmitJob, now: float, batch: _Batch) -> _Folded | None:
+        if message.job_id in batch.known_jobs:
+            return None  # accepted (or rejected) long ago and forgotten from memory since: idempotent
+        batch.wants_cycle = True
+        return None, self._admit(message, now), None
+
+    def _fold_cancel(self, message: CancelJob, now: float, batch: _Batch) -> _Folded | None:
+        refused = self._cancel_refused(message)
+        if refused is not None:
+            log.warning("scheduler.cancel_refused", job_id=str(message.job_id), reason=refused)
+            return None
+        return None, cancel(self.state, message), None
+
+    def _fold_job_ended(self, message: JobFailed | JobLost | JobFinished, now: float, batch: _Batch) -> _Folded:
+        if isinstance(message, JobFailed) and message.cause == "lost" and message.placement_id and message.node_id:
+            return JobLost(message_id=message.message_id, job_id=message.job_id, placement_id=message.placement_id,
+                           node_id=message.node_id, reason=message.reason, occurred_at=message.occurred_at,
+                           tenant=message.tenant), Decision(), None  # dated when the job ended
+        return message, Decision(), message.job_id
+
+    def _fold_node_registered(self, message: NodeRegistered, now: float, batch: _Batch) -> _Folded | None:
+        self.last_seen[message.inventory.node_id] = self._lease_clock()
+        known = self.state.nodes.get(message.inventory.node_id)
+        if known is not None and known.inventory_hash == message.inventory_hash:
+            return None  # a periodic re-registration with nothing new: the lease renewal is all it means
+        return message, Decision(), None
+
+    def _fold_fact(self, message: Message, now: float, batch: _Batch) -> _Folded:
+        return message, Decision(), None
 
     def _admit(self, submit: SubmitJob, now: float) -> Decision:
         """Admission: tenant and priority from the publisher's identity, then fit, quota and admission limits."""

@@ -1,6 +1,7 @@
 """Telemetry's message handlers and periodic duties: message -> store effects -> published alerts.
 
-One registry (``TelemetryHandlers.handle``) maps each consumed message type to its handler:
+One registry (``TelemetryHandlers.handlers``, dispatched by ``gpuorch_messaging.dispatch``) maps each consumed
+message type to its handler:
 
     gpu.usage_sampled        -> SampleBatcher -> store.ingest_samples (batched, one transaction per batch)
     gpu.health_changed       -> raise / resolve ``gpu_unhealthy``
@@ -27,6 +28,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from gpuorch_contracts import (
     AlertRaised,
@@ -45,7 +47,7 @@ from gpuorch_contracts import (
     RecommendationMade,
     utc_now,
 )
-from gpuorch_messaging import Publisher
+from gpuorch_messaging import Publisher, dispatch
 from gpuorch_observability import get_logger
 
 from gpuorch_telemetry import metrics
@@ -184,30 +186,40 @@ class TelemetryHandlers:
 
     def __post_init__(self) -> None:
         self.batcher = SampleBatcher(self._ingest, max_batch=self.max_batch, max_delay_s=self.max_delay_s)
+        self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
+            GpuUsageSampled.TYPE: self.batcher.submit,
+            GpuHealthChanged.TYPE: self.on_health_changed,
+            JobAccepted.TYPE: self.store.record_job_accepted,
+            JobPlaced.TYPE: self.on_job_placed,
+            JobStarted.TYPE: self.on_job_started,
+            JobFinished.TYPE: self.on_job_finished,
+            JobFailed.TYPE: self._ended_as("failed"),
+            JobLost.TYPE: self._ended_as("lost"),
+            JobCancelled.TYPE: self._ended_as("cancelled"),
+            JobRequeued.TYPE: self.on_job_requeued,
+        }
+        """The registry: message type -> handler (``gpuorch_messaging.dispatch``)."""
 
     async def handle(self, message: Message) -> None:
-        """Apply one consumed message (the registry); unknown types are ignored (acked)."""
-        if isinstance(message, GpuUsageSampled):
-            await self.batcher.submit(message)
-        elif isinstance(message, GpuHealthChanged):
-            await self.on_health_changed(message)
-        elif isinstance(message, JobAccepted):
-            await self.store.record_job_accepted(message)
-        elif isinstance(message, JobPlaced):
-            await self.store.record_job_placed(message, self._first_evaluation(message.occurred_at))
-        elif isinstance(message, JobStarted):
-            await self.store.record_job_started(message, self._first_evaluation(message.occurred_at))
-        elif isinstance(message, JobFinished):
-            state = "succeeded" if message.exit_code == 0 else "failed"
+        """Apply one consumed message through ``handlers``; other types are ignored (acked)."""
+        await dispatch(self.handlers, message, service="telemetry")
+
+    async def on_job_placed(self, message: JobPlaced) -> None:
+        await self.store.record_job_placed(message, self._first_evaluation(message.occurred_at))
+
+    async def on_job_started(self, message: JobStarted) -> None:
+        await self.store.record_job_started(message, self._first_evaluation(message.occurred_at))
+
+    async def on_job_finished(self, message: JobFinished) -> None:
+        await self._ended(message.job_id, "succeeded" if message.exit_code == 0 else "failed", message.occurred_at)
+
+    async def on_job_requeued(self, message: JobRequeued) -> None:
+        await self.store.record_job_requeued(message.job_id, message.occurred_at)
+
+    def _ended_as(self, state: str) -> Callable[[JobFailed | JobLost | JobCancelled], Awaitable[None]]:
+        async def ended(message: JobFailed | JobLost | JobCancelled) -> None:
             await self._ended(message.job_id, state, message.occurred_at)
-        elif isinstance(message, JobFailed):
-            await self._ended(message.job_id, "failed", message.occurred_at)
-        elif isinstance(message, JobLost):
-            await self._ended(message.job_id, "lost", message.occurred_at)
-        elif isinstance(message, JobCancelled):
-            await self._ended(message.job_id, "cancelled", message.occurred_at)
-        elif isinstance(message, JobRequeued):
-            await self.store.record_job_requeued(message.job_id, message.occurred_at)
+        return ended
 
     def _first_evaluation(self, at: datetime) -> datetime:
         """Once a window's worth of samples can exist, plus up to 10 % of the interval so that jobs placed
