@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aio_pika
+import aio_pika.exceptions
 import asyncpg
 from gpuorch_contracts import COMMANDS_EXCHANGE, Checkpoint, GpuRequest, JobSpec, Message, ProcessRun, SubmitJob
 from gpuorch_messaging import Broker, QueueSpec
@@ -56,6 +58,19 @@ async def query(dsn: str, sql: str, *args: object) -> list[dict[str, Any]]:
         return [dict(r) for r in await conn.fetch(sql, *args)]
     finally:
         await conn.close()
+
+
+async def dead_letter_count(amqp_url: str, queue: str) -> int:
+    """Messages waiting in a dead-letter queue (0 if it does not exist)."""
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        try:
+            return (await channel.declare_queue(queue, passive=True)).declaration_result.message_count or 0
+        except aio_pika.exceptions.ChannelClosed:
+            return 0
+    finally:
+        await connection.close()
 
 
 def nodes_for(jobs: int, at_least: int = 1, gpus: int = 8, milli: int = 100) -> int:

@@ -14,6 +14,7 @@ from services.scheduler.tests.crash_drill import crash_drill
 from tests.chaos.faults import LOST_AFTER_S, SEED, ChaosStack, scale
 from tests.chaos.invariants import check_invariants
 from tests.chaos.scenario import (
+    dead_letter_count,
     fleet_without_executors,
     nodes_for,
     query,
@@ -191,9 +192,10 @@ async def test_postgres_sessions_terminated_mid_transaction(
                 break
             await asyncio.sleep(0.3)
     verdict = await check_invariants(pg_dsn)
+    dead = await dead_letter_count(amqp_url, "scheduler.submit.dlq")
     report("postgres-terminate", f"{verdict.figures()}; sessions terminated {terminated}, scheduler restarts "
-           f"{restarts}")
+           f"{restarts}, dead-lettered submissions {dead}")
     verdict.assert_holds()
-    assert verdict.accepted == count and verdict.states["placed"] == count
+    assert dead == 0 and verdict.accepted == count and verdict.states["placed"] == count
     assert terminated >= terminations
 
