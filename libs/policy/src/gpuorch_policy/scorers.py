@@ -271,8 +271,7 @@ class GpuorchScore:
         self.fgd_reserve = fgd_reserve
         self.fgd = FgdScore(mix) if mix.multi_gpu_share >= multi_gpu_switch else None
         self.reserve_scarce = reserve_scarce
-        self._reserved_for: tuple[int, int] = (-1, -1)
-        self._reserved = np.zeros(0, dtype=np.int64)
+        self._reserved: dict[tuple[int, int], IntArray] = {}  # per (cluster, size): a pure cache
         self.prefer_cpu_rich = prefer_cpu_rich
         self.bucket_milli = bucket_milli
         self.cpu_tasks_to_busy_gpus = cpu_tasks_to_busy_gpus
@@ -305,10 +304,12 @@ class GpuorchScore:
     def reserved(self, cluster: Cluster) -> IntArray:
         """1 for the nodes that are among the few (< reserve_scarce of the GPU nodes) able to host, when empty,
         some GPU task type seen in the mix (say 8 GPUs with 120 cores and 720 GiB, or a rare model); 0 elsewhere.
-        Depends on node totals only, so it is kept per cluster and size."""
+        Depends on node totals only, so it is kept per cluster and size (a node whose totals change keeps its flag
+        until the cluster grows: only a tie-break, never a capacity decision)."""
         key = (id(cluster), cluster.size)
-        if self._reserved_for == key:
-            return self._reserved
+        cached = self._reserved.get(key)
+        if cached is not None:
+            return cached
         reserved = np.zeros(cluster.size, dtype=np.bool_)
         gpu_nodes = max(int((cluster.gpu_count > 0).sum()), 1)
         names = list(cluster.model_names)
@@ -326,9 +327,10 @@ class GpuorchScore:
             found = int(hosts.sum())
             if 0 < found < self.reserve_scarce * gpu_nodes:
                 reserved |= hosts
-        self._reserved_for = key
-        self._reserved = reserved.astype(np.int64)
-        return self._reserved
+        if len(self._reserved) >= 8:  # a live fleet and its copies: a few clusters at most
+            self._reserved.clear()
+        self._reserved[key] = reserved.astype(np.int64)
+        return self._reserved[key]
 
     def score(
         self, request: Request, cluster: Cluster, rows: IntArray, rng: np.random.Generator | None
