@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 import pytest
-from gpuorch_contracts import JobFailed, JobFinished, JobIsolation, JobStarted
+from gpuorch_contracts import GpuAllocation, JobFailed, JobFinished, JobIsolation, JobStarted
 
 from gpuorch_executor.backends.base import JobLaunch
 from gpuorch_executor.backends.container import container_user
@@ -439,6 +439,33 @@ async def test_the_device_controller_denies_the_gpus_a_job_was_not_given(
         await harness.until(lambda: not Path(record.device_cgroup or "").exists())  # removed when it ended
     else:
         assert record.device_cgroup is None  # nothing to deny: no cgroup at all
+
+
+async def test_a_mig_job_opens_its_parent_gpu_and_no_other(
+        tmp_path: Path, any_device_cgroup: DeviceCgroupV1 | DeviceCgroupV2) -> None:
+    """A MIG instance has a UUID of its own (``MIG-...``), not in the device map: its parent GPU (by index) is what
+    it must open; denying every node but the given UUIDs' would lock it out of its own slice."""
+    confinement = DeviceConfinement(any_device_cgroup, GpuDeviceNodes(STAND_IN_GPUS))
+    harness = Harness(tmp_path / "state", backends={"process": ProcessBackend(None, confinement)})
+    command = launch_job(["python", "-c", OPENS], env={"CUDA_VISIBLE_DEVICES": ""})
+    command = command.model_copy(update={"gpus": [GpuAllocation(
+        gpu_uuid="MIG-cccccccc-0000-0000-0000-000000000000", gpu_index=1, mig_profile="1g.10gb")]})
+    await harness.executor.handle(command)
+    outcome = await harness.until_ended(command.placement_id)
+    assert isinstance(outcome, JobFinished)
+    [started] = harness.publisher.of_type(JobStarted)
+    assert last_json(started) == {"/dev/full": "denied", "/dev/zero": "open", "/dev/null": "open"}
+
+
+def test_mig_instances_map_to_their_parent_gpu_nodes() -> None:
+    nodes = GpuDeviceNodes(STAND_IN_GPUS)
+    mig = ("MIG-cccccccc-0000-0000-0000-000000000000", 0, True)
+    assert nodes.given([mig]) == ["GPU-aaaaaaaa-0000-0000-0000-000000000000"]
+    assert nodes.denied_for(nodes.given([mig])) == ["/dev/zero"]
+    assert nodes.given([("GPU-bbbbbbbb-0000-0000-0000-000000000000", 1, False)]) == [
+        "GPU-bbbbbbbb-0000-0000-0000-000000000000"]
+    with pytest.raises(OSError, match="lacks"):
+        nodes.given([("MIG-x", 7, True)])
 
 
 def test_gpu_device_nodes_from_the_driver_and_from_the_setting(tmp_path: Path) -> None:

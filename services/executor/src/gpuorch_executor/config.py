@@ -25,7 +25,7 @@ environment:
   GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT  where process jobs get the cgroup that confines them to their GPUs:
                                 'auto' (default: cgroup v2 eBPF device filter, else cgroup v1 devices), a
                                 directory, or 'off' (reported: devices env_only)
-  GPUORCH_EXECUTOR_GPU_DEVICES  JSON {"<GPU uuid>": ["/dev/nvidiaN"]} (default: read from /proc/driver/nvidia)
+  GPUORCH_EXECUTOR_GPU_DEVICES  JSON {"<GPU uuid>": ["/dev/nvidiaN"]} in GPU index order (default: read from /proc/driver/nvidia)
   GPUORCH_EXECUTOR_CGROUP_ROOT  cgroup v2 directory for per-job limits (default /sys/fs/cgroup/gpuorch; without
                                 cgroup v2, cgroup v1 memory and cpu under <hierarchy>/gpuorch); 'off' disables
                                 limits

@@ -17,8 +17,10 @@ What is a GPU's device node: ``GpuDeviceNodes.discover`` reads ``/proc/driver/nv
 ``{"GPU-...": ["/dev/nvidia0"]}``) replaces it (stand-ins in tests, unusual layouts). The shared control nodes
 (``nvidiactl``, ``nvidia-uvm``) stay open: CUDA needs them for the GPUs the job may use.
 
-Not covered (reported by ``DeviceConfinement.kind``: ``env_only`` where neither works): MIG slices within one GPU (a job given a MIG instance keeps its parent GPU's node; the instance is chosen
-by ``CUDA_VISIBLE_DEVICES=MIG-...`` only). Containers are confined by Docker and the NVIDIA runtime instead
+A job given a MIG instance may open its parent GPU's node (``GpuDeviceNodes.given``: found by the parent's index)
+and no other GPU's. Not covered: MIG slices within one GPU (the instance is chosen by ``CUDA_VISIBLE_DEVICES=MIG-...``
+only; confining them would mean denying the other instances' ``/dev/nvidia-caps`` nodes). ``DeviceConfinement.kind``
+is ``env_only`` where neither cgroup way works. Containers are confined by Docker and the NVIDIA runtime instead
 (``--gpus device=<UUIDs>``).
 """
 
@@ -40,15 +42,31 @@ NVIDIA_PROC = Path("/proc/driver/nvidia/gpus")
 
 
 class GpuDeviceNodes:
-    """GPU (or MIG) UUID -> the device nodes that give access to it."""
+    """GPU UUID -> the device nodes that give access to it, in NVML index order (``by_index``: the position in
+    ``nodes``, which ``discover`` orders by PCI address, as NVML enumerates)."""
 
     def __init__(self, nodes: Mapping[str, Iterable[str]]) -> None:
         self.nodes = {uuid: tuple(paths) for uuid, paths in nodes.items()}
+        self.by_index = list(self.nodes)
+
+    def given(self, gpus: Iterable[tuple[str, int, bool]]) -> list[str]:
+        """The GPU UUIDs a placement may open, from its ``(gpu_uuid, gpu_index, is_mig)`` allocations: a MIG
+        instance (its own ``MIG-...`` UUID) opens its parent GPU's node, found by the parent's index; the slices
+        inside that GPU are told apart by ``CUDA_VISIBLE_DEVICES`` only (not confined)."""
+        uuids = []
+        for uuid, index, is_mig in gpus:
+            if is_mig:
+                if not 0 <= index < len(self.by_index):
+                    raise OSError(f"MIG instance {uuid} is on GPU {index}, which this node's device map lacks")
+                uuids.append(self.by_index[index])
+            else:
+                uuids.append(uuid)
+        return uuids
 
     @classmethod
     def discover(cls, proc: Path = NVIDIA_PROC) -> GpuDeviceNodes:
         found: dict[str, list[str]] = {}
-        for info in sorted(proc.glob("*/information")):
+        for info in sorted(proc.glob("*/information")):  # directory names are PCI addresses: NVML's order
             try:
                 fields = dict(line.split(":", 1) for line in info.read_text().splitlines() if ":" in line)
                 uuid = fields["GPU UUID"].strip()
@@ -60,7 +78,8 @@ class GpuDeviceNodes:
 
     @classmethod
     def from_setting(cls, value: str | None) -> GpuDeviceNodes:
-        """``GPUORCH_EXECUTOR_GPU_DEVICES``: JSON ``{uuid: [paths]}``, or unset -> ``discover()``."""
+        """``GPUORCH_EXECUTOR_GPU_DEVICES``: JSON ``{uuid: [paths]}`` in GPU index order, or unset ->
+        ``discover()``."""
         if not value:
             return cls.discover()
         document = json.loads(value)
