@@ -37,11 +37,12 @@ H100, L4 = SIM_NODE_TYPES["h100x8"], SIM_NODE_TYPES["l4x4"]
 
 
 def pools(boot_s: float) -> tuple[PoolSpec, ...]:
-    """The autoscaled pools. Inference keeps a warm headroom (bursts start at once while nodes boot); training and
-    batch wait a little before they buy a node; cool-downs are a few boot times."""
+    """The autoscaled pools. Both keep a warm headroom of free GPUs (bursts start at once while more nodes boot):
+    8 L4 GPUs for inference, 16 H100 GPUs (two nodes) for training, whose jobs otherwise wait for a boot (mean
+    28-53 s with none, seeds 1-5); batch waits 10 minutes before it buys a node; cool-downs are a few boot times."""
     return (
         PoolSpec("h100", H100, floor=1, ceiling=16, scale_out_cooldown_s=boot_s, scale_in_cooldown_s=600,
-                 idle_before_drain_s=900, max_step=4, min_wait_s=(("batch", 600.0),), headroom_gpus=0),
+                 idle_before_drain_s=900, max_step=4, min_wait_s=(("batch", 600.0),), headroom_gpus=16),
         PoolSpec("l4", L4, floor=1, ceiling=40, scale_out_cooldown_s=60, scale_in_cooldown_s=300,
                  idle_before_drain_s=600, max_step=8, min_wait_s=(("batch", 600.0),), headroom_gpus=8),
     )
@@ -324,6 +325,7 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "share_of_mean_fleet_gap": round(extra / gap, 4) if gap > 0 else 0.0,
         "turnaround_vs_peak": round(turnaround, 4),
         "wait_within_10pct_of_peak": extra <= 0.10 * max(gap, 0.0) and turnaround <= 1.10,
+        "wait_within_10pct_or_1s_of_peak": auto["mean_wait_s"] <= 1.10 * peak["mean_wait_s"] + 1.0,
         "cost_vs_peak": round(auto["cost"] / peak["cost"], 3),
         "gpu_hours_vs_peak": round(auto["gpu_hours"] / peak["gpu_hours"], 3),
     }
