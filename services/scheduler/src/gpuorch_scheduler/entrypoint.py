@@ -212,7 +212,7 @@ def submission_lanes(tenants: list[str], identity_map: IdentityMap | None = None
     on_invalid = answer_invalid_submission(identity_map.default_tenant) if identity_map is not None else None
 
     def lane(name: str, bindings: list[tuple[str, str]]) -> QueueSpec:
-        return QueueSpec(name, bindings, prefetch=500, delivery_limit=DELIVERY_LIMIT, single_active_consumer=True,
+        return QueueSpec(name, bindings, prefetch=1000, delivery_limit=DELIVERY_LIMIT, single_active_consumer=True,
                          max_length=200_000, overflow="reject-publish", accepts=scheduler_accepts(),
                          on_invalid=on_invalid)
 
