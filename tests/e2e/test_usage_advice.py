@@ -56,12 +56,16 @@ async def test_each_usage_problem_is_detected_with_advice_and_a_healthy_job_rais
             await publish_when_routable(broker, submit)
             jobs[submit.job_id] = name
         expected = {(job_id, kind) for job_id, name in jobs.items() if (kind := PROFILES[name][2])}
-        rows = await wait_rows(
-            pg_dsn, "SELECT job_id, kind, category, explanation, advice FROM telemetry_alerts",
-            until=lambda rs: expected <= {(r["job_id"], r["kind"]) for r in rs}, timeout_s=150,
-            what="every usage problem detected; host CPU seen: " + str(await wait_rows(
+        try:
+            rows = await wait_rows(
+                pg_dsn, "SELECT job_id, kind, category, explanation, advice FROM telemetry_alerts",
+                until=lambda rs: expected <= {(r["job_id"], r["kind"]) for r in rs}, timeout_s=150,
+                what="every usage problem detected")
+        except AssertionError as exc:  # say what telemetry saw of each job's host CPU, read when it failed
+            seen = await wait_rows(
                 pg_dsn, "SELECT job_id, avg(host_cpu_pct) AS cpu FROM telemetry_process_samples GROUP BY job_id",
-                until=lambda rs: True)))
+                until=lambda rs: True)
+            raise AssertionError(f"{exc}; host CPU seen: {[(jobs.get(r['job_id']), r['cpu']) for r in seen]}") from exc
     finally:
         await broker.close()
     by_job: dict[str, set[str]] = {}
