@@ -56,6 +56,8 @@ async def _report_and_check(stack: LocalStack, amqp_url: str, pg_dsn: str, env: 
     assert stored["devices"] in ("cgroup_v2", "cgroup_v1", "env_only") and stored["limits"] in ("cgroup_v2", "none")
     if stored["devices"] == "env_only":
         assert any("not device-confined" in note for note in stored["notes"])
+    else:  # whole GPUs confined by the kernel; the slices of one MIG GPU are not, and the node says so
+        assert any("MIG instances inside one GPU" in note for note in stored["notes"])
 
     cli_env = {**os.environ, "GPUORCH_DATABASE_URL": pg_dsn, "COLUMNS": "200"}
     listed = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "nodes", "--json"], capture_output=True,

@@ -130,6 +130,9 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
             log.warning("devices.unconfined", reason=confinement.why_not,
                         effect="process jobs see GPUs through CUDA_VISIBLE_DEVICES only; a job can unset it")
             notes.append(f"process jobs not device-confined: {confinement.why_not}"[:1024])
+        else:
+            notes.append("MIG instances inside one GPU are chosen by CUDA_VISIBLE_DEVICES only: the device "
+                         "controller confines whole GPUs, not the slices of one")
         devices_kind = confinement.kind
         backends["process"] = ProcessBackend(cgroups, confinement)
     if "container" in config.runtimes:
