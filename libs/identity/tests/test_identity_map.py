@@ -81,3 +81,29 @@ def test_the_checked_in_map_loads_and_separates_submit_from_operate() -> None:
     assert deployed.identities["gpuctl-operator"].role == "operator"
     assert isinstance(authorize_submission(deployed, "gpuctl-submit", submission(tenant="acme")), Rejection)
     assert "sim-00001" in deployed.node_scopes["executor-sim"]
+
+
+GATEWAY_MAP = IdentityMap(identities={**MAP.identities, "api": Identity(role="gateway")})
+
+
+@pytest.mark.parametrize(("publisher", "on_behalf_of", "expected"), [
+    ("acme-ci", None, "acme-ci"),  # a plain publisher is judged as itself
+    ("api", "acme-ci", "acme-ci"),  # the gateway speaks for an identity it authenticated
+    ("ops", "acme-ci", "acme-ci"),  # an operator may too (it may already do anything)
+    ("acme-ci", "ops", "refused"),  # a submitter cannot borrow an operator's identity
+    ("multi", "acme-ci", "refused"),
+    ("api", "executor-n1", "refused"),  # nor make a service submit
+    ("api", "nobody", "refused"),
+])
+def test_acting_user_honours_on_behalf_of_only_from_a_gateway_or_operator(
+        publisher: str, on_behalf_of: str | None, expected: str) -> None:
+    from gpuorch_identity import acting_user
+
+    verdict = acting_user(GATEWAY_MAP, publisher, on_behalf_of)
+    assert (verdict.reason if isinstance(verdict, Rejection) else verdict) == expected or (
+        expected == "refused" and isinstance(verdict, Rejection))
+
+
+def test_a_gateway_never_submits_or_cancels_as_itself() -> None:
+    assert isinstance(authorize_submission(GATEWAY_MAP, "api", submission(tenant="acme")), Rejection)
+    assert isinstance(authorize_cancel(GATEWAY_MAP, "api", "acme"), Rejection)

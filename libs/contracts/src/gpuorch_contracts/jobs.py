@@ -183,6 +183,9 @@ class SubmitJob(Message):
     type: Literal["job.submit"] = "job.submit"
     job_id: uuid.UUID = Field(default_factory=uuid.uuid4)
     spec: JobSpec
+    on_behalf_of: Name | None = Field(default=None, description=(
+        "the identity (identity map name) a gateway submits for, after authenticating it (the API with a token); "
+        "honoured only when the publisher's own identity is a gateway or an operator, refused from anyone else"))
 
 
 class CancelJob(Message):
@@ -195,6 +198,8 @@ class CancelJob(Message):
     tenant: TenantName | None = Field(default=None, description=(
         "the job's tenant, if the canceller knows it: routes the cancel as job.cancel.<tenant>, in the same lane "
         "as that tenant's submissions (so it cannot overtake them); the scheduler checks the job's own tenant"))
+    on_behalf_of: Name | None = Field(default=None, description=(
+        "the identity a gateway cancels for (see SubmitJob.on_behalf_of)"))
 
 
 class JobAccepted(TenantRouted):

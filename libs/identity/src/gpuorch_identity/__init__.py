@@ -3,6 +3,7 @@
     deploy/identity.json --load_identity_map--> IdentityMap
     (SubmitJob as received, AMQP user_id) --authorize_submission--> JobSpec (tenant, priority filled) | Rejection
     (user_id, the job's tenant)           --authorize_job_access--> None (allowed) | Rejection   (cancel, logs)
+    (AMQP user_id, message.on_behalf_of)  --acting_user--> the identity to judge the message as | Rejection
 
 Pure: no I/O besides ``load_identity_map``; the scheduler calls these at admission with the delivery's
 ``user_id`` (which RabbitMQ guarantees is the publisher's broker user). An API token is first turned into the name
@@ -11,6 +12,9 @@ of its identity with ``IdentityMap.user_for_token`` (only sha256 digests of toke
 Rules:
 - an unknown user may do nothing (unless the map has a ``"*"`` entry: the development map gives everyone operator);
 - ``service`` identities (scheduler, executors ...) never submit or cancel;
+- a ``gateway`` identity (the API's broker user) never acts for itself: it submits and cancels only
+  ``on_behalf_of`` an identity it authenticated (a token); an operator may also name ``on_behalf_of`` (it may
+  already do anything); anyone else naming it is refused, so a submitter cannot borrow another identity;
 - a spec that omits ``tenant`` gets the identity's ``default_tenant``; a named tenant must be in ``tenants``
   (``"*"`` allows every tenant); operators may use any tenant;
 - a spec that omits ``priority_class`` gets ``normal``, lowered to the identity's ``max_priority`` if that is lower;
@@ -32,12 +36,12 @@ from gpuorch_contracts.text import Name, TenantName
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
-    "ANY_TENANT", "Identity", "IdentityMap", "Rejection", "authorize_cancel", "authorize_job_access",
+    "ANY_TENANT", "Identity", "IdentityMap", "Rejection", "acting_user", "authorize_cancel", "authorize_job_access",
     "authorize_submission", "load_identity_map", "token_digest",
 ]
 
 ANY_TENANT = "*"
-Role = Literal["submitter", "operator", "service"]
+Role = Literal["submitter", "operator", "service", "gateway"]
 
 
 class Identity(BaseModel):
@@ -140,6 +144,8 @@ def authorize_submission(
         return Rejection(f"publisher {user_id!r} is not in the identity map: it may not submit jobs")
     if identity.role == "service":
         return Rejection(f"{user_id} is a service identity: services do not submit jobs")
+    if identity.role == "gateway":
+        return Rejection(f"{user_id} is a gateway: it submits only on behalf of an identity it authenticated")
     named = "tenant" in spec.model_fields_set and spec.tenant != DEFAULT_TENANT
     if named:
         tenant = spec.tenant
@@ -169,9 +175,26 @@ def authorize_job_access(identity_map: IdentityMap, user_id: str | None, job_ten
         return Rejection(f"publisher {user_id!r} is not in the identity map")
     if identity.role == "service":
         return Rejection(f"{user_id} is a service identity: services do not cancel jobs")
+    if identity.role == "gateway":
+        return Rejection(f"{user_id} is a gateway: it acts only on behalf of an identity it authenticated")
     if not identity.may_use(job_tenant):
         return Rejection(f"{user_id} may not act on jobs of tenant {job_tenant!r}")
     return None
+
+
+def acting_user(identity_map: IdentityMap, user_id: str | None, on_behalf_of: str | None) -> str | Rejection | None:
+    """The identity a submission or cancel is judged as: the publisher (``user_id``, verified by the broker) unless
+    it names ``on_behalf_of``; then that identity, provided the publisher is a gateway or an operator and the named
+    identity is in the map. Refused (a Rejection) for anyone else, and for an unknown or service identity named."""
+    if on_behalf_of is None:
+        return user_id
+    publisher = identity_map.identity_of(user_id)
+    if publisher is None or publisher.role not in ("gateway", "operator"):
+        return Rejection(f"{user_id} may not act on behalf of {on_behalf_of!r}: only a gateway (the API) may")
+    named = identity_map.identity_of(on_behalf_of)
+    if named is None or named.role in ("service", "gateway"):
+        return Rejection(f"{on_behalf_of!r} is not an identity that submits or cancels jobs")
+    return on_behalf_of
 
 
 authorize_cancel = authorize_job_access

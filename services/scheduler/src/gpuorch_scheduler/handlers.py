@@ -54,7 +54,7 @@ from gpuorch_contracts import (
     encode,
 )
 from gpuorch_contracts.jobs import TenantRouted
-from gpuorch_identity import IdentityMap, Rejection, authorize_cancel, authorize_submission
+from gpuorch_identity import IdentityMap, Rejection, acting_user, authorize_cancel, authorize_submission
 from gpuorch_messaging import handler_for
 from gpuorch_observability import get_logger, inject_trace
 from gpuorch_store import (
@@ -469,7 +469,11 @@ class SchedulerService:
         """Admission: tenant and priority from the publisher's identity, then fit, quota and admission limits."""
         identity = self.config.identity
         if identity is not None and submit.job_id not in self.state.jobs:
-            sender = self._sender_of(submit)
+            sender = acting_user(identity, self._sender_of(submit), submit.on_behalf_of)
+            if isinstance(sender, Rejection):
+                return Decision(logged=[JobRejected(
+                    message_id=decision_id("rejected", submit.job_id), job_id=submit.job_id,
+                    reason=sender.reason[:1000], tenant=identity.default_tenant(self._sender_of(submit)))])
             verdict = authorize_submission(identity, sender, submit)
             if isinstance(verdict, Rejection):
                 return Decision(logged=[JobRejected(
@@ -488,7 +492,10 @@ class SchedulerService:
         job = self.state.jobs.get(request.job_id)
         if identity is None or job is None:
             return None
-        refused = authorize_cancel(identity, self._sender_of(request), job.spec.tenant)
+        sender = acting_user(identity, self._sender_of(request), request.on_behalf_of)
+        if isinstance(sender, Rejection):
+            return sender.reason
+        refused = authorize_cancel(identity, sender, job.spec.tenant)
         return refused.reason if refused is not None else None
 
     def _fold_tick(self, now: float, batch: _Batch) -> None:
