@@ -56,8 +56,9 @@ async def _report_and_check(stack: LocalStack, amqp_url: str, pg_dsn: str, env: 
     assert stored["devices"] in ("cgroup_v2", "cgroup_v1", "env_only") and stored["limits"] in ("cgroup_v2", "none")
     if stored["devices"] == "env_only":
         assert any("not device-confined" in note for note in stored["notes"])
-    else:  # whole GPUs confined by the kernel; the slices of one MIG GPU are not, and the node says so
+    else:  # whole GPUs confined by the kernel; with no GPU driver here, no MIG capability nodes: the node says so
         assert any("MIG instances inside one GPU" in note for note in stored["notes"])
+    assert stored["mig_slices"] == "env_only"
 
     cli_env = {**os.environ, "GPUORCH_DATABASE_URL": pg_dsn, "COLUMNS": "200"}
     listed = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "nodes", "--json"], capture_output=True,
@@ -67,4 +68,5 @@ async def _report_and_check(stack: LocalStack, amqp_url: str, pg_dsn: str, env: 
     table = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "nodes"], capture_output=True, text=True,
                            env=cli_env, check=True).stdout
     assert ("own uid" if env else "executor's uid") in table
-    assert (f"devices {stored['devices']}" if stored["devices"] != "env_only" else "devices env only") in table
+    assert (f"devices {stored['devices']} (MIG slices: env only)" if stored["devices"] != "env_only"
+            else "devices env only") in table

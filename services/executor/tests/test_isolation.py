@@ -33,6 +33,7 @@ from gpuorch_executor.backends.devices import (
     cgroup2_mount_point,
     device_filter_program,
 )
+from gpuorch_executor.backends.mig_devices import MigCapabilities, MigLocation
 from gpuorch_executor.backends.process import ProcessBackend
 from gpuorch_executor.config import ConfigError, ExecutorConfig
 from gpuorch_executor.domain.allowlist import AllowList, TenantPolicy
@@ -468,6 +469,88 @@ def test_mig_instances_map_to_their_parent_gpu_nodes() -> None:
         nodes.given([("MIG-x", 7, True)])
 
 
+MIG_C, MIG_D = "MIG-cccccccc-0000-0000-0000-000000000000", "MIG-dddddddd-0000-0000-0000-000000000000"
+
+
+def _mig_capabilities(tmp_path: Path, caps_are_devices: bool = True) -> MigCapabilities:
+    """A driver stand-in: GPU minor 0 holds GPU instances 1 (``MIG_C``, compute instance 0) and 2 (``MIG_D``).
+    The ``nvidia-caps`` major is 1 (the kernel's ``mem`` devices) so each capability is a node anyone may open:
+    MIG_C's are /dev/random (1:8) and /dev/urandom (1:9), MIG_D's /dev/zero (1:5) and /dev/kmsg (1:11),
+    mig/config 1:1 and mig/monitor 1:2."""
+    proc = tmp_path / "capabilities"
+    for relative, minor in (("gpu0/mig/gi1/access", 8), ("gpu0/mig/gi1/ci0/access", 9),
+                            ("gpu0/mig/gi2/access", 5), ("gpu0/mig/gi2/ci0/access", 11),
+                            ("mig/config", 1), ("mig/monitor", 2)):
+        (proc / relative).parent.mkdir(parents=True, exist_ok=True)
+        (proc / relative).write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    devices = tmp_path / "devices"
+    devices.write_text("Character devices:\n  1 mem\n" + ("  1 nvidia-caps\n" if caps_are_devices else "")
+                       + "195 nvidia-frontend\n")
+    return MigCapabilities(lambda: [MigLocation(MIG_C, 0, 1, 0), MigLocation(MIG_D, 0, 2, 0)],
+                           proc=proc, dev=Path("/dev/nvidia-caps-test"), proc_devices=devices)
+
+
+def test_mig_capability_nodes_are_read_from_the_driver(tmp_path: Path) -> None:
+    caps = _mig_capabilities(tmp_path)
+    assert caps.available
+    node = "/dev/nvidia-caps-test/nvidia-cap{}".format
+    assert caps.instances() == {MIG_C: [node(8), node(9)], MIG_D: [node(5), node(11)]}
+    assert caps.all_nodes() == {node(m): ("c", 1, m) for m in (1, 2, 5, 8, 9, 11)}
+    nodes = GpuDeviceNodes({"GPU-aaaaaaaa-0000-0000-0000-000000000000": ["/dev/full"]}, mig=caps).now()
+    given = nodes.given([(MIG_C, 0, True)])
+    assert given == ["GPU-aaaaaaaa-0000-0000-0000-000000000000", MIG_C]
+    assert nodes.denied_for(given) == [node(1), node(11), node(2), node(5)]  # the other slice, config, monitor
+    with pytest.raises(OSError, match="cannot be confined"):
+        nodes.given([("MIG-eeeeeeee-0000-0000-0000-000000000000", 0, True)])  # not on this GPU now
+    (tmp_path / "capabilities" / "gpu0/mig/gi2/ci0/access").unlink()  # its compute instance is gone
+    assert MIG_D not in caps.instances()
+    unconfined = _mig_capabilities(tmp_path / "proc-mode", caps_are_devices=False)
+    assert not unconfined.available and unconfined.all_nodes() == {}
+    plain = GpuDeviceNodes({"GPU-aaaaaaaa-0000-0000-0000-000000000000": ["/dev/full"]}, mig=unconfined)
+    assert not plain.confines_mig and plain.now() is plain
+    assert plain.given([(MIG_C, 0, True)]) == ["GPU-aaaaaaaa-0000-0000-0000-000000000000"]
+
+
+MIG_OPENS = OPENS.replace('("/dev/full", "/dev/zero", "/dev/null")', '("/dev/full", "/dev/zero", "/dev/random")')
+
+
+@pytest.mark.parametrize(("mig", "expected"), [
+    (MIG_C, {"/dev/full": "open", "/dev/random": "open", "/dev/zero": "denied"}),
+    (MIG_D, {"/dev/full": "open", "/dev/random": "denied", "/dev/zero": "open"}),
+])
+async def test_a_mig_job_opens_its_own_slice_and_no_other_slice_of_the_gpu(
+        tmp_path: Path, any_device_cgroup: DeviceCgroupV1 | DeviceCgroupV2, mig: str,
+        expected: dict[str, str]) -> None:
+    """Two slices of one GPU: the job given one may open the GPU's node and its slice's capability nodes; the
+    kernel refuses the other slice's (and mig/config, mig/monitor), whatever CUDA_VISIBLE_DEVICES says."""
+    devices = GpuDeviceNodes({"GPU-aaaaaaaa-0000-0000-0000-000000000000": ["/dev/full"]},
+                             mig=_mig_capabilities(tmp_path))
+    confinement = DeviceConfinement(any_device_cgroup, devices)
+    harness = Harness(tmp_path / "state", backends={"process": ProcessBackend(None, confinement)})
+    command = launch_job(["python", "-c", MIG_OPENS], env={"CUDA_VISIBLE_DEVICES": MIG_C + "," + MIG_D})
+    command = command.model_copy(update={"gpus": [GpuAllocation(gpu_uuid=mig, gpu_index=0, mig_profile="1g.10gb")]})
+    await harness.executor.handle(command)
+    outcome = await harness.until_ended(command.placement_id)
+    assert isinstance(outcome, JobFinished)
+    [started] = harness.publisher.of_type(JobStarted)
+    assert last_json(started) == expected
+
+
+async def test_a_mig_slice_not_on_the_node_now_is_a_launch_error(
+        tmp_path: Path, any_device_cgroup: DeviceCgroupV1 | DeviceCgroupV2) -> None:
+    devices = GpuDeviceNodes({"GPU-aaaaaaaa-0000-0000-0000-000000000000": ["/dev/full"]},
+                             mig=_mig_capabilities(tmp_path))
+    harness = Harness(tmp_path / "state", backends={
+        "process": ProcessBackend(None, DeviceConfinement(any_device_cgroup, devices))})
+    command = launch_job(["python", "-c", MIG_OPENS])
+    command = command.model_copy(update={"gpus": [GpuAllocation(
+        gpu_uuid="MIG-eeeeeeee-0000-0000-0000-000000000000", gpu_index=0, mig_profile="1g.10gb")]})
+    await harness.executor.handle(command)
+    outcome = await harness.until_ended(command.placement_id)
+    assert isinstance(outcome, JobFailed)
+    assert "cannot be confined" in outcome.reason
+
+
 def test_gpu_device_nodes_from_the_driver_and_from_the_setting(tmp_path: Path) -> None:
     for minor, uuid_ in ((0, "GPU-0"), (3, "GPU-3")):
         gpu = tmp_path / f"0000:0{minor}:00.0"
@@ -535,6 +618,14 @@ def test_a_device_cgroup_is_reported(any_device_cgroup: DeviceCgroupV1 | DeviceC
     _, isolation = build_backends(_config(GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT=str(any_device_cgroup.root),
                                           GPUORCH_EXECUTOR_CGROUP_ROOT="off"), None)
     assert isolation.devices == any_device_cgroup.kind
+    assert isolation.mig_slices == "env_only"  # no GPU driver here: no MIG capability nodes to confine by
+    assert any("MIG instances inside one GPU" in note for note in isolation.notes)
+    stand_ins = json.dumps({"GPU-aaaaaaaa-0000-0000-0000-000000000000": ["/dev/full"], MIG_C: ["/dev/random"]})
+    _, with_mig = build_backends(_config(GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT=str(any_device_cgroup.root),
+                                         GPUORCH_EXECUTOR_CGROUP_ROOT="off",
+                                         GPUORCH_EXECUTOR_GPU_DEVICES=stand_ins), None)
+    assert with_mig.mig_slices == any_device_cgroup.kind
+    assert not any("MIG instances inside one GPU" in note for note in with_mig.notes)
 
 
 def test_heartbeats_carry_the_isolation(tmp_path: Path) -> None:

@@ -188,12 +188,18 @@ class JobIsolation(Strict):
     job was not given) or ``env_only`` (``CUDA_VISIBLE_DEVICES`` only: a job that unsets it sees every GPU).
     ``limits`` (process jobs' host memory/CPU): ``cgroup_v2``, ``cgroup_v1`` or ``none``. ``containers``:
     ``gpus_flag`` (exactly the given GPUs through ``--gpus device=<UUIDs>``, hardened ``docker run``) or
-    ``disabled``. ``notes`` say why something is not enforced."""
+    ``disabled``. ``mig_slices``: whether a job on a MIG slice is confined to it (below). ``notes`` say why
+    something is not enforced."""
 
     job_users: Literal["per_job_uid", "executor_uid"]
     devices: Literal["cgroup_v1", "cgroup_v2", "env_only"]
     limits: Literal["cgroup_v2", "cgroup_v1", "none"]
     containers: Literal["gpus_flag", "disabled"] = "disabled"
+    mig_slices: Literal["cgroup_v1", "cgroup_v2", "env_only"] | None = Field(
+        default=None, description="process jobs given a MIG slice: confined by the device controller to that "
+        "slice's capability nodes (``cgroup_*``), or told apart from the other slices of the same GPU by "
+        "``CUDA_VISIBLE_DEVICES`` only (``env_only``: the driver's capabilities are not device nodes, or devices "
+        "are not confined at all); None from an executor older than this field")
     notes: Annotated[list[ShortText], Field(max_length=8)] = []
 
 

@@ -105,7 +105,7 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
     backends: dict[str, Backend] = {}
     notes: list[str] = []
     limits: str = "none"
-    devices_kind = "env_only"
+    devices_kind = mig_slices = "env_only"
     if job_users is None:
         notes.append("process jobs run as the executor's user (GPUORCH_EXECUTOR_JOB_UIDS off, or not root): "
                      "they can read its state and signal each other")
@@ -130,10 +130,12 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
             log.warning("devices.unconfined", reason=confinement.why_not,
                         effect="process jobs see GPUs through CUDA_VISIBLE_DEVICES only; a job can unset it")
             notes.append(f"process jobs not device-confined: {confinement.why_not}"[:1024])
-        else:
-            notes.append("MIG instances inside one GPU are chosen by CUDA_VISIBLE_DEVICES only: the device "
-                         "controller confines whole GPUs, not the slices of one")
+        elif not confinement.devices.confines_mig:
+            notes.append("MIG instances inside one GPU are chosen by CUDA_VISIBLE_DEVICES only: the driver's MIG "
+                         "capabilities are not device nodes here (no nvidia-caps in /proc/devices)")
         devices_kind = confinement.kind
+        mig_slices = devices_kind if confinement.cgroup is not None and confinement.devices.confines_mig else (
+            "env_only")
         backends["process"] = ProcessBackend(cgroups, confinement)
     if "container" in config.runtimes:
         try:
@@ -145,6 +147,7 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
         devices=devices_kind,  # type: ignore[arg-type]
         limits=limits,  # type: ignore[arg-type]
         containers="gpus_flag" if "container" in backends else "disabled", notes=notes[:8],
+        mig_slices=mig_slices if "process" in config.runtimes else None,  # type: ignore[arg-type]
     )
     log.info("executor.isolation", **isolation.model_dump())
     return backends, isolation

@@ -235,8 +235,8 @@ def isolation_text(isolation: dict[str, Any] | None) -> str:
         return "[yellow]not reported[/yellow]"
     users = "own uid" if isolation.get("job_users") == "per_job_uid" else "[red]executor's uid[/red]"
     devices = isolation.get("devices", "env_only")
-    devices = (f"devices {devices} [yellow](MIG slices: env only)[/yellow]" if devices != "env_only"
-               else "[red]devices env only[/red]")
+    mig = "" if isolation.get("mig_slices") not in ("env_only", None) else " [yellow](MIG slices: env only)[/yellow]"
+    devices = f"devices {devices}{mig}" if devices != "env_only" else "[red]devices env only[/red]"
     limits = isolation.get("limits", "none")
     limits = f"limits {limits}" if limits != "none" else "[yellow]no limits[/yellow]"
     containers = ", containers --gpus" if isolation.get("containers") == "gpus_flag" else ""

@@ -18,9 +18,11 @@ What is a GPU's device node: ``GpuDeviceNodes.discover`` reads ``/proc/driver/nv
 (``nvidiactl``, ``nvidia-uvm``) stay open: CUDA needs them for the GPUs the job may use.
 
 A job given a MIG instance may open its parent GPU's node (``GpuDeviceNodes.given``: found by the parent's index)
-and no other GPU's. Not covered: MIG slices within one GPU (the instance is chosen by ``CUDA_VISIBLE_DEVICES=MIG-...``
-only; confining them would mean denying the other instances' ``/dev/nvidia-caps`` nodes). ``DeviceConfinement.kind``
-is ``env_only`` where neither cgroup way works. Containers are confined by Docker and the NVIDIA runtime instead
+and its own instance's capability nodes, and no other GPU's node nor any other MIG capability node (other slices
+of the same GPU, ``mig/config``, ``mig/monitor``): ``mig_devices`` reads them from the driver at each launch.
+Where the driver's capabilities are not device nodes, MIG slices of one GPU are told apart by
+``CUDA_VISIBLE_DEVICES`` only (``GpuDeviceNodes.confines_mig`` is False and the node says so).
+``DeviceConfinement.kind`` is ``env_only`` where neither cgroup way works. Containers are confined by Docker and the NVIDIA runtime instead
 (``--gpus device=<UUIDs>``).
 """
 
@@ -37,34 +39,65 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from gpuorch_executor.backends.cgroups import mount_type_of
+from gpuorch_executor.backends.mig_devices import MigCapabilities, read_mig_instances
 
 NVIDIA_PROC = Path("/proc/driver/nvidia/gpus")
 
 
 class GpuDeviceNodes:
-    """GPU UUID -> the device nodes that give access to it, in NVML index order (``by_index``: the position in
-    ``nodes``, which ``discover`` orders by PCI address, as NVML enumerates)."""
+    """UUID -> the device nodes that give access to it: GPUs in NVML index order (``by_index``: the position among
+    the GPU entries, which ``discover`` orders by PCI address, as NVML enumerates), and MIG instances (``MIG-...``
+    keys: their capability nodes, see ``mig_devices``).
 
-    def __init__(self, nodes: Mapping[str, Iterable[str]]) -> None:
+    ``others``: device nodes denied unless given, with their numbers when known without a ``stat`` (every MIG
+    capability node of the host, including those not yet created under /dev). ``mig``: where to read the host's MIG
+    instances for each launch (``now``); None where MIG instances are not device nodes (or stand-ins are given)."""
+
+    def __init__(self, nodes: Mapping[str, Iterable[str]], others: Mapping[str, tuple[str, int, int]] | None = None,
+                 mig: MigCapabilities | None = None) -> None:
         self.nodes = {uuid: tuple(paths) for uuid, paths in nodes.items()}
-        self.by_index = list(self.nodes)
+        self.by_index = [uuid for uuid in self.nodes if not uuid.startswith("MIG-")]
+        self.others = dict(others or {})
+        self.mig = mig
+
+    @property
+    def confines_mig(self) -> bool:
+        """Whether a MIG job is confined to its own slice (not only to its parent GPU)."""
+        return bool(self.others) or len(self.by_index) < len(self.nodes) or (
+            self.mig is not None and self.mig.available)
+
+    def now(self) -> GpuDeviceNodes:
+        """This map with the host's MIG instances and capability nodes as they are at this moment (layouts change
+        while the executor runs). Raises ``OSError`` when they cannot be read (NVML down): not confinable."""
+        if self.mig is None or not self.mig.available:
+            return self
+        gpus = {uuid: self.nodes[uuid] for uuid in self.by_index}
+        return GpuDeviceNodes({**gpus, **self.mig.instances()}, self.mig.all_nodes())
 
     def given(self, gpus: Iterable[tuple[str, int, bool]]) -> list[str]:
-        """The GPU UUIDs a placement may open, from its ``(gpu_uuid, gpu_index, is_mig)`` allocations: a MIG
-        instance (its own ``MIG-...`` UUID) opens its parent GPU's node, found by the parent's index; the slices
-        inside that GPU are told apart by ``CUDA_VISIBLE_DEVICES`` only (not confined)."""
+        """The UUIDs a placement may open, from its ``(gpu_uuid, gpu_index, is_mig)`` allocations: a MIG instance
+        (its own ``MIG-...`` UUID) opens its parent GPU's node, found by the parent's index, and its own
+        capability nodes; where MIG slices are confined, an instance this map does not know is refused
+        (``OSError``) rather than run unconfined."""
         uuids = []
         for uuid, index, is_mig in gpus:
             if is_mig:
                 if not 0 <= index < len(self.by_index):
                     raise OSError(f"MIG instance {uuid} is on GPU {index}, which this node's device map lacks")
                 uuids.append(self.by_index[index])
+                if uuid in self.nodes:
+                    uuids.append(uuid)
+                elif self.confines_mig:
+                    raise OSError(f"MIG instance {uuid} is not among GPU {index}'s instances now (or its "
+                                  "capability files are missing): it cannot be confined to it")
             else:
                 uuids.append(uuid)
         return uuids
 
     @classmethod
-    def discover(cls, proc: Path = NVIDIA_PROC) -> GpuDeviceNodes:
+    def discover(cls, proc: Path = NVIDIA_PROC, mig: MigCapabilities | None = None) -> GpuDeviceNodes:
+        """The driver's GPUs (``/proc/driver/nvidia/gpus``) and, for each launch, its MIG instances (``mig``,
+        default: NVML and ``/proc/driver/nvidia/capabilities``)."""
         found: dict[str, list[str]] = {}
         for info in sorted(proc.glob("*/information")):  # directory names are PCI addresses: NVML's order
             try:
@@ -74,7 +107,7 @@ class GpuDeviceNodes:
             except (OSError, KeyError, ValueError):
                 continue
             found[uuid] = [f"/dev/nvidia{minor}"]
-        return cls(found)
+        return cls(found, mig=MigCapabilities(read_mig_instances) if mig is None else mig)
 
     @classmethod
     def from_setting(cls, value: str | None) -> GpuDeviceNodes:
@@ -90,10 +123,16 @@ class GpuDeviceNodes:
         return cls(document)
 
     def denied_for(self, given: Iterable[str]) -> list[str]:
-        """Device nodes of every known GPU not in ``given`` (minus nodes a given GPU also uses)."""
+        """Device nodes of every known GPU and MIG instance not in ``given``, and every one of ``others``, minus the
+        nodes ``given`` uses (a MIG job's parent GPU; the GPU instance two compute instances share)."""
         given = set(given)
         allowed = {p for uuid in given for p in self.nodes.get(uuid, ())}
-        return sorted({p for uuid, paths in self.nodes.items() if uuid not in given for p in paths} - allowed)
+        known = {p for uuid, paths in self.nodes.items() if uuid not in given for p in paths} | set(self.others)
+        return sorted(known - allowed)
+
+    def number_of(self, path: str) -> tuple[str, int, int]:
+        """The device number of one of these nodes (from ``others`` when known, else by ``stat``)."""
+        return self.others.get(path) or device_number(path)
 
 
 def device_number(path: str) -> tuple[str, int, int]:
@@ -108,9 +147,9 @@ def device_number(path: str) -> tuple[str, int, int]:
     return kind, os.major(st.st_rdev), os.minor(st.st_rdev)
 
 
-def device_rule(path: str) -> str:
-    """``c 195:3 rwm`` for a device node (cgroup v1 ``devices.deny`` syntax)."""
-    kind, major, minor = device_number(path)
+def device_rule(number: tuple[str, int, int]) -> str:
+    """``c 195:3 rwm`` for a device number (cgroup v1 ``devices.deny`` syntax)."""
+    kind, major, minor = number
     return f"{kind} {major}:{minor} rwm"
 
 
@@ -227,12 +266,11 @@ class DeviceCgroupV2(DeviceCgroup):
                 probe.rmdir()
         return cls(root), "ok"
 
-    def create(self, name: str, denied: list[str], existing: str | None = None) -> str:
+    def create(self, name: str, denied: list[tuple[str, int, int]], existing: str | None = None) -> str:
         """The job's cgroup (``existing``, or a new ``<root>/<name>``) with a program denying ``denied``."""
-        numbers = [device_number(path) for path in denied]
         path = Path(existing) if existing else self.root / name
         path.mkdir(exist_ok=True)
-        attach_device_filter(path, numbers)
+        attach_device_filter(path, denied)
         return str(path)
 
 
@@ -254,10 +292,10 @@ class DeviceCgroupV1(DeviceCgroup):
             return None, f"cannot set up {root}: {exc}"
         return cls(root), "ok"
 
-    def create(self, name: str, denied: list[str], existing: str | None = None) -> str:
-        """The job's device cgroup denying ``denied`` device nodes; raises ``OSError`` when the kernel refuses.
-        (``existing``, a cgroup v2 directory, has nothing to do with this hierarchy.)"""
-        rules = [device_rule(path) for path in denied]
+    def create(self, name: str, denied: list[tuple[str, int, int]], existing: str | None = None) -> str:
+        """The job's device cgroup denying the ``denied`` device numbers; raises ``OSError`` when the kernel
+        refuses. (``existing``, a cgroup v2 directory, has nothing to do with this hierarchy.)"""
+        rules = [device_rule(number) for number in denied]
         path = self.root / name
         path.mkdir(exist_ok=True)
         for rule in rules:
@@ -279,16 +317,19 @@ class DeviceConfinement:
         """``cgroup_v2`` / ``cgroup_v1`` (kernel-enforced) or ``env_only`` (``CUDA_VISIBLE_DEVICES`` only)."""
         return self.cgroup.kind if self.cgroup is not None else "env_only"
 
-    def confine(self, name: str, gpu_uuids: list[str], limits_cgroup: str | None = None) -> str | None:
-        """The job's device cgroup (``None`` when nothing needs denying or the host cannot). With cgroup v2 and a
-        ``limits_cgroup`` (the job's memory/CPU cgroup), the program goes on that one: a process is in one
-        cgroup2 directory only."""
+    def confine(self, name: str, gpus: Iterable[tuple[str, int, bool]],
+                limits_cgroup: str | None = None) -> str | None:
+        """The job's device cgroup for its ``(gpu_uuid, gpu_index, is_mig)`` allocations (``None`` when nothing
+        needs denying or the host cannot). The device map is read as it is now (MIG instances change). With cgroup
+        v2 and a ``limits_cgroup`` (the job's memory/CPU cgroup), the program goes on that one: a process is in
+        one cgroup2 directory only. Raises ``OSError`` when the job cannot be confined to what it was given."""
         if self.cgroup is None:
             return None
-        denied = self.devices.denied_for(gpu_uuids)
+        nodes = self.devices.now()
+        denied = nodes.denied_for(nodes.given(gpus))
         if not denied:
             return None
-        return self.cgroup.create(name, denied, limits_cgroup)
+        return self.cgroup.create(name, [nodes.number_of(path) for path in denied], limits_cgroup)
 
     def release(self, path: str | None) -> None:
         if self.cgroup is not None and path:

@@ -61,9 +61,8 @@ class ProcessBackend(Backend):
         if self.devices is not None:
             try:
                 v2_cgroup = cgroup if self.cgroups is not None and self.cgroups.kind == "cgroup_v2" else None
-                given = self.devices.devices.given(
-                    (gpu.gpu_uuid, gpu.gpu_index, gpu.mig_profile is not None) for gpu in job.launch.gpus)
-                device_cgroup = self.devices.confine(name, given, v2_cgroup)
+                device_cgroup = self.devices.confine(name, [
+                    (gpu.gpu_uuid, gpu.gpu_index, gpu.mig_profile is not None) for gpu in job.launch.gpus], v2_cgroup)
             except OSError as exc:
                 if cgroup is not None and self.cgroups is not None:
                     self.cgroups.remove(Path(cgroup))
