@@ -1,0 +1,403 @@
+"""The MIG planner: target layouts per GPU that follow queue demand, without killing work.
+
+    GpuState (per GPU: model, MIG on/off, instances and the jobs on them, recent reconfiguration times)
+    PendingJob (per queued job: whole GPUs, or acceptable MIG profiles + declared memory + observed peak memory)
+    PlannerSettings (mode off/advise/auto, hysteresis, cap per GPU per hour, how many running jobs a change may drain)
+          │
+          ▼  plan_mig(gpus, pending, settings, now, drained)
+    1. demand that waited at least ``min_pending_s`` (a batching window: one burst, one decision)
+    2. what today's layouts already serve: each job takes a free instance of a profile it accepts / free whole GPUs
+       on one node (the same rule the scheduler's MigInstances and whole-GPU filters apply)
+    3. unmet whole-GPU demand: MIG GPUs on one node turn back into whole GPUs (cheapest first: fewest running jobs)
+    4. unmet MIG demand, right-sized (the smallest accepted profile that holds the job's observed peak x headroom, or
+       its declared memory; without history, its first choice): packed onto GPUs that are free of work first, then
+       idle whole GPUs nobody waits for, then GPUs with at most ``max_drain_jobs`` running jobs, fewest first;
+       slice positions from ``mig_geometry.place_instances`` (larger profiles stay placeable)
+          │
+          ▼
+    MigPlan: proposals (GPU, current -> target layout, drains, reason, enables, needs_reset), unmet demand, held back
+
+Contract:
+- every target is valid under NVIDIA's rules for the GPU's model (``mig_geometry.layout_refusal``); ``None`` means
+  MIG off (a whole GPU);
+- a running instance (its job not in ``drained``) is never silently destroyed: every job running on a GPU whose
+  layout changes is listed in that proposal's ``drains`` (the node-agent applies a layout only to a GPU without
+  work, so the executor of a plan drains those jobs first, checkpoint handshake included);
+- a GPU that changed less than ``min_interval_s`` ago, or ``max_per_hour`` times in the last hour, gets no proposal
+  (it is listed in ``held_back`` when it would have been used);
+- a GPU wanted by pending whole-GPU jobs is never partitioned;
+- mode ``off`` proposes nothing; ``advise`` and ``auto`` propose the same plan (only ``auto`` is executed).
+Pure and deterministic: no I/O, no clock (``now`` and every time are seconds on the caller's clock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpuorch_policy.mig_geometry import Slot, layout_refusal, place_instances, planning_profiles, spec_of
+from gpuorch_policy.mig_profiles import MigProfileSpec, mig_table_for
+
+MigMode = Literal["off", "advise", "auto"]
+MIG_MODES: tuple[MigMode, ...] = ("off", "advise", "auto")
+HOUR_S = 3600.0
+TIER_ORDER = {"training": 0, "inference": 1, "batch": 2}
+
+
+@dataclass(frozen=True)
+class InstanceState:
+    """A MIG instance as the node reports it, and the job using it (``None``: free)."""
+
+    profile: str
+    start: int
+    job_id: str | None = None
+    uuid: str = ""
+
+    @property
+    def slot(self) -> Slot:
+        return Slot(self.profile, self.start)
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU as the planner sees it. ``whole_job_ids``: jobs on the GPU while MIG is off (a whole GPU or shares)."""
+
+    node_id: str
+    gpu_index: int
+    model: str
+    mig_enabled: bool = False
+    instances: tuple[InstanceState, ...] = ()
+    whole_job_ids: tuple[str, ...] = ()
+    in_service: bool = True
+    """False while healthy-but-draining, unhealthy, or the node not schedulable: never planned."""
+    reconfigured_at: tuple[float, ...] = ()
+    """Times of this GPU's recent applied reconfigurations (the caller's clock, seconds)."""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.node_id, self.gpu_index)
+
+    @property
+    def layout(self) -> tuple[Slot, ...] | None:
+        """The current layout; ``None`` when MIG is off (a whole GPU)."""
+        return tuple(sorted((i.slot for i in self.instances), key=lambda s: (s.start, s.profile))) \
+            if self.mig_enabled else None
+
+    def running_jobs(self, drained: frozenset[str] = frozenset()) -> tuple[str, ...]:
+        jobs = [i.job_id for i in self.instances if i.job_id] + list(self.whole_job_ids)
+        return tuple(sorted({j for j in jobs if j not in drained}))
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """A queued job's GPU demand. Whole GPUs: ``whole_gpus`` per node on ``nodes`` nodes (all or nothing); MIG:
+    ``mig_profiles`` (acceptable, in preference order), with the memory it declared and the peak it was seen using
+    (telemetry's per-job peak of earlier runs), either of which may be unknown."""
+
+    job_id: str
+    tier: str = "inference"
+    waiting_s: float = 0.0
+    whole_gpus: int = 0
+    nodes: int = 1
+    mig_profiles: tuple[str, ...] = ()
+    memory_mib: int | None = None
+    peak_memory_mib: int | None = None
+    gpu_models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    mode: MigMode = "advise"
+    min_pending_s: float = 60.0
+    """Demand counts once it has waited this long (a burst is planned once, not job by job)."""
+    min_interval_s: float = 900.0
+    """Hysteresis: a GPU reconfigured less than this ago is left as it is."""
+    max_per_hour: int = 2
+    """Cap: at most this many reconfigurations of one GPU in any hour (counting the proposed one)."""
+    max_drain_jobs: int = 2
+    """A proposal may wait for (drain) at most this many running jobs on its GPU."""
+    peak_headroom: float = 1.2
+    """A job's observed peak memory times this must fit the profile chosen for it."""
+
+
+@dataclass(frozen=True)
+class MigProposal:
+    """Change one GPU from ``current`` to ``target`` (``None`` = MIG off, a whole GPU)."""
+
+    node_id: str
+    gpu_index: int
+    model: str
+    current: tuple[Slot, ...] | None
+    target: tuple[Slot, ...] | None
+    drains: tuple[str, ...]
+    """Running jobs that must end first (or be preempted with their checkpoint grace)."""
+    enables: tuple[str, ...]
+    """Pending jobs the new layout would let start."""
+    reason: str
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.node_id, self.gpu_index)
+
+    @property
+    def needs_reset(self) -> bool:
+        """MIG mode changes (on <-> off): planned as a drain of the whole GPU."""
+        return (self.current is None) != (self.target is None)
+
+    @property
+    def target_profiles(self) -> list[str]:
+        """The profile list an ``ApplyMigLayout`` carries for this GPU (``[]`` turns MIG off)."""
+        return [s.profile for s in self.target or ()]
+
+
+@dataclass(frozen=True)
+class MigPlan:
+    mode: MigMode
+    proposals: tuple[MigProposal, ...] = ()
+    unmet: tuple[tuple[str, str], ...] = ()
+    """(job id, why no layout change serves it)."""
+    held_back: tuple[tuple[str, int, str], ...] = ()
+    """(node id, GPU index, why): GPUs the plan would have used but hysteresis or the cap kept as they are."""
+    right_sized: tuple[tuple[str, str, str], ...] = ()
+    """(job id, first choice, planned profile): jobs planned on a smaller accepted profile from their peak."""
+
+    @property
+    def executable(self) -> tuple[MigProposal, ...]:
+        """What the scheduler may carry out: the proposals in mode ``auto``, nothing otherwise."""
+        return self.proposals if self.mode == "auto" else ()
+
+
+def describe(layout: Sequence[Slot] | None) -> str:
+    """``whole GPU`` or ``1g.10gb@0 3g.40gb@4``."""
+    if layout is None:
+        return "whole GPU"
+    return " ".join(f"{s.profile}@{s.start}" for s in layout) or "MIG, no instances"
+
+
+def change_refusal(gpu: GpuState, settings: PlannerSettings, now: float) -> str | None:
+    """Why hysteresis or the cap keeps ``gpu`` as it is now, or ``None``."""
+    recent = [t for t in gpu.reconfigured_at if now - t < HOUR_S]
+    if len(recent) >= settings.max_per_hour:
+        return f"reconfigured {len(recent)} times in the last hour (cap {settings.max_per_hour})"
+    if gpu.reconfigured_at and now - max(gpu.reconfigured_at) < settings.min_interval_s:
+        return f"reconfigured {now - max(gpu.reconfigured_at):.0f} s ago (hysteresis {settings.min_interval_s:.0f} s)"
+    return None
+
+
+def planned_profile(job: PendingJob, table: Sequence[MigProfileSpec], headroom: float) -> str | None:
+    """The accepted profile to plan for ``job`` on a GPU with ``table``: the smallest accepted one that holds its
+    observed peak x ``headroom`` (or its declared memory when no peak is known); its first offered choice when
+    neither is known; ``None`` when the GPU offers none of them."""
+    offered = [p for p in (spec_of(tuple(table), name) for name in job.mig_profiles) if p is not None]
+    if not offered:
+        return None
+    need = job.peak_memory_mib * headroom if job.peak_memory_mib else job.memory_mib
+    if need is None:
+        return offered[0].name
+    holding = [p for p in offered if p.memory_mib >= need]
+    if not holding:
+        return offered[0].name
+    return min(holding, key=lambda p: (p.memory_slices, p.compute_slices, job.mig_profiles.index(p.name))).name
+
+
+# -- the planner -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Gpu:
+    state: GpuState
+    table: tuple[MigProfileSpec, ...]
+    free_instances: list[str] = field(default_factory=list)
+    free_whole: bool = False
+    claimed: bool = False
+    refusal: str | None = None
+    held_noted: bool = False
+    whole_wanted: bool = False
+    """Pending whole-GPU jobs accept this GPU: while it is a whole GPU, it is not partitioned."""
+
+
+def _model_ok(job: PendingJob, gpu: GpuState) -> bool:
+    return not job.gpu_models or gpu.model in job.gpu_models
+
+
+def _order(jobs: Iterable[PendingJob]) -> list[PendingJob]:
+    return sorted(jobs, key=lambda j: (TIER_ORDER.get(j.tier, 3), -j.waiting_s, j.job_id))
+
+
+def plan_mig(gpus: Sequence[GpuState], pending: Sequence[PendingJob], settings: PlannerSettings, now: float,
+             drained: frozenset[str] = frozenset()) -> MigPlan:
+    """Propose target layouts (see the module doc for the contract). ``drained``: jobs the caller has marked
+    drained (their instances count as free)."""
+    if settings.mode == "off":
+        return MigPlan("off")
+    fleet = [_Gpu(g, mig_table_for(g.model)) for g in sorted(gpus, key=lambda g: g.key) if g.in_service]
+    for gpu in fleet:
+        gpu.refusal = change_refusal(gpu.state, settings, now)
+        gpu.free_whole = not gpu.state.mig_enabled and not gpu.state.running_jobs(drained)
+        gpu.free_instances = [i.profile for i in gpu.state.instances
+                              if gpu.state.mig_enabled and (i.job_id is None or i.job_id in drained)]
+    ready = _order(j for j in pending if j.waiting_s >= settings.min_pending_s)
+    unmet_whole = [j for j in ready if j.whole_gpus > 0 and not _take_whole(fleet, j)]
+    unmet_mig = [j for j in ready if j.mig_profiles and not _take_instance(fleet, j)]
+    waiting_whole = [j for j in pending if j.whole_gpus > 0 and j not in ready] + unmet_whole
+    planner = _Planner(fleet, settings, drained)
+    for gpu in fleet:
+        gpu.whole_wanted = any(_model_ok(j, gpu.state) for j in waiting_whole)
+    for job in unmet_whole:
+        planner.whole(job)
+    planner.mig(unmet_mig)
+    return MigPlan(settings.mode, tuple(planner.proposals), tuple(planner.unmet), tuple(planner.held),
+                   tuple(planner.right_sized))
+
+
+def _take_whole(fleet: list[_Gpu], job: PendingJob) -> bool:
+    """Take free whole GPUs for ``job`` if today's layouts hold it (``whole_gpus`` on each of ``nodes`` nodes)."""
+    by_node: dict[str, list[_Gpu]] = {}
+    for gpu in fleet:
+        if gpu.free_whole and _model_ok(job, gpu.state):
+            by_node.setdefault(gpu.state.node_id, []).append(gpu)
+    nodes = [n for n in sorted(by_node) if len(by_node[n]) >= job.whole_gpus][: job.nodes]
+    if len(nodes) < job.nodes:
+        return False
+    for node in nodes:
+        for gpu in by_node[node][: job.whole_gpus]:
+            gpu.free_whole = False
+    return True
+
+
+def _take_instance(fleet: list[_Gpu], job: PendingJob) -> bool:
+    """Take a free instance of an accepted profile for ``job`` if one exists; that GPU is then not re-planned
+    (the scheduler is about to place the job on it)."""
+    for name in job.mig_profiles:
+        for gpu in fleet:
+            if name in gpu.free_instances and _model_ok(job, gpu.state):
+                gpu.free_instances.remove(name)
+                gpu.claimed = True
+                return True
+    return False
+
+
+class _Planner:
+    def __init__(self, fleet: list[_Gpu], settings: PlannerSettings, drained: frozenset[str]) -> None:
+        self.fleet = fleet
+        self.settings = settings
+        self.drained = drained
+        self.proposals: list[MigProposal] = []
+        self.unmet: list[tuple[str, str]] = []
+        self.held: list[tuple[str, int, str]] = []
+        self.right_sized: list[tuple[str, str, str]] = []
+
+    def _usable(self, gpu: _Gpu) -> bool:
+        """May this GPU change now? Notes the ones hysteresis or the cap hold back."""
+        if gpu.claimed or not gpu.table:
+            return False
+        if gpu.refusal is not None:
+            if not gpu.held_noted:
+                gpu.held_noted = True
+                self.held.append((gpu.state.node_id, gpu.state.gpu_index, gpu.refusal))
+            return False
+        return len(gpu.state.running_jobs(self.drained)) <= self.settings.max_drain_jobs
+
+    def _propose(self, gpu: _Gpu, target: tuple[Slot, ...] | None, enables: list[str], reason: str) -> None:
+        assert target is None or layout_refusal(gpu.table, target) is None, target
+        gpu.claimed = True
+        self.proposals.append(MigProposal(
+            gpu.state.node_id, gpu.state.gpu_index, gpu.state.model, gpu.state.layout, target,
+            gpu.state.running_jobs(self.drained), tuple(enables), reason))
+
+    # -- whole GPUs ------------------------------------------------------------------------------------------
+
+    def whole(self, job: PendingJob) -> None:
+        """Turn MIG GPUs back into whole GPUs for ``job``: per node, its free whole GPUs first, then the MIG GPUs
+        with the fewest running jobs; nodes by total cost; all ``nodes`` or nothing."""
+        options: list[tuple[int, str, list[_Gpu]]] = []
+        for node in sorted({g.state.node_id for g in self.fleet}):
+            here = [g for g in self.fleet if g.state.node_id == node and _model_ok(job, g.state)]
+            free = [g for g in here if g.free_whole and not g.claimed]
+            need = job.whole_gpus - len(free)
+            if need <= 0:
+                options.append((0, node, free[: job.whole_gpus]))
+                continue
+            convertible = sorted((g for g in here if g.state.mig_enabled and self._usable(g)),
+                                 key=lambda g: (len(g.state.running_jobs(self.drained)), g.state.gpu_index))
+            if need <= len(convertible):
+                chosen = convertible[:need]
+                options.append((sum(len(g.state.running_jobs(self.drained)) for g in chosen), node, free + chosen))
+        options.sort(key=lambda o: (o[0], o[1]))
+        if len(options) < job.nodes:
+            self.unmet.append((job.job_id, f"no {job.nodes} node(s) can offer {job.whole_gpus} whole GPUs without "
+                                           f"draining more than {self.settings.max_drain_jobs} jobs per GPU"))
+            return
+        for _, _, group in options[: job.nodes]:
+            for gpu in group:
+                if gpu.state.mig_enabled:
+                    self._propose(gpu, None, [job.job_id],
+                                  f"{job.tier} job {job.job_id} waits {job.waiting_s:.0f} s for "
+                                  f"{job.whole_gpus} whole GPU(s) on one node")
+                else:
+                    gpu.free_whole = False
+
+    # -- MIG instances ---------------------------------------------------------------------------------------
+
+    def mig(self, jobs: list[PendingJob]) -> None:
+        """Pack the unmet MIG demand onto GPUs, cheapest GPU first, as many jobs per GPU as fit."""
+        waiting = list(jobs)
+        while waiting:
+            candidates = [g for g in self.fleet if self._usable(g)
+                          and (g.state.mig_enabled or (g.free_whole and not g.whole_wanted))
+                          and any(_model_ok(j, g.state) for j in waiting)]
+            if not candidates:
+                break
+            gpu = min(candidates, key=lambda g: (len(g.state.running_jobs(self.drained)), not g.state.mig_enabled,
+                                                 g.state.key))
+            served = self._fill(gpu, waiting)
+            if not served:
+                gpu.claimed = True  # nothing fits here; try the next GPU
+                continue
+            waiting = [j for j in waiting if j.job_id not in served]
+        for job in waiting:
+            self.unmet.append((job.job_id, "no GPU may change to hold " + " or ".join(job.mig_profiles)))
+
+    def _fill(self, gpu: _Gpu, waiting: list[PendingJob]) -> set[str]:
+        """Plan a new layout for ``gpu`` holding as many waiting jobs as fit (queue order), then its former free
+        instances and copies of the planned profiles where room is left. Returns the jobs it serves."""
+        running = gpu.state.running_jobs(self.drained)
+        kept: list[Slot] = []  # the node-agent applies a layout to a GPU without work: planned from scratch
+        smallest = planning_profiles(gpu.table)[-1].name
+        wanted: list[str] = []
+        served: list[str] = []
+        for job in waiting:
+            if place_instances(gpu.table, kept, [*wanted, smallest]) is None:
+                break  # full
+            if not _model_ok(job, gpu.state):
+                continue
+            name = planned_profile(job, gpu.table, self.settings.peak_headroom)
+            if name is None or place_instances(gpu.table, kept, [*wanted, name]) is None:
+                continue
+            wanted.append(name)
+            served.append(job.job_id)
+            if name != job.mig_profiles[0]:
+                self.right_sized.append((job.job_id, job.mig_profiles[0], name))
+        if not served:
+            return set()
+        extras = sorted(set(wanted), key=lambda n: (-wanted.count(n), n)) + [
+            i.profile for i in gpu.state.instances if i.job_id is None]
+        for name in _fill_order(gpu.table, extras):
+            if place_instances(gpu.table, kept, [*wanted, name]) is not None:
+                wanted.append(name)
+        target = place_instances(gpu.table, kept, wanted)
+        assert target is not None
+        if gpu.state.layout is not None and sorted(target) == sorted(gpu.state.layout):
+            return set()
+        why = f"{len(served)} waiting MIG job(s) need " + ", ".join(sorted(set(wanted[: len(served)])))
+        if running:
+            why += f"; waits for {len(running)} running job(s) to end first"
+        self._propose(gpu, target, served, why)
+        return set(served)
+
+
+def _fill_order(table: Sequence[MigProfileSpec], names: list[str]) -> list[str]:
+    """Profiles to try in the room left, repeated as often as any could fit (7 at most)."""
+    known = {p.name for p in planning_profiles(tuple(table))}
+    return [n for n in names if n in known] * 7

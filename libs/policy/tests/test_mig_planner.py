@@ -1,0 +1,175 @@
+"""The MIG planner: what it proposes for a given queue and fleet, and properties over random fleets and queues."""
+
+from __future__ import annotations
+
+from gpuorch_policy.mig_geometry import Slot, layout_refusal
+from gpuorch_policy.mig_planner import (
+    HOUR_S,
+    GpuState,
+    InstanceState,
+    PendingJob,
+    PlannerSettings,
+    plan_mig,
+    planned_profile,
+)
+from gpuorch_policy.mig_profiles import MIG_H100_80GB, mig_table_for
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+ADVISE = PlannerSettings()
+NOW = 100_000.0
+
+
+def whole(node: str, index: int, *jobs: str, **kw) -> GpuState:
+    return GpuState(node, index, "H100-80GB", whole_job_ids=jobs, **kw)
+
+
+def mig(node: str, index: int, *instances: tuple[str, int, str | None], **kw) -> GpuState:
+    return GpuState(node, index, "H100-80GB", mig_enabled=True,
+                    instances=tuple(InstanceState(p, s, j) for p, s, j in instances), **kw)
+
+
+def small(job_id: str, *profiles: str, peak: int | None = None, waiting: float = 120.0) -> PendingJob:
+    return PendingJob(job_id, "inference", waiting, mig_profiles=profiles or ("1g.10gb",), peak_memory_mib=peak)
+
+
+def train(job_id: str, gpus: int, nodes: int = 1, waiting: float = 120.0) -> PendingJob:
+    return PendingJob(job_id, "training", waiting, whole_gpus=gpus, nodes=nodes)
+
+
+def test_mode_off_proposes_nothing_and_advise_is_not_executable() -> None:
+    gpus, queue = [whole("n1", 0)], [small("a")]
+    assert plan_mig(gpus, queue, PlannerSettings(mode="off"), NOW).proposals == ()
+    advised = plan_mig(gpus, queue, ADVISE, NOW)
+    assert advised.proposals and advised.executable == ()
+    assert plan_mig(gpus, queue, PlannerSettings(mode="auto"), NOW).executable
+
+
+def test_idle_whole_gpu_becomes_slices_for_waiting_small_jobs() -> None:
+    plan = plan_mig([whole("n1", 0)], [small(f"j{i}") for i in range(3)], ADVISE, NOW)
+    (proposal,) = plan.proposals
+    assert proposal.current is None and proposal.needs_reset
+    assert sorted(proposal.enables) == ["j0", "j1", "j2"] and proposal.drains == ()
+    assert [s.profile for s in proposal.target or ()].count("1g.10gb") == 7  # the room left is filled with 1g
+    assert "3 waiting MIG job(s)" in proposal.reason
+
+
+def test_demand_is_planned_only_after_the_batching_window() -> None:
+    assert plan_mig([whole("n1", 0)], [small("a", waiting=10)], ADVISE, NOW).proposals == ()
+
+
+def test_a_gpu_wanted_for_whole_gpu_training_stays_whole() -> None:
+    gpus = [whole("n1", 0), whole("n1", 1, "busy")]
+    plan = plan_mig(gpus, [train("t", 2), small("a")], ADVISE, NOW)
+    assert plan.proposals == ()
+    assert {j for j, _ in plan.unmet} == {"t", "a"}
+
+
+def test_existing_free_instances_are_used_before_anything_changes() -> None:
+    gpus = [mig("n1", 0, ("1g.10gb", 6, None)), whole("n1", 1)]
+    assert plan_mig(gpus, [small("a")], ADVISE, NOW).proposals == ()
+
+
+def test_empty_mig_gpus_turn_whole_for_training_fewest_running_jobs_first() -> None:
+    gpus = [mig("n1", 0, ("3g.40gb", 0, "x"), ("3g.40gb", 4, None)), mig("n1", 1, ("7g.80gb", 0, None)),
+            mig("n2", 0, ("3g.40gb", 0, None))]
+    plan = plan_mig(gpus, [train("t", 1)], ADVISE, NOW)
+    (proposal,) = plan.proposals
+    assert proposal.key == ("n1", 1) and proposal.target is None and proposal.drains == ()
+    plan = plan_mig(gpus, [train("t", 2)], ADVISE, NOW)
+    assert {p.key for p in plan.proposals} == {("n1", 0), ("n1", 1)}
+    assert {j for p in plan.proposals for j in p.drains} == {"x"}
+
+
+def test_right_sizing_from_observed_peak_memory() -> None:
+    job = small("a", "3g.40gb", "2g.20gb", "1g.10gb", peak=6000)
+    assert planned_profile(job, MIG_H100_80GB, 1.2) == "1g.10gb"
+    assert planned_profile(small("b", "3g.40gb", "1g.10gb"), MIG_H100_80GB, 1.2) == "3g.40gb"  # no history
+    assert planned_profile(small("c", "3g.40gb", "1g.10gb", peak=30000), MIG_H100_80GB, 1.2) == "3g.40gb"
+    plan = plan_mig([whole("n1", 0)], [job], ADVISE, NOW)
+    assert plan.right_sized == (("a", "3g.40gb", "1g.10gb"),)
+
+
+def test_hysteresis_and_the_cap_hold_a_gpu_back() -> None:
+    queue = [small("a")]
+    recent = plan_mig([whole("n1", 0, reconfigured_at=(NOW - 60,))], queue, ADVISE, NOW)
+    assert recent.proposals == () and "hysteresis" in recent.held_back[0][2]
+    capped = plan_mig([whole("n1", 0, reconfigured_at=(NOW - 3000, NOW - 2000))], queue, ADVISE, NOW)
+    assert capped.proposals == () and "cap" in capped.held_back[0][2]
+    assert plan_mig([whole("n1", 0, reconfigured_at=(NOW - 4000, NOW - 2000))], queue, ADVISE, NOW).proposals
+
+
+def test_a_busy_gpu_is_never_changed_beyond_the_drain_limit() -> None:
+    gpus = [mig("n1", 0, *((("1g.10gb", s, f"r{s}")) for s in range(6)))]
+    plan = plan_mig(gpus, [small("a", "3g.40gb")], ADVISE, NOW)
+    assert plan.proposals == () and plan.unmet[0][0] == "a"
+
+
+# -- properties ---------------------------------------------------------------------------------------------------
+
+PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+
+
+@st.composite
+def gpu_states(draw, node: str, index: int) -> GpuState:
+    recent = tuple(NOW - draw(st.floats(0, 2 * HOUR_S)) for _ in range(draw(st.integers(0, 3))))
+    if draw(st.booleans()):
+        jobs = (f"w-{node}-{index}",) if draw(st.booleans()) else ()
+        return whole(node, index, *jobs, reconfigured_at=recent)
+    layout: list[Slot] = []
+    for name in draw(st.lists(st.sampled_from(PROFILES), max_size=7)):
+        spec = next(p for p in MIG_H100_80GB if p.name == name)
+        start = draw(st.sampled_from(spec.starts))
+        if layout_refusal(MIG_H100_80GB, [*layout, Slot(name, start)]) is None:
+            layout.append(Slot(name, start))
+    instances = tuple((s.profile, s.start, f"m-{node}-{index}-{s.start}" if draw(st.booleans()) else None)
+                      for s in layout)
+    return mig(node, index, *instances, reconfigured_at=recent)
+
+
+@st.composite
+def scenarios(draw):
+    gpus = [draw(gpu_states(f"n{n}", i)) for n in range(draw(st.integers(1, 3))) for i in range(draw(st.integers(1, 3)))]
+    queue = []
+    for k in range(draw(st.integers(0, 12))):
+        if draw(st.integers(0, 3)) == 0:
+            queue.append(train(f"t{k}", draw(st.integers(1, 3)), draw(st.integers(1, 2)), draw(st.floats(0, 600))))
+        else:
+            queue.append(small(f"s{k}", *draw(st.lists(st.sampled_from(PROFILES), min_size=1, max_size=3, unique=True)),
+                               peak=draw(st.none() | st.integers(1000, 80000)), waiting=draw(st.floats(0, 600))))
+    running = sorted({j for g in gpus for j in g.running_jobs()})
+    drained = frozenset(draw(st.lists(st.sampled_from(running), unique=True)) if running else [])
+    knobs = PlannerSettings(mode="auto", max_per_hour=draw(st.integers(1, 3)), max_drain_jobs=draw(st.integers(0, 3)),
+                            min_interval_s=draw(st.sampled_from([0.0, 600.0])))
+    return gpus, queue, drained, knobs
+
+
+@settings(max_examples=60, deadline=None)
+@given(scenarios())
+def test_plans_are_valid_disturb_only_what_they_drain_and_respect_caps(scenario) -> None:
+    gpus, queue, drained, knobs = scenario
+    plan = plan_mig(gpus, queue, knobs, NOW, drained)
+    by_key = {g.key: g for g in gpus}
+    assert len({p.key for p in plan.proposals}) == len(plan.proposals)  # one proposal per GPU
+    for proposal in plan.proposals:
+        gpu = by_key[proposal.key]
+        # valid under NVIDIA's rules (profiles, placements, memory and compute slices, instance counts)
+        if proposal.target is not None:
+            assert layout_refusal(mig_table_for(gpu.model), proposal.target) is None
+        assert proposal.target != proposal.current
+        # no running instance destroyed unless its job was drained or the proposal waits for it
+        running = set(gpu.running_jobs(drained))
+        assert running == set(proposal.drains) and len(running) <= knobs.max_drain_jobs
+        assert not set(proposal.drains) & drained
+        # the cap (counting this change) and hysteresis
+        assert sum(1 for t in gpu.reconfigured_at if NOW - t < HOUR_S) + 1 <= knobs.max_per_hour
+        assert not gpu.reconfigured_at or NOW - max(gpu.reconfigured_at) >= knobs.min_interval_s
+        # it serves someone that waited out the batching window
+        assert proposal.enables and all(any(j.job_id == e and j.waiting_s >= knobs.min_pending_s for j in queue)
+                                        for e in proposal.enables)
+        # a whole GPU is partitioned only while no whole-GPU job waits for one
+        if gpu.layout is None and proposal.target is not None:
+            unmet = {j for j, _ in plan.unmet}
+            assert not any(j.whole_gpus and (j.job_id in unmet or j.waiting_s < knobs.min_pending_s) for j in queue)
+    served = {e for p in plan.proposals for e in p.enables}
+    assert not served & {j for j, _ in plan.unmet}
