@@ -8,7 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gpuorch_contracts import JobFinished, JobStarted
+from gpuorch_contracts import GpuAllocation, JobFinished, JobStarted
+
+from gpuorch_executor.backends.devices import DeviceConfinement, GpuDeviceNodes
+from gpuorch_executor.backends.mig_devices import MigCapabilities, read_mig_instances
+from gpuorch_executor.backends.process import ProcessBackend
 
 from .conftest import Harness, launch_job
 
@@ -45,3 +49,48 @@ async def test_cuda_sees_only_the_given_gpus(harness: Harness, given: int) -> No
     [started] = harness.publisher.of_type(JobStarted)
     seen = json.loads(Path(started.log_path or "").read_text().strip().splitlines()[-1])
     assert seen["count"] == given
+
+
+OPEN_CAPS = """
+import json, sys
+out = {}
+for path in sys.argv[1:]:
+    try:
+        open(path, "rb").close()
+        out[path] = "open"
+    except PermissionError:
+        out[path] = "denied"
+    except OSError as exc:
+        out[path] = type(exc).__name__
+print(json.dumps(out), flush=True)
+"""
+
+
+async def test_a_mig_job_is_denied_the_other_slices_capability_nodes(tmp_path: Path) -> None:
+    """On a node whose GPUs are already in MIG mode with two or more instances (tests never change MIG mode): the
+    job given one slice opens its own GPU and compute instance capability nodes and is refused every other one."""
+    gpu_uuids()
+    located = read_mig_instances()
+    caps = MigCapabilities(read_mig_instances)
+    if len(located) < 2 or not caps.available:
+        pytest.skip("needs a GPU already in MIG mode with 2+ instances and /dev-based capabilities")
+    devices = GpuDeviceNodes.discover()
+    confinement = DeviceConfinement.detect("auto", devices)
+    if confinement.cgroup is None:
+        pytest.skip(f"no device controller here: {confinement.why_not}")
+    instances = caps.instances()
+    mine = located[0]
+    index = next(i for i, uuid in enumerate(devices.by_index)
+                 if devices.nodes[uuid] == (f"/dev/nvidia{mine.gpu_minor}",))
+    existing = [node for node in caps.all_nodes() if Path(node).exists()]
+    harness = Harness(tmp_path / "state", backends={"process": ProcessBackend(None, confinement)})
+    command = launch_job(["python", "-c", OPEN_CAPS, *existing])
+    command = command.model_copy(update={"gpus": [GpuAllocation(gpu_uuid=mine.uuid, gpu_index=index,
+                                                                mig_profile="1g.10gb")]})
+    await harness.executor.handle(command)
+    outcome = await harness.until_ended(command.placement_id)
+    assert isinstance(outcome, JobFinished)
+    [started] = harness.publisher.of_type(JobStarted)
+    seen = json.loads(Path(started.log_path or "").read_text().strip().splitlines()[-1])
+    others = [node for node in existing if node not in instances[mine.uuid]]
+    assert others and all(seen[node] == "denied" for node in others)
