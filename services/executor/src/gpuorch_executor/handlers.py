@@ -29,7 +29,7 @@ from typing import Any
 from gpuorch_contracts import LaunchJob, Message, ProcessRun, StopJob
 from gpuorch_messaging import dispatch
 from gpuorch_messaging.abc import Publisher
-from gpuorch_observability import get_logger, inject_trace
+from gpuorch_observability import get_logger, inject_trace, tracer
 from prometheus_client import Counter, Histogram
 
 from gpuorch_executor.backends.base import JobLaunch
@@ -127,16 +127,21 @@ class NodeExecutor:
                 checkpoint_file=str(self.store.checkpoint_file(command.placement_id)),
                 traceparent=inject_trace({}).get("traceparent"),
             )
-            refusal = self._refusal(command)
-            if refusal is not None:
-                log.warning("launch.refused", placement_id=str(command.placement_id), reason=refusal.reason)
-                await self.watch.end_unstarted(record, Outcome("failed", "refused", refusal.reason, None, 0.0))
-                return
-            began = time.perf_counter()
-            await self._start(record, command)
-            if record.state == "running":
-                LAUNCHES.labels(self.node_id, record.runtime).inc()
-                LAUNCH_SECONDS.observe(time.perf_counter() - began)
+            with tracer("gpuorch.executor").start_as_current_span("executor.launch", attributes={
+                    "job_id": str(command.job_id), "gpuorch.placement_id": str(command.placement_id),
+                    "gpuorch.node_id": self.node_id, "gpuorch.runtime": record.runtime}) as span:
+                refusal = self._refusal(command)
+                if refusal is not None:
+                    log.warning("launch.refused", placement_id=str(command.placement_id), reason=refusal.reason)
+                    span.set_attributes({"gpuorch.launch": "refused", "gpuorch.reason": refusal.reason})
+                    await self.watch.end_unstarted(record, Outcome("failed", "refused", refusal.reason, None, 0.0))
+                    return
+                began = time.perf_counter()
+                await self._start(record, command)
+                span.set_attribute("gpuorch.launch", record.state)
+                if record.state == "running":
+                    LAUNCHES.labels(self.node_id, record.runtime).inc()
+                    LAUNCH_SECONDS.observe(time.perf_counter() - began)
             await self.node.outbox.flush(record, raise_errors=True)
 
     def _refusal(self, command: LaunchJob) -> Refusal | None:

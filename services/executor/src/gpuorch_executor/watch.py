@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuorch_contracts import Message
-from gpuorch_observability import get_logger
+from gpuorch_observability import get_logger, record_job_span, tracing_exported
 from prometheus_client import Counter, Gauge
 
 from gpuorch_executor.backends.base import create_time_of, same_process
@@ -285,6 +285,7 @@ class PlacementWatch:
     def _end(self, record: PlacementRecord, event: Message) -> None:
         record.advance("ended")
         record.outcome_type = event.TYPE
+        record.traceparent = _run_span(record, event) or record.traceparent
         OUTCOMES.labels(self.node.node_id, event.TYPE.removeprefix("job."), getattr(event, "cause", "") or "").inc()
         self.node.outbox.append(record, event)
         self.node.records[record.placement_id] = record
@@ -391,3 +392,22 @@ class PlacementWatch:
         self.node.records.pop(record.placement_id, None)
         self.release(record)
         shutil.rmtree(self.node.store.placement_dir(record.placement_id), ignore_errors=True)
+
+
+def _run_span(record: PlacementRecord, event: Message) -> str | None:
+    """The ``job.run`` span of a placement, from its start (its launch when it never started) to ``event`` (its
+    outcome: exit code, cause), in the job's trace; returns its traceparent, which the outcome event then carries
+    (None while spans are not exported: the event keeps the trace of the launch).
+    """
+    if not tracing_exported():
+        return None
+    ended = event.occurred_at.timestamp()
+    started = record.started_at if record.started_at is not None else ended
+    attributes = {"gpuorch.placement_id": str(record.placement_id), "gpuorch.node_id": record.node_id,
+                  "gpuorch.outcome": event.TYPE, "gpuorch.runtime": record.runtime or ""}
+    for name in ("exit_code", "cause", "signal", "reason"):
+        value = getattr(event, name, None)
+        if value is not None:
+            attributes[f"gpuorch.{name}"] = value if isinstance(value, int | float) else str(value)[:1000]
+    return record_job_span("job.run", record.job_id, record.traceparent, min(started, ended), ended, attributes,
+                           tracer_name="gpuorch.executor")

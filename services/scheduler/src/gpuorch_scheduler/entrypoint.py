@@ -102,7 +102,8 @@ ENVIRONMENT = {
     "GPUORCH_SNAPSHOT_EVERY_EVENTS": ("snapshot the state every N logged events", "20000"),
     "GPUORCH_SNAPSHOT_EVERY_S": ("... or every T seconds when anything was logged", "300"),
     "GPUORCH_METRICS_PORT": ("Prometheus /metrics port (0 = off)", "0"),
-    "GPUORCH_OTLP_ENDPOINT": ("OTLP/HTTP collector URL, e.g. http://jaeger:4318 (unset = no export)", ""),
+    "GPUORCH_OTLP_ENDPOINT": ("OTLP/HTTP collector URL, e.g. http://jaeger:4318 (an alias of the standard "
+                              "OTEL_EXPORTER_OTLP_ENDPOINT; OTEL_* variables are read too; unset = no export)", ""),
     "GPUORCH_LOG_LEVEL": ("log level", "INFO"),
 }
 
@@ -515,7 +516,8 @@ def main(argv: list[str] | None = None) -> None:
     # Each batch allocates many short-lived objects beside a large long-lived state: collect the young generation
     # less often (the state itself is frozen out of collections after recovery).
     gc.set_threshold(50_000, 20, 100)
-    configure(f"scheduler/{settings.instance}", log_level=settings.log_level, otlp_endpoint=settings.otlp_endpoint)
+    configure("scheduler", log_level=settings.log_level, otlp_endpoint=settings.otlp_endpoint,
+              instance=settings.instance)
     start_metrics_server(settings.metrics_port)
 
     async def _main() -> None:

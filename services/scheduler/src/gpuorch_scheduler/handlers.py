@@ -16,6 +16,12 @@ violation aborts the transaction.
 
 Heartbeats are not logged: they renew the node's lease in memory. Lease transitions are logged
 (``NodeLivenessChanged``) by ticks (``handle_batch(..., tick=True)``).
+
+Traces: while spans are exported (``tracing_exported``), a batch gives each job it decides about spans of its own
+in that job's trace, though the work is shared: ``scheduler.admit`` (outcome, reason, tenant, tier) below the
+submission's delivery, ``scheduler.decide`` (policy, nodes considered, chosen nodes or pending reason; what the
+scheduler publishes about the placement hangs below it) and ``scheduler.commit`` (the batch's transaction, with its
+size). With tracing off none of them is made.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from gpuorch_contracts import (
     ExecutorHeartbeat,
     FleetAlert,
     GpuHealthChanged,
+    JobAccepted,
     JobCheckpointed,
     JobFailed,
     JobFinished,
@@ -56,7 +63,7 @@ from gpuorch_contracts import (
 from gpuorch_contracts.jobs import TenantRouted
 from gpuorch_identity import IdentityMap, Rejection, acting_user, authorize_cancel, authorize_submission
 from gpuorch_messaging import handler_for
-from gpuorch_observability import get_logger, inject_trace
+from gpuorch_observability import get_logger, inject_trace, job_span, record_job_span, tracing_exported
 from gpuorch_store import (
     NewEvent,
     ParkedRow,
@@ -197,6 +204,9 @@ class SchedulerService:
         self._senders: dict[uuid.UUID, str | None] = {}
         self._rates = SubmissionRates()
         self._delivery_trace: dict[str, Any] | None = None
+        self._decision_traces: dict[uuid.UUID, str] = {}
+        """Job -> the traceparent of this batch's ``scheduler.decide`` span for it (what is published about that
+        decision joins the trace below it); empty unless spans are exported."""
         self.fold_handlers: dict[str, Callable[[Any, float, _Batch], _Folded | None]] = {
             SubmitJob.TYPE: self._fold_submit,
             CancelJob.TYPE: self._fold_cancel,
@@ -338,6 +348,7 @@ class SchedulerService:
     async def _commit(self, messages: list[Message], tick: bool) -> None:
         now = self._clock()
         batch = _Batch()
+        self._decision_traces = {}
         async with self._conn.transaction():
             await self._known(messages, batch)
             for message in messages:
@@ -366,6 +377,8 @@ class SchedulerService:
                 self._events_since_snapshot and now - self._last_snapshot_at >= self.config.snapshot_every_s)
             if snapshot_due and self._snapshot_writer is None:
                 await save_snapshot(self._conn, STREAM, self.state.position, self.state.snapshot_json())
+        if tracing_exported():
+            self._trace_commit(messages, batch, now)
         if snapshot_due:
             self._events_since_snapshot = 0
             self._last_snapshot_at = now
@@ -379,6 +392,21 @@ class SchedulerService:
                 REQUEUES.labels("preempted" if m.preempted else "lost").inc()
         if tick:
             self._export_gauges()
+
+    def _trace_commit(self, messages: list[Message], batch: _Batch, started: float) -> None:
+        """A ``scheduler.commit`` span in the trace of every job the committed batch touched."""
+        submitted = {m.job_id: self._traces.get(m.message_id, {}).get("traceparent")
+                     for m in messages if isinstance(m, SubmitJob)}
+        attributes = {"gpuorch.batch.messages": len(messages), "gpuorch.batch.events": len(batch.events),
+                      "gpuorch.batch.jobs": len(batch.touched_jobs)}
+        end = self._clock()
+        for job_id in batch.touched_jobs | {r.job_id for r in batch.rejected}:
+            job = self.state.jobs.get(job_id)
+            parent = self._decision_traces.get(job_id) or (job.traceparent if job is not None else None) or \
+                submitted.get(job_id)
+            if parent is not None:
+                record_job_span("scheduler.commit", job_id, parent, started, end, attributes,
+                                tracer_name="gpuorch.scheduler")
 
     def _write_snapshot_aside(self, position: int, text: str) -> None:
         """Store a snapshot of committed state through ``snapshot_writer`` (its own connection), beside the next
@@ -439,7 +467,13 @@ class SchedulerService:
         if message.job_id in batch.known_jobs:
             return None  # accepted (or rejected) long ago and forgotten from memory since: idempotent
         batch.wants_cycle = True
-        return None, self._admit(message, now), None
+        if not tracing_exported():
+            return None, self._admit(message, now), None
+        with job_span("scheduler.admit", message.job_id, (self._delivery_trace or {}).get("traceparent"),
+                      tracer_name="gpuorch.scheduler") as span:
+            decision = self._admit(message, now)
+            span.set_attributes(_admission_attributes(decision))
+        return None, decision, None
 
     def _fold_cancel(self, message: CancelJob, now: float, batch: _Batch) -> _Folded | None:
         refused = self._cancel_refused(message)
@@ -552,7 +586,10 @@ class SchedulerService:
         """One scheduling cycle; its plan goes through the applier (see the module docstring)."""
         started = time.perf_counter()
         result = schedule(self.state, now, self.config.queues, self.config.limits, refresh_mix=False)
-        SCHEDULE_SECONDS.observe(time.perf_counter() - started)
+        took = time.perf_counter() - started
+        SCHEDULE_SECONDS.observe(took)
+        if tracing_exported():
+            self._trace_decisions(result.decision.logged, result.pending, self._clock() - took)
         self._last_cycle_at = now
         batch.preemptions += result.preemptions
         refused = self._apply_plan(result.decision.logged, batch)
@@ -560,6 +597,36 @@ class SchedulerService:
         for job_id, reason in refused.values():
             result.pending[job_id] = Waiting(f"its placement was refused by the plan applier: {reason}", None)
         batch.notices += self._pending_notices(result.pending, batch.touched_jobs)
+
+    def _trace_decisions(self, decisions: list[Message], pending: dict[uuid.UUID, Waiting], started: float) -> None:
+        """A ``scheduler.decide`` span (over the cycle's time) for each job this cycle placed, and for each waiting
+        job whose pending reason changed (the jobs a notice is published about; not every waiting job every
+        cycle)."""
+        fleet = self.state.fleet
+        common = {"gpuorch.scheduler.policy": type(fleet.policy).__name__,
+                  "gpuorch.scheduler.queue_order": "fair_order",
+                  "gpuorch.scheduler.nodes_considered": sum(1 for n in fleet.nodes.values() if n.schedulable),
+                  "gpuorch.scheduler.jobs_queued": len(self.state.queued)}
+        end = self._clock()
+        for event in decisions:
+            if isinstance(event, JobPlaced):
+                self._decision_span(event.job_id, started, end, {
+                    **common, "gpuorch.decision": "placed", "gpuorch.placement_id": str(event.placement_id),
+                    "gpuorch.scheduler.chosen_nodes": [a.node_id for a in event.assignments],
+                    "gpuorch.scheduler.gpus": [str(g) for a in event.assignments for g in a.gpus]})
+        for job_id, waiting in pending.items():
+            before = self.pending.get(job_id)
+            if before is None or before.reason != waiting.reason:
+                self._decision_span(job_id, started, end, {
+                    **common, "gpuorch.decision": "pending", "gpuorch.pending_reason": waiting.reason[:1000]})
+
+    def _decision_span(self, job_id: uuid.UUID, started: float, end: float, attributes: dict[str, Any]) -> None:
+        job = self.state.jobs.get(job_id)
+        if job is not None and job.traceparent:
+            made = record_job_span("scheduler.decide", job_id, job.traceparent, started, end, attributes,
+                                   tracer_name="gpuorch.scheduler")
+            if made is not None:
+                self._decision_traces[job_id] = made
 
     def _apply_plan(self, decisions: list[Message], batch: _Batch) -> dict[uuid.UUID, tuple[uuid.UUID, str]]:
         """The plan applier: log and apply each decision that capacity allows; refuse (and log) any placement
@@ -611,8 +678,13 @@ class SchedulerService:
         return {"tenant": job.spec.tenant} if job is not None else {}
 
     def _trace_headers(self, message: Message) -> dict[str, Any]:
-        """The trace a message about a job belongs to: the job's submission trace, else the current span."""
-        job = self.state.jobs.get(getattr(message, "job_id", None))  # type: ignore[arg-type]
+        """The trace a message about a job belongs to: below this batch's decision span for the job (placements,
+        pending notices), else the job's submission trace, else the current span."""
+        job_id = getattr(message, "job_id", None)
+        decided = self._decision_traces.get(job_id) if self._decision_traces else None  # type: ignore[arg-type]
+        if decided is not None and not isinstance(message, JobAccepted | JobRejected):
+            return {"traceparent": decided}
+        job = self.state.jobs.get(job_id)  # type: ignore[arg-type]
         if job is not None and job.traceparent:
             return {"traceparent": job.traceparent}
         if self._delivery_trace:
@@ -677,6 +749,17 @@ class SchedulerService:
             live[node.liveness] = live.get(node.liveness, 0) + 1
         for name, count in live.items():
             NODES.labels(name).set(count)
+
+
+def _admission_attributes(decision: Decision) -> dict[str, Any]:
+    for event in decision.logged:
+        if isinstance(event, JobRejected):
+            return {"gpuorch.admission": "rejected", "gpuorch.admission.reason": event.reason}
+        if isinstance(event, JobAccepted):
+            spec = event.spec
+            return {"gpuorch.admission": "accepted", "gpuorch.tenant": spec.tenant, "gpuorch.tier": spec.tier,
+                    "gpuorch.priority_class": spec.priority_class}
+    return {"gpuorch.admission": "unchanged"}
 
 
 def _encoded(logged: object, message: Message) -> bytes:

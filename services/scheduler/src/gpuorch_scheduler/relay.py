@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping
 
 import asyncpg
 from gpuorch_messaging import Broker
-from gpuorch_observability import configure, get_logger
+from gpuorch_observability import configure, get_logger, shutdown_tracing
 from gpuorch_store import OutboxRelay
 
 log = get_logger(__name__)
@@ -30,8 +30,11 @@ log = get_logger(__name__)
 def relay_process(amqp_url: str, database_url: str, producer: str, node_scopes: Mapping[str, Collection[str]],
                   parent_pid: int, log_level: str = "INFO") -> None:
     """Entry point of the relay process (a ``multiprocessing`` target): relay until SIGTERM or orphaned."""
-    configure(producer, log_level=log_level)
-    asyncio.run(_relay(amqp_url, database_url, producer, node_scopes, parent_pid))
+    configure("scheduler", log_level=log_level, instance=producer.removeprefix("scheduler/"))
+    try:
+        asyncio.run(_relay(amqp_url, database_url, producer, node_scopes, parent_pid))
+    finally:
+        shutdown_tracing()
 
 
 async def _relay(amqp_url: str, database_url: str, producer: str, node_scopes: Mapping[str, Collection[str]],

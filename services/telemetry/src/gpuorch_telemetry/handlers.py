@@ -48,13 +48,14 @@ from gpuorch_contracts import (
     utc_now,
 )
 from gpuorch_messaging import Publisher, dispatch
-from gpuorch_observability import get_logger
+from gpuorch_observability import get_logger, inject_trace, record_job_span, tracing_exported
 
 from gpuorch_telemetry import metrics
 from gpuorch_telemetry.domain.detection import (
     GPU_UNHEALTHY,
     DetectionConfig,
     Evaluation,
+    Finding,
     evaluate_job,
     gpu_dedup_key,
     health_event_finding,
@@ -183,6 +184,9 @@ class TelemetryHandlers:
     max_batch: int = 256
     max_delay_s: float = 0.05
     batcher: SampleBatcher = field(init=False)
+    job_traces: dict[uuid.UUID, str] = field(default_factory=dict)
+    """Job -> the trace context its placement arrived with (memory only, while spans are exported): detections
+    about the job are spans in its trace. A restarted telemetry learns it again from the job's next event."""
 
     def __post_init__(self) -> None:
         self.batcher = SampleBatcher(self._ingest, max_batch=self.max_batch, max_delay_s=self.max_delay_s)
@@ -205,10 +209,31 @@ class TelemetryHandlers:
         await dispatch(self.handlers, message, service="telemetry")
 
     async def on_job_placed(self, message: JobPlaced) -> None:
+        self._remember_trace(message.job_id)
         await self.store.record_job_placed(message, self._first_evaluation(message.occurred_at))
 
     async def on_job_started(self, message: JobStarted) -> None:
+        self._remember_trace(message.job_id)
         await self.store.record_job_started(message, self._first_evaluation(message.occurred_at))
+
+    def _remember_trace(self, job_id: uuid.UUID) -> None:
+        if tracing_exported():
+            traceparent = inject_trace({}).get("traceparent")
+            if traceparent:
+                self.job_traces[job_id] = traceparent
+
+    def _trace_detection(self, job_id: uuid.UUID | None, findings: list[Finding], cleared: set[str]) -> None:
+        """A ``telemetry.detect`` span in the job's trace for what an evaluation found about it (none for an
+        evaluation that found nothing: a running job is evaluated every interval)."""
+        traceparent = self.job_traces.get(job_id) if job_id is not None else None
+        if traceparent is None or not findings:
+            return
+        now = utc_now().timestamp()
+        record_job_span("telemetry.detect", job_id, traceparent, now, now, {
+            "gpuorch.findings": [f.kind for f in findings], "gpuorch.severities": [f.severity for f in findings],
+            "gpuorch.cleared": sorted(cleared),
+            "gpuorch.explanation": "; ".join(f.explanation for f in findings)[:2000]},
+            tracer_name="gpuorch.telemetry")
 
     async def on_job_finished(self, message: JobFinished) -> None:
         await self._ended(message.job_id, "succeeded" if message.exit_code == 0 else "failed", message.occurred_at)
@@ -235,6 +260,7 @@ class TelemetryHandlers:
         return outcome
 
     async def _ended(self, job_id: uuid.UUID, state: str, at: datetime) -> None:
+        self.job_traces.pop(job_id, None)
         resolved = await self.store.record_job_ended(job_id, state, at, f"job {state}")
         if resolved:
             await self._publish_after_commit()
@@ -252,6 +278,7 @@ class TelemetryHandlers:
             )
         else:
             await self.store.raise_finding(finding, now)
+            self._trace_detection(finding.job_id, [finding], set())
         await self._publish_after_commit()
 
     async def evaluate_due_jobs(self) -> tuple[int, int, int]:
@@ -267,6 +294,9 @@ class TelemetryHandlers:
             (job.job_id, evaluate_job(job, windows.get(job.job_id, []), self.detection)) for job in jobs
         ]
         raised, resolved = await self.store.apply_evaluations(evaluations, now)
+        if self.job_traces:
+            for job_id, evaluation in evaluations:
+                self._trace_detection(job_id, evaluation.findings, evaluation.cleared)
         metrics.JOBS_EVALUATED.inc(len(jobs))
         if raised or resolved:
             await self._publish_after_commit()
