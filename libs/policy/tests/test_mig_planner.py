@@ -58,6 +58,13 @@ def test_demand_is_planned_only_after_the_batching_window() -> None:
     assert plan_mig([whole("n1", 0)], [small("a", waiting=10)], ADVISE, NOW).proposals == ()
 
 
+def test_free_whole_gpus_a_training_job_gathers_stay_whole_the_others_may_be_sliced() -> None:
+    gpus = [whole("n1", 0), whole("n1", 1), whole("n1", 2, "busy"), whole("n2", 0), whole("n2", 1, "busy")]
+    plan = plan_mig(gpus, [train("t", 3), small("a")], ADVISE, NOW)
+    (proposal,) = plan.proposals                # n1 gathers for the 3-GPU job; n2's free GPU may be sliced
+    assert proposal.key == ("n2", 0) and proposal.enables == ("a",)
+
+
 def test_a_gpu_wanted_for_whole_gpu_training_stays_whole() -> None:
     gpus = [whole("n1", 0), whole("n1", 1, "busy")]
     plan = plan_mig(gpus, [train("t", 2), small("a")], ADVISE, NOW)
@@ -167,9 +174,11 @@ def test_plans_are_valid_disturb_only_what_they_drain_and_respect_caps(scenario)
         # it serves someone that waited out the batching window
         assert proposal.enables and all(any(j.job_id == e and j.waiting_s >= knobs.min_pending_s for j in queue)
                                         for e in proposal.enables)
-        # a whole GPU is partitioned only while no whole-GPU job waits for one
+        # a whole GPU is partitioned only when it is free, and never while a 1-GPU job waits for a whole GPU
         if gpu.layout is None and proposal.target is not None:
+            assert not proposal.drains
             unmet = {j for j, _ in plan.unmet}
-            assert not any(j.whole_gpus and (j.job_id in unmet or j.waiting_s < knobs.min_pending_s) for j in queue)
+            assert not any(j.whole_gpus == 1 and j.nodes == 1 for j in queue
+                           if j.job_id in unmet or j.waiting_s < knobs.min_pending_s)
     served = {e for p in plan.proposals for e in p.enables}
     assert not served & {j for j, _ in plan.unmet}

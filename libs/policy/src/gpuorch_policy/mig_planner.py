@@ -25,7 +25,7 @@ Contract:
   work, so the executor of a plan drains those jobs first, checkpoint handshake included);
 - a GPU that changed less than ``min_interval_s`` ago, or ``max_per_hour`` times in the last hour, gets no proposal
   (it is listed in ``held_back`` when it would have been used);
-- a GPU wanted by pending whole-GPU jobs is never partitioned;
+- a free whole GPU that a pending whole-GPU job is gathering (``_reserve_whole``) is never partitioned;
 - mode ``off`` proposes nothing; ``advise`` and ``auto`` propose the same plan (only ``auto`` is executed).
 Pure and deterministic: no I/O, no clock (``now`` and every time are seconds on the caller's clock).
 """
@@ -240,15 +240,29 @@ def plan_mig(gpus: Sequence[GpuState], pending: Sequence[PendingJob], settings: 
     ready = _order(j for j in pending if j.waiting_s >= settings.min_pending_s)
     unmet_whole = [j for j in ready if j.whole_gpus > 0 and not _take_whole(fleet, j)]
     unmet_mig = [j for j in ready if j.mig_profiles and not _take_instance(fleet, j)]
-    waiting_whole = [j for j in pending if j.whole_gpus > 0 and j not in ready] + unmet_whole
     planner = _Planner(fleet, settings, drained)
-    for gpu in fleet:
-        gpu.whole_wanted = any(_model_ok(j, gpu.state) for j in waiting_whole)
+    _reserve_whole(fleet, _order([j for j in pending if j.whole_gpus > 0 and j not in ready]) + unmet_whole)
     for job in unmet_whole:
         planner.whole(job)
     planner.mig(unmet_mig)
     return MigPlan(settings.mode, tuple(planner.proposals), tuple(planner.unmet), tuple(planner.held),
                    tuple(planner.right_sized))
+
+
+def _reserve_whole(fleet: list[_Gpu], waiting: list[PendingJob]) -> None:
+    """Mark the free whole GPUs that waiting whole-GPU jobs are gathering (per job, in queue order, on the node with
+    the most free whole GPUs it accepts, up to its count per node, for each of its nodes): never partitioned."""
+    for job in waiting:
+        for _ in range(job.nodes):
+            by_node: dict[str, list[_Gpu]] = {}
+            for gpu in fleet:
+                if gpu.free_whole and not gpu.whole_wanted and _model_ok(job, gpu.state):
+                    by_node.setdefault(gpu.state.node_id, []).append(gpu)
+            if not by_node:
+                return
+            node = max(sorted(by_node), key=lambda n: len(by_node[n]))
+            for gpu in by_node[node][: job.whole_gpus]:
+                gpu.whole_wanted = True
 
 
 def _take_whole(fleet: list[_Gpu], job: PendingJob) -> bool:
