@@ -251,6 +251,27 @@ def operator(user: str = "gpuctl-operator") -> Grant:
     )
 
 
+API_STREAM_QUEUES = r"api\.live\.[0-9a-f]+"
+"""The API's live-stream queues (exclusive, auto-delete, one per open event stream)."""
+API_EVENT_BINDINGS = (r"job\.#", rf"job\.\*\.{TENANT_WORD}", r"alert\.#", r"recommendation\.#",
+                      r"node\.liveness_changed", r"gpu\.health_changed")
+
+
+def api(user: str = "api") -> Grant:
+    """The API service (a ``gateway`` in the identity map): publishes ``job.submit``/``job.cancel`` for any tenant
+    on behalf of the callers it authenticated (the scheduler honours ``on_behalf_of`` from a gateway only), and
+    declares one exclusive queue ``api.live.<hex>`` per live event stream, bound to job events (all tenants, or
+    ``job.*.<tenant>``), alerts, recommendations, node liveness and GPU health; it filters by tenant itself. It
+    declares no exchange (``Broker(declare_topology=False)``) and may not publish events or commands."""
+    return Grant(
+        user, configure=f"^{API_STREAM_QUEUES}$", write=rf"^(gpuorch\.submit|{API_STREAM_QUEUES})$",
+        read=rf"^(gpuorch\.events|{API_STREAM_QUEUES})$",
+        topics={SUBMIT: (rf"^{SUBMIT_KEY_PATTERN}(\.{TENANT_WORD})?$", NOTHING),
+                EVENTS: (NOTHING, "^(" + "|".join(API_EVENT_BINDINGS) + ")$")},
+        purpose="the HTTP API: submit/cancel on behalf of token holders; live event streams api.live.*",
+    )
+
+
 def submitters_of(identity_map: Path = IDENTITY_MAP) -> list[Grant]:
     """One submitter grant per identity of role ``submitter`` in the identity map (its tenants)."""
     document = json.loads(identity_map.read_text(encoding="utf-8"))
@@ -281,7 +302,7 @@ COMPOSE_FLEET = Fleet(
 
 def grants(fleet: Fleet = COMPOSE_FLEET) -> list[Grant]:
     return [
-        administrator(), scheduler(), telemetry(), operator(), *submitters_of(),
+        administrator(), scheduler(), telemetry(), operator(), api(), *submitters_of(),
         *(executor(user, nodes) for user, nodes in fleet.executors),
         *(node_agent(user, queue, nodes) for user, queue, nodes in fleet.node_agents),
     ]

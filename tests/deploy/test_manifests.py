@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")])
 SERVICE_IMAGES = {"scheduler": "gpuorch-scheduler", "telemetry": "gpuorch-telemetry", "node-agent": "gpuorch-node-agent",
-                  "executor": "gpuorch-executor", "gpuctl": "gpuorch-gpuctl"}
+                  "executor": "gpuorch-executor", "gpuctl": "gpuorch-gpuctl", "api": "gpuorch-api"}
 
 
 def load_all(path: Path) -> list[Any]:

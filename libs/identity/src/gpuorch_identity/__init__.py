@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "ANY_TENANT", "Identity", "IdentityMap", "Rejection", "acting_user", "authorize_cancel", "authorize_job_access",
+    "configured_identity_map",
     "authorize_submission", "load_identity_map", "token_digest",
 ]
 
@@ -127,6 +128,21 @@ def token_digest(token: str) -> str:
 def load_identity_map(path: str | Path) -> IdentityMap:
     """Read and validate an identity map (JSON); raises ``ValueError`` (pydantic's) when it is malformed."""
     return IdentityMap.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def configured_identity_map(path: str, identity_mode: str) -> IdentityMap:
+    """The identity map a service runs with: the file at ``path`` (``GPUORCH_IDENTITY_MAP``), else the development
+    map when ``identity_mode`` (``GPUORCH_IDENTITY``) is ``trust_all``; ``ValueError`` says what is missing or
+    malformed."""
+    if path:
+        try:
+            return load_identity_map(path)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"GPUORCH_IDENTITY_MAP: {exc}") from exc
+    if identity_mode == "trust_all":
+        return IdentityMap.development()
+    raise ValueError("GPUORCH_IDENTITY_MAP is required (who may do what for which tenant); "
+                     "GPUORCH_IDENTITY=trust_all only for local development")
 
 
 def authorize_submission(

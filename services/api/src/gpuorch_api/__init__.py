@@ -1,0 +1,1 @@
+"""gpuorch API: HTTP for people and programs (see README.md)."""

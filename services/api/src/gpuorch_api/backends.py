@@ -1,0 +1,69 @@
+"""What the handlers reach: the read models (PostgreSQL pool), the gateway (broker), live streams, settings.
+
+``open_backends`` connects everything at start (retrying while the servers come up) and ``close`` releases it;
+the handlers only ever get a ``Backends``, so tests may build one over their own pool and broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from gpuorch_identity import IdentityMap
+from gpuorch_messaging import Broker
+
+from gpuorch_api.gateway import Gateway
+from gpuorch_api.live import EventStreams
+from gpuorch_api.readmodels import ReadModels
+
+
+@dataclass
+class Backends:
+    identity_map: IdentityMap
+    read: ReadModels
+    gateway: Gateway
+    streams: EventStreams
+    broker: Broker
+    pool: asyncpg.Pool
+    quotas: dict[str, dict[str, Any]] = field(default_factory=dict)
+    jaeger_url: str | None = None
+
+    async def problems(self) -> list[str]:
+        """Why the API is not ready: an unreachable database or broker (empty: ready)."""
+        found = []
+        try:
+            await asyncio.wait_for(self.read.ping(), 5)
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            found.append(f"database unreachable: {exc!r}")
+        if not self.broker.is_connected:
+            found.append("broker unreachable")
+        return found
+
+    async def close(self) -> None:
+        await self.streams.close()
+        await self.broker.close()
+        await self.pool.close()
+
+
+async def open_backends(*, amqp_url: str, database_url: str, identity_map: IdentityMap,
+                        quotas: dict[str, dict[str, Any]] | None = None, jaeger_url: str | None = None,
+                        timeout_s: float = 60.0) -> Backends:
+    """Connect the pool, the publishing broker and the live-stream connection (retrying until ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            pool = await asyncpg.create_pool(database_url, min_size=1, max_size=8, timeout=10)
+            break
+        except (OSError, asyncpg.PostgresError) as exc:
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"cannot reach PostgreSQL: {exc}") from exc
+            await asyncio.sleep(0.5)
+    broker = Broker(amqp_url, producer="gpuorch-api", connection_name="gpuorch-api", declare_topology=False)
+    await broker.connect(timeout_s=max(1.0, deadline - time.monotonic()))
+    streams = EventStreams(amqp_url)
+    await streams.connect()
+    return Backends(identity_map=identity_map, read=ReadModels(pool), gateway=Gateway(broker, identity_map),
+                    streams=streams, broker=broker, pool=pool, quotas=quotas or {}, jaeger_url=jaeger_url)

@@ -1,0 +1,176 @@
+"""gpuorch-api: the HTTP API and dashboard (FastAPI on uvicorn).
+
+    environment -> Settings -> create_app(settings): FastAPI
+        lifespan: migrate the database (0300_api: the API's role and table), open_backends (pool, broker, streams)
+        routes.router (handlers) -> readmodels / gateway / live -> domain.views
+        errors: ApiError -> {"error": message} with its status; a bad query or body -> 422 {"error": "where: what"};
+                the broker refusing a publish -> 503
+
+Any number of instances may run side by side: the API keeps no state of its own but ``api_submissions``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from gpuorch_identity import IdentityMap, configured_identity_map
+from gpuorch_messaging import PublishError
+from gpuorch_observability import configure, get_logger
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gpuorch_api.auth import ApiError
+from gpuorch_api.backends import Backends, open_backends
+from gpuorch_api.routes import router
+
+log = get_logger(__name__)
+
+ENVIRONMENT = {
+    "GPUORCH_AMQP_URL": ("RabbitMQ URL: the API's own broker user (a gateway identity)",
+                         "amqp://guest:guest@127.0.0.1:5672/"),
+    "GPUORCH_DATABASE_URL": ("PostgreSQL DSN: a user in role gpuorch_api",
+                             "postgresql://postgres@127.0.0.1:5432/gpuorch"),
+    "GPUORCH_IDENTITY_MAP": ("identity map (JSON) with the sha256 digests of the API tokens (its 'tokens')", ""),
+    "GPUORCH_IDENTITY": ("strict; trust_all (local development) allows running without an identity map", "strict"),
+    "GPUORCH_API_HOST": ("address to listen on", "0.0.0.0"),
+    "GPUORCH_API_PORT": ("HTTP port", "8080"),
+    "GPUORCH_QUOTAS": ("tenant quotas as JSON, as the scheduler reads them (shown against allocation)", ""),
+    "GPUORCH_QUOTAS_FILE": ("path of a JSON file with the quotas (GPUORCH_QUOTAS wins)", ""),
+    "GPUORCH_JAEGER_URL": ("Jaeger UI base URL for trace links, e.g. http://localhost:16686 (unset: no links)", ""),
+    "GPUORCH_OTLP_ENDPOINT": ("OTLP/HTTP collector URL (unset = no export)", ""),
+    "GPUORCH_LOG_LEVEL": ("log level", "INFO"),
+}
+
+
+@dataclass
+class Settings:
+    amqp_url: str
+    database_url: str
+    identity_map: IdentityMap
+    host: str
+    port: int
+    quotas: dict[str, dict[str, Any]]
+    jaeger_url: str | None
+    otlp_endpoint: str | None
+    log_level: str
+
+
+def parse_settings(argv: list[str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(
+        prog="gpuorch-api", description="gpuorch's HTTP API and dashboard.",
+        epilog="environment variables:\n" + "\n".join(
+            f"  {name:<22} {text} (default: {default or 'unset'})" for name, (text, default) in ENVIRONMENT.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)
+    env = {name: os.environ.get(name, default) for name, (_, default) in ENVIRONMENT.items()}
+    try:
+        identity_map = configured_identity_map(env["GPUORCH_IDENTITY_MAP"], env["GPUORCH_IDENTITY"])
+        quotas = _quotas(env["GPUORCH_QUOTAS"], env["GPUORCH_QUOTAS_FILE"])
+        port = int(env["GPUORCH_API_PORT"])
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    return Settings(amqp_url=env["GPUORCH_AMQP_URL"], database_url=env["GPUORCH_DATABASE_URL"],
+                    identity_map=identity_map, host=env["GPUORCH_API_HOST"], port=port, quotas=quotas,
+                    jaeger_url=env["GPUORCH_JAEGER_URL"] or None, otlp_endpoint=env["GPUORCH_OTLP_ENDPOINT"] or None,
+                    log_level=env["GPUORCH_LOG_LEVEL"])
+
+
+def _quotas(text: str, path: str) -> dict[str, dict[str, Any]]:
+    """``{tenant: {"gpus": n, ...}}`` from GPUORCH_QUOTAS, else from the file GPUORCH_QUOTAS_FILE names."""
+    if not text and path:
+        text = Path(path).read_text(encoding="utf-8")
+    quotas = json.loads(text) if text else {}
+    if not isinstance(quotas, dict) or not all(isinstance(v, dict) for v in quotas.values()):
+        raise ValueError('GPUORCH_QUOTAS: expected {"<tenant>": {"gpus": <n>, ...}, ...}')
+    return quotas
+
+
+def create_app(settings: Settings | None = None, *, backends: Backends | None = None) -> FastAPI:
+    """The ASGI app. With ``settings`` it migrates and connects at start; tests may pass ready ``backends``."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if backends is not None:
+            app.state.backends = backends
+            yield
+            return
+        assert settings is not None
+        from gpuorch_store.migrations import migrate
+
+        await migrate(settings.database_url)
+        app.state.backends = await open_backends(
+            amqp_url=settings.amqp_url, database_url=settings.database_url, identity_map=settings.identity_map,
+            quotas=settings.quotas, jaeger_url=settings.jaeger_url)
+        log.info("api.ready", port=settings.port)
+        try:
+            yield
+        finally:
+            await app.state.backends.close()
+
+    app = FastAPI(title="gpuorch API", version="1", lifespan=lifespan,
+                  description="Jobs, fleet, queues and tenants of gpuorch; submissions and cancels on the "
+                              "caller's behalf; live events. Authenticate with `Authorization: Bearer <token>`.")
+    app.include_router(router)
+    _install_error_handlers(app)
+    _mount_dashboard(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "body", "path"))
+        text = f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "invalid request"))
+        allowed = (first.get("ctx") or {}).get("expected")
+        return JSONResponse({"error": text + (f" (expected {allowed})" if allowed and allowed not in text else "")},
+                            status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def failed(_: Request, exc: Exception) -> JSONResponse:
+        log.error("api.request_failed", error=repr(exc))
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
+
+    @app.exception_handler(PublishError)
+    async def not_published(_: Request, exc: PublishError) -> JSONResponse:
+        return JSONResponse({"error": f"not published: {exc} (is the scheduler running?)"}, status_code=503)
+
+
+def _mount_dashboard(app: FastAPI) -> None:
+    """The dashboard's static files (``static/``) at ``/``, when they are present."""
+    static = Path(__file__).parent / "static"
+    if (static / "index.html").exists():
+        from fastapi.staticfiles import StaticFiles
+
+        app.mount("/", StaticFiles(directory=static, html=True), name="dashboard")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    settings = parse_settings(argv if argv is not None else sys.argv[1:])
+    configure("gpuorch-api", log_level=settings.log_level, otlp_endpoint=settings.otlp_endpoint)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
+                access_log=False, lifespan="on")
+
+
+if __name__ == "__main__":
+    main()

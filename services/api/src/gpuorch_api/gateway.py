@@ -1,0 +1,51 @@
+"""Submissions and cancels on a caller's behalf: the same SubmitJob/CancelJob any system publishes.
+
+    caller (token) --auth--> identity name
+        submit: authorize_submission(map, name, spec)  refused -> Forbidden (403), nothing published
+                SubmitJob(spec as authorized, on_behalf_of=name) -> gpuorch.submit / job.submit.<tenant>
+        cancel: authorize_job_access(map, name, job's tenant)  refused -> Forbidden (403)
+                CancelJob(job_id, tenant, on_behalf_of=name) -> gpuorch.submit / job.cancel.<tenant>
+
+The API publishes as its own broker user (a ``gateway`` identity in the identity map); the scheduler judges the
+message as ``on_behalf_of`` only because that user is a gateway (``gpuorch_identity.acting_user``, decision 25),
+and applies the same rules again: the API's own check is for an immediate answer, not the guarantee.
+Publishing uses confirms and ``mandatory``: ``PublishError`` (no scheduler bound, broker down) reaches the
+caller as 503.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from gpuorch_contracts import CancelJob, JobSpec, SubmitJob
+from gpuorch_identity import IdentityMap, Rejection, authorize_job_access, authorize_submission
+from gpuorch_messaging import Broker
+
+from gpuorch_api.auth import Caller, Forbidden
+
+
+class Gateway:
+    def __init__(self, broker: Broker, identity_map: IdentityMap) -> None:
+        self.broker = broker
+        self.identity_map = identity_map
+
+    async def submit(self, caller: Caller, spec: JobSpec, job_id: uuid.UUID | None = None) -> SubmitJob:
+        """Publish the caller's submission; returns the message (its ``job_id``) once the broker confirmed it.
+        ``spec`` must be as decoded from the request (omitted tenant/priority stay omitted until authorized)."""
+        verdict = authorize_submission(self.identity_map, caller.name, spec)
+        if isinstance(verdict, Rejection):
+            raise Forbidden(verdict.reason)
+        message = SubmitJob(spec=verdict, producer="gpuorch-api", on_behalf_of=caller.name,
+                            **({"job_id": job_id} if job_id else {}))
+        await self.broker.publish(message)
+        return message
+
+    async def cancel(self, caller: Caller, job: dict[str, Any], reason: str) -> CancelJob:
+        refused = authorize_job_access(self.identity_map, caller.name, job["tenant"])
+        if refused is not None:
+            raise Forbidden(refused.reason)
+        message = CancelJob(job_id=job["job_id"], reason=reason, tenant=job["tenant"] or None,
+                            producer="gpuorch-api", on_behalf_of=caller.name)
+        await self.broker.publish(message)
+        return message

@@ -1,0 +1,215 @@
+"""The API's reads: SQL over the read models the scheduler and telemetry keep, never their writes.
+
+    jobs, nodes                           written by the scheduler (0100, 0102)
+    telemetry_* samples, jobs, alerts     written by telemetry (02xx)
+    events                                the scheduler's log: a job's timeline (granted to gpuorch_api, 0300)
+    api_submissions                       the API's own table (0300): what it published for whom
+
+Every function takes ``tenants`` (None: all) and returns only rows of those tenants; a row the caller may not see
+is reported as absent (404), not as forbidden, so job ids of other tenants cannot be probed. Plain dicts out; the
+shaping for people is in ``domain/views.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Collection
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+JOB_COLUMNS = """j.job_id, j.name, j.tenant, j.tier, j.priority_class, j.state, j.spec::text AS spec, j.placement_id,
+    j.node_ids, j.assignments::text AS assignments, j.exit_code, j.reason, j.pending_reason, j.estimated_start,
+    j.requeues, j.log_path, j.submitted_at, j.placed_at, j.started_at, j.ended_at, j.updated_at"""
+
+ACTIVE_STATES = ("placed", "running", "preempting")
+
+
+def _tenant_list(tenants: Collection[str] | None) -> list[str] | None:
+    return sorted(tenants) if tenants is not None else None
+
+
+def _job(row: asyncpg.Record) -> dict[str, Any]:
+    out = dict(row)
+    out["spec"] = json.loads(out["spec"]) if out.get("spec") else {}
+    out["assignments"] = json.loads(out["assignments"]) if out.get("assignments") else []
+    return out
+
+
+class ReadModels:
+    """Reads over a connection pool (``asyncpg.Pool``); each call uses one pooled connection."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def ping(self) -> None:
+        async with self.pool.acquire() as conn:
+            await conn.fetchval("SELECT 1")
+
+    async def jobs(self, *, tenants: Collection[str] | None, state: str | None = None, tenant: str | None = None,
+                   tier: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Jobs newest first, filtered; a rejected job's empty spec is filled from the API's own submissions."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                f"""SELECT {JOB_COLUMNS}, s.spec::text AS submitted_spec FROM jobs j
+                    LEFT JOIN api_submissions s USING (job_id)
+                    WHERE ($1::text[] IS NULL OR j.tenant = ANY($1) OR (j.tenant = '' AND s.spec->>'tenant' = ANY($1)))
+                      AND ($2::text IS NULL OR j.state = $2)
+                      AND ($3::text IS NULL OR j.tenant = $3 OR (j.tenant = '' AND s.spec->>'tenant' = $3))
+                      AND ($4::text IS NULL OR j.tier = $4 OR (j.tier = '' AND s.spec->>'tier' = $4))
+                    ORDER BY j.submitted_at DESC LIMIT $5""",
+                _tenant_list(tenants), state, tenant, tier, limit)
+        return [_with_submitted_spec(r) for r in rows]
+
+    async def resolve(self, prefix: str, *, tenants: Collection[str] | None) -> uuid.UUID | None:
+        """The job id an id or unique prefix names among the caller's jobs; None when none or several."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT job_id FROM jobs j LEFT JOIN api_submissions s USING (job_id)
+                   WHERE job_id::text LIKE $1 || '%'
+                     AND ($2::text[] IS NULL OR j.tenant = ANY($2) OR (j.tenant = '' AND s.spec->>'tenant' = ANY($2)))
+                   LIMIT 2""",
+                prefix.lower(), _tenant_list(tenants))
+        return rows[0]["job_id"] if len(rows) == 1 else None
+
+    async def job(self, job_id: uuid.UUID) -> dict[str, Any] | None:
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                f"""SELECT {JOB_COLUMNS}, s.spec::text AS submitted_spec FROM jobs j
+                    LEFT JOIN api_submissions s USING (job_id) WHERE j.job_id = $1""", job_id)
+        return _with_submitted_spec(row) if row is not None else None
+
+    async def timeline(self, job_id: uuid.UUID, since: datetime, until: datetime | None) -> list[dict[str, Any]]:
+        """The job's events from the scheduler's log, in log order (bounded by the span of its life)."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT type, occurred_at, payload::text AS payload FROM events
+                   WHERE recorded_at >= $2::timestamptz - interval '5 minutes'
+                     AND recorded_at <= coalesce($3::timestamptz, now()) + interval '5 minutes'
+                     AND payload->>'job_id' = $1::text
+                   ORDER BY position LIMIT 500""", str(job_id), since, until)
+        return [{"type": r["type"], "at": r["occurred_at"], **_timeline_detail(json.loads(r["payload"]))}
+                for r in rows]
+
+    async def usage(self, job_id: uuid.UUID, since: datetime) -> dict[str, Any]:
+        """What telemetry measured for the job so far: per device, peak and latest memory, mean utilisation."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT node_id, device_uuid, gpu_index, max(alloc_milli) AS alloc_milli,
+                          count(*) AS samples, max(memory_used_mib) AS peak_memory_mib,
+                          avg(util_pct)::real AS mean_util_pct, max(sampled_at) AS last_sample_at,
+                          (max(sampled_at) - min(sampled_at)) AS observed
+                   FROM telemetry_job_samples WHERE job_id = $1 AND sampled_at >= $2::timestamptz - interval '1 minute'
+                   GROUP BY node_id, device_uuid, gpu_index ORDER BY node_id, gpu_index""", job_id, since)
+        devices = []
+        gpu_hours = 0.0
+        for r in rows:
+            observed_s = r["observed"].total_seconds() if r["observed"] is not None else 0.0
+            gpu_hours += observed_s / 3600.0 * r["alloc_milli"] / 1000.0
+            devices.append({"node_id": r["node_id"], "device_uuid": r["device_uuid"], "gpu_index": r["gpu_index"],
+                            "alloc_milli": r["alloc_milli"], "samples": r["samples"],
+                            "peak_memory_mib": r["peak_memory_mib"], "mean_util_pct": r["mean_util_pct"],
+                            "last_sample_at": r["last_sample_at"]})
+        return {"devices": devices, "gpu_hours": round(gpu_hours, 6)}
+
+    async def advice(self, job_id: uuid.UUID) -> list[dict[str, Any]]:
+        """Telemetry's alerts and recommendations about the job, newest first."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT category, kind, severity, explanation, advice, raised_at, resolved_at, resolve_reason
+                   FROM telemetry_alerts WHERE job_id = $1 ORDER BY raised_at DESC LIMIT 50""", job_id)
+        return [dict(r) for r in rows]
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        """Every node with its inventory, liveness, isolation and when it was last heard of (its newest GPU sample,
+        else the scheduler's last change of its row)."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT n.node_id, n.liveness, n.inventory::text AS inventory, n.isolation::text AS isolation,
+                          n.updated_at, s.last_sample_at
+                   FROM nodes n LEFT JOIN (
+                       SELECT node_id, max(sampled_at) AS last_sample_at FROM telemetry_gpu_samples
+                       WHERE sampled_at > now() - interval '1 day' GROUP BY node_id) s USING (node_id)
+                   ORDER BY n.node_id""")
+            samples = await conn.fetch(
+                """SELECT DISTINCT ON (node_id, gpu_uuid) node_id, gpu_uuid, util_pct, memory_used_mib,
+                          temperature_c, power_w, sampled_at
+                   FROM telemetry_gpu_samples WHERE sampled_at > now() - interval '5 minutes'
+                   ORDER BY node_id, gpu_uuid, sampled_at DESC""")
+            active = await conn.fetch(
+                "SELECT job_id, tenant, assignments::text AS assignments FROM jobs WHERE state = ANY($1::text[])",
+                list(ACTIVE_STATES))
+        latest = {(s["node_id"], s["gpu_uuid"]): dict(s) for s in samples}
+        out = []
+        for r in rows:
+            out.append({"node_id": r["node_id"], "liveness": r["liveness"], "inventory": json.loads(r["inventory"]),
+                        "isolation": json.loads(r["isolation"]) if r["isolation"] else None,
+                        "last_seen": r["last_sample_at"] or r["updated_at"],
+                        "samples": {uuid_: s for (node, uuid_), s in latest.items() if node == r["node_id"]}})
+        allocations = [{"job_id": a["job_id"], "tenant": a["tenant"], "assignments": json.loads(a["assignments"])}
+                       for a in active]
+        return [{**node, "allocations": allocations} for node in out]
+
+    async def queued(self, *, tenants: Collection[str] | None) -> list[dict[str, Any]]:
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT job_id, name, tenant, tier, priority_class, pending_reason, estimated_start, submitted_at
+                   FROM jobs WHERE state = 'queued' AND ($1::text[] IS NULL OR tenant = ANY($1))
+                   ORDER BY submitted_at""", _tenant_list(tenants))
+        return [dict(r) for r in rows]
+
+    async def tenant_use(self, *, tenants: Collection[str] | None) -> list[dict[str, Any]]:
+        """Per tenant: GPUs allocated to its active jobs, jobs queued and running, and what its allocations used
+        over the last five minutes (mean utilisation of the allocation, from telemetry's job samples)."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """WITH alloc AS (
+                       SELECT tenant, sum((g->>'milli')::int) / 1000.0 AS gpus
+                       FROM jobs, jsonb_array_elements(assignments) a, jsonb_array_elements(a->'gpus') g
+                       WHERE state = ANY($2::text[]) GROUP BY tenant),
+                   counts AS (
+                       SELECT tenant, count(*) FILTER (WHERE state = 'queued') AS queued,
+                              count(*) FILTER (WHERE state = ANY($2::text[])) AS running
+                       FROM jobs WHERE state NOT IN ('succeeded', 'failed', 'cancelled', 'rejected')
+                       GROUP BY tenant),
+                   used AS (
+                       SELECT tenant, avg(util_pct)::real AS mean_util_pct
+                       FROM telemetry_job_samples WHERE sampled_at > now() - interval '5 minutes' GROUP BY tenant)
+                   SELECT t.tenant, coalesce(alloc.gpus, 0)::real AS allocated_gpus,
+                          coalesce(counts.queued, 0) AS queued, coalesce(counts.running, 0) AS running,
+                          used.mean_util_pct
+                   FROM (SELECT tenant FROM alloc UNION SELECT tenant FROM counts UNION SELECT tenant FROM used) t
+                   LEFT JOIN alloc USING (tenant) LEFT JOIN counts USING (tenant) LEFT JOIN used USING (tenant)
+                   WHERE $1::text[] IS NULL OR t.tenant = ANY($1)
+                   ORDER BY t.tenant""", _tenant_list(tenants), list(ACTIVE_STATES))
+        return [dict(r) for r in rows]
+
+    async def record_submission(self, job_id: uuid.UUID, identity: str, spec: dict[str, Any]) -> None:
+        async with self.pool.acquire() as conn:
+            await conn.execute(
+                "INSERT INTO api_submissions (job_id, identity, spec) VALUES ($1, $2, $3::text::jsonb) "
+                "ON CONFLICT (job_id) DO NOTHING", job_id, identity, json.dumps(spec))
+
+
+def _with_submitted_spec(row: asyncpg.Record) -> dict[str, Any]:
+    out = _job(row)
+    submitted = out.pop("submitted_spec", None)
+    if not out["spec"] and submitted:  # rejected at admission: the scheduler kept no spec, the API did
+        spec = json.loads(submitted)
+        out["spec"] = spec
+        out["name"] = out["name"] or spec.get("name", "")
+        out["tenant"] = out["tenant"] or spec.get("tenant", "")
+        out["tier"] = out["tier"] or spec.get("tier", "")
+        out["priority_class"] = out["priority_class"] or spec.get("priority_class", "")
+    return out
+
+
+def _timeline_detail(payload: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a logged event worth a line in a timeline (never the whole spec)."""
+    keep = ("reason", "pending_reason", "node_id", "exit_code", "placement_id", "duration_s", "tenant")
+    detail = {k: payload[k] for k in keep if payload.get(k) is not None}
+    if payload.get("assignments"):
+        detail["nodes"] = [a.get("node_id") for a in payload["assignments"]]
+    return detail

@@ -1,0 +1,191 @@
+"""HTTP handlers: each parses a request, asks ``auth`` who calls, reads (``readmodels``) or publishes (``gateway``),
+and shapes the answer with ``domain.views``. Errors are one line of JSON: ``{"error": "..."}``.
+
+    GET  /healthz, /readyz                        no token
+    GET  /api/v1/whoami                           the caller: identity, role, tenants
+    GET  /api/v1/jobs?state=&tenant=&tier=&limit= jobs of the caller's tenants (operator: all)
+    POST /api/v1/jobs                             {"spec": JobSpec, "job_id"?: uuid} -> 202 {"job_id"}
+    GET  /api/v1/jobs/{id}                        spec, state, reason, placement, timeline, usage, advice, trace link
+    POST /api/v1/jobs/{id}/cancel                 {"reason"?} -> 202
+    GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor
+    GET  /api/v1/nodes, /queues, /tenants         fleet, queues per tier, allocation against quota and use
+    GET  /api/v1/events                           Server-Sent Events (``live``)
+
+A job of a tenant the caller does not see answers 404 on reads (its existence is not disclosed); a cancel or a
+log read of such a job answers 403 with the reason from the identity map when it exists.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from gpuorch_contracts import JobSpec
+from gpuorch_contracts.jobs import JobState, Tier
+from gpuorch_contracts.text import ShortText, TenantName
+from pydantic import BaseModel, ConfigDict
+
+from gpuorch_api.auth import ApiError, Caller, Forbidden, authenticate
+from gpuorch_api.backends import Backends
+from gpuorch_api.domain import views
+
+router = APIRouter()
+
+
+class SubmitRequest(BaseModel):
+    """A submission: the SubmitJob spec (fields it omits, such as ``tenant``, get the caller's defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
+    spec: JobSpec
+    job_id: uuid.UUID | None = None
+
+
+class CancelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: ShortText = "cancelled by user"
+
+
+class Accepted(BaseModel):
+    job_id: uuid.UUID
+    status: str
+
+
+def backends(request: Request) -> Backends:
+    return request.app.state.backends  # type: ignore[no-any-return]
+
+
+BackendsDep = Annotated[Backends, Depends(backends)]
+
+
+def caller(request: Request) -> Caller:
+    return authenticate(backends(request).identity_map, request.headers.get("authorization"))
+
+
+CallerDep = Annotated[Caller, Depends(caller)]
+
+
+@router.get("/healthz", tags=["health"])
+async def healthz() -> dict[str, str]:
+    """The process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["health"])
+async def readyz(svc: BackendsDep) -> JSONResponse:
+    """Ready when the database and the broker are reachable (503 with what is not)."""
+    problems = await svc.problems()
+    if problems:
+        return JSONResponse({"status": "not ready", "error": "; ".join(problems)}, status_code=503)
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/api/v1/whoami", tags=["auth"])
+async def whoami(who: CallerDep) -> dict[str, Any]:
+    tenants = who.tenants
+    return {"identity": who.name, "role": who.identity.role, "tenants": sorted(tenants) if tenants is not None
+            else ["*"], "default_tenant": who.identity.default_tenant, "max_priority": who.identity.max_priority}
+
+
+@router.get("/api/v1/jobs", tags=["jobs"])
+async def list_jobs(
+    who: CallerDep, svc: BackendsDep,
+    state: Annotated[JobState | None, Query(description="only jobs in this state")] = None,
+    tenant: Annotated[TenantName | None, Query(description="only this tenant's jobs")] = None,
+    tier: Annotated[Tier | None, Query(description="only this tier")] = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 100,
+) -> list[dict[str, Any]]:
+    """Jobs newest first: the caller's tenants' (an operator's: every tenant's)."""
+    if tenant is not None and not who.sees(tenant):
+        raise Forbidden(f"{who.name} may not read jobs of tenant {tenant!r}")
+    rows = await svc.read.jobs(tenants=who.tenants, state=state, tenant=tenant, tier=tier, limit=limit)
+    return [views.job_view(r) for r in rows]
+
+
+@router.post("/api/v1/jobs", status_code=202, tags=["jobs"])
+async def submit_job(body: SubmitRequest, who: CallerDep, svc: BackendsDep) -> Accepted:
+    """Publish a SubmitJob on the caller's behalf; the answer (accepted/rejected) follows as an event and in the
+    job's state. 403 when the identity map does not let the caller submit this spec."""
+    message = await svc.gateway.submit(who, body.spec, body.job_id)
+    await svc.read.record_submission(message.job_id, who.name, message.spec.model_dump(mode="json"))
+    return Accepted(job_id=message.job_id, status="submitted")
+
+
+async def _visible_job(svc: Backends, who: Caller, job_ref: str) -> dict[str, Any]:
+    job_id = await svc.read.resolve(job_ref, tenants=who.tenants)
+    job = await svc.read.job(job_id) if job_id is not None else None
+    if job is None:
+        raise ApiError(404, f"no job {job_ref!r} (or several match: give more characters)")
+    return job
+
+
+@router.get("/api/v1/jobs/{job_ref}", tags=["jobs"])
+async def get_job(job_ref: str, who: CallerDep, svc: BackendsDep) -> dict[str, Any]:
+    """One job (id or unique prefix): spec, state, reason, placement, timeline, usage so far, telemetry's advice
+    and alerts, and a link to its trace."""
+    job = await _visible_job(svc, who, job_ref)
+    out = views.job_view(job, full=True)
+    out["timeline"] = await svc.read.timeline(job["job_id"], job["submitted_at"], job["ended_at"])
+    out["usage"] = await svc.read.usage(job["job_id"], job["started_at"] or job["submitted_at"])
+    out["advice"] = await svc.read.advice(job["job_id"])
+    out["trace_url"] = trace_url(svc.jaeger_url, job["job_id"])
+    return out
+
+
+def trace_url(jaeger_url: str | None, job_id: uuid.UUID) -> str | None:
+    """Jaeger's search for the job's spans (every gpuorch span of a job carries ``gpuorch.job_id``)."""
+    if not jaeger_url:
+        return None
+    tags = quote(f'{{"gpuorch.job_id":"{job_id}"}}')
+    return f"{jaeger_url.rstrip('/')}/search?service=gpuorch-api&tags={tags}"
+
+
+@router.post("/api/v1/jobs/{job_ref}/cancel", status_code=202, tags=["jobs"])
+async def cancel_job(job_ref: str, who: CallerDep, svc: BackendsDep,
+                     body: CancelRequest | None = None) -> Accepted:
+    """Publish a CancelJob on the caller's behalf (a running job gets its checkpoint signal, then is stopped)."""
+    job = await _job_for_action(svc, who, job_ref)
+    await svc.gateway.cancel(who, job, (body or CancelRequest()).reason)
+    return Accepted(job_id=job["job_id"], status="cancel requested")
+
+
+async def _job_for_action(svc: Backends, who: Caller, job_ref: str) -> dict[str, Any]:
+    """The job a cancel or a log read names: 403 (with the reason) for another tenant's job, 404 for none."""
+    job_id = await svc.read.resolve(job_ref, tenants=None)
+    job = await svc.read.job(job_id) if job_id is not None else None
+    if job is None:
+        raise ApiError(404, f"no job {job_ref!r} (or several match: give more characters)")
+    if not who.sees(job["tenant"]):
+        raise Forbidden(f"{who.name} may not act on jobs of another tenant")
+    return job
+
+
+@router.get("/api/v1/nodes", tags=["fleet"])
+async def list_nodes(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
+    """Every node: liveness, last seen, GPUs and MIG slices free or allocated, live usage, health, isolation.
+    Jobs of tenants the caller does not see are shown without their id."""
+    now = datetime.now(UTC)
+    nodes = await svc.read.nodes()
+    return [views.node_view(n, n["allocations"], now, who.tenants) for n in nodes]
+
+
+@router.get("/api/v1/queues", tags=["fleet"])
+async def list_queues(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
+    """Per tier: depth, oldest wait, pending reasons, next estimated starts (of the caller's tenants' jobs)."""
+    return views.queue_views(await svc.read.queued(tenants=who.tenants), datetime.now(UTC))
+
+
+@router.get("/api/v1/tenants", tags=["fleet"])
+async def list_tenants(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
+    """Per tenant the caller sees: GPUs allocated, quota, GPUs used (allocation x mean utilisation)."""
+    return views.tenant_views(await svc.read.tenant_use(tenants=who.tenants), svc.quotas)
+
+
+@router.get("/api/v1/events", tags=["live"], response_class=StreamingResponse)
+async def events(who: CallerDep, svc: BackendsDep) -> StreamingResponse:
+    """Server-Sent Events: the caller's tenants' job events and fleet events, live (nothing from before)."""
+    return StreamingResponse(svc.streams.stream(who), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

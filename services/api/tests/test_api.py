@@ -1,0 +1,159 @@
+"""The API against the real PostgreSQL and RabbitMQ: who sees what, one-line errors, submissions and cancels
+published on the caller's behalf, live events filtered to the caller's tenants."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import httpx
+import pytest
+from gpuorch_contracts import JobPlaced, JobQueued, decode
+from gpuorch_contracts.jobs import GpuAllocation, NodeAssignment
+from gpuorch_messaging import Broker
+from gpuorch_scheduler.testing import registered_node
+
+from .conftest import RunningApi, auth
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime.now(UTC)
+SPEC = {"run": {"runtime": "process", "argv": ["python", "-c", "pass"]}, "resources": {"gpus": 1}}
+
+
+async def seed(dsn: str) -> dict[str, uuid.UUID]:
+    """Read-model rows as the scheduler writes them: a node with 2 GPUs (one held by acme's running job) and one
+    MIG GPU, acme's running job, research's queued job, and a job rejected at admission (empty spec)."""
+    ids = {"acme_running": uuid.uuid4(), "research_queued": uuid.uuid4(), "rejected": uuid.uuid4()}
+    node = registered_node("n1", gpus=2).inventory.model_dump(mode="json")
+    node["gpus"].append(registered_node("n1", gpus=1, mig=True).inventory.model_dump(mode="json")["gpus"][0]
+                        | {"index": 2, "uuid": "GPU-n1-mig"})
+    assignment = [NodeAssignment(node_id="n1", gpus=[GpuAllocation(gpu_uuid="GPU-n1-0", gpu_index=0)]),
+                  NodeAssignment(node_id="n1", gpus=[GpuAllocation(gpu_uuid="MIG-n1-0-0", gpu_index=2,
+                                                                   mig_profile="1g.10gb", milli=142)])]
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("INSERT INTO nodes (node_id, liveness, inventory, inventory_hash) "
+                           "VALUES ('n1', 'alive', $1::text::jsonb, 'h')", json.dumps(node))
+        insert = """INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, assignments, node_ids,
+                        pending_reason, estimated_start, reason, submitted_at, started_at)
+                    VALUES ($1, $2, $3, $4, 'normal', $5, $6::text::jsonb, $7::text::jsonb, $8, $9, $10, $11, $12, $13)"""
+        await conn.execute(insert, ids["acme_running"], "train", "acme", "training", "running", json.dumps(SPEC),
+                           json.dumps([a.model_dump(mode="json") for a in assignment]), ["n1"], None, None, None,
+                           NOW - timedelta(minutes=5), NOW - timedelta(minutes=4))
+        await conn.execute(insert, ids["research_queued"], "big", "research", "batch", "queued", json.dumps(SPEC),
+                           "[]", [], "needs 8 GPUs on one node; largest free: 1", NOW + timedelta(minutes=10), None,
+                           NOW - timedelta(minutes=2), None)
+        await conn.execute(insert, ids["rejected"], "", "", "", "rejected", "{}", "[]", [], None, None,
+                           "needs 20 GPUs; no node has more than 8", NOW, None)
+        await conn.execute("INSERT INTO api_submissions (job_id, identity, spec) VALUES ($1, 'acme-ci', $2::text::jsonb)",
+                           ids["rejected"], json.dumps({**SPEC, "name": "huge", "tenant": "acme", "tier": "training"}))
+    finally:
+        await conn.close()
+    return ids
+
+
+async def test_tokens_and_one_line_errors(api: RunningApi) -> None:
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        assert (await http.get("/healthz")).json() == {"status": "ok"}
+        assert (await http.get("/readyz")).json() == {"status": "ready"}
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic x"}):
+            answer = await http.get("/api/v1/jobs", headers=headers)
+            assert answer.status_code == 401 and set(answer.json()) == {"error"}
+        answer = await http.get("/api/v1/jobs", headers=auth("svc"))
+        assert answer.status_code == 403 and "service" in answer.json()["error"]
+        assert (await http.get("/api/v1/whoami", headers=auth("acme"))).json()["tenants"] == ["acme"]
+        bad = await http.get("/api/v1/jobs", params={"state": "bogus"}, headers=auth("acme"))
+        assert bad.status_code == 422 and bad.json()["error"].startswith("state:") and "\n" not in bad.text
+        assert "/api/v1/jobs" in (await http.get("/openapi.json")).json()["paths"]
+
+
+async def test_a_submitter_sees_its_tenants_and_an_operator_sees_all(api: RunningApi, migrated_dsn: str) -> None:
+    ids = await seed(migrated_dsn)
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        mine = (await http.get("/api/v1/jobs", headers=auth("acme"))).json()
+        assert sorted(j["id"] for j in mine) == sorted(str(ids[k]) for k in ("acme_running", "rejected"))
+        everything = (await http.get("/api/v1/jobs", headers=auth("ops"))).json()
+        assert len(everything) == 3
+        assert [j["id"] for j in (await http.get("/api/v1/jobs", params={"state": "queued"},
+                                                   headers=auth("ops"))).json()] == [str(ids["research_queued"])]
+        assert (await http.get("/api/v1/jobs", params={"tenant": "research"}, headers=auth("acme"))).status_code == 403
+        other = await http.get(f"/api/v1/jobs/{ids['research_queued']}", headers=auth("acme"))
+        assert other.status_code == 404  # another tenant's job is not disclosed
+
+        rejected = (await http.get(f"/api/v1/jobs/{str(ids['rejected'])[:8]}", headers=auth("acme"))).json()
+        assert (rejected["name"], rejected["tenant"], rejected["state"]) == ("huge", "acme", "rejected")
+        assert rejected["spec"]["resources"] == {"gpus": 1} and "20 GPUs" in rejected["reason"]
+        running = (await http.get(f"/api/v1/jobs/{ids['acme_running']}", headers=auth("acme"))).json()
+        assert running["gpus"] == "0,2:1g.10gb" and running["trace_url"].startswith("http://jaeger.example:16686/")
+        assert running["usage"] == {"devices": [], "gpu_hours": 0.0} and running["advice"] == []
+
+        [node] = (await http.get("/api/v1/nodes", headers=auth("research"))).json()
+        assert (node["gpus_total"], node["gpus_allocated"], node["gpus_free"]) == (3, 2, 1)
+        assert (node["mig_slices_total"], node["mig_slices_free"]) == (7, 6)
+        assert node["gpus"][0]["jobs"] == [{"job_id": None, "tenant": "other tenant", "milli": 1000}]
+        assert node["last_seen"] is not None
+
+        queues = {q["tier"]: q for q in (await http.get("/api/v1/queues", headers=auth("ops"))).json()}
+        assert queues["batch"]["depth"] == 1 and queues["batch"]["pending_reasons"][0]["jobs"] == 1
+        assert queues["batch"]["estimated_starts"][0]["job_id"] == str(ids["research_queued"])
+        assert (await http.get("/api/v1/queues", headers=auth("acme"))).json()[2]["depth"] == 0
+
+        tenants = (await http.get("/api/v1/tenants", headers=auth("acme"))).json()
+        assert tenants == [{"tenant": "acme", "allocated_gpus": 1.142, "quota_gpus": 4, "used_gpus": None,
+                            "mean_util_pct": None, "queued": 0, "running": 1}]
+
+
+async def test_submit_and_cancel_are_published_on_the_callers_behalf(api: RunningApi, migrated_dsn: str) -> None:
+    ids = await seed(migrated_dsn)
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        answer = await http.post("/api/v1/jobs", json={"spec": SPEC}, headers=auth("acme"))
+        assert answer.status_code == 202, answer.text
+        incoming = await asyncio.wait_for(api.submissions.get(), 10)
+        submitted = decode(incoming.body)
+        assert (incoming.routing_key, incoming.user_id) == ("job.submit.acme", "guest")
+        assert (str(submitted.job_id), submitted.on_behalf_of) == (answer.json()["job_id"], "acme-ci")  # type: ignore[attr-defined]
+
+        for body, status in (({"spec": {**SPEC, "tenant": "research"}}, 403),
+                             ({"spec": {**SPEC, "priority_class": "critical"}}, 403),
+                             ({"spec": {**SPEC, "bogus": 1}}, 422)):
+            refused = await http.post("/api/v1/jobs", json=body, headers=auth("acme"))
+            assert refused.status_code == status and set(refused.json()) == {"error"}, refused.text
+
+        forbidden = await http.post(f"/api/v1/jobs/{ids['research_queued']}/cancel", headers=auth("acme"))
+        assert forbidden.status_code == 403
+        cancel = await http.post(f"/api/v1/jobs/{ids['acme_running']}/cancel", json={"reason": "enough"},
+                                 headers=auth("acme"))
+        assert cancel.status_code == 202
+        incoming = await asyncio.wait_for(api.submissions.get(), 10)
+        cancelled = decode(incoming.body)
+        assert (cancelled.TYPE, cancelled.on_behalf_of, incoming.routing_key) == (  # type: ignore[attr-defined]
+            "job.cancel", "acme-ci", "job.cancel.acme")
+        assert api.submissions.empty()  # nothing was published for the refused requests
+
+
+async def test_live_events_reach_only_the_callers_tenants(api: RunningApi, amqp_url: str) -> None:
+    publisher = Broker(amqp_url, producer="scheduler")
+    await publisher.connect()
+    acme_job, research_job = uuid.uuid4(), uuid.uuid4()
+    try:
+        async with httpx.AsyncClient(base_url=api.url, timeout=30) as http, \
+                http.stream("GET", "/api/v1/events", headers=auth("acme")) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            lines = stream.aiter_lines()
+            assert (await anext(lines)).startswith(": stream for acme-ci")  # bound: what follows is delivered
+            await publisher.publish(JobQueued(job_id=research_job, pending_reason="x", tenant="research"))
+            await publisher.publish(JobPlaced(job_id=acme_job, placement_id=uuid.uuid4(), tenant="acme",
+                                              assignments=[NodeAssignment(node_id="n1")]))
+            seen = []
+            async with asyncio.timeout(20):
+                async for line in lines:
+                    if line.startswith("data: "):
+                        seen.append(json.loads(line[6:]))
+                        break
+            assert [(e["type"], e["job_id"]) for e in seen] == [("job.placed", str(acme_job))]
+    finally:
+        await publisher.close()
