@@ -6,9 +6,11 @@
   logs, but nothing is exported); resource ``service.name`` = ``gpuorch-<service>`` (see ``tracing``).
 - ``job_span``/``record_job_span``: a span in one job's trace (``job_id`` set), for work done for many jobs at once.
 - ``inject_trace(headers)`` / ``extract_trace(headers)``: W3C ``traceparent`` in AMQP headers.
-- ``start_metrics_server(port)``: Prometheus ``/metrics``.
+- ``start_metrics_server(port)``: Prometheus ``/metrics``, ``/healthz`` and ``/readyz`` on one port; ``READINESS``
+  holds the checks ``/readyz`` answers (``mark``, ``add``, ``connected(broker)``, ``keep_probing``).
 """
 
+from gpuorch_observability.health import READINESS, Readiness, connected, keep_probing
 from gpuorch_observability.logs import bind_context, configure_logging, get_logger
 from gpuorch_observability.metrics import start_metrics_server
 from gpuorch_observability.tracing import (
@@ -33,7 +35,7 @@ def configure(service: str, *, log_level: str = "INFO", otlp_endpoint: str | Non
 
 
 __all__ = [
-    "bind_context", "configure", "configure_logging", "configure_tracing", "extract_trace", "get_logger",
+    "READINESS", "Readiness", "bind_context", "connected", "keep_probing", "configure", "configure_logging", "configure_tracing", "extract_trace", "get_logger",
     "inject_trace", "job_span", "record_job_span", "shutdown_tracing", "start_metrics_server", "traceparent_of", "tracer",
     "tracing_exported",
 ]

@@ -19,7 +19,7 @@ from pathlib import Path
 from gpuorch_contracts import COMMANDS_EXCHANGE, JobIsolation, LaunchJob, StopJob
 from gpuorch_contracts.routing import command_routing_key
 from gpuorch_messaging import Broker, QueueSpec, executor_accepts
-from gpuorch_observability import configure, get_logger, start_metrics_server
+from gpuorch_observability import READINESS, configure, connected, get_logger, start_metrics_server
 
 from gpuorch_executor.backends.base import Backend
 from gpuorch_executor.backends.cgroups import CgroupV1, CgroupV2
@@ -168,7 +168,9 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     ]
     for executor in executors:
         executor.store.lock()  # held until this process exits, however it exits
+    READINESS.mark("consuming", "reconciling its placements")
     await broker.connect()
+    READINESS.add("broker", connected(broker))
     tasks: list[asyncio.Task[None]] = []
     try:
         for executor in executors:
@@ -176,6 +178,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
             tasks.append(asyncio.create_task(executor.run()))
         for executor in executors:
             await broker.consume(executor_queue(executor.node_id), executor.handle)
+        READINESS.mark("consuming", None)
         log.info("executor.ready", nodes=list(config.node_ids), runtimes=list(config.runtimes))
         lease = LeaseRenewer(broker, executors, interval_s=config.heartbeat_s,
                              fencing_deadline_s=config.fencing_deadline_s, fencing_grace_s=config.fencing_grace_s,

@@ -193,6 +193,10 @@ async def run(config: AgentConfig) -> FleetRunner:
         registry = handlers(runner.by_node_id, runner.publish_now)
         await broker.consume(command_queue(config, [a.node_id for a in agents]),
                              lambda message: dispatch(registry, message, service="node-agent"))
+        from gpuorch_observability import READINESS, connected
+
+        READINESS.add("broker", connected(broker))
+        READINESS.mark("consuming", None)
     await runner.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -50,7 +50,15 @@ from gpuorch_contracts import (
 from gpuorch_contracts.jobs import DEFAULT_TENANT
 from gpuorch_identity import IdentityMap, load_identity_map
 from gpuorch_messaging import Broker, QueueSpec, answer_invalid_submission, scheduler_accepts
-from gpuorch_observability import configure, get_logger, inject_trace, start_metrics_server
+from gpuorch_observability import (
+    READINESS,
+    configure,
+    connected,
+    get_logger,
+    inject_trace,
+    keep_probing,
+    start_metrics_server,
+)
 from gpuorch_store import OutboxRelay, ensure_database, migrate, save_snapshot
 
 from gpuorch_scheduler.domain.decide import LivenessPolicy
@@ -101,7 +109,7 @@ ENVIRONMENT = {
                                     "60"),
     "GPUORCH_SNAPSHOT_EVERY_EVENTS": ("snapshot the state every N logged events", "20000"),
     "GPUORCH_SNAPSHOT_EVERY_S": ("... or every T seconds when anything was logged", "300"),
-    "GPUORCH_METRICS_PORT": ("Prometheus /metrics port (0 = off)", "0"),
+    "GPUORCH_METRICS_PORT": ("port of /metrics, /healthz and /readyz (0 = off)", "0"),
     "GPUORCH_OTLP_ENDPOINT": ("OTLP/HTTP collector URL, e.g. http://jaeger:4318 (an alias of the standard "
                               "OTEL_EXPORTER_OTLP_ENDPOINT; OTEL_* variables are read too; unset = no export)", ""),
     "GPUORCH_LOG_LEVEL": ("log level", "INFO"),
@@ -231,10 +239,17 @@ def lane_tenants(settings: Settings) -> list[str]:
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
+    """Readiness (``/readyz``): the database answers and, once leader, the broker is connected and every queue is
+    consumed; a standby waiting for leadership is ready (it can take over)."""
+    READINESS.mark("consuming", "starting: migrating the database")
     await ensure_database(settings.database_url)
     await migrate(settings.database_url)
     conn = await asyncpg.connect(settings.database_url)
+    probes = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    probing = asyncio.create_task(keep_probing("database", lambda: probes.fetchval("SELECT 1"),
+                                               failing="PostgreSQL unreachable"))
     try:
+        READINESS.mark("consuming", None)
         log.info("scheduler.waiting_for_leadership", instance=settings.instance)
         while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK_KEY):
             with contextlib.suppress(TimeoutError):
@@ -242,6 +257,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             if stop.is_set():
                 return
         log.info("scheduler.leader", instance=settings.instance)
+        READINESS.mark("consuming", "leader: recovering its state")
         service = SchedulerService(conn, SchedulerConfig(
             liveness=LivenessPolicy(suspect_after_s=settings.suspect_after_s, lost_after_s=settings.lost_after_s),
             queues=settings.queues, preemption_margin_s=settings.preemption_margin_s,
@@ -252,6 +268,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}",
                         node_scopes=settings.identity_map.node_scopes)
         await broker.connect()
+        READINESS.add("broker", connected(broker))
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
         relay = OutboxRelay(pool, broker, poll_interval=0.5, batch_size=1000, pipeline=True,
                             on_parked=service.on_outbox_parked)
@@ -277,6 +294,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
                              [(SUBMIT_EXCHANGE, "job.submit"), (SUBMIT_EXCHANGE, "job.cancel")])
         await broker.consume(main_queue, batcher.lane(main_queue.name, submissions=False), with_sender=True)
         await broker.consume(heartbeat_queue, on_heartbeat)
+        READINESS.mark("consuming", None)
         try:
             await batcher.run(stop, watch=relay_task)
         finally:
@@ -287,6 +305,8 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
                 await asyncio.wait_for(relay_task, timeout=5)
             await pool.close()
     finally:
+        probing.cancel()
+        await probes.close()
         await conn.close()
 
 

@@ -34,7 +34,7 @@ import asyncpg
 from gpuorch_contracts import EVENTS_EXCHANGE, utc_now
 from gpuorch_identity import load_identity_map
 from gpuorch_messaging import Broker, QueueSpec, telemetry_accepts
-from gpuorch_observability import configure, get_logger
+from gpuorch_observability import READINESS, configure, connected, get_logger, keep_probing
 
 from gpuorch_telemetry import metrics
 from gpuorch_telemetry.capacity import CapacityDuty, CapacitySettings
@@ -126,8 +126,10 @@ class TelemetryService:
 
     async def start(self, *, serve_metrics: bool = True) -> None:
         s = self.settings
+        READINESS.mark("consuming", "starting")
         self.store = await TelemetryStore.open(s.database_url, s.retention)
         await self.broker.connect()
+        READINESS.add("broker", connected(self.broker))
         self.handlers = TelemetryHandlers(
             store=self.store, publisher=self.broker, detection=s.detection, producer=s.instance,
             evaluation_interval_s=s.evaluation_interval_s,
@@ -136,8 +138,12 @@ class TelemetryService:
         if serve_metrics and s.metrics_port:
             metrics.serve_metrics(s.metrics_port)
         await self.broker.consume(queue_spec(s.prefetch), self.handlers.handle)
+        READINESS.mark("consuming", None)
         handlers = self.handlers
+        store = self.store
         self._tasks = [
+            asyncio.create_task(keep_probing("database", lambda: store.pool.fetchval("SELECT 1"),
+                                             failing="PostgreSQL unreachable")),
             asyncio.create_task(self._every(s.evaluation_tick_s, "evaluate", handlers.evaluate_until_idle)),
             asyncio.create_task(self._every(s.publish_tick_s, "publish", handlers.publish_pending)),
             asyncio.create_task(self._every(s.maintenance_tick_s, "maintain", handlers.maintain)),

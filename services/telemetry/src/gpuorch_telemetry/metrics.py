@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gpuorch_observability import start_metrics_server
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import REGISTRY, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -180,35 +181,15 @@ def register_fleet_collector() -> FleetCollector:
 
 
 def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:
-    """Serve ``/metrics`` (default registry plus the fleet's pre-rendered per-GPU text) in a daemon thread.
+    """Serve ``/metrics`` (default registry plus the fleet's pre-rendered per-GPU text), ``/healthz`` and
+    ``/readyz`` (``gpuorch_observability.start_metrics_server``) in a daemon thread.
 
     ``?name[]=...`` restricts the registry part to those names (and leaves the per-GPU text out unless one of the
     DCGM names is asked for), as prometheus-client's own server does.
     """
-    import threading
-    from socketserver import ThreadingMixIn
-    from urllib.parse import parse_qs
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    class _Server(ThreadingMixIn, WSGIServer):
-        daemon_threads = True
-
-    class _QuietHandler(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
-            pass
-
     gpu_names = {name for name, _, _ in DCGM_FAMILIES} | {THROTTLE_FAMILY[0]}
 
-    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
-        registry = REGISTRY.restricted_registry(names) if names else REGISTRY
-        body = generate_latest(registry)  # type: ignore[arg-type]
-        if not names or gpu_names & set(names):
-            body += FLEET.gpu_text()
-        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))])
-        return [body]
+    def gpu_text(names: set[str] | None) -> bytes:
+        return FLEET.gpu_text() if names is None or gpu_names & names else b""
 
-    server = make_server(addr, port, app, _Server, handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    start_metrics_server(port, addr, extra=gpu_text)
