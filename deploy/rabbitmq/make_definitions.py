@@ -251,10 +251,11 @@ def operator(user: str = "gpuctl-operator") -> Grant:
     )
 
 
-API_STREAM_QUEUES = r"api\.live\.[0-9a-f]+"
-"""The API's live-stream queues (exclusive, auto-delete, one per open event stream)."""
+API_STREAM_QUEUES = r"api\.(live|nodes)\.[0-9a-f]+"
+"""The API's own queues (exclusive, auto-delete): one per open event stream, one per instance for the executors'
+heartbeats (where each node serves its jobs' logs)."""
 API_EVENT_BINDINGS = (r"job\.#", rf"job\.\*\.{TENANT_WORD}", r"alert\.#", r"recommendation\.#",
-                      r"node\.liveness_changed", r"gpu\.health_changed")
+                      r"node\.liveness_changed", r"gpu\.health_changed", r"executor\.heartbeat")
 
 
 def api(user: str = "api") -> Grant:

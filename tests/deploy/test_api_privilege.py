@@ -12,6 +12,7 @@ import aio_pika
 import pytest
 from gpuorch_api.auth import Caller
 from gpuorch_api.live import EventStreams
+from gpuorch_api.node_logs import NodeLogEndpoints
 from gpuorch_contracts import CancelJob, JobPlaced, SubmitJob
 from gpuorch_contracts.jobs import NodeAssignment
 from gpuorch_identity import Identity
@@ -51,6 +52,8 @@ async def test_the_api_user_submits_for_any_tenant_and_streams_events(users: Bro
         await api.publish(CancelJob(job_id=uuid.uuid4(), tenant="acme", on_behalf_of="acme-ci"))
 
         await streams.connect()
+        endpoints = NodeLogEndpoints("token")
+        await endpoints.watch(streams.connection)  # its heartbeat queue: bound with the api user's rights
         acme = Caller("acme-ci", Identity(role="submitter", tenants=["acme"], default_tenant="acme"))
         ops = Caller("ops", Identity(role="operator", tenants=["*"]))
         for caller in (acme, ops):

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import httpx
 import pytest
-from gpuorch_contracts import JobPlaced, JobQueued, decode
+from gpuorch_contracts import ExecutorHeartbeat, JobPlaced, JobQueued, decode
 from gpuorch_contracts.jobs import GpuAllocation, NodeAssignment
 from gpuorch_messaging import Broker
 from gpuorch_scheduler.testing import registered_node
@@ -155,5 +155,48 @@ async def test_live_events_reach_only_the_callers_tenants(api: RunningApi, amqp_
                         seen.append(json.loads(line[6:]))
                         break
             assert [(e["type"], e["job_id"]) for e in seen] == [("job.placed", str(acme_job))]
+    finally:
+        await publisher.close()
+
+
+async def test_logs_come_from_the_executor_of_the_jobs_node(api: RunningApi, migrated_dsn: str,
+                                                             amqp_url: str) -> None:
+    """A stand-in for an executor's log endpoint (services/executor logs_http) announced by a heartbeat."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from .conftest import serve
+
+    asked: list[tuple[str, str | None, str]] = []
+
+    async def logs(request: Request) -> PlainTextResponse:
+        asked.append((request.path_params["job_id"], request.headers.get("authorization"),
+                      request.query_params["follow"]))
+        return PlainTextResponse("hello from n1\n")
+
+    ids = await seed(migrated_dsn)
+    api.backends.logs.token = "service-token"
+    publisher = Broker(amqp_url, producer="executor")
+    await publisher.connect()
+    try:
+        async with serve(Starlette(routes=[Route("/jobs/{job_id}/logs", logs)])) as node_url, \
+                httpx.AsyncClient(base_url=api.url) as http:
+            early = await http.get(f"/api/v1/jobs/{ids['acme_running']}/logs", headers=auth("acme"))
+            assert early.status_code == 503 and "has not announced" in early.json()["error"]
+            await publisher.publish(ExecutorHeartbeat(node_id="n1", sequence=1, fencing_deadline_s=30, interval_s=2,
+                                                      logs_url=node_url))
+            async with asyncio.timeout(10):
+                while "n1" not in api.backends.logs.urls:
+                    await asyncio.sleep(0.05)
+            answer = await http.get(f"/api/v1/jobs/{ids['acme_running']}/logs", params={"follow": "1"},
+                                    headers=auth("acme"))
+            assert (answer.status_code, answer.text) == (200, "hello from n1\n")
+            assert asked == [(str(ids["acme_running"]), "Bearer service-token", "1")]
+            assert (await http.get(f"/api/v1/jobs/{ids['acme_running']}/logs",
+                                   headers=auth("research"))).status_code == 403
+            never_ran = await http.get(f"/api/v1/jobs/{ids['research_queued']}/logs", headers=auth("research"))
+            assert never_ran.status_code == 404 and "never ran" in never_ran.json()["error"]
     finally:
         await publisher.close()

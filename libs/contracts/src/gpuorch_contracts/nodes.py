@@ -225,6 +225,9 @@ class ExecutorHeartbeat(Message):
     running_truncated: bool = Field(default=False, description="more placements run than ``running`` lists")
     isolation: JobIsolation | None = Field(default=None, description="how this node isolates its jobs (an "
                                            "executor older than this field sends none)")
+    logs_url: Annotated[str, StringConstraints(max_length=512, pattern=r"^https?://[^\s/]+(/[^\s]*)?$"), ONE_LINE] | None = (
+        Field(default=None, description="where this executor serves its jobs' logs: GET <logs_url>/jobs/<job_id>/logs"
+              "[?follow=1] with the shared service token (None: it serves none); the API proxies logs from it"))
 
 
 class NodeLivenessChanged(Message):

@@ -17,6 +17,7 @@ from gpuorch_messaging import Broker
 
 from gpuorch_api.gateway import Gateway
 from gpuorch_api.live import EventStreams
+from gpuorch_api.node_logs import NodeLogEndpoints
 from gpuorch_api.readmodels import ReadModels
 
 
@@ -28,6 +29,7 @@ class Backends:
     streams: EventStreams
     broker: Broker
     pool: asyncpg.Pool
+    logs: NodeLogEndpoints
     quotas: dict[str, dict[str, Any]] = field(default_factory=dict)
     jaeger_url: str | None = None
 
@@ -50,8 +52,9 @@ class Backends:
 
 async def open_backends(*, amqp_url: str, database_url: str, identity_map: IdentityMap,
                         quotas: dict[str, dict[str, Any]] | None = None, jaeger_url: str | None = None,
-                        timeout_s: float = 60.0) -> Backends:
-    """Connect the pool, the publishing broker and the live-stream connection (retrying until ``timeout_s``)."""
+                        logs_token: str | None = None, timeout_s: float = 60.0) -> Backends:
+    """Connect the pool, the publishing broker and the live-stream connection (retrying until ``timeout_s``), and
+    start following where each node serves its logs."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -65,5 +68,8 @@ async def open_backends(*, amqp_url: str, database_url: str, identity_map: Ident
     await broker.connect(timeout_s=max(1.0, deadline - time.monotonic()))
     streams = EventStreams(amqp_url)
     await streams.connect()
+    logs = NodeLogEndpoints(logs_token)
+    await logs.watch(streams.connection)
     return Backends(identity_map=identity_map, read=ReadModels(pool), gateway=Gateway(broker, identity_map),
-                    streams=streams, broker=broker, pool=pool, quotas=quotas or {}, jaeger_url=jaeger_url)
+                    streams=streams, broker=broker, pool=pool, logs=logs, quotas=quotas or {},
+                    jaeger_url=jaeger_url)

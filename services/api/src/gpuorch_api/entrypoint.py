@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuorch_api.auth import ApiError
 from gpuorch_api.backends import Backends, open_backends
+from gpuorch_api.node_logs import LogsUnavailable
 from gpuorch_api.routes import router
 
 log = get_logger(__name__)
@@ -47,6 +48,7 @@ ENVIRONMENT = {
     "GPUORCH_QUOTAS": ("tenant quotas as JSON, as the scheduler reads them (shown against allocation)", ""),
     "GPUORCH_QUOTAS_FILE": ("path of a JSON file with the quotas (GPUORCH_QUOTAS wins)", ""),
     "GPUORCH_JAEGER_URL": ("Jaeger UI base URL for trace links, e.g. http://localhost:16686 (unset: no links)", ""),
+    "GPUORCH_LOGS_TOKEN": ("the service token the executors' log endpoints accept (unset: no job logs)", ""),
     "GPUORCH_OTLP_ENDPOINT": ("OTLP/HTTP collector URL (unset = no export)", ""),
     "GPUORCH_LOG_LEVEL": ("log level", "INFO"),
 }
@@ -61,6 +63,7 @@ class Settings:
     port: int
     quotas: dict[str, dict[str, Any]]
     jaeger_url: str | None
+    logs_token: str | None
     otlp_endpoint: str | None
     log_level: str
 
@@ -81,7 +84,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         parser.error(str(exc))
     return Settings(amqp_url=env["GPUORCH_AMQP_URL"], database_url=env["GPUORCH_DATABASE_URL"],
                     identity_map=identity_map, host=env["GPUORCH_API_HOST"], port=port, quotas=quotas,
-                    jaeger_url=env["GPUORCH_JAEGER_URL"] or None, otlp_endpoint=env["GPUORCH_OTLP_ENDPOINT"] or None,
+                    jaeger_url=env["GPUORCH_JAEGER_URL"] or None, logs_token=env["GPUORCH_LOGS_TOKEN"] or None,
+                    otlp_endpoint=env["GPUORCH_OTLP_ENDPOINT"] or None,
                     log_level=env["GPUORCH_LOG_LEVEL"])
 
 
@@ -110,7 +114,7 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
         await migrate(settings.database_url)
         app.state.backends = await open_backends(
             amqp_url=settings.amqp_url, database_url=settings.database_url, identity_map=settings.identity_map,
-            quotas=settings.quotas, jaeger_url=settings.jaeger_url)
+            quotas=settings.quotas, jaeger_url=settings.jaeger_url, logs_token=settings.logs_token)
         log.info("api.ready", port=settings.port)
         try:
             yield
@@ -148,6 +152,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def failed(_: Request, exc: Exception) -> JSONResponse:
         log.error("api.request_failed", error=repr(exc))
         return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
+
+    @app.exception_handler(LogsUnavailable)
+    async def no_logs(_: Request, exc: LogsUnavailable) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
 
     @app.exception_handler(PublishError)
     async def not_published(_: Request, exc: PublishError) -> JSONResponse:

@@ -65,6 +65,11 @@ class EventStreams:
         self._connection = await aio_pika.connect_robust(
             self.amqp_url, client_properties={"connection_name": "gpuorch-api/live"}, reconnect_interval=1.0)
 
+    @property
+    def connection(self) -> AbstractRobustConnection:
+        assert self._connection is not None, "connect() first"
+        return self._connection
+
     async def close(self) -> None:
         if self._connection is not None:
             await self._connection.close()

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from gpuorch_contracts import JobSpec
 from gpuorch_contracts.jobs import JobState, Tier
 from gpuorch_contracts.text import ShortText, TenantName
+from gpuorch_identity import authorize_job_access
 from pydantic import BaseModel, ConfigDict
 
 from gpuorch_api.auth import ApiError, Caller, Forbidden, authenticate
@@ -161,6 +162,25 @@ async def _job_for_action(svc: Backends, who: Caller, job_ref: str) -> dict[str,
     if not who.sees(job["tenant"]):
         raise Forbidden(f"{who.name} may not act on jobs of another tenant")
     return job
+
+
+@router.get("/api/v1/jobs/{job_ref}/logs", tags=["jobs"], response_class=StreamingResponse)
+async def job_logs(job_ref: str, who: CallerDep, svc: BackendsDep,
+                   follow: Annotated[bool, Query(description="keep sending what the job writes until it ends")] = False,
+                   node: Annotated[str | None, Query(description="for a gang job: which of its nodes")] = None,
+                   ) -> StreamingResponse:
+    """The job's output (stdout and stderr), fetched from the executor of the node it ran on, whichever node."""
+    job = await _job_for_action(svc, who, job_ref)
+    refused = authorize_job_access(svc.identity_map, who.name, job["tenant"])
+    if refused is not None:
+        raise Forbidden(refused.reason)
+    nodes = job["node_ids"] or []
+    if not nodes:
+        raise ApiError(404, f"job {job['job_id']} has no log: it never ran (state {job['state']})")
+    if node is not None and node not in nodes:
+        raise ApiError(404, f"job {job['job_id']} did not run on {node!r} (its nodes: {', '.join(nodes)})")
+    chunks = await svc.logs.open(node or nodes[0], job["job_id"], follow=follow)
+    return StreamingResponse(chunks, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
 
 @router.get("/api/v1/nodes", tags=["fleet"])

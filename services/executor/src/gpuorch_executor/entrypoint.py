@@ -32,6 +32,7 @@ from gpuorch_executor.domain.allowlist import load_allow_list
 from gpuorch_executor.domain.job_users import JobUidsError, JobUserPool, parse_job_uids
 from gpuorch_executor.handlers import NodeExecutor, NodeSettings
 from gpuorch_executor.lease import LeaseRenewer
+from gpuorch_executor.logs_http import LogServer, start_log_endpoint
 from gpuorch_executor.placement_store import StateDirectoryInUse
 
 log = get_logger("gpuorch_executor")
@@ -172,6 +173,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     await broker.connect()
     READINESS.add("broker", connected(broker))
     tasks: list[asyncio.Task[None]] = []
+    logs: LogServer | None = None
     try:
         for executor in executors:
             await executor.reconcile()
@@ -180,9 +182,11 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
             await broker.consume(executor_queue(executor.node_id), executor.handle)
         READINESS.mark("consuming", None)
         log.info("executor.ready", nodes=list(config.node_ids), runtimes=list(config.runtimes))
+        logs = await start_log_endpoint([e.store.logs_dir for e in executors], lambda job_id: any(
+            r.job_id == job_id for e in executors for r in e.active_placements()))  # GPUORCH_LOGS_PORT, logs_http
         lease = LeaseRenewer(broker, executors, interval_s=config.heartbeat_s,
                              fencing_deadline_s=config.fencing_deadline_s, fencing_grace_s=config.fencing_grace_s,
-                             isolation=isolation)
+                             isolation=isolation, logs_url=logs.url if logs is not None else None)
         tasks.append(asyncio.create_task(lease.run()))
         await stop.wait()
     finally:
@@ -192,6 +196,8 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if logs is not None:
+            await logs.close()
         log.info("executor.tasks_stopped")
         try:
             await asyncio.wait_for(broker.close(), CLOSE_TIMEOUT_S)

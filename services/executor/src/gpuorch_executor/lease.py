@@ -38,8 +38,10 @@ MAX_LISTED_PLACEMENTS = 4096
 class LeaseRenewer:
     def __init__(self, publisher: Publisher, executors: Sequence[NodeExecutor], *, interval_s: float,
                  fencing_deadline_s: float, fencing_grace_s: float, check_interval_s: float = 0.5,
-                 monotonic: Callable[[], float] = time.monotonic, isolation: JobIsolation | None = None) -> None:
-        """``isolation`` (what this node enforces, found at start) rides on every heartbeat."""
+                 monotonic: Callable[[], float] = time.monotonic, isolation: JobIsolation | None = None,
+                 logs_url: str | None = None) -> None:
+        """``isolation`` (what this node enforces, found at start) and ``logs_url`` (where its jobs' logs are
+        served, ``logs_http``) ride on every heartbeat."""
         if interval_s <= 0 or interval_s * 2 > fencing_deadline_s - min(fencing_grace_s, fencing_deadline_s):
             raise ValueError("the heartbeat interval must be positive and at most half of deadline - grace, "
                              "so that one lost heartbeat does not fence")
@@ -50,6 +52,7 @@ class LeaseRenewer:
         self.fence = LeaseFence(fencing_deadline_s, fencing_grace_s)
         self.monotonic = monotonic
         self.isolation = isolation
+        self.logs_url = logs_url
         now = monotonic()
         previous = [r for r in (e.store.read_lease_renewed() for e in self.executors) if r is not None and r <= now]
         self.renewed_at = min(previous) if previous else now
@@ -67,7 +70,7 @@ class LeaseRenewer:
                 node_id=executor.node_id, sequence=self.sequence, fencing_deadline_s=self.fence.deadline_s,
                 interval_s=self.interval_s, running=active[:MAX_LISTED_PLACEMENTS],
                 running_truncated=len(active) > MAX_LISTED_PLACEMENTS, producer=executor.settings.producer,
-                isolation=self.isolation,
+                isolation=self.isolation, logs_url=self.logs_url,
             ))
         return beats
 
