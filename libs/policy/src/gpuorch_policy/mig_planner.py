@@ -25,7 +25,8 @@ Contract:
   work, so the executor of a plan drains those jobs first, checkpoint handshake included);
 - a GPU that changed less than ``min_interval_s`` ago, or ``max_per_hour`` times in the last hour, gets no proposal
   (it is listed in ``held_back`` when it would have been used);
-- a free whole GPU that a pending whole-GPU job is gathering (``_reserve_whole``) is never partitioned;
+- a free whole GPU that a pending whole-GPU job is gathering (``_reserve_whole``) is partitioned only for MIG demand
+  that waited ``slice_gathered_after_s``; a whole-GPU job that fits today's free GPUs is never delayed by a plan;
 - mode ``off`` proposes nothing; ``advise`` and ``auto`` propose the same plan (only ``auto`` is executed).
 Pure and deterministic: no I/O, no clock (``now`` and every time are seconds on the caller's clock).
 """
@@ -119,6 +120,9 @@ class PlannerSettings:
     """A proposal may wait for (drain) at most this many running jobs on its GPU."""
     peak_headroom: float = 1.2
     """A job's observed peak memory times this must fit the profile chosen for it."""
+    slice_gathered_after_s: float | None = 300.0
+    """Once an inference job's MIG demand waited this long, free whole GPUs that waiting whole-GPU jobs are gathering
+    may be sliced (a whole-GPU job that fits now always starts first); ``None``: never."""
 
 
 @dataclass(frozen=True)
@@ -358,13 +362,17 @@ class _Planner:
         """Pack the unmet MIG demand onto GPUs, cheapest GPU first, as many jobs per GPU as fit."""
         waiting = list(jobs)
         while waiting:
+            limit = self.settings.slice_gathered_after_s
+            overdue = limit is not None and any(j.waiting_s >= limit for j in waiting if j.tier == "inference")
             candidates = [g for g in self.fleet if self._usable(g)
-                          and (g.state.mig_enabled or (g.free_whole and not g.whole_wanted))
+                          and (g.state.mig_enabled or (g.free_whole and (overdue or not g.whole_wanted)))
                           and any(_model_ok(j, g.state) for j in waiting)]
             if not candidates:
                 break
+            sliced = {n: sum(1 for g in self.fleet if g.state.node_id == n and g.state.mig_enabled)
+                      for n in {g.state.node_id for g in candidates}}
             gpu = min(candidates, key=lambda g: (len(g.state.running_jobs(self.drained)), not g.state.mig_enabled,
-                                                 g.state.key))
+                                                 g.whole_wanted, -sliced[g.state.node_id], g.state.key))
             served = self._fill(gpu, waiting)
             if not served:
                 gpu.claimed = True  # nothing fits here; try the next GPU

@@ -260,6 +260,7 @@ def _register_optional_commands() -> None:
         ("bench_cmd", lambda m: app.add_typer(m.bench_app, name="bench")),
         ("bench_capacity_cmd", lambda m: importlib.import_module("gpuorch_gpuctl.bench_cmd").bench_app.command(
             "capacity")(m.capacity)),
+        ("mig_cmd", lambda m: m.attach(app)),
     ):
         try:
             attach(importlib.import_module(f"gpuorch_gpuctl.{module}"))

@@ -1,0 +1,37 @@
+"""``gpuctl bench mig``: a simulated day on an H100 fleet, static MIG layouts against the MIG planner, in process.
+
+The simulation is ``gpuorch_capacity.mig_simulation`` (no services; seconds per seed, deterministic per seed);
+bench/bench_mig.py runs the same and draws the plot in docs/mig.md.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+
+def mig(
+    seed: Annotated[int, typer.Option(help="workload seed (same seed, same figures)")] = 1,
+    nodes: Annotated[int, typer.Option(help="8-GPU H100 nodes in the fleet")] = 4,
+    as_json: Annotated[bool, typer.Option("--json", help="print the figures as JSON")] = False,
+) -> None:
+    """Whole GPUs, all 1g.10gb, a fixed mix and the planner on one simulated day: completed jobs, GPU allocation,
+    mean wait per tier, reconfigurations and how long one takes end to end (drain + apply)."""
+    from gpuorch_capacity.mig_simulation import bench_json, run_mig_bench
+
+    document = bench_json(run_mig_bench(seed, nodes), seed, nodes)
+    if as_json:
+        print(json.dumps(document, indent=1))
+        return
+    print(f"{document['fleet']}, seed {seed}: one simulated day\n")
+    print(f"{'layout':<14}{'completed':>10}{'GPU alloc %':>12}{'wait inference s':>18}{'wait training s':>17}"
+          f"{'wait batch s':>14}{'reconfigs':>10}")
+    for name, row in document["layouts"].items():  # type: ignore[attr-defined]
+        wait = row["mean_wait_s"]
+        print(f"{name:<14}{row['completed_jobs']:>10}{row['gpu_allocation_pct']:>12.1f}{wait['inference']:>18.0f}"
+              f"{wait['training']:>17.0f}{wait['batch']:>14.0f}{row['reconfigurations']:>10}")
+    r = document["reconfiguration_s"]
+    print(f"\nplanner reconfiguration end to end (drain + apply): median {r['median']} s, "  # type: ignore[index]
+          f"p95 {r['p95']} s, max {r['max']} s")  # type: ignore[index]
