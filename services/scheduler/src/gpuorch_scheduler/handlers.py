@@ -75,6 +75,7 @@ from gpuorch_store import (
 )
 from prometheus_client import Counter, Gauge, Histogram
 
+from gpuorch_scheduler import metrics as scheduler_metrics
 from gpuorch_scheduler.domain.decide import (
     CycleLimits,
     Decision,
@@ -384,6 +385,7 @@ class SchedulerService:
             self._last_snapshot_at = now
             if self._snapshot_writer is not None:
                 self._write_snapshot_aside(self.state.position, self.state.snapshot_json())
+        scheduler_metrics.observe((m for m, _ in batch.events), self.state)
         placed = sum(1 for m, _ in batch.events if m.TYPE == "job.placed")
         PLACEMENTS.inc(placed)
         PREEMPTIONS.inc(batch.preemptions)
@@ -588,6 +590,7 @@ class SchedulerService:
         result = schedule(self.state, now, self.config.queues, self.config.limits, refresh_mix=False)
         took = time.perf_counter() - started
         SCHEDULE_SECONDS.observe(took)
+        scheduler_metrics.E2E_LATENCY.set(took * 1000.0)
         if tracing_exported():
             self._trace_decisions(result.decision.logged, result.pending, self._clock() - took)
         self._last_cycle_at = now
@@ -749,6 +752,7 @@ class SchedulerService:
             live[node.liveness] = live.get(node.liveness, 0) + 1
         for name, count in live.items():
             NODES.labels(name).set(count)
+        scheduler_metrics.export_gauges(self.state, self.config.queues)
 
 
 def _admission_attributes(decision: Decision) -> dict[str, Any]:

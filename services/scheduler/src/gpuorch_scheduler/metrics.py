@@ -1,0 +1,107 @@
+"""The scheduler's queue and latency metrics, named as the schedulers people already chart name them.
+
+Queue metrics take Kueue's names and labels with ``gpuorch_`` in place of ``kueue_``: a tenant is a ClusterQueue
+(label ``cluster_queue``), there is one flavor (``default``) and no cohort (``""``), and ``tier`` is added where a
+count is per job; so a Kueue dashboard reads them after a prefix change. Scheduling latency takes KAI Scheduler's
+names (``kai_`` -> ``gpuorch_``).
+
+- ``gpuorch_pending_workloads{cluster_queue,status,tier}``: jobs waiting (``status`` is always ``active``: every
+  queued job is retried each cycle; none is set aside as ``inadmissible``).
+- ``gpuorch_admitted_active_workloads{cluster_queue,tier}``: jobs placed and not ended (running, starting, stopping).
+- ``gpuorch_admission_wait_time_seconds{cluster_queue,tier}``: queued (accepted or requeued) -> placed, observed
+  when the placement commits; Kueue's buckets (1 s to ~2.8 h) with sub-second ones below.
+- ``gpuorch_admitted_workloads_total{cluster_queue}``: placements committed.
+- ``gpuorch_cluster_queue_resource_usage`` / ``gpuorch_cluster_queue_nominal_quota``
+  ``{cohort,cluster_queue,flavor,resource}``: what each tenant holds against its quota; ``resource`` is
+  ``nvidia.com/gpu`` (GPUs, fractions count) or ``gpu_memory_mib``; a tenant without a finite quota has no
+  nominal-quota series.
+- ``gpuorch_evicted_workloads_total{cluster_queue,reason}``: placements taken back (``Preempted``, ``NodeLost``).
+- ``gpuorch_task_scheduling_latency_milliseconds``: a job's first placement, accepted -> placed (KAI: pod creation
+  -> bind attempt); ``gpuorch_e2e_scheduling_latency_milliseconds``: the last scheduling cycle (KAI's gauge).
+
+Gauges are refreshed at ticks (``export_gauges``), counters and histograms when a batch commits (``observe``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from gpuorch_contracts import JobPlaced, JobRequeued, Message
+from prometheus_client import Counter, Gauge, Histogram
+
+from gpuorch_scheduler.domain.queueing import QueuePolicy
+from gpuorch_scheduler.domain.state import SchedulerState
+
+TIERS = ("training", "inference", "batch")
+FLAVOR = "default"
+COHORT = ""
+_KUEUE_WAIT_BUCKETS = (1.0, *(2.5 * 2**k for k in range(13)))
+"""Kueue's ``generateExponentialBuckets(14)``: 1, 2.5, 5, ... 10240 seconds."""
+
+PENDING = Gauge("gpuorch_pending_workloads", "Jobs waiting, per tenant (cluster_queue), status and tier",
+                ["cluster_queue", "status", "tier"])
+ACTIVE = Gauge("gpuorch_admitted_active_workloads", "Jobs placed and not ended, per tenant and tier",
+               ["cluster_queue", "tier"])
+ADMISSION_WAIT = Histogram("gpuorch_admission_wait_time_seconds",
+                           "Time from a job being queued (accepted or requeued) to its placement, per tenant and tier",
+                           ["cluster_queue", "tier"], buckets=(0.05, 0.1, 0.25, 0.5, *_KUEUE_WAIT_BUCKETS))
+ADMITTED = Counter("gpuorch_admitted_workloads_total", "Placements committed, per tenant", ["cluster_queue"])
+USAGE = Gauge("gpuorch_cluster_queue_resource_usage", "What a tenant holds now",
+              ["cohort", "cluster_queue", "flavor", "resource"])
+NOMINAL = Gauge("gpuorch_cluster_queue_nominal_quota", "A tenant's quota",
+                ["cohort", "cluster_queue", "flavor", "resource"])
+EVICTED = Counter("gpuorch_evicted_workloads_total", "Placements taken back, per tenant and reason",
+                  ["cluster_queue", "reason"])
+TASK_LATENCY = Histogram("gpuorch_task_scheduling_latency_milliseconds",
+                         "A job's first placement: accepted -> placement decided, in milliseconds",
+                         buckets=tuple(5.0 * 2**k for k in range(16)))
+E2E_LATENCY = Gauge("gpuorch_e2e_scheduling_latency_milliseconds", "Duration of the last scheduling cycle")
+
+RESOURCES = (("nvidia.com/gpu", 0, "gpus"), ("gpu_memory_mib", 1, "gpu_memory_mib"))
+
+
+def observe(events: Iterable[Message], state: SchedulerState) -> None:
+    """Count what a committed batch decided: placements (and their waits) and evictions."""
+    for event in events:
+        if isinstance(event, JobPlaced):
+            job = state.jobs.get(event.job_id)
+            if job is None:
+                continue
+            tenant, placed = job.spec.tenant, event.occurred_at.timestamp()
+            ADMITTED.labels(tenant).inc()
+            ADMISSION_WAIT.labels(tenant, job.spec.tier).observe(max(0.0, placed - job.enqueued_at))
+            if job.requeues == 0 and job.accepted_at is not None:
+                TASK_LATENCY.observe(max(0.0, placed - job.accepted_at) * 1000.0)
+        elif isinstance(event, JobRequeued):
+            job = state.jobs.get(event.job_id)
+            tenant = job.spec.tenant if job is not None else (event.tenant or "")
+            EVICTED.labels(tenant, "Preempted" if event.preempted else "NodeLost").inc()
+
+
+def export_gauges(state: SchedulerState, queues: QueuePolicy) -> None:
+    """Refresh the per-tenant gauges (O(queued + active jobs + tenants))."""
+    pending: dict[tuple[str, str], int] = {}
+    for job in state.queued.values():
+        key = (job.spec.tenant, job.spec.tier)
+        pending[key] = pending.get(key, 0) + 1
+    active: dict[tuple[str, str], int] = {}
+    for job in state.active.values():
+        key = (job.spec.tenant, job.spec.tier)
+        active[key] = active.get(key, 0) + 1
+    tenants = set(state.tenant_held) | {t for t, _ in pending} | {t for t, _ in active} | (set(queues.quotas) - {"*"})
+    PENDING.clear()
+    ACTIVE.clear()
+    for tenant in tenants:
+        for tier in TIERS:
+            PENDING.labels(tenant, "active", tier).set(pending.get((tenant, tier), 0))
+            ACTIVE.labels(tenant, tier).set(active.get((tenant, tier), 0))
+    NOMINAL.clear()
+    for tenant in tenants:
+        held = state.tenant_held.get(tenant, [0.0, 0.0, 0.0, 0.0])
+        quota = queues.quota_of(tenant)
+        for resource, k, field_name in RESOURCES:
+            USAGE.labels(COHORT, tenant, FLAVOR, resource).set(held[k])
+            limit = getattr(quota, field_name) if quota is not None else math.inf
+            if math.isfinite(limit):
+                NOMINAL.labels(COHORT, tenant, FLAVOR, resource).set(limit)

@@ -1,0 +1,48 @@
+"""The scheduler's queue metrics (Kueue's names and labels, KAI's for latency) follow what it decided."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
+from gpuorch_scheduler.domain.queueing import QueuePolicy, Quota
+from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
+from gpuorch_scheduler.testing import registered_node as node
+from prometheus_client import REGISTRY
+
+pytestmark = pytest.mark.integration
+RUN = ProcessRun(argv=["python", "-c", "pass"])
+
+
+def value(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+async def test_pending_running_waits_and_quota_per_tenant_and_tier(migrated_dsn: str) -> None:
+    tenant = "metrics-team"  # the registry is the process's: a tenant no other test uses
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        queues = QueuePolicy(quotas={tenant: Quota(gpus=2)})
+        service = SchedulerService(conn, SchedulerConfig(queues=queues))
+        await service.recover()
+        await service.handle(node("n1", gpus=4))
+        admitted_before = value("gpuorch_admitted_workloads_total", cluster_queue=tenant) or 0.0
+        waits_before = value("gpuorch_admission_wait_time_seconds_count", cluster_queue=tenant, tier="batch") or 0.0
+        for _ in range(3):
+            await service.handle(SubmitJob(spec=JobSpec(run=RUN, tenant=tenant, tier="batch",
+                                                        resources=GpuRequest(gpus=1))))
+        await service.tick()
+        assert value("gpuorch_pending_workloads", cluster_queue=tenant, status="active", tier="batch") == 1
+        assert value("gpuorch_pending_workloads", cluster_queue=tenant, status="active", tier="training") == 0
+        assert value("gpuorch_admitted_active_workloads", cluster_queue=tenant, tier="batch") == 2
+        assert value("gpuorch_admitted_workloads_total", cluster_queue=tenant) == admitted_before + 2
+        assert value("gpuorch_admission_wait_time_seconds_count", cluster_queue=tenant, tier="batch") == \
+            waits_before + 2
+        quota = {"cohort": "", "cluster_queue": tenant, "flavor": "default", "resource": "nvidia.com/gpu"}
+        assert value("gpuorch_cluster_queue_resource_usage", **quota) == 2
+        assert value("gpuorch_cluster_queue_nominal_quota", **quota) == 2
+        assert value("gpuorch_cluster_queue_nominal_quota", **{**quota, "resource": "gpu_memory_mib"}) is None
+        assert (value("gpuorch_task_scheduling_latency_milliseconds_count") or 0) >= 2
+        assert value("gpuorch_e2e_scheduling_latency_milliseconds") is not None
+    finally:
+        await conn.close()
