@@ -34,6 +34,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -59,8 +60,9 @@ from gpuorch_observability import (
     keep_probing,
     start_metrics_server,
 )
-from gpuorch_store import OutboxRelay, ensure_database, migrate, save_snapshot
+from gpuorch_store import OutboxRelay, ensure_database, migrate, outbox_backlog, save_snapshot
 
+from gpuorch_scheduler import metrics as scheduler_metrics
 from gpuorch_scheduler.domain.decide import LivenessPolicy
 from gpuorch_scheduler.domain.queueing import QueuePolicy
 from gpuorch_scheduler.handlers import STREAM, SchedulerConfig, SchedulerService
@@ -276,6 +278,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             relay_task = asyncio.create_task(_relay_elsewhere(settings, relay), name="outbox-relay-process")
         else:
             relay_task = asyncio.create_task(relay.run_forever(), name="outbox-relay")
+        gauges = asyncio.create_task(_export_outbox(pool), name="outbox-gauges")
         main_queue, heartbeat_queue = scheduler_queues(settings.identity_map)
 
         async def on_heartbeat(message: Message) -> None:
@@ -299,6 +302,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             await batcher.run(stop, watch=relay_task)
         finally:
             relay.stop()
+            gauges.cancel()
             await broker.close()
             relay_task.cancel()
             with contextlib.suppress(BaseException):
@@ -308,6 +312,16 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         probing.cancel()
         await probes.close()
         await conn.close()
+
+
+async def _export_outbox(pool: Any, period_s: float = 5.0) -> None:
+    """Keep the outbox gauges (``metrics.export_outbox``) current while leader."""
+    while True:
+        try:
+            scheduler_metrics.export_outbox(await outbox_backlog(pool), datetime.now(UTC))
+        except Exception as exc:  # noqa: BLE001 - a gauge missed is retried at the next period
+            log.warning("scheduler.outbox_gauges_failed", error=repr(exc))
+        await asyncio.sleep(period_s)
 
 
 def snapshots_aside(database_url: str) -> Callable[[int, str], Awaitable[None]]:

@@ -19,6 +19,10 @@ names (``kai_`` -> ``gpuorch_``).
 - ``gpuorch_task_scheduling_latency_milliseconds``: a job's first placement, accepted -> placed (KAI: pod creation
   -> bind attempt); ``gpuorch_e2e_scheduling_latency_milliseconds``: the last scheduling cycle (KAI's gauge).
 
+The outbox (``export_outbox``, every few seconds by the leader): ``gpuorch_outbox_unsent_rows``,
+``gpuorch_outbox_oldest_unsent_seconds`` (0 when none waits), ``gpuorch_outbox_parked_rows``,
+``gpuorch_outbox_head_failed_attempts``: what the "outbox stuck" alert reads.
+
 Gauges are refreshed at ticks (``export_gauges``), counters and histograms when a batch commits (``observe``).
 """
 
@@ -26,8 +30,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from datetime import datetime
 
 from gpuorch_contracts import JobPlaced, JobRequeued, Message
+from gpuorch_store import OutboxBacklog
 from prometheus_client import Counter, Gauge, Histogram
 
 from gpuorch_scheduler.domain.queueing import QueuePolicy
@@ -57,6 +63,11 @@ TASK_LATENCY = Histogram("gpuorch_task_scheduling_latency_milliseconds",
                          "A job's first placement: accepted -> placement decided, in milliseconds",
                          buckets=tuple(5.0 * 2**k for k in range(16)))
 E2E_LATENCY = Gauge("gpuorch_e2e_scheduling_latency_milliseconds", "Duration of the last scheduling cycle")
+
+OUTBOX_UNSENT = Gauge("gpuorch_outbox_unsent_rows", "Outbox rows waiting to be published (parked rows not included)")
+OUTBOX_OLDEST = Gauge("gpuorch_outbox_oldest_unsent_seconds", "Age of the oldest row waiting (0 when none waits)")
+OUTBOX_PARKED = Gauge("gpuorch_outbox_parked_rows", "Outbox rows set aside after repeated refusals by the broker")
+OUTBOX_HEAD_FAILURES = Gauge("gpuorch_outbox_head_failed_attempts", "Failed attempts of the row the relay retries now")
 
 RESOURCES = (("nvidia.com/gpu", 0, "gpus"), ("gpu_memory_mib", 1, "gpu_memory_mib"))
 
@@ -105,3 +116,11 @@ def export_gauges(state: SchedulerState, queues: QueuePolicy) -> None:
             limit = getattr(quota, field_name) if quota is not None else math.inf
             if math.isfinite(limit):
                 NOMINAL.labels(COHORT, tenant, FLAVOR, resource).set(limit)
+
+
+def export_outbox(backlog: OutboxBacklog, now: datetime) -> None:
+    OUTBOX_UNSENT.set(backlog.unsent)
+    oldest = backlog.oldest_unsent_at
+    OUTBOX_OLDEST.set(max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0)
+    OUTBOX_PARKED.set(backlog.parked)
+    OUTBOX_HEAD_FAILURES.set(backlog.failing_attempts)
