@@ -1,6 +1,6 @@
 """Least-privilege RabbitMQ definitions for gpuorch: every user, its permissions and topic permissions.
 
-    uv run python deploy/rabbitmq/make_definitions.py > deploy/rabbitmq/definitions.json      # the compose fleet
+    uv run python deploy/rabbitmq/make_definitions.py > deploy/rabbitmq/definitions.json      # compose: sim + gpu
     uv run python deploy/rabbitmq/make_definitions.py --gpu-node gpu-a --gpu-node gpu-b \
         --generate-passwords --output definitions.json --k8s-secrets secrets.yaml              # Kubernetes
     uv run python deploy/rabbitmq/make_definitions.py --executor executor-rack1=n1,n2 \
@@ -295,9 +295,12 @@ class Fleet:
 
 
 COMPOSE_NODES = ("sim-00000", "sim-00001", "sim-00002")
+COMPOSE_GPU_NODE = "gpu-node-1"
+"""The machine itself, as one real GPU node (compose profile ``gpu``)."""
 COMPOSE_FLEET = Fleet(
-    executors=[("executor-sim", COMPOSE_NODES)],
-    node_agents=[("node-agent-sim", "node-agent.fleet.sim", COMPOSE_NODES)],
+    executors=[("executor-sim", COMPOSE_NODES), (f"executor-{COMPOSE_GPU_NODE}", (COMPOSE_GPU_NODE,))],
+    node_agents=[("node-agent-sim", "node-agent.fleet.sim", COMPOSE_NODES),
+                 (f"node-agent-{COMPOSE_GPU_NODE}", f"node-agent.{COMPOSE_GPU_NODE}", (COMPOSE_GPU_NODE,))],
 )
 
 
