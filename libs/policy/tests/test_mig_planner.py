@@ -88,6 +88,14 @@ def test_empty_mig_gpus_turn_whole_for_training_fewest_running_jobs_first() -> N
     assert {j for p in plan.proposals for j in p.drains} == {"x"}
 
 
+def test_idle_slices_go_back_to_whole_gpus_for_waiting_training_keeping_one_warm() -> None:
+    gpus = [mig("n1", 0, ("7g.80gb", 0, None)), mig("n1", 1, ("3g.40gb", 0, None)), whole("n1", 2, "busy")]
+    plan = plan_mig(gpus, [train("t", 3)], ADVISE, NOW)   # 3 GPUs on n1 cannot be had now: gather
+    (proposal,) = plan.proposals
+    assert proposal.key == ("n1", 0) and proposal.target is None and "slices unused" in proposal.reason
+    assert plan_mig(gpus, [train("t", 3), small("a", "3g.40gb")], ADVISE, NOW).proposals == ()  # 3g used, 7g warm
+
+
 def test_right_sizing_from_observed_peak_memory() -> None:
     job = small("a", "3g.40gb", "2g.20gb", "1g.10gb", peak=6000)
     assert planned_profile(job, MIG_H100_80GB, 1.2) == "1g.10gb"
@@ -103,7 +111,10 @@ def test_hysteresis_and_the_cap_hold_a_gpu_back() -> None:
     assert recent.proposals == () and "hysteresis" in recent.held_back[0][2]
     capped = plan_mig([whole("n1", 0, reconfigured_at=(NOW - 3000, NOW - 2000))], queue, ADVISE, NOW)
     assert capped.proposals == () and "cap" in capped.held_back[0][2]
-    assert plan_mig([whole("n1", 0, reconfigured_at=(NOW - 4000, NOW - 2000))], queue, ADVISE, NOW).proposals
+    # a whole GPU is sliced only if the cap leaves room to make it whole again within the hour
+    once = plan_mig([whole("n1", 0, reconfigured_at=(NOW - 2000,))], queue, ADVISE, NOW)
+    assert once.proposals == ()
+    assert plan_mig([whole("n1", 0, reconfigured_at=(NOW - 4000, NOW - 3700))], queue, ADVISE, NOW).proposals
 
 
 def test_a_busy_gpu_is_never_changed_beyond_the_drain_limit() -> None:
@@ -147,7 +158,8 @@ def scenarios(draw):
     running = sorted({j for g in gpus for j in g.running_jobs()})
     drained = frozenset(draw(st.lists(st.sampled_from(running), unique=True)) if running else [])
     knobs = PlannerSettings(mode="auto", max_per_hour=draw(st.integers(1, 3)), max_drain_jobs=draw(st.integers(0, 3)),
-                            min_interval_s=draw(st.sampled_from([0.0, 600.0])))
+                            min_interval_s=draw(st.sampled_from([0.0, 600.0])),
+                            slice_gathered_after_s=draw(st.sampled_from([None, 300.0])))
     return gpus, queue, drained, knobs
 
 
@@ -174,9 +186,11 @@ def test_plans_are_valid_disturb_only_what_they_drain_and_respect_caps(scenario)
         # it serves someone that waited out the batching window
         assert proposal.enables and all(any(j.job_id == e and j.waiting_s >= knobs.min_pending_s for j in queue)
                                         for e in proposal.enables)
-        # a whole GPU is partitioned only when it is free, and never while a 1-GPU job waits for a whole GPU
+        # a whole GPU is partitioned only when it is free, and (unless inference waited long enough to slice
+        # gathered GPUs) never while a 1-GPU job waits for a whole GPU
         if gpu.layout is None and proposal.target is not None:
             assert not proposal.drains
+        if gpu.layout is None and proposal.target is not None and knobs.slice_gathered_after_s is None:
             unmet = {j for j, _ in plan.unmet}
             assert not any(j.whole_gpus == 1 and j.nodes == 1 for j in queue
                            if j.job_id in unmet or j.waiting_s < knobs.min_pending_s)

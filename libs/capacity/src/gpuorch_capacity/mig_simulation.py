@@ -67,7 +67,7 @@ class MigJob:
     run: int = 0
 
 
-def mig_workload(seed: int) -> list[MigJob]:
+def mig_workload(seed: int, training_scale: float = 1.0) -> list[MigJob]:
     """One day of jobs (seeded). Training: 1-8 whole GPUs for 20 min-5 h (5 % are 2-node x 8-GPU gangs), all day,
     more in working hours; inference: 2-15 min on a 1g/2g/3g slice, bursts at 10:00, 14:00 and 18:00; batch:
     10-40 min on 1g/2g, preemptible (30 s checkpoint grace), more at night. A small job needs a profile (1g 60 %,
@@ -80,7 +80,7 @@ def mig_workload(seed: int) -> list[MigJob]:
     for step in range(int(DAY_S / 60)):
         hour = step / 60
         rates = {
-            "training": _rate(hour, [(11.0, 3.0, 2.0), (15.5, 2.5, 2.0)], 3.0),
+            "training": training_scale * _rate(hour, [(11.0, 3.0, 2.0), (15.5, 2.5, 2.0)], 3.0),
             "inference": _rate(hour, [(10.0, 0.4, 150.0), (14.0, 0.4, 120.0), (18.0, 0.4, 170.0)],
                                12.0 if 8 <= hour <= 20 else 3.0),
             "batch": _rate(hour, [(1.0, 2.0, 25.0), (23.5, 1.5, 20.0)], 8.0),

@@ -118,8 +118,11 @@ class PlannerSettings:
     """Cap: at most this many reconfigurations of one GPU in any hour (counting the proposed one)."""
     max_drain_jobs: int = 2
     """A proposal may wait for (drain) at most this many running jobs on its GPU."""
+
     peak_headroom: float = 1.2
     """A job's observed peak memory times this must fit the profile chosen for it."""
+    keep_idle_mig_gpus: int = 1
+    """When idle MIG GPUs go back to whole GPUs for waiting whole-GPU jobs, this many stay sliced for the next burst."""
     slice_gathered_after_s: float | None = 300.0
     """Once an inference job's MIG demand waited this long, free whole GPUs that waiting whole-GPU jobs are gathering
     may be sliced (a whole-GPU job that fits now always starts first); ``None``: never."""
@@ -244,11 +247,13 @@ def plan_mig(gpus: Sequence[GpuState], pending: Sequence[PendingJob], settings: 
     ready = _order(j for j in pending if j.waiting_s >= settings.min_pending_s)
     unmet_whole = [j for j in ready if j.whole_gpus > 0 and not _take_whole(fleet, j)]
     unmet_mig = [j for j in ready if j.mig_profiles and not _take_instance(fleet, j)]
-    planner = _Planner(fleet, settings, drained)
+    planner = _Planner(fleet, settings, drained, now)
     _reserve_whole(fleet, _order([j for j in pending if j.whole_gpus > 0 and j not in ready]) + unmet_whole)
     for job in unmet_whole:
         planner.whole(job)
     planner.mig(unmet_mig)
+    if not any(j for j in unmet_mig if j.job_id not in {e for p in planner.proposals for e in p.enables}):
+        planner.reclaim([j for j in unmet_whole if j.job_id in {u for u, _ in planner.unmet}])
     return MigPlan(settings.mode, tuple(planner.proposals), tuple(planner.unmet), tuple(planner.held),
                    tuple(planner.right_sized))
 
@@ -297,8 +302,9 @@ def _take_instance(fleet: list[_Gpu], job: PendingJob) -> bool:
 
 
 class _Planner:
-    def __init__(self, fleet: list[_Gpu], settings: PlannerSettings, drained: frozenset[str]) -> None:
+    def __init__(self, fleet: list[_Gpu], settings: PlannerSettings, drained: frozenset[str], now: float) -> None:
         self.fleet = fleet
+        self.now = now
         self.settings = settings
         self.drained = drained
         self.proposals: list[MigProposal] = []
@@ -316,6 +322,11 @@ class _Planner:
                 self.held.append((gpu.state.node_id, gpu.state.gpu_index, gpu.refusal))
             return False
         return len(gpu.state.running_jobs(self.drained)) <= self.settings.max_drain_jobs
+
+    def _can_return(self, gpu: _Gpu) -> bool:
+        """A whole GPU is sliced only if the cap leaves room to make it whole again within the hour."""
+        recent = sum(1 for t in gpu.state.reconfigured_at if self.now - t < HOUR_S)
+        return recent + 2 <= self.settings.max_per_hour
 
     def _propose(self, gpu: _Gpu, target: tuple[Slot, ...] | None, enables: list[str], reason: str) -> None:
         assert target is None or layout_refusal(gpu.table, target) is None, target
@@ -356,6 +367,22 @@ class _Planner:
                 else:
                     gpu.free_whole = False
 
+    def reclaim(self, waiting_whole: list[PendingJob]) -> None:
+        """While whole-GPU jobs wait and no MIG demand does, MIG GPUs without work turn back into whole GPUs (on
+        the nodes with the most whole GPUs first, so gangs gather), keeping ``keep_idle_mig_gpus`` idle MIG GPUs
+        for the next burst."""
+        if not waiting_whole:
+            return
+        idle = [g for g in self.fleet if g.state.mig_enabled and not g.claimed
+                and not g.state.running_jobs(self.drained) and any(_model_ok(j, g.state) for j in waiting_whole)]
+        whole_on = {n: sum(1 for g in self.fleet if g.state.node_id == n and not g.state.mig_enabled)
+                    for n in {g.state.node_id for g in idle}}
+        idle.sort(key=lambda g: (-whole_on[g.state.node_id], g.state.key))
+        for gpu in idle[: max(0, len(idle) - self.settings.keep_idle_mig_gpus)]:
+            if self._usable(gpu):
+                self._propose(gpu, None, [j.job_id for j in waiting_whole if _model_ok(j, gpu.state)][:8],
+                              f"{len(waiting_whole)} whole-GPU job(s) wait and no MIG job does: slices unused")
+
     # -- MIG instances ---------------------------------------------------------------------------------------
 
     def mig(self, jobs: list[PendingJob]) -> None:
@@ -364,15 +391,20 @@ class _Planner:
         while waiting:
             limit = self.settings.slice_gathered_after_s
             overdue = limit is not None and any(j.waiting_s >= limit for j in waiting if j.tier == "inference")
+            homes = {g.state.node_id for g in self.fleet if g.state.mig_enabled}
             candidates = [g for g in self.fleet if self._usable(g)
-                          and (g.state.mig_enabled or (g.free_whole and (overdue or not g.whole_wanted)))
+                          and (g.state.mig_enabled or (g.free_whole and (overdue or not g.whole_wanted)
+                                                       and (overdue or not homes or g.state.node_id in homes)
+                                                       and self._can_return(g)))
                           and any(_model_ok(j, g.state) for j in waiting)]
             if not candidates:
                 break
-            sliced = {n: sum(1 for g in self.fleet if g.state.node_id == n and g.state.mig_enabled)
-                      for n in {g.state.node_id for g in candidates}}
+            nodes = {g.state.node_id for g in candidates}
+            sliced = {n: sum(1 for g in self.fleet if g.state.node_id == n and g.state.mig_enabled) for n in nodes}
+            free = {n: sum(1 for g in self.fleet if g.state.node_id == n and g.free_whole) for n in nodes}
             gpu = min(candidates, key=lambda g: (len(g.state.running_jobs(self.drained)), not g.state.mig_enabled,
-                                                 g.whole_wanted, -sliced[g.state.node_id], g.state.key))
+                                                 g.whole_wanted, free[g.state.node_id], -sliced[g.state.node_id],
+                                                 g.state.key))
             served = self._fill(gpu, waiting)
             if not served:
                 gpu.claimed = True  # nothing fits here; try the next GPU
