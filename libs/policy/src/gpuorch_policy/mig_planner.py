@@ -8,11 +8,16 @@
     1. demand that waited at least ``min_pending_s`` (a batching window: one burst, one decision)
     2. what today's layouts already serve: each job takes a free instance of a profile it accepts / free whole GPUs
        on one node (the same rule the scheduler's MigInstances and whole-GPU filters apply)
-    3. unmet whole-GPU demand: MIG GPUs on one node turn back into whole GPUs (cheapest first: fewest running jobs)
-    4. unmet MIG demand, right-sized (the smallest accepted profile that holds the job's observed peak x headroom, or
-       its declared memory; without history, its first choice): packed onto GPUs that are free of work first, then
-       idle whole GPUs nobody waits for, then GPUs with at most ``max_drain_jobs`` running jobs, fewest first;
-       slice positions from ``mig_geometry.place_instances`` (larger profiles stay placeable)
+    3. free whole GPUs that waiting whole-GPU jobs are gathering (per job, the node with the most) are reserved
+    4. unmet whole-GPU demand: MIG GPUs on one node turn back into whole GPUs (cheapest first: fewest running jobs)
+    5. unmet MIG demand, right-sized (the smallest accepted profile that holds the job's observed peak x headroom, or
+       its declared memory; without history, its first choice): packed onto MIG GPUs free of work first, then idle
+       whole GPUs (not reserved, unless an inference job waited ``slice_gathered_after_s``; on nodes that already
+       hold slices while those have free whole GPUs; only if the cap leaves room to make them whole again), then
+       GPUs with at most ``max_drain_jobs`` running jobs, fewest first; the room left on a GPU is filled with more
+       of the profiles planned; slice positions from ``mig_geometry.place_instances`` (larger profiles stay
+       placeable)
+    6. no MIG demand left and whole-GPU jobs still unmet: idle MIG GPUs turn whole (``keep_idle_mig_gpus`` stay)
           │
           ▼
     MigPlan: proposals (GPU, current -> target layout, drains, reason, enables, needs_reset), unmet demand, held back
@@ -392,9 +397,11 @@ class _Planner:
             limit = self.settings.slice_gathered_after_s
             overdue = limit is not None and any(j.waiting_s >= limit for j in waiting if j.tier == "inference")
             homes = {g.state.node_id for g in self.fleet if g.state.mig_enabled}
+            if all(g.state.mig_enabled or not g.free_whole for g in self.fleet if g.state.node_id in homes):
+                homes = set()  # the nodes holding slices have no free whole GPU left
             candidates = [g for g in self.fleet if self._usable(g)
                           and (g.state.mig_enabled or (g.free_whole and (overdue or not g.whole_wanted)
-                                                       and (overdue or not homes or g.state.node_id in homes)
+                                                       and (not homes or g.state.node_id in homes)
                                                        and self._can_return(g)))
                           and any(_model_ok(j, g.state) for j in waiting)]
             if not candidates:

@@ -1,0 +1,126 @@
+"""MIG layouts over a simulated day: static layouts (whole GPUs, all 1g.10gb, a fixed mix) against the MIG planner.
+
+    uv run python bench/bench_mig.py                 # seeds 1-3, 4 x 8 H100; a few seconds per seed
+    uv run python bench/bench_mig.py --json          # the figures as JSON on stdout
+    uv run python bench/bench_mig.py --seeds 1-5 --training-scale 0.7
+
+The simulation is ``gpuorch_capacity.mig_simulation`` (``gpuctl bench mig`` runs one seed of it); this script adds
+several seeds and the files: bench/results/mig.md, bench/results/mig.json and the plot docs/img/mig.png (the first
+seed over time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gpuorch_capacity.mig_simulation import TIERS, LayoutResult, bench_json, mig_workload, simulate_layout
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+PLOT = ROOT / "docs" / "img" / "mig.png"
+LAYOUTS = ("whole", "all_1g.10gb", "fixed_mix", "planner")
+COLOURS = {"whole": "tab:gray", "all_1g.10gb": "tab:orange", "fixed_mix": "tab:green", "planner": "tab:purple"}
+
+
+def plot(results: dict[str, LayoutResult], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(10, 10))
+    top = fig.add_subplot(4, 1, 1)
+    queued = fig.add_subplot(4, 1, 2, sharex=top)
+    sliced = fig.add_subplot(4, 1, 3, sharex=top)
+    bars = fig.add_subplot(4, 1, 4)
+    for name in LAYOUTS:
+        series = results[name].series
+        hours = [s[0] for s in series]
+        top.plot(hours, [s[1] for s in series], color=COLOURS[name], label=name)
+        if name in ("whole", "fixed_mix", "planner"):
+            queued.plot(hours, [s[3] for s in series], color=COLOURS[name], label=f"{name}: MIG jobs")
+            queued.plot(hours, [s[4] for s in series], color=COLOURS[name], linestyle="--",
+                        label=f"{name}: training jobs")
+    planner = results["planner"].series
+    sliced.step([s[0] for s in planner], [s[2] for s in planner], where="post", color=COLOURS["planner"],
+                label="planner: GPUs in MIG mode")
+    sliced.axhline(results["fixed_mix"].series[0][2], color=COLOURS["fixed_mix"], linestyle=":",
+                   label="fixed mix: GPUs in MIG mode")
+    top.set_ylabel("GPU allocation %")
+    top.set_title(title)
+    top.legend(fontsize="x-small", loc="lower right")
+    queued.set_ylabel("jobs queued")
+    queued.set_yscale("symlog")
+    queued.legend(fontsize="x-small", loc="upper left", ncol=3)
+    sliced.set_ylabel("MIG GPUs")
+    sliced.set_xlabel("hour of the day (samples every 15 min)")
+    sliced.legend(fontsize="x-small", loc="upper left")
+    xs = np.arange(len(TIERS))
+    for k, name in enumerate(LAYOUTS):
+        bars.bar(xs + (k - 1.5) * 0.2, [max(results[name].waits[t], 0.1) / 60 for t in TIERS], width=0.2,
+                 color=COLOURS[name], label=f"{name}: {results[name].completed} jobs completed")
+    bars.set_xticks(xs, [f"{t} (mean wait)" for t in TIERS])
+    bars.set_ylabel("minutes")
+    bars.set_yscale("log")
+    bars.legend(fontsize="x-small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def table(document: dict[str, Any]) -> str:
+    lines = ["| layout | completed jobs | GPU allocation % | mean wait inference s | training s | batch s | "
+             "never started (inf/train/batch) | reconfigurations |", "|---|---|---|---|---|---|---|---|"]
+    for name, row in document["layouts"].items():
+        wait, never = row["mean_wait_s"], row["unstarted_jobs"]
+        lines.append(f"| {name} | {row['completed_jobs']} | {row['gpu_allocation_pct']:.1f} | "
+                     f"{wait['inference']:.0f} | {wait['training']:.0f} | {wait['batch']:.0f} | "
+                     f"{never['inference']}/{never['training']}/{never['batch']} | {row['reconfigurations']} |")
+    r = document["reconfiguration_s"]
+    lines.append(f"\nplanner reconfiguration end to end (drain + apply): {r['count']} times, median {r['median']} s, "
+                 f"p95 {r['p95']} s, max {r['max']} s")
+    return "\n".join(lines)
+
+
+def parse_seeds(text: str) -> list[int]:
+    if "-" in text:
+        lo, hi = text.split("-", 1)
+        return list(range(int(lo), int(hi) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--seeds", default="1-3", help="one seed, a list (1,2) or a range (1-5)")
+    parser.add_argument("--nodes", type=int, default=4, help="8-GPU H100 nodes")
+    parser.add_argument("--training-scale", type=float, default=1.0, help="training arrival rate x this")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
+    parser.add_argument("--no-write", action="store_true", help="write no results or plot files")
+    args = parser.parse_args(argv)
+    documents, text = [], []
+    for i, seed in enumerate(parse_seeds(args.seeds)):
+        jobs = mig_workload(seed, args.training_scale)
+        results = {name: simulate_layout(name, jobs, args.nodes) for name in LAYOUTS}
+        document = {**bench_json(results, seed, args.nodes), "training_scale": args.training_scale,
+                    "jobs": len(jobs)}
+        documents.append(document)
+        text += [f"seed {seed}: {len(jobs)} jobs on {document['fleet']} (training scale {args.training_scale})", "",
+                 table(document), ""]
+        if i == 0 and not args.no_write:
+            plot(results, PLOT, f"seed {seed}, {document['fleet']}, training scale {args.training_scale}")
+    if not args.no_write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "mig.md").write_text("\n".join(text) + "\n")
+        (RESULTS / "mig.json").write_text(json.dumps(documents, indent=1) + "\n")
+    print(json.dumps(documents, indent=1) if args.json else "\n".join(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
