@@ -137,3 +137,29 @@ async def test_mig_apply_refusals_without_work():
     h100.heartbeat_messages()
     await handler(ApplyMigLayout(node_id="bad-layout", layouts=[MigGpuLayout(gpu_index=0, profiles=["7g.80gb"])]))
     assert "unhealthy" in handler.outcomes["bad-layout"][0].reason
+
+
+class _StrictCiNvml(SimulatedNvml):
+    """Answers a compute-instance query for a profile larger than the GPU instance with INVALID_ARGUMENT, one of the
+    codes NVML documents for an invalid ``profileId`` (NVIDIA's mig-parted skips both it and NOT_SUPPORTED)."""
+
+    def nvmlGpuInstanceGetComputeInstances(self, gpu_instance, profile_id, instances_ref, count_ref):
+        import pynvml
+
+        slices = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}.get(profile_id)
+        if slices is None or slices > self._gi(gpu_instance).spec.compute_slices:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return super().nvmlGpuInstanceGetComputeInstances(gpu_instance, profile_id, instances_ref, count_ref)
+
+
+async def test_a_layout_replaces_instances_when_nvml_calls_unsupported_compute_profiles_invalid():
+    nvml = _StrictCiNvml("strict-ci", device_profile("h100"), 1, seed=5, processes=ProcessTable(max_age_s=0))
+    agent = NodeAgent("strict-ci", nvml, cpu_milli=1000, memory_mib=1024)
+    agent.start()
+    handler = ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(RecordingPublisher(), ms))
+    for profiles in (["3g.40gb", "3g.40gb"], ["1g.10gb"] * 7):
+        await handler(ApplyMigLayout(node_id="strict-ci", layouts=[MigGpuLayout(gpu_index=0, profiles=profiles)]))
+        (outcome,) = handler.outcomes["strict-ci"]
+        assert outcome.applied, outcome.reason
+    assert agent.inventory is not None
+    assert [m.profile for m in agent.inventory.gpus[0].mig_instances] == ["1g.10gb"] * 7

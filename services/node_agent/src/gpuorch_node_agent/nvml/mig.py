@@ -40,8 +40,8 @@ def _destroy_all(nvml: Any, handle: Any) -> None:
                 try:
                     nvml.nvmlGpuInstanceGetComputeInstances(gpu_instance, ci_profile, compute,
                                                             ctypes.byref(ci_count))
-                except nvml.NVMLError_NotSupported:
-                    continue
+                except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+                    continue  # a compute profile this GPU instance has no room for (NVML answers either code)
                 for j in range(ci_count.value):
                     nvml.nvmlComputeInstanceDestroy(compute[j])
             nvml.nvmlGpuInstanceDestroy(gpu_instance)
