@@ -122,7 +122,10 @@ def test_kubernetes_workloads_run_on_gpu_nodes_and_as_non_root() -> None:
             assert "all-credentials" not in {m["name"] for c in pod["containers"] for m in c.get("volumeMounts", [])}
     scheduler = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "scheduler")
     assert scheduler["spec"]["replicas"] == 2
-    for service in (o for o in objects if o["kind"] == "Service"):
+    metrics_services = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"].endswith("-metrics")]
+    assert {o["metadata"]["labels"]["app.kubernetes.io/name"] for o in metrics_services} == {
+        "scheduler", "telemetry", "executor", "node-agent"}, "every service's metrics port has a Service"
+    for service in metrics_services:
         annotations = service["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true"
         assert int(annotations["prometheus.io/port"]) == service["spec"]["ports"][0]["port"]
