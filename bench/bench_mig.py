@@ -56,6 +56,7 @@ def plot(results: dict[str, LayoutResult], path: Path, title: str) -> None:
     top.legend(fontsize="x-small", loc="lower right")
     queued.set_ylabel("jobs queued")
     queued.set_yscale("symlog")
+    queued.set_ylim(bottom=0)
     queued.legend(fontsize="x-small", loc="upper left", ncol=3)
     sliced.set_ylabel("MIG GPUs")
     sliced.set_xlabel("hour of the day (samples every 15 min)")
