@@ -1,7 +1,13 @@
-"""gpuctl: submit and inspect gpuorch jobs.
+"""gpuctl: submit, watch and inspect gpuorch jobs through the gpuorch API.
 
-A client, not a service: it publishes ``SubmitJob``/``CancelJob`` on the broker (the only way in) and reads the
-read models in PostgreSQL; it never writes the scheduler's tables. Every command has ``--json`` for scripts.
+A client, not a service. Every command that reads or changes jobs talks to the API (services/api) of the current
+context (``gpuctl config``; contexts.py says how a command finds its API and token). Two paths stay direct:
+operators' ``db``, ``dlq``, ``report`` and ``replay`` hold a database DSN or a broker URL, and an explicit
+``--dsn``/``GPUORCH_DATABASE_URL`` (reads) or ``--amqp-url`` (submit, cancel) without an API context still reads
+the read models or publishes directly, for scripts written before the API (decision 27).
+
+Every command has ``--json``; listings also ``-o json|yaml|wide`` and ``--no-headers``. Errors are one line on
+stderr: exit 1 (API unreachable, refused, not found), 2 (a bad value such as ``--state bogus``).
 """
 
 from __future__ import annotations
@@ -11,89 +17,203 @@ import json
 import os
 import sys
 import time
+from datetime import UTC, datetime
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from gpuorch_contracts.jobs import JobState, Tier
 from rich.console import Console
 from rich.table import Table
 
 from gpuorch_gpuctl import jobs_view
-from gpuorch_gpuctl.demo_cmd import demo
+from gpuorch_gpuctl.api_client import ApiClient, api, fail
+from gpuorch_gpuctl.contexts import SELECTION, config_app, context_endpoint, explicit_endpoint
+from gpuorch_gpuctl.demo_cmd import demo, down
 from gpuorch_gpuctl.dlq_cmd import dlq_app
+from gpuorch_gpuctl.output import Column, Format, JsonOpt, NoHeadersOpt, OutputOpt, chosen, dump, emit
 from gpuorch_gpuctl.schema_cmd import schema_app
 from gpuorch_gpuctl.terminal_text import cell, log_output, markup
+from gpuorch_gpuctl.top_cmd import top
+from gpuorch_gpuctl.watch import job_row_line, sse_events
 
-app = typer.Typer(help="gpuctl: submit, inspect and cancel gpuorch jobs.", no_args_is_help=True,
-                  context_settings={"help_option_names": ["-h", "--help"]})
+app = typer.Typer(help="gpuctl: submit, watch, inspect and cancel gpuorch jobs (through the gpuorch API).",
+                  no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
+app.add_typer(config_app, name="config")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(schema_app, name="schema")
 app.command("demo")(demo)
+app.command("down")(down)
+app.command("top")(top)
 
 console = Console(emoji=False)
 err = Console(stderr=True, emoji=False)
 
 AMQP_URL = os.environ.get("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-DATABASE_URL = os.environ.get("GPUORCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/gpuorch")
 
-AmqpOpt = Annotated[str, typer.Option("--amqp-url", envvar="GPUORCH_AMQP_URL", help="RabbitMQ URL")]
-DsnOpt = Annotated[str, typer.Option("--dsn", envvar="GPUORCH_DATABASE_URL", help="PostgreSQL DSN")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+AmqpOpt = Annotated[str | None, typer.Option("--amqp-url", envvar="GPUORCH_AMQP_URL",
+                                             help="publish to RabbitMQ directly (no API; for old scripts)")]
+DsnOpt = Annotated[str | None, typer.Option("--dsn", envvar="GPUORCH_DATABASE_URL",
+                                            help="read PostgreSQL directly (no API; for old scripts)")]
+StateChoice = Enum("StateChoice", {s: s for s in JobState.__args__}, type=str)  # type: ignore[misc,attr-defined]
+TierChoice = Enum("TierChoice", {t: t for t in Tier.__args__}, type=str)  # type: ignore[misc,attr-defined]
+TERMINAL = ("succeeded", "failed", "cancelled", "rejected")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"gpuctl {version('gpuorch-gpuctl')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    server: Annotated[str | None, typer.Option("--server", "-s", help="API base URL (else GPUCTL_SERVER, "
+                                               "else the current context)")] = None,
+    token: Annotated[str | None, typer.Option("--token", help="API token (else GPUCTL_TOKEN, else the context's)",
+                                              show_default=False)] = None,
+    context: Annotated[str | None, typer.Option("--context", help="a context of the config file")] = None,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print gpuctl's version")] = False,
+) -> None:
+    """gpuctl talks to the gpuorch API of the current context: gpuctl config set-context NAME --server URL."""
+    SELECTION.server, SELECTION.token, SELECTION.context = server, token, context
+
+
+def api_or_dsn(dsn: str | None) -> ApiClient | str:
+    """An API named explicitly, else an explicit DSN (the direct path), else the current context's API."""
+    endpoint = explicit_endpoint()
+    if endpoint is not None:
+        return ApiClient(endpoint)
+    if dsn:
+        return dsn
+    return api()
+
+
+def _read_spec_file(path: Path) -> dict[str, Any]:
+    """A job file: the SubmitJob spec as YAML (or JSON), optionally under a top-level ``spec:``."""
+    import yaml
+
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        fail(f"cannot read job file {path}: {exc}", 2)
+    if isinstance(document, dict) and isinstance(document.get("spec"), dict):
+        document = document["spec"]
+    if not isinstance(document, dict):
+        fail(f"job file {path}: expected a mapping (the SubmitJob spec)", 2)
+    return document
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def submit(
-    argv: Annotated[list[str], typer.Argument(help="the command to run, after --")],
-    name: Annotated[str, typer.Option(help="job name")] = "job",
-    tenant: Annotated[str, typer.Option(help="tenant (team) charged for the job")] = "default",
-    tier: Annotated[str, typer.Option(help="training | inference | batch")] = "batch",
-    priority: Annotated[str, typer.Option(help="critical | high | normal | low")] = "normal",
-    gpus: Annotated[int, typer.Option(help="whole GPUs per node")] = 0,
+    argv: Annotated[list[str] | None, typer.Argument(help="the command to run, after --")] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="the SubmitJob spec as YAML (or JSON); "
+                                              "options given too override its fields")] = None,
+    image: Annotated[str | None, typer.Option(help="run a container: image pinned by digest (name@sha256:...)")] = None,
+    name: Annotated[str | None, typer.Option(help="job name")] = None,
+    tenant: Annotated[str | None, typer.Option(help="tenant (team) charged for the job (default: yours)")] = None,
+    tier: Annotated[str | None, typer.Option(help="training | inference | batch")] = None,
+    priority: Annotated[str | None, typer.Option(help="critical | high | normal | low")] = None,
+    gpus: Annotated[int | None, typer.Option(help="whole GPUs per node")] = None,
     gpu_milli: Annotated[int | None, typer.Option(help="share of one GPU in thousandths (1-999)")] = None,
     gpu_memory: Annotated[int | None, typer.Option(help="GPU memory of a share, MiB")] = None,
     mig: Annotated[list[str] | None, typer.Option(help="acceptable MIG profile (repeatable)")] = None,
     gpu_model: Annotated[list[str] | None, typer.Option(help="accepted GPU model (repeatable)")] = None,
-    nodes: Annotated[int, typer.Option(help="gang: number of nodes (all or nothing)")] = 1,
-    cpu: Annotated[int, typer.Option(help="host CPU, milli-cores")] = 1000,
-    memory: Annotated[int, typer.Option(help="host memory, MiB")] = 1024,
-    preemptible: Annotated[bool, typer.Option(help="may be preempted (with a checkpoint signal)")] = False,
+    nodes: Annotated[int | None, typer.Option(help="gang: number of nodes (all or nothing)")] = None,
+    cpu: Annotated[int | None, typer.Option(help="host CPU, milli-cores")] = None,
+    memory: Annotated[int | None, typer.Option(help="host memory, MiB")] = None,
+    preemptible: Annotated[bool | None, typer.Option("--preemptible/--not-preemptible",
+                                                     help="may be preempted (with a checkpoint signal)")] = None,
     runtime_estimate: Annotated[float | None, typer.Option(help="expected seconds (helps backfill)")] = None,
     max_runtime: Annotated[float | None, typer.Option(help="seconds after which the job is stopped")] = None,
     env: Annotated[list[str] | None, typer.Option(help="KEY=VALUE for the job (repeatable)")] = None,
-    wait: Annotated[bool, typer.Option(help="wait until the job ends; exit with its exit code")] = False,
-    amqp_url: AmqpOpt = AMQP_URL,
-    dsn: DsnOpt = DATABASE_URL,
+    wait: Annotated[bool, typer.Option(help="wait until the job ends; exit with its exit code (a rejection: 1, "
+                                       "with its reason)")] = False,
+    timeout: Annotated[float, typer.Option(help="--wait gives up after this many seconds")] = 3600.0,
+    amqp_url: AmqpOpt = None,
+    dsn: DsnOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Submit a job: gpuctl submit --gpus 1 -- python train.py. Prints the job id."""
-    from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
+    """Submit a job: gpuctl submit --gpus 1 -- python train.py, or gpuctl submit -f job.yaml. Prints the job id."""
+    from gpuorch_contracts import JobSpec
 
-    env_map = dict(item.split("=", 1) for item in (env or []))
+    spec = _read_spec_file(file) if file is not None else {}
+    fields = {"name": name, "tenant": tenant, "tier": tier, "priority_class": priority, "cpu_milli": cpu,
+              "memory_mib": memory, "preemptible": preemptible, "runtime_estimate_s": runtime_estimate,
+              "max_runtime_s": max_runtime}
+    spec.update({k: v for k, v in fields.items() if v is not None})
+    resources = {"gpus": gpus, "gpu_milli": gpu_milli, "gpu_memory_mib": gpu_memory, "mig_profiles": mig,
+                 "gpu_models": gpu_model}
+    if any(v is not None for v in resources.values()):
+        spec["resources"] = {**spec.get("resources", {}), **{k: v for k, v in resources.items() if v is not None}}
+    if nodes is not None:
+        spec["gang"] = {**spec.get("gang", {}), "nodes": nodes}
+    env_map = dict(item.split("=", 1) for item in (env or []) if "=" in item)
+    if image is not None:
+        spec["run"] = {"runtime": "container", "image": image, "argv": argv or [], "env": env_map}
+    elif argv or env_map or "run" not in spec:
+        run = dict(spec.get("run") or {})
+        run.update({k: v for k, v in (("argv", argv), ("env", env_map)) if v})
+        spec["run"] = run
+    if isinstance(spec.get("run"), dict) and "runtime" not in spec["run"]:  # a job file may leave it implicit
+        spec["run"]["runtime"] = "container" if "image" in spec["run"] else "process"
     try:
-        spec = JobSpec(
-            name=name, tenant=tenant, tier=tier, priority_class=priority,  # type: ignore[arg-type]
-            resources=GpuRequest(gpus=gpus, gpu_milli=gpu_milli, gpu_memory_mib=gpu_memory,
-                                 mig_profiles=mig or [], gpu_models=gpu_model or []),
-            gang={"nodes": nodes}, cpu_milli=cpu, memory_mib=memory, preemptible=preemptible,  # type: ignore[arg-type]
-            runtime_estimate_s=runtime_estimate, max_runtime_s=max_runtime,
-            run=ProcessRun(argv=argv, env=env_map),
-        )
+        checked = JobSpec.model_validate(spec)
     except ValueError as exc:
-        err.print(f"[red]invalid job:[/red] {markup(exc)}")
-        raise typer.Exit(2) from exc
+        fail(f"invalid job: {exc}", 2)
+    if explicit_endpoint() is None and (amqp_url or dsn) and context_endpoint() is None:
+        _submit_direct(checked, amqp_url or AMQP_URL, dsn, wait, as_json)
+        return
+    with api() as client:
+        answer = client.post("/api/v1/jobs", {"spec": spec})
+        job_id = answer["job_id"]
+        if not wait:
+            print(json.dumps({"job_id": job_id}) if as_json else job_id)
+            return
+        job = _wait_for_end(client, job_id, timeout)
+    print(json.dumps(job, default=str) if as_json else job_id)
+    if job["state"] == "rejected":
+        err.print(f"[red]rejected:[/red] {markup(job.get('reason') or 'no reason given')}")
+    raise typer.Exit(job.get("exit_code") or (0 if job["state"] == "succeeded" else 1))
+
+
+def _wait_for_end(client: ApiClient, job_id: str, timeout_s: float) -> dict[str, Any]:
+    """Poll the job until it ends, printing each change of state (and why it waits) on stderr."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        if time.monotonic() > deadline:
+            fail(f"job {job_id} did not end within {timeout_s:.0f}s")
+        job = client.find(f"/api/v1/jobs/{job_id}") or {"state": "submitted"}
+        summary = (job["state"], job.get("pending_reason"))
+        if summary != last:
+            err.print(markup(f"{job_id}: {job['state']}" + (f" ({job['pending_reason']})" if job.get("pending_reason")
+                                                             else "")))
+            last = summary
+        if job["state"] in TERMINAL:
+            return job  # type: ignore[no-any-return]
+        time.sleep(0.5)
+
+
+def _submit_direct(spec: Any, amqp_url: str, dsn: str | None, wait: bool, as_json: bool) -> None:
+    """The pre-API path: publish SubmitJob to the broker, read the outcome from the database."""
+    from gpuorch_contracts import SubmitJob
+
     message = SubmitJob(spec=spec, producer="gpuctl")
     asyncio.run(_publish(amqp_url, message))
-    if as_json and not wait:
-        print(json.dumps({"job_id": str(message.job_id)}))
-    elif not wait:
-        print(message.job_id)
-    if wait:
-        row = asyncio.run(jobs_view.wait_for_end(dsn, message.job_id, progress=lambda s: err.print(markup(s))))
-        if as_json:
-            print(json.dumps(row, default=str))
-        else:
-            print(message.job_id)
-        raise typer.Exit(row.get("exit_code") or (0 if row["state"] == "succeeded" else 1))
+    if not wait:
+        print(json.dumps({"job_id": str(message.job_id)}) if as_json else message.job_id)
+        return
+    row = asyncio.run(jobs_view.wait_for_end(dsn or jobs_view.DEFAULT_DSN, message.job_id,
+                                             progress=lambda s: err.print(markup(s))))
+    print(json.dumps(row, default=str) if as_json else message.job_id)
+    if row["state"] == "rejected":
+        err.print(f"[red]rejected:[/red] {markup(row.get('reason') or 'no reason given')}")
+    raise typer.Exit(row.get("exit_code") or (0 if row["state"] == "succeeded" else 1))
 
 
 async def _publish(amqp_url: str, message: Any) -> None:
@@ -111,8 +231,7 @@ async def _publish(amqp_url: str, message: Any) -> None:
                                                       attributes={"gpuorch.job_id": str(message.job_id)}):
             await broker.publish(message)
     except (PublishError, ConnectionError) as exc:
-        err.print(f"[red]not submitted:[/red] {markup(exc)} (is the scheduler running?)")
-        raise typer.Exit(1) from exc
+        fail(f"not submitted: {exc} (is the scheduler running?)")
     finally:
         await broker.close()
         provider = trace.get_tracer_provider()
@@ -124,80 +243,165 @@ async def _publish(amqp_url: str, message: Any) -> None:
 def cancel(
     job_id: Annotated[str, typer.Argument(help="job id (or a unique prefix)")],
     reason: Annotated[str, typer.Option(help="why")] = "cancelled by user",
-    amqp_url: AmqpOpt = AMQP_URL,
-    dsn: DsnOpt = DATABASE_URL,
+    amqp_url: AmqpOpt = None,
+    dsn: DsnOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel a job (a running job gets its checkpoint signal, then is stopped)."""
-    from gpuorch_contracts import CancelJob
+    if explicit_endpoint() is None and amqp_url and dsn and context_endpoint() is None:
+        from gpuorch_contracts import CancelJob
 
-    full = asyncio.run(jobs_view.resolve_id(dsn, job_id))
-    asyncio.run(_publish(amqp_url, CancelJob(job_id=full, reason=reason, producer="gpuctl")))
-    print(json.dumps({"job_id": str(full), "cancel": "requested"}) if as_json else f"cancel requested: {full}")
+        full = asyncio.run(jobs_view.resolve_id(dsn, job_id))
+        asyncio.run(_publish(amqp_url, CancelJob(job_id=full, reason=reason, producer="gpuctl")))
+        full_id = str(full)
+    else:
+        with api() as client:
+            full_id = client.post(f"/api/v1/jobs/{job_id}/cancel", {"reason": reason})["job_id"]
+    print(json.dumps({"job_id": full_id, "cancel": "requested"}) if as_json else f"cancel requested: {full_id}")
+
+
+def _ago(value: Any) -> str:
+    if not value:
+        return "-"
+    at = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return f"{max(0.0, (datetime.now(UTC) - at).total_seconds()):.0f}s"
+
+
+def _starts_in(job: dict[str, Any]) -> str:
+    estimated = job.get("estimated_start")
+    if not estimated or job["state"] != "queued":
+        return ""
+    at = datetime.fromisoformat(estimated) if isinstance(estimated, str) else estimated
+    return f"~{max(0.0, (at - datetime.now(UTC)).total_seconds()):.0f}s"
+
+
+JOB_COLUMNS = [
+    Column("id", lambda j: j["id"][:8]), Column("name", lambda j: cell(j["name"])),
+    Column("tenant", lambda j: cell(j["tenant"])), Column("tier", lambda j: cell(j["tier"])),
+    Column("state", lambda j: _colour(j["state"])), Column("node", lambda j: cell(",".join(j["nodes"]) or "-")),
+    Column("gpus", lambda j: cell(j["gpus"])),
+    Column("exit", lambda j: "-" if j["exit_code"] is None else str(j["exit_code"])),
+    Column("age", lambda j: _ago(j["submitted_at"])), Column("starts in", _starts_in),
+    Column("reason", lambda j: cell((j["pending_reason"] or j["reason"] or "")[:60])),
+    Column("priority", lambda j: cell(j.get("priority_class") or ""), wide_only=True),
+    Column("full id", lambda j: j["id"], wide_only=True),
+]
 
 
 @app.command()
 def jobs(
-    state: Annotated[str | None, typer.Option(help="only jobs in this state")] = None,
+    state: Annotated[StateChoice | None, typer.Option(help="only jobs in this state")] = None,
+    tenant: Annotated[str | None, typer.Option(help="only this tenant's jobs")] = None,
+    tier: Annotated[TierChoice | None, typer.Option(help="only this tier")] = None,
     limit: Annotated[int, typer.Option(help="newest N jobs")] = 50,
-    dsn: DsnOpt = DATABASE_URL,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="then print each job again as it changes")] = False,
+    timeout: Annotated[float, typer.Option(help="with -w: stop after this many seconds (0: never)")] = 0.0,
+    dsn: DsnOpt = None,
+    output: OutputOpt = Format.table,
+    no_headers: NoHeadersOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """List jobs, newest first: state, node, exit code, and why a waiting job waits."""
-    rows = asyncio.run(jobs_view.list_jobs(dsn, state=state, limit=limit))
-    if as_json:
-        print(json.dumps([jobs_view.public_row(r) for r in rows], default=str))
-        return
-    table = Table("id", "name", "tenant", "tier", "state", "node", "gpus", "exit", "age", "starts in", "reason")
-    now = time.time()
-    for r in rows:
-        estimated = r.get("estimated_start")
-        starts_in = f"~{max(0.0, estimated.timestamp() - now):.0f}s" if estimated and r["state"] == "queued" else ""
-        table.add_row(
-            str(r["job_id"])[:8], cell(r["name"]), cell(r["tenant"]), cell(r["tier"]), _colour(r["state"]),
-            cell(",".join(r["node_ids"] or []) or "-"), cell(jobs_view.gpu_text(r)),
-            "-" if r["exit_code"] is None else str(r["exit_code"]),
-            f"{now - r['submitted_at'].timestamp():.0f}s", starts_in,
-            cell((r["pending_reason"] or r["reason"] or "")[:60]),
-        )
-    console.print(table)
+    fmt = chosen(output, as_json)
+    target = api_or_dsn(dsn)
+    if isinstance(target, str):
+        rows = asyncio.run(jobs_view.list_jobs(target, state=state.value if state else None, limit=limit))
+        listed = [jobs_view.public_row(r) for r in rows if tenant is None or r["tenant"] == tenant]
+    else:
+        listed = target.get("/api/v1/jobs", state=state.value if state else None, tenant=tenant,
+                            tier=tier.value if tier else None, limit=limit)
+    emit(listed, JOB_COLUMNS, fmt, no_headers=no_headers)
+    if watch:
+        if isinstance(target, str):
+            fail("-w needs the API (a context or --server), not --dsn")
+        _watch_jobs(target, fmt, timeout, state.value if state else None)
+
+
+def _watch_jobs(client: ApiClient, fmt: Format, timeout_s: float, state: str | None) -> None:
+    """Each job event: the job's row again (one JSON line per change with -o json), like kubectl get -w."""
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    for event in sse_events(client.stream_lines("/api/v1/events"), deadline, _following("job changes")):
+        job_id = event["data"].get("job_id")
+        if not job_id or not event["type"].startswith("job."):
+            continue
+        job = client.get(f"/api/v1/jobs/{job_id}")
+        if state is not None and job["state"] != state:
+            continue
+        if fmt in (Format.json, Format.yaml):
+            print(json.dumps({k: v for k, v in job.items() if k not in ("timeline", "usage", "advice")},
+                             default=str), flush=True)
+        else:
+            print(job_row_line(job, [c.cell for c in JOB_COLUMNS if not c.wide_only]), flush=True)
 
 
 @app.command()
 def describe(
     job_id: Annotated[str, typer.Argument(help="job id (or a unique prefix)")],
-    dsn: DsnOpt = DATABASE_URL,
+    dsn: DsnOpt = None,
+    output: OutputOpt = Format.table,
     as_json: JsonOpt = False,
 ) -> None:
-    """Everything known about one job: spec, placement, timings, pending reason."""
-    row = asyncio.run(jobs_view.get_job(dsn, job_id))
-    public = jobs_view.public_row(row, full=True)
-    if as_json:
-        print(json.dumps(public, default=str))
+    """Everything known about one job: spec, state and reason, placement, timeline, usage, advice, trace link."""
+    fmt = chosen(output, as_json)
+    target = api_or_dsn(dsn)
+    if isinstance(target, str):
+        job = jobs_view.public_row(asyncio.run(jobs_view.get_job(target, job_id)), full=True)
+    else:
+        with target:
+            job = target.get(f"/api/v1/jobs/{job_id}")
+    if fmt != Format.table:
+        dump(job, fmt)
         return
-    for key, value in public.items():
+    for key, value in job.items():
+        if key in ("timeline", "usage", "advice", "assignments"):
+            continue
         if key == "spec":
             value = json.dumps(value)
         console.print(f"[bold]{key:>16}[/bold]  {markup(value)}")
+    for event in job.get("timeline", []):
+        detail = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("type", "at"))
+        console.print(f"[bold]{'timeline':>16}[/bold]  {markup(event['at'])}  {markup(event['type'])}  {markup(detail)}")
+    usage = job.get("usage") or {}
+    for device in usage.get("devices", []):
+        console.print(f"[bold]{'usage':>16}[/bold]  {markup(device['node_id'])} GPU {device['gpu_index']}: "
+                      f"peak {device['peak_memory_mib']} MiB, mean util {device['mean_util_pct']}%")
+    for item in job.get("advice", []):
+        console.print(f"[bold]{item['category']:>16}[/bold]  {markup(item['kind'])}: {markup(item['explanation'])}"
+                      + (f" -> {markup(item['advice'])}" if item.get("advice") else ""))
 
 
 @app.command()
 def logs(
     job_id: Annotated[str, typer.Argument(help="job id (or a unique prefix)")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing as the job writes")] = False,
-    dsn: DsnOpt = DATABASE_URL,
+    node: Annotated[str | None, typer.Option(help="for a gang job: which of its nodes")] = None,
+    dsn: DsnOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Print a job's output (from the log file its executor wrote on this host)."""
+    """Print a job's output, from whichever node it ran on (the API fetches it from that node's executor)."""
+    target = api_or_dsn(dsn)
+    if isinstance(target, str):
+        _local_logs(target, job_id, follow, as_json)
+        return
+    with target:
+        if as_json:
+            text = "\n".join(target.stream_lines(f"/api/v1/jobs/{job_id}/logs", node=node))
+            print(json.dumps({"job_id": job_id, "text": text + "\n" if text else ""}))
+            return
+        for line in target.stream_lines(f"/api/v1/jobs/{job_id}/logs", follow=follow or None, node=node):
+            sys.stdout.write(log_output(line + "\n"))
+            sys.stdout.flush()
+
+
+def _local_logs(dsn: str, job_id: str, follow: bool, as_json: bool) -> None:
+    """The pre-API path: the log file its executor wrote, when it is on this host."""
     row = asyncio.run(jobs_view.get_job(dsn, job_id))
     path = row.get("log_path")
     if not path:
-        err.print(f"job {row['job_id']} has no log yet (state {cell(row['state'])})")
-        raise typer.Exit(1)
+        fail(f"job {row['job_id']} has no log yet (state {row['state']})")
     log_file = Path(path)
     if not log_file.exists():
-        err.print(f"log {cell(path)} is not on this host (the job ran on {cell(','.join(row['node_ids'] or []))})")
-        raise typer.Exit(1)
+        fail(f"log {path} is not on this host (the job ran on {','.join(row['node_ids'] or [])}): use the API")
     if as_json:
         print(json.dumps({"job_id": str(row["job_id"]), "log_path": path, "text": log_file.read_text(errors="replace")}))
         return
@@ -210,23 +414,133 @@ def logs(
             if not follow:
                 return
             current = asyncio.run(jobs_view.get_job(dsn, str(row["job_id"])))
-            if current["state"] in ("succeeded", "failed", "cancelled", "rejected") and not chunk:
+            if current["state"] in TERMINAL and not chunk:
                 return
             time.sleep(0.5)
 
 
+def _free_gpus(n: dict[str, Any]) -> str:
+    return f"{n['gpus_free']}/{n['gpus_total']}"
+
+
+NODE_COLUMNS = [
+    Column("node", lambda n: cell(n["node_id"])), Column("liveness", lambda n: _colour(n["liveness"])),
+    Column("last seen", lambda n: "-" if n.get("last_seen_s") is None else f"{n['last_seen_s']:.0f}s ago"),
+    Column("gpus free", _free_gpus), Column("allocated", lambda n: str(n["gpus_allocated"])),
+    Column("mig free", lambda n: f"{n['mig_slices_free']}/{n['mig_slices_total']}" if n["mig_slices_total"] else "-"),
+    Column("models", lambda n: cell(",".join(sorted({g["model"] for g in n["gpus"]})))),
+    Column("health", lambda n: _health(n)),
+    Column("job isolation", lambda n: isolation_text(n.get("isolation")), wide_only=True),
+]
+
+
+def _health(node: dict[str, Any]) -> str:
+    sick = [f"{g['index']}:{g['health']}" for g in node["gpus"] if g["health"] != "healthy"]
+    return "[red]" + cell(" ".join(sick)) + "[/red]" if sick else "[green]healthy[/green]"
+
+
 @app.command()
-def nodes(dsn: DsnOpt = DATABASE_URL, as_json: JsonOpt = False) -> None:
-    """List nodes with liveness, GPUs and what is allocated on them."""
-    rows = asyncio.run(jobs_view.list_nodes(dsn))
-    if as_json:
-        print(json.dumps(rows, default=str))
+def nodes(dsn: DsnOpt = None, output: OutputOpt = Format.table, no_headers: NoHeadersOpt = False,
+          as_json: JsonOpt = False) -> None:
+    """List nodes: liveness, last seen, free and allocated GPUs and MIG slices, models, health (wide: isolation)."""
+    fmt = chosen(output, as_json)
+    target = api_or_dsn(dsn)
+    if isinstance(target, str):
+        rows = asyncio.run(jobs_view.list_nodes(target))
+        if fmt != Format.table:
+            dump(rows, fmt)
+            return
+        table = Table("node", "liveness", "gpus", "models", "allocated jobs", "job isolation")
+        for r in rows:
+            table.add_row(cell(r["node_id"]), _colour(r["liveness"]), str(r["gpu_count"]), cell(r["models"]),
+                          str(r["jobs"]), isolation_text(r.get("isolation")))
+        console.print(table)
         return
-    table = Table("node", "liveness", "gpus", "models", "allocated jobs", "job isolation")
-    for r in rows:
-        table.add_row(cell(r["node_id"]), _colour(r["liveness"]), str(r["gpu_count"]), cell(r["models"]),
-                      str(r["jobs"]), isolation_text(r.get("isolation")))
-    console.print(table)
+    with target:
+        emit(target.get("/api/v1/nodes"), NODE_COLUMNS, fmt, no_headers=no_headers)
+
+
+QUEUE_COLUMNS = [
+    Column("tier", lambda q: q["tier"]), Column("depth", lambda q: str(q["depth"])),
+    Column("oldest wait", lambda q: "-" if q["oldest_wait_s"] is None else f"{q['oldest_wait_s']:.0f}s"),
+    Column("why they wait", lambda q: cell("; ".join(f"{r['jobs']}x {r['reason']}" for r in q["pending_reasons"]))),
+    Column("next start", lambda q: cell(", ".join(f"{s['name']} ~{s['in_s']:.0f}s" for s in q["estimated_starts"][:3]))),
+]
+TENANT_COLUMNS = [
+    Column("tenant", lambda t: cell(t["tenant"])), Column("allocated gpus", lambda t: f"{t['allocated_gpus']:g}"),
+    Column("quota", lambda t: "-" if t["quota_gpus"] is None else str(t["quota_gpus"])),
+    Column("used gpus", lambda t: "-" if t["used_gpus"] is None else f"{t['used_gpus']:g}"),
+    Column("running", lambda t: str(t["running"])), Column("queued", lambda t: str(t["queued"])),
+]
+
+
+@app.command()
+def queues(output: OutputOpt = Format.table, no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
+    """Queues per tier: depth, oldest wait, why jobs wait, the next estimated starts."""
+    with api() as client:
+        emit(client.get("/api/v1/queues"), QUEUE_COLUMNS, chosen(output, as_json), no_headers=no_headers)
+
+
+@app.command()
+def tenants(output: OutputOpt = Format.table, no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
+    """Per tenant: GPUs allocated against quota and against what the allocations use."""
+    with api() as client:
+        emit(client.get("/api/v1/tenants"), TENANT_COLUMNS, chosen(output, as_json), no_headers=no_headers)
+
+
+@app.command()
+def whoami(as_json: JsonOpt = False) -> None:
+    """Who the API takes you for: identity, role, tenants."""
+    with api() as client:
+        me = client.get("/api/v1/whoami")
+    print(json.dumps(me) if as_json else f"{me['identity']} ({me['role']}; tenants: {', '.join(me['tenants'])})")
+
+
+@app.command()
+def events(
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="print events live as they happen")] = False,
+    job: Annotated[str | None, typer.Option(help="one job's events: its timeline (then live ones with -f)")] = None,
+    count: Annotated[int, typer.Option(help="stop after this many live events (0: never)")] = 0,
+    timeout: Annotated[float, typer.Option(help="stop following after this many seconds (0: never)")] = 0.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Events of your tenants' jobs and of the fleet: a job's timeline (--job), live ones (--follow)."""
+    if not follow and job is None:
+        fail("give --follow (live events) or --job ID (a job's timeline)", 2)
+    with api() as client:
+        job_id = None
+        if job is not None:
+            described = client.get(f"/api/v1/jobs/{job}")
+            job_id = described["id"]
+            for item in described.get("timeline", []):
+                _print_event(item["type"], item, item.get("at"), as_json)
+        if not follow:
+            return
+        seen = 0
+        deadline = time.monotonic() + timeout if timeout else None
+        for event in sse_events(client.stream_lines("/api/v1/events"), deadline, _following("events")):
+            data = event["data"]
+            if job_id is not None and data.get("job_id") != job_id:
+                continue
+            _print_event(event["type"], data, data.get("occurred_at"), as_json)
+            seen += 1
+            if count and seen >= count:
+                return
+
+
+def _following(what: str) -> Any:
+    def say() -> None:
+        print(f"following {what} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    return say
+
+
+def _print_event(event_type: str, data: dict[str, Any], at: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"type": event_type, **data}, default=str), flush=True)
+        return
+    keys = ("job_id", "tenant", "node_id", "reason", "pending_reason", "exit_code", "kind", "explanation")
+    detail = " ".join(f"{k}={str(data[k])[:80]}" for k in keys if data.get(k) is not None)
+    console.print(f"{markup(str(at or '')[:19])}  {markup(event_type):<22} {markup(detail)}", soft_wrap=True)
 
 
 def isolation_text(isolation: dict[str, Any] | None) -> str:

@@ -1,9 +1,11 @@
 """gpuctl demo: a simulated 3-node GPU fleet running a mixed workload through the real services.
 
-It starts the scheduler, a node-agent fleet on the simulated NVML, an executor for the same nodes and telemetry,
-all on a fresh RabbitMQ vhost and a fresh PostgreSQL database; submits a mixed workload (multi-GPU training on
-NVLinked GPUs, inference on GPU shares, batch work, a job that fails, one that can never fit); shows progress
-live; prints the outcome; and stops every process it started.
+It starts the scheduler, a node-agent fleet on the simulated NVML, an executor for the same nodes, telemetry and
+the API (with the dashboard), all on a fresh RabbitMQ vhost and a fresh PostgreSQL database; submits a mixed
+workload through the API (multi-GPU training on NVLinked GPUs, inference on GPU shares, batch work, a job that
+fails, one that can never fit); shows progress live; prints the outcome; and stops every process it started, or
+with ``--keep`` leaves them running and writes the gpuctl context ``demo`` (operator token) so that ``gpuctl jobs``,
+``gpuctl top`` and the dashboard work with no flags; ``gpuctl down`` stops them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from gpuorch_gpuctl.stack import LocalStack, SimNode
+from gpuorch_gpuctl.contexts import config_path, load_config, save_config, set_context
+from gpuorch_gpuctl.stack import LocalStack, SimNode, free_port
 from gpuorch_gpuctl.terminal_text import cell, markup
 
 console = Console(stderr=True, emoji=False)
@@ -94,23 +97,40 @@ def _fresh_vhost(vhost: str) -> bool:
         return False
 
 
-async def _submit_all(amqp_url: str, workload: list[dict[str, Any]]) -> dict[uuid.UUID, str]:
-    from gpuorch_contracts import JobSpec, SubmitJob
-    from gpuorch_messaging import Broker
+DEMO_TENANTS = ("default", "research", "serving")
 
-    broker = Broker(amqp_url, producer="gpuctl/demo")
-    await broker.connect()
+
+def demo_identity_map() -> tuple[dict[str, Any], dict[str, str]]:
+    """The demo's identity map: every local process is guest (an operator, as in development), plus one operator
+    and one submitter per tenant, each with a fresh token; returns (map, identity -> token)."""
+    import hashlib
+    import secrets
+
+    tokens = {"demo-operator": secrets.token_urlsafe(24),
+              **{f"{tenant}-team": secrets.token_urlsafe(24) for tenant in DEMO_TENANTS}}
+    identities: dict[str, Any] = {
+        "*": {"role": "operator", "tenants": ["*"], "default_tenant": "default", "max_priority": "critical"},
+        "demo-operator": {"role": "operator", "tenants": ["*"], "default_tenant": "default",
+                          "max_priority": "critical"},
+        **{f"{tenant}-team": {"role": "submitter", "tenants": [tenant], "default_tenant": tenant,
+                              "max_priority": "high"} for tenant in DEMO_TENANTS},
+    }
+    return ({"identities": identities,
+             "tokens": {hashlib.sha256(token.encode()).hexdigest(): name for name, token in tokens.items()}}, tokens)
+
+
+def _submit_all(api_url: str, token: str, workload: list[dict[str, Any]]) -> dict[uuid.UUID, str]:
+    """Submit through the API, as the demo's operator."""
+    import httpx
+
     ids: dict[uuid.UUID, str] = {}
-    try:
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
         for item in workload:
             fields = {k: v for k, v in item.items() if k not in ("argv", "env")}
-            spec = JobSpec.model_validate({**fields, "run": {"runtime": "process", "argv": item["argv"],
-                                                               "env": item["env"]}})
-            message = SubmitJob(spec=spec, producer="gpuctl/demo")
-            await broker.publish(message)
-            ids[message.job_id] = spec.name
-    finally:
-        await broker.close()
+            spec = {**fields, "run": {"runtime": "process", "argv": item["argv"], "env": item["env"]}}
+            answer = http.post("/api/v1/jobs", json={"spec": spec})
+            answer.raise_for_status()
+            ids[uuid.UUID(answer.json()["job_id"])] = item["name"]
     return ids
 
 
@@ -201,8 +221,11 @@ def demo(
     timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 100.0,
     root: Annotated[Path, typer.Option(help="where logs and executor state go")] = Path("var/demo"),
     as_json: Annotated[bool, typer.Option("--json", help="print the outcome as JSON on stdout")] = False,
+    keep: Annotated[bool, typer.Option("--keep", help="leave the stack running (gpuctl down stops it) and make "
+                                       "it gpuctl's current context")] = False,
+    api_port: Annotated[int, typer.Option(help="the API's and dashboard's port (0: a free one)")] = 8080,
 ) -> None:
-    """Run a simulated 3-node fleet with a mixed workload of real processes, then stop everything."""
+    """Run a simulated 3-node fleet with a mixed workload of real processes, then stop everything (or --keep)."""
     started = time.monotonic()
     vhost = os.environ.get("GPUORCH_DEMO_VHOST", "gpuorch-demo")
     have_vhost = _fresh_vhost(vhost)
@@ -225,7 +248,9 @@ def demo(
     capacity = {"GPUORCH_CAPACITY_MODE": "advise", "GPUORCH_CAPACITY_INTERVAL_S": "2",
                 "GPUORCH_CAPACITY_POOLS": json.dumps([{"name": name, "node_type": name, **pool}
                                                       for name in ("h100x8", "a100x4", "l4x4")])}
+    identity_map, tokens = demo_identity_map()
     stack = LocalStack(root=root, amqp_url=amqp_url, database_url=database_url, nodes=DEMO_NODES,
+                       identity_map=identity_map,
                        extra_env={"GPUORCH_HEARTBEAT_S": "2", "GPUORCH_EXECUTOR_ALLOW": json.dumps(allow),
                                   **quick_telemetry, **capacity})
     workload = demo_workload()
@@ -239,8 +264,12 @@ def demo(
             for name in stack.processes:
                 console.print(f"[red]--- {name} ---[/red]\n{markup(stack.tail(name))}")
             raise typer.Exit(1) from exc
+        api_url = stack.start_api(port=api_port if api_port and _port_free(api_port) else free_port())
+        console.print(f"[bold]dashboard:[/bold] {api_url}/  (token for the login field: "
+                      f"{tokens['demo-operator']}; per team: " + ", ".join(
+                          f"{name} {token}" for name, token in tokens.items() if name != "demo-operator") + ")")
         console.print(f"{len(DEMO_NODES)} simulated nodes registered; submitting {len(workload)} jobs")
-        names = asyncio.run(_submit_all(amqp_url, workload))
+        names = _submit_all(api_url, tokens["demo-operator"], workload)
         ids = list(names)
         terminal = ("succeeded", "failed", "rejected", "cancelled")
         rows: list[dict[str, Any]] = []
@@ -266,7 +295,11 @@ def demo(
                                "explanation": a["explanation"], "advice": a["advice"]} for a in advice],
                    "jobs_detail": [{"name": names[r["job_id"]], "state": r["state"], "node": (r["node_ids"] or [None])[0],
                                     "exit_code": r["exit_code"]} for r in rows],
-                   "capacity_advice": scaling}
+                   "capacity_advice": scaling, "api_url": api_url}
+        if keep:
+            record = stack.keep()
+            set_context("demo", api_url, tokens["demo-operator"], use=True)
+            _remember_stack(record)
     console.print(f"[bold]done in {outcome['seconds']}s:[/bold] " + ", ".join(f"{v} {k}" for k, v in counts.items())
                   + f"; nodes used: {cell(', '.join(nodes_used))}")
     if outcome.get("advice"):
@@ -280,10 +313,53 @@ def demo(
     for item in outcome.get("capacity_advice") or []:
         console.print(f"autoscaler (advise): pool {cell(item['pool'])} {item['current_nodes']} -> "
                       f"{item['desired_nodes']} node(s): {cell(item['reason'])}")
-    console.print("try: uv run gpuctl jobs --dsn " + database_url + "   (the demo database stays until the next run)")
-    console.print("     uv run gpuctl report --out report --dsn " + database_url + "   (the review: charts, conclusions)")
+    if keep:
+        console.print(f"the stack keeps running: dashboard {outcome['api_url']}/ ; gpuctl context 'demo' "
+                      f"({config_path()}): try  uv run gpuctl jobs ,  uv run gpuctl top ,  uv run gpuctl nodes ;  "
+                      "uv run gpuctl down  stops it")
+    else:
+        console.print("the stack was stopped (gpuctl demo --keep leaves it running, with the dashboard)")
+    console.print("the review: uv run gpuctl report --out report --dsn " + database_url + "   (charts, conclusions)")
     if as_json:
         print(json.dumps(outcome))
     if counts.get("succeeded", 0) < 10 or len(nodes_used) < 3:
         console.print("[red]the demo expected at least 10 succeeded jobs on 3 nodes[/red]")
         raise typer.Exit(1)
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _remember_stack(record: Path) -> None:
+    """Note in the demo context where its stack is recorded, for ``gpuctl down``."""
+    document = load_config()
+    document["contexts"]["demo"]["stack"] = str(record)
+    save_config(document)
+
+
+def down(
+    root: Annotated[Path | None, typer.Option(help="the demo's root (default: the demo context's stack)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
+) -> None:
+    """Stop the stack `gpuctl demo --keep` left running (and its jobs)."""
+    if root is not None:
+        record = root.resolve() / "stack.json"
+    else:
+        entry = load_config()["contexts"].get("demo") or {}
+        record = Path(entry.get("stack") or "var/demo/stack.json").resolve()
+    if not record.exists():
+        print(f"gpuctl: no running demo stack recorded at {record}", file=__import__("sys").stderr)
+        raise typer.Exit(1)
+    stopped = LocalStack.stop_recorded(record)
+    if as_json:
+        print(json.dumps({"stopped": stopped, "record": str(record)}))
+    else:
+        console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")

@@ -1,4 +1,5 @@
-"""Read-only queries over the scheduler's read models (``jobs``, ``nodes``) for gpuctl."""
+"""Read-only queries over the scheduler's read models (``jobs``, ``nodes``): gpuctl's direct path, taken only with an
+explicit ``--dsn``/``GPUORCH_DATABASE_URL`` and no API context (scripts written before the API; decision 27)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import asyncpg
 import typer
 
 TERMINAL = ("succeeded", "failed", "cancelled", "rejected")
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/gpuorch"
 
 
 async def _connect(dsn: str) -> Any:

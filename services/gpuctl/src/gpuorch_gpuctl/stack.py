@@ -2,12 +2,22 @@
 
 ``LocalStack`` starts each service from its console script (never by importing it: gpuctl is a client), with
 one environment pointing them at one broker vhost and one database, logs each to ``<root>/logs/<name>.log``,
-and stops everything it started (SIGTERM, then SIGKILL after a timeout) — also when the caller fails.
+and stops everything it started (SIGTERM, then SIGKILL after a timeout) — also when the caller fails, unless
+``keep`` recorded it in ``<root>/stack.json`` first (``gpuctl demo --keep``); ``stop_recorded`` stops such a
+stack later (``gpuctl down``).
+
+With ``identity_map`` (a document like deploy/identity.json, tokens included) every service reads it from
+``<root>/identity.json`` (``GPUORCH_IDENTITY_MAP``): the scheduler judges submissions by it and the API
+(``start_api``) authenticates tokens by it. Executors serve their jobs' logs on a free port of 127.0.0.1 with a
+token of this stack (``logs_token``), which the API presents.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -66,7 +76,11 @@ class LocalStack:
     nodes: list[SimNode]
     extra_env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
+    identity_map: dict[str, object] | None = None
+    logs_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    api_url: str | None = None
     _namespace: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    _kept: bool = False
 
     def base_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -90,7 +104,14 @@ class LocalStack:
             # The demo's and tests' jobs are `python -c ...`: inline code is allowed here explicitly, never by the
             # executor's default allow-list.
             "GPUORCH_EXECUTOR_ALLOW": env.get("GPUORCH_EXECUTOR_ALLOW", LOCAL_ALLOW_LIST),
+            # the executor serves its jobs' logs (any free port here); the API fetches them with this token
+            "GPUORCH_LOGS_PORT": "0", "GPUORCH_LOGS_HOST": "127.0.0.1", "GPUORCH_LOGS_TOKEN": self.logs_token,
         })
+        if self.identity_map is not None:
+            path = self.root / "identity.json"
+            self.root.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.identity_map))
+            env["GPUORCH_IDENTITY_MAP"] = str(path)
         env.update(self.extra_env)
         return env
 
@@ -136,6 +157,27 @@ class LocalStack:
 
     def start_telemetry(self, **env: str) -> ServiceProcess:
         return self._spawn("telemetry", "gpuorch-telemetry", env)
+
+    def start_api(self, port: int = 0, timeout_s: float = 60.0, **env: str) -> str:
+        """Start the API on 127.0.0.1 (``port`` 0: a free one) and return its URL once ``/readyz`` answers 200.
+        Start it after the scheduler: it looks the exchanges up, it does not declare them."""
+        import httpx
+
+        port = port or free_port()
+        self._spawn("api", "gpuorch-api", {"GPUORCH_API_HOST": "127.0.0.1", "GPUORCH_API_PORT": str(port), **env})
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or not self.processes["api"].running:
+                raise TimeoutError(f"the API did not become ready at {url}: {self.tail('api', 20)}")
+            time.sleep(0.2)
+        self.api_url = url
+        return url
 
     def start_all(self, timeout_s: float = 60.0) -> None:
         """Start every service; node-agents last, once the scheduler and telemetry queues exist, so that
@@ -249,9 +291,54 @@ class LocalStack:
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
+    def keep(self) -> Path:
+        """Leave the stack running past ``with``: record its processes in ``<root>/stack.json`` for
+        ``stop_recorded``; returns that path."""
+        record = self.root / "stack.json"
+        record.write_text(json.dumps({"root": str(self.root), "api_url": self.api_url, "processes": {
+            p.name: p.popen.pid for p in self.processes.values() if p.popen is not None and p.running}}))
+        self._kept = True
+        return record
+
+    @staticmethod
+    def stop_recorded(record: Path, timeout_s: float = 15.0) -> list[str]:
+        """Stop a stack ``keep`` recorded (its process groups: SIGTERM, then SIGKILL) and its jobs; returns the
+        names of the services that were still running. The record is removed."""
+        import psutil
+
+        document = json.loads(record.read_text())
+        running = {}
+        for name, pid in document["processes"].items():
+            try:
+                process = psutil.Process(pid)
+                if "gpuorch" in " ".join(process.cmdline()):  # not a stranger that reused the pid
+                    running[name] = process
+                    os.killpg(pid, signal.SIGTERM)
+            except (psutil.Error, ProcessLookupError):
+                pass
+        _, alive = psutil.wait_procs(list(running.values()), timeout=timeout_s)
+        for process in alive:
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGKILL)
+        LocalStack(root=Path(document["root"]), amqp_url="", database_url="", nodes=[]).kill_jobs()
+        record.unlink()
+        return sorted(running)
+
     def __enter__(self) -> LocalStack:
         return self
 
     def __exit__(self, *_: object) -> None:
+        if self._kept:
+            return
         self.stop_all()
         self.kill_jobs()
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+

@@ -129,13 +129,19 @@ def gpu_text(assignments: list[dict[str, Any]]) -> str:
     return ",".join(parts)
 
 
+def allocated_gpus(assignments: list[dict[str, Any]]) -> float:
+    """GPUs held, in GPU equivalents: a whole GPU 1, a share its milli / 1000, a MIG instance its milli too."""
+    return round(sum(g.get("milli", 1000) for a in assignments for g in a.get("gpus", [])) / 1000.0, 3)
+
+
 def job_view(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
     """The public shape of a job (the same keys ``gpuctl jobs --json`` printed from the database)."""
     out: dict[str, Any] = {
         "id": str(row["job_id"]), "name": row["name"], "tenant": row["tenant"], "tier": row["tier"],
         "priority_class": row["priority_class"], "state": row["state"],
         "node": (row["node_ids"] or [None])[0], "nodes": row["node_ids"] or [],
-        "gpus": gpu_text(row["assignments"]) or "-", "exit_code": row["exit_code"], "reason": row["reason"],
+        "gpus": gpu_text(row["assignments"]) or "-", "allocated_gpus": allocated_gpus(row["assignments"]),
+        "exit_code": row["exit_code"], "reason": row["reason"],
         "pending_reason": row["pending_reason"], "submitted_at": row["submitted_at"],
         "started_at": row["started_at"], "ended_at": row["ended_at"], "requeues": row["requeues"],
         "estimated_start": row["estimated_start"],

@@ -1,0 +1,122 @@
+"""gpuctl's client of the gpuorch API (services/api): one request per call, errors as one line and an exit code.
+
+    ApiClient(endpoint).get("/api/v1/jobs", state="queued") -> decoded JSON
+        API unreachable                  -> "gpuctl: cannot reach the gpuorch API at URL: ..."  exit 1
+        401 / 403 / 404 / 5xx            -> "gpuctl: <the API's one-line error>"                exit 1
+        400 / 422 (a bad value)          -> "gpuctl: <error>"                                    exit 2
+    stream(path) -> iterator of text lines (Server-Sent Events, followed logs), same errors before the first line
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+import httpx
+import typer
+
+from gpuorch_gpuctl.contexts import Endpoint, context_endpoint, explicit_endpoint
+
+TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print one line on stderr and exit with ``code`` (no traceback)."""
+    print(f"gpuctl: {' '.join(message.split())}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+class ApiClient:
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        headers = {"Authorization": f"Bearer {endpoint.token}"} if endpoint.token else {}
+        self.http = httpx.Client(base_url=endpoint.server, headers=headers, timeout=TIMEOUT)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self._json(self._send("GET", path, params=_clean(params)))
+
+    def find(self, path: str) -> Any:
+        """Like ``get``, but None for 404 (a job just submitted is not in the read model yet)."""
+        try:
+            response = self.http.get(path)
+        except httpx.HTTPError as exc:
+            self._unreachable(exc)
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 400:
+            self._raise_for(response)
+        return self._json(response)
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self._json(self._send("POST", path, json=body))
+
+    def stream_lines(self, path: str, **params: Any) -> Iterator[str]:
+        """Lines of a long response as they arrive (``?follow`` logs, live events)."""
+        request = self.http.build_request("GET", path, params=_clean(params),
+                                          timeout=httpx.Timeout(30.0, connect=5.0, read=None))
+        try:
+            response = self.http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            self._unreachable(exc)
+        try:
+            if response.status_code >= 400:
+                response.read()
+                self._raise_for(response)
+            yield from response.iter_lines()
+        except httpx.HTTPError as exc:
+            fail(f"the stream from {self.endpoint.server} broke: {exc}")
+        finally:
+            response.close()
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            self._unreachable(exc)
+        if response.status_code >= 400:
+            self._raise_for(response)
+        return response
+
+    def _unreachable(self, exc: Exception) -> NoReturn:
+        where = f"context {self.endpoint.context}: " if self.endpoint.context else ""
+        fail(f"cannot reach the gpuorch API at {where}{self.endpoint.server}: {type(exc).__name__}: {exc}")
+
+    def _raise_for(self, response: httpx.Response) -> NoReturn:
+        try:
+            message = response.json().get("error") or response.text
+        except ValueError:
+            message = response.text or response.reason_phrase
+        if response.status_code == 401 and not self.endpoint.token:
+            message += " (set a token: gpuctl config set-context ... --token, or GPUCTL_TOKEN)"
+        fail(f"{message} (HTTP {response.status_code})", 2 if response.status_code in (400, 422) else 1)
+
+    @staticmethod
+    def _json(response: httpx.Response) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            fail(f"the API answered something other than JSON: {response.text[:200]}")
+
+
+def _clean(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items() if v is not None}
+
+
+def api() -> ApiClient:
+    """The API this run talks to (contexts.py: options, environment, config file), or a one-line error saying
+    how to name one."""
+    endpoint = explicit_endpoint() or context_endpoint()
+    if endpoint is None:
+        fail("no gpuorch API configured: gpuctl config set-context NAME --server URL --token TOKEN "
+             "(or --server/GPUCTL_SERVER; `gpuctl demo --keep` writes a context)")
+    return ApiClient(endpoint)

@@ -1,0 +1,77 @@
+"""How gpuctl prints what it read: ``-o json|yaml|wide``, ``--json`` (= ``-o json``), ``--no-headers``.
+
+    emit(rows, columns, fmt)      rows: the API's JSON objects; columns: (header, cell function, wide only?)
+        json / yaml   the rows as the API gave them (every field, for scripts)
+        table / wide  a rich table of the columns (wide adds the wide-only ones); piped, it is never cut to 80
+                      columns: the console is as wide as the longest line
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+
+class Format(StrEnum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+    wide = "wide"
+
+
+OutputOpt = Annotated[Format, typer.Option("--output", "-o", help="table, wide, json or yaml")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts (same as -o json)")]
+NoHeadersOpt = Annotated[bool, typer.Option("--no-headers", help="tables without their header line")]
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    cell: Callable[[dict[str, Any]], str]
+    wide_only: bool = False
+
+
+def console() -> Console:
+    """stdout; when it is not a terminal, wide enough that no table is cut or wrapped."""
+    if sys.stdout.isatty():
+        return Console(emoji=False)
+    return Console(emoji=False, width=100_000, no_color=True, highlight=False)
+
+
+def chosen(fmt: Format, as_json: bool) -> Format:
+    return Format.json if as_json else fmt
+
+
+def dump(data: Any, fmt: Format) -> None:
+    """JSON (one line) or YAML of ``data`` on stdout."""
+    if fmt == Format.yaml:
+        print(yaml.safe_dump(json.loads(json.dumps(data, default=str)), sort_keys=False), end="")
+    else:
+        print(json.dumps(data, default=str))
+
+
+def emit(rows: Sequence[dict[str, Any]], columns: Sequence[Column], fmt: Format, *, no_headers: bool = False,
+         title: str | None = None) -> None:
+    if fmt in (Format.json, Format.yaml):
+        dump(list(rows), fmt)
+        return
+    console().print(table(rows, columns, wide=fmt == Format.wide, no_headers=no_headers, title=title))
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column], *, wide: bool = False,
+          no_headers: bool = False, title: str | None = None) -> Table:
+    shown = [c for c in columns if wide or not c.wide_only]
+    out = Table(*(c.header for c in shown), show_header=not no_headers, title=title, box=None if no_headers else
+                Table().box, pad_edge=False)
+    for row in rows:
+        out.add_row(*(c.cell(row) for c in shown))
+    return out

@@ -1,0 +1,89 @@
+"""gpuctl top: a live terminal view of the fleet from the API, refreshed every few seconds.
+
+    /api/v1/nodes   -> per node and GPU (and MIG slice): utilisation, memory, temperature, health, jobs
+    /api/v1/queues  -> per tier: depth, oldest wait, why jobs wait
+    /api/v1/jobs?state=running -> top jobs by GPU-hours so far (GPUs held x time since start)
+
+``--once`` prints one frame and exits (scripts, tests); ``--json`` prints the three documents instead.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+
+from gpuorch_gpuctl.api_client import api
+from gpuorch_gpuctl.output import console
+from gpuorch_gpuctl.terminal_text import cell
+
+
+def gpu_hours(job: dict[str, Any], now: datetime) -> float:
+    started = job.get("started_at")
+    if not started:
+        return 0.0
+    at = datetime.fromisoformat(started) if isinstance(started, str) else started
+    return float(job.get("allocated_gpus") or 0.0) * max(0.0, (now - at).total_seconds()) / 3600.0
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def frame(nodes: list[dict[str, Any]], queues: list[dict[str, Any]], running: list[dict[str, Any]],
+          now: datetime) -> Group:
+    """One screen: GPUs (and MIG slices), queues per tier, top jobs by GPU-hours."""
+    gpus = Table("node", "gpu", "model", "util", "memory", "temp", "health", "jobs", title="fleet", title_justify="left")
+    for node in nodes:
+        for gpu in node["gpus"]:
+            memory = "-" if gpu["memory_used_mib"] is None else f"{gpu['memory_used_mib']}/{gpu['memory_total_mib']} MiB"
+            health = "[green]ok[/green]" if gpu["health"] == "healthy" else f"[red]{cell(gpu['health'])}[/red]"
+            holders = ", ".join(cell(j["tenant"]) for j in gpu["jobs"]) or "[dim]free[/dim]"
+            gpus.add_row(cell(node["node_id"]) + ("" if node["liveness"] == "alive" else f" [red]({cell(node['liveness'])})[/red]"),
+                         str(gpu["index"]), cell(gpu["model"]), _pct(gpu["utilization_pct"]), memory,
+                         "-" if gpu["temperature_c"] is None else f"{gpu['temperature_c']:.0f}C", health, holders)
+            for mig in gpu["mig_slices"]:
+                gpus.add_row("", f"  {cell(mig['profile'])}", "", "", f"{mig['memory_mib']} MiB", "", "",
+                             ", ".join(cell(j["tenant"]) for j in mig["jobs"]) or "[dim]free[/dim]")
+    tiers = Table("tier", "depth", "oldest wait", "why they wait", title="queues", title_justify="left")
+    for queue in queues:
+        tiers.add_row(queue["tier"], str(queue["depth"]),
+                      "-" if queue["oldest_wait_s"] is None else f"{queue['oldest_wait_s']:.0f}s",
+                      cell("; ".join(f"{r['jobs']}x {r['reason']}" for r in queue["pending_reasons"][:2])))
+    top = Table("job", "name", "tenant", "gpus", "gpu-hours", title="top jobs by GPU-hours", title_justify="left")
+    for job in sorted(running, key=lambda j: gpu_hours(j, now), reverse=True)[:10]:
+        top.add_row(job["id"][:8], cell(job["name"]), cell(job["tenant"]), cell(job["gpus"]),
+                    f"{gpu_hours(job, now):.3f}")
+    return Group(gpus, tiers, top)
+
+
+def top(
+    once: Annotated[bool, typer.Option("--once", help="print one frame and exit")] = False,
+    interval: Annotated[float, typer.Option(help="seconds between refreshes")] = 2.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the nodes, queues and running jobs as JSON")] = False,
+) -> None:
+    """A live view of the fleet: utilisation, memory and health per GPU and MIG slice, queues, top jobs."""
+    with api() as client:
+        def read() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+            return (client.get("/api/v1/nodes"), client.get("/api/v1/queues"),
+                    client.get("/api/v1/jobs", state="running", limit=500))
+
+        nodes, queues, running = read()
+        if as_json:
+            print(json.dumps({"nodes": nodes, "queues": queues, "running": running}, default=str))
+            return
+        if once:
+            console().print(frame(nodes, queues, running, datetime.now(UTC)))
+            return
+        with Live(frame(nodes, queues, running, datetime.now(UTC)), console=console(), screen=False,
+                  refresh_per_second=1) as live:
+            while True:
+                time.sleep(interval)
+                nodes, queues, running = read()
+                live.update(frame(nodes, queues, running, datetime.now(UTC)))

@@ -1,0 +1,104 @@
+"""gpuctl's commands against a live stack, through the API only: a team member with a token submits, watches,
+reads logs from whichever node ran the job, and cancels its own jobs but not another team's."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import TOKENS, Gpuctl, LiveApi
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PRINT_AND_WAIT = "import sys, time; print('first', flush=True); time.sleep(float(sys.argv[1])); print('last')"
+
+
+def test_contexts_versions_and_one_line_errors(gpuctl: Gpuctl, live_api: LiveApi) -> None:
+    assert gpuctl.ok("--version").stdout.startswith("gpuctl ")
+    nowhere = gpuctl("jobs")
+    assert nowhere.exit_code == 1 and "no gpuorch API configured" in nowhere.stderr
+    gpuctl.ok("config", "set-context", "acme", "--server", live_api.url, "--token", TOKENS["acme-team"])
+    gpuctl.ok("config", "set-context", "down", "--server", "http://127.0.0.1:9", "--no-use")
+    contexts = gpuctl.json("config", "get-contexts")
+    assert [(c["name"], c["current"]) for c in contexts] == [("acme", True), ("down", False)]  # type: ignore[index]
+    assert gpuctl.json("whoami")["tenants"] == ["acme"]  # type: ignore[index]
+
+    unreachable = gpuctl("--context", "down", "jobs")
+    assert unreachable.exit_code == 1 and unreachable.stderr.count("\n") == 1
+    assert "cannot reach the gpuorch API" in unreachable.stderr
+    assert gpuctl("jobs", "--state", "bogus").exit_code == 2
+    assert gpuctl("--token", "wrong", "jobs").exit_code == 1
+    assert gpuctl("events").exit_code == 2  # neither --follow nor --job
+
+
+def test_a_team_member_submits_watches_reads_logs_and_cancels(gpuctl: Gpuctl, live_api: LiveApi,
+                                                              tmp_path: Path) -> None:
+    gpuctl.ok("config", "set-context", "acme", "--server", live_api.url, "--token", TOKENS["acme-team"])
+    nodes = gpuctl.json("nodes")
+    assert sorted(n["node_id"] for n in nodes) == ["node-1", "node-2"]  # type: ignore[index]
+    assert all(n["last_seen_s"] is not None and n["gpus_total"] >= 1 for n in nodes)  # type: ignore[index,union-attr]
+
+    events = gpuctl.spawn("events", "--follow", "--json", "--count", "2", "--timeout", "60")
+    watch = gpuctl.spawn("jobs", "-w", "-o", "json", "--timeout", "60", "--state", "succeeded")
+    for follower in (events, watch):  # wait until each one's stream is open: what follows reaches it
+        assert follower.stderr is not None and follower.stderr.readline().startswith("following ")
+    assert watch.stdout is not None and json.loads(watch.stdout.readline()) == []  # the listing before -w
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump({"name": "from-file", "resources": {"gpus": 1},
+                                        "run": {"argv": ["python", "-c", "print('hello from a file')"]}}))
+    done = gpuctl("submit", "-f", str(job_file), "--wait")
+    assert done.exit_code == 0, done.output
+    job_id = done.stdout.strip()
+    assert gpuctl.ok("logs", job_id[:8]).stdout == "hello from a file\n"
+    described = gpuctl.json("describe", job_id)
+    assert described["tenant"] == "acme" and described["state"] == "succeeded"  # type: ignore[index]
+    assert [e["type"] for e in described["timeline"]][:2] == ["job.accepted", "job.placed"]  # type: ignore[index]
+
+    first_events = [json.loads(line) for line in events.communicate(timeout=60)[0].splitlines()]
+    assert [e["type"] for e in first_events] == ["job.accepted", "job.placed"]
+    assert {e["job_id"] for e in first_events} == {job_id}
+    watched = json.loads(watch.stdout.readline())
+    watch.terminate()
+    assert (watched["id"], watched["state"]) == (job_id, "succeeded")
+
+    rejected = gpuctl("submit", "--gpus", "20", "--wait", "--", "python", "-c", "pass")
+    assert rejected.exit_code == 1 and "can never fit" in rejected.stderr
+    too_big = gpuctl.json("describe", rejected.stdout.strip())
+    assert too_big["spec"]["resources"]["gpus"] == 20 and "20 GPUs" in too_big["reason"]  # type: ignore[index]
+    assert gpuctl("submit", "--tenant", "research", "--", "python", "-c", "pass").exit_code == 1  # 403
+    container = gpuctl.ok("submit", "--image", f"registry.example/train@sha256:{'a' * 64}", "--", "train")
+    assert gpuctl.json("describe", container.stdout.strip())["spec"]["run"]["runtime"] == "container"  # type: ignore[index]
+
+    listed = gpuctl.json("jobs")
+    assert {j["tenant"] for j in listed} == {"acme"} and job_id in {j["id"] for j in listed}  # type: ignore[union-attr,index]
+    assert yaml.safe_load(gpuctl.ok("jobs", "-o", "yaml").stdout)[0]["tenant"] == "acme"
+    table = gpuctl.ok("jobs", "--no-headers", "-o", "wide").stdout
+    assert job_id in table and "full id" not in table  # the wide column, and no header line
+    assert max(len(line) for line in table.splitlines()) > 80  # piped: never cut to 80 columns
+
+    # follow a running job's log to its end; cancel a long one: only its own team may
+    running = gpuctl.ok("submit", "--gpus", "1", "--", "python", "-c", PRINT_AND_WAIT, "2").stdout.strip()
+    followed = gpuctl.spawn("logs", "-f", running)
+    assert followed.communicate(timeout=60)[0] == "first\nlast\n"
+    long = gpuctl.ok("submit", "--gpus", "1", "--", "python", "-c", PRINT_AND_WAIT, "600").stdout.strip()
+    gpuctl.ok("config", "set-context", "research", "--server", live_api.url, "--token", TOKENS["research-team"])
+    assert long not in {j["id"] for j in gpuctl.json("jobs")}  # type: ignore[union-attr,index]
+    assert gpuctl("cancel", long).exit_code == 1  # another team's job
+    gpuctl.ok("config", "use-context", "acme")
+    gpuctl.ok("cancel", long)
+    assert gpuctl("submit", "--wait", "--timeout", "0", "--", "python", "-c", "pass").exit_code == 1
+    state = ""
+    for _ in range(300):
+        state = gpuctl.json("describe", long)["state"]  # type: ignore[index]
+        if state == "cancelled":
+            break
+        __import__("time").sleep(0.2)
+    assert state == "cancelled"
+
+    frame = gpuctl.ok("top", "--once").stdout
+    assert "fleet" in frame and "node-1" in frame and "top jobs by GPU-hours" in frame
+    assert uuid.UUID(job_id)
