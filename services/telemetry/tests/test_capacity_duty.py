@@ -167,7 +167,7 @@ async def test_two_telemetry_instances_one_decides_and_the_event_reaches_the_bro
             service = TelemetryService(Settings(
                 amqp_url=amqp_url, database_url=migrated_dsn, metrics_port=0, instance=f"telemetry/cap-{i}",
                 prefetch=16, metrics_refresh_s=5, evaluation_tick_s=5, publish_tick_s=5,
-                capacity=CapacitySettings(Mode.AUTO, pools_from_json(POOLS), interval_s=0.2),
+                capacity_mode=Mode.AUTO, capacity_pools=POOLS, capacity_interval_s=0.2,
             ))
             await service.start(serve_metrics=False)
             services.append(service)

@@ -174,15 +174,22 @@ async def test_a_failing_message_fails_alone_and_the_rest_of_its_batch_commits()
 
 
 def test_settings_from_environment() -> None:
+    from gpuorch_settings import SettingsError
     from gpuorch_telemetry.entrypoint import Settings
 
-    settings = Settings.from_env({
+    settings = Settings.load({
         "GPUORCH_AMQP_URL": "amqp://x", "GPUORCH_DATABASE_URL": "postgresql://y", "GPUORCH_TELEMETRY_WINDOW_S": "120",
         "GPUORCH_TELEMETRY_IDLE_UTIL_PCT": "3", "GPUORCH_TELEMETRY_RAW_RETENTION_DAYS": "7",
         "GPUORCH_TELEMETRY_EXPORT_GPU_METRICS": "0",
     })
     assert settings.detection.window_s == 120 and settings.detection.idle_util_pct == 3
     assert settings.retention.raw_days == 7 and settings.retention.idle_util_pct == 3
-    assert settings.export_gpu_metrics is False
-    with pytest.raises(SystemExit):
-        Settings.from_env({"GPUORCH_AMQP_URL": "amqp://x"})
+    assert settings.export_gpu_metrics is False and settings.capacity.mode.value == "off"
+    with pytest.raises(SettingsError, match="GPUORCH_DATABASE_URL: Field required"):
+        Settings.load({"GPUORCH_AMQP_URL": "amqp://x"})
+    with pytest.raises(SettingsError, match="GPUORCH_CAPACITY_MODE needs GPUORCH_CAPACITY_POOLS"):
+        Settings.load({"GPUORCH_AMQP_URL": "amqp://x", "GPUORCH_DATABASE_URL": "postgresql://y",
+                       "GPUORCH_CAPACITY_MODE": "auto"})
+    with pytest.raises(SettingsError, match="GPUORCH_TELEMETRY_WINDOW_S: Input should be a valid number"):
+        Settings.load({"GPUORCH_AMQP_URL": "amqp://x", "GPUORCH_DATABASE_URL": "postgresql://y",
+                       "GPUORCH_TELEMETRY_WINDOW_S": "ten minutes"})

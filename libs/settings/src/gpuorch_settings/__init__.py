@@ -47,7 +47,10 @@ class SettingsError(ValueError):
 
 
 def setting(variable: str, default: Any = ..., description: str = "", **constraints: Any) -> Any:
-    """A field read from environment variable ``variable`` (also accepted by field name: tests, files)."""
+    """A field read from environment variable ``variable`` (also accepted by field name: tests, files);
+    ``default_factory`` in ``constraints`` replaces ``default``."""
+    if "default_factory" in constraints:
+        return Field(validation_alias=AliasChoices(variable), description=description, **constraints)
     return Field(default, validation_alias=AliasChoices(variable), description=description, **constraints)
 
 
@@ -107,10 +110,16 @@ class _FileSource(PydanticBaseSettingsSource):
 
 
 class ServiceSettings(BaseSettings):
-    """Base of every service's settings (see the module doc). Frozen once loaded."""
+    """Base of every service's settings (see the module doc), with what every service reads: its log level and
+    its OTLP collector. Frozen once loaded."""
 
     model_config = SettingsConfigDict(frozen=True, populate_by_name=True, extra="ignore", case_sensitive=True,
                                       env_parse_none_str="", validate_default=True)
+
+    log_level: str = setting("GPUORCH_LOG_LEVEL", "INFO", "log level: DEBUG, INFO, WARNING, ERROR")
+    otlp_endpoint: str | None = setting("GPUORCH_OTLP_ENDPOINT", None, "OTLP/HTTP collector URL, e.g. "
+                                        "http://jaeger:4318 (an alias of OTEL_EXPORTER_OTLP_ENDPOINT; the OTEL_* "
+                                        "variables are read too)")
 
     @classmethod
     def settings_customise_sources(
@@ -144,7 +153,8 @@ class ServiceSettings(BaseSettings):
         """``--help``'s list of variables: name, default, meaning."""
         lines = ["environment variables (or keys of the --config / GPUORCH_CONFIG_FILE file, TOML or JSON):"]
         for name, info in cls.model_fields.items():
-            default = "required" if info.is_required() else f"default: {_shown(info.default)}"
+            default = "required" if info.is_required() else "default: computed" if info.default_factory \
+                else f"default: {_shown(info.default)}"
             lines.append(f"  {variable_of(info, name):<36} {info.description or name} ({default})")
         return "\n".join(lines)
 
@@ -169,8 +179,10 @@ def load_or_exit(cls: type[S], argv: Sequence[str] | None, *, prog: str, descrip
 
 def _describe(cls: type[ServiceSettings], error: Any) -> str:
     loc = error.get("loc") or ()
+    if not loc:  # a model validator's: its message names the variables
+        return str(error.get("msg", "invalid settings")).removeprefix("Value error, ")
     fields = cls.model_fields
-    where = str(loc[0]) if loc else "settings"
+    where = str(loc[0])
     for name, info in fields.items():
         if where in (name, variable_of(info, name)):
             where = variable_of(info, name)

@@ -22,18 +22,15 @@ does every write, so a leader that lost its database session can no longer write
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import gc
 import multiprocessing
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,7 +46,7 @@ from gpuorch_contracts import (
     submit_routing_key,
 )
 from gpuorch_contracts.jobs import DEFAULT_TENANT
-from gpuorch_identity import IdentityMap, load_identity_map
+from gpuorch_identity import IdentityMap
 from gpuorch_messaging import Broker, QueueSpec, answer_invalid_submission, scheduler_accepts
 from gpuorch_observability import (
     READINESS,
@@ -60,13 +57,14 @@ from gpuorch_observability import (
     keep_probing,
     start_metrics_server,
 )
+from gpuorch_settings import load_or_exit
 from gpuorch_store import OutboxRelay, ensure_database, migrate, outbox_backlog, save_snapshot
 
 from gpuorch_scheduler import metrics as scheduler_metrics
 from gpuorch_scheduler.domain.decide import LivenessPolicy
-from gpuorch_scheduler.domain.queueing import QueuePolicy
 from gpuorch_scheduler.handlers import STREAM, SchedulerConfig, SchedulerService
 from gpuorch_scheduler.relay import relay_process
+from gpuorch_scheduler.settings import Settings
 
 log = get_logger(__name__)
 
@@ -80,117 +78,12 @@ unacked message, and a leader that dies returns all of its prefetch: with 10, 20
 Batcher retries a failed batch message by message) still reaches its dead-letter queue, after 50 tries alone."""
 HEARTBEAT_QUEUE = "scheduler.heartbeats"
 
-ENVIRONMENT = {
-    "GPUORCH_AMQP_URL": ("RabbitMQ URL", "amqp://guest:guest@127.0.0.1:5672/"),
-    "GPUORCH_DATABASE_URL": ("PostgreSQL DSN", "postgresql://postgres@127.0.0.1:5432/gpuorch"),
-    "GPUORCH_SCHEDULER_ID": ("name of this instance (logs, broker connection)", "scheduler-1"),
-    "GPUORCH_SUSPECT_AFTER_S": ("seconds without heartbeat before a node is suspect", "15"),
-    "GPUORCH_LOST_AFTER_S": ("seconds without heartbeat before a node is lost (> executor fencing deadline)", "90"),
-    "GPUORCH_TICK_S": ("seconds between liveness/scheduling ticks", "1"),
-    "GPUORCH_BATCH_MAX": ("most messages handled in one transaction", "500"),
-    "GPUORCH_BATCH_WAIT_MS": ("milliseconds a batch waits for more messages after its first", "20"),
-    "GPUORCH_BATCH_BUDGET_MS": ("while several tenants submit, a batch holds about this much work (what another "
-                                "tenant's submission may wait for; 0: always GPUORCH_BATCH_MAX)", "10"),
-    "GPUORCH_RELAY_PROCESS": ("1: publish the outbox from a process of its own (the other core); 0: in process",
-                              "1"),
-    "GPUORCH_RETENTION_S": ("seconds a finished job stays in the scheduler's memory (the read model keeps it)",
-                            "3600"),
-    "GPUORCH_IDENTITY_MAP": ("identity map (JSON): broker users -> tenants, default tenant, highest priority, role",
-                             ""),
-    "GPUORCH_IDENTITY": ("strict, or trust_all for local development (everyone an operator; no identity map needed)",
-                         "strict"),
-    "GPUORCH_QUOTAS": ('tenant quotas as JSON: {"team-a": {"gpus": 8, "gpu_memory_mib": 655360}, "*": {"gpus": 2}}',
-                       ""),
-    "GPUORCH_QUOTAS_FILE": ("path of a JSON file with the quotas (read at start; GPUORCH_QUOTAS wins)", ""),
-    "GPUORCH_AGEING_POINTS_PER_MINUTE": ("priority points a waiting job gains per minute (normal=100, high=500)", "1"),
-    "GPUORCH_MAX_QUEUED_PER_TENANT": ("a tenant's submissions are rejected while it has this many jobs waiting",
-                                      "10000"),
-    "GPUORCH_SUBMISSIONS_PER_S": ("each tenant's sustained submission rate; faster submissions are rejected", "500"),
-    "GPUORCH_SUBMISSION_BURST": ("submissions a tenant may make at once before the rate applies", "5000"),
-    "GPUORCH_PREEMPTION_MARGIN_S": ("seconds past a victim's checkpoint grace before a silent preemption is requeued",
-                                    "60"),
-    "GPUORCH_SNAPSHOT_EVERY_EVENTS": ("snapshot the state every N logged events", "20000"),
-    "GPUORCH_SNAPSHOT_EVERY_S": ("... or every T seconds when anything was logged", "300"),
-    "GPUORCH_METRICS_PORT": ("port of /metrics, /healthz and /readyz (0 = off)", "0"),
-    "GPUORCH_OTLP_ENDPOINT": ("OTLP/HTTP collector URL, e.g. http://jaeger:4318 (an alias of the standard "
-                              "OTEL_EXPORTER_OTLP_ENDPOINT; OTEL_* variables are read too; unset = no export)", ""),
-    "GPUORCH_LOG_LEVEL": ("log level", "INFO"),
-}
-
-
-@dataclass
-class Settings:
-    amqp_url: str
-    database_url: str
-    instance: str
-    suspect_after_s: float
-    lost_after_s: float
-    tick_s: float
-    metrics_port: int
-    otlp_endpoint: str | None
-    log_level: str
-    queues: QueuePolicy
-    preemption_margin_s: float
-    snapshot_every_events: int
-    snapshot_every_s: float
-    batch_max: int
-    batch_wait_s: float
-    batch_budget_s: float
-    retention_s: float
-    identity_map: IdentityMap
-    trust_all: bool
-    relay_process: bool
-
-
 def parse_settings(argv: list[str] | None = None) -> Settings:
-    epilog = "environment variables:\n" + "\n".join(
-        f"  {name:<33} {text} (default: {default or 'unset'})" for name, (text, default) in ENVIRONMENT.items()
-    )
-    parser = argparse.ArgumentParser(
-        prog="gpuorch-scheduler", description="The gpuorch scheduler: queues, placement, node liveness.",
-        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.parse_args(argv)
-
-    def env(name: str) -> str:
-        return os.environ.get(name, ENVIRONMENT[name][1])
-
-    quotas_text = env("GPUORCH_QUOTAS")
-    if not quotas_text and env("GPUORCH_QUOTAS_FILE"):
-        with open(env("GPUORCH_QUOTAS_FILE"), encoding="utf-8") as quotas_file:
-            quotas_text = quotas_file.read()
-    try:
-        queues = QueuePolicy.from_json(quotas_text, float(env("GPUORCH_AGEING_POINTS_PER_MINUTE")))
-    except ValueError as exc:
-        parser.error(f"GPUORCH_QUOTAS: {exc}")
-    if env("GPUORCH_IDENTITY_MAP"):
-        try:
-            identity_map = load_identity_map(env("GPUORCH_IDENTITY_MAP"))
-        except (OSError, ValueError) as exc:
-            parser.error(f"GPUORCH_IDENTITY_MAP: {exc}")
-    elif env("GPUORCH_IDENTITY") == "trust_all":
-        identity_map = IdentityMap.development()
-    else:
-        parser.error("GPUORCH_IDENTITY_MAP is required (who may submit for which tenant); "
-                     "GPUORCH_IDENTITY=trust_all only for local development")
-    queues = dataclasses.replace(
-        queues, max_queued_per_tenant=int(env("GPUORCH_MAX_QUEUED_PER_TENANT")),
-        submissions_per_s=float(env("GPUORCH_SUBMISSIONS_PER_S")),
-        submission_burst=int(env("GPUORCH_SUBMISSION_BURST")))
-    return Settings(
-        amqp_url=env("GPUORCH_AMQP_URL"), database_url=env("GPUORCH_DATABASE_URL"),
-        instance=env("GPUORCH_SCHEDULER_ID"), suspect_after_s=float(env("GPUORCH_SUSPECT_AFTER_S")),
-        lost_after_s=float(env("GPUORCH_LOST_AFTER_S")), tick_s=float(env("GPUORCH_TICK_S")),
-        metrics_port=int(env("GPUORCH_METRICS_PORT")), otlp_endpoint=env("GPUORCH_OTLP_ENDPOINT") or None,
-        log_level=env("GPUORCH_LOG_LEVEL"), queues=queues,
-        preemption_margin_s=float(env("GPUORCH_PREEMPTION_MARGIN_S")),
-        snapshot_every_events=int(env("GPUORCH_SNAPSHOT_EVERY_EVENTS")),
-        snapshot_every_s=float(env("GPUORCH_SNAPSHOT_EVERY_S")),
-        batch_max=int(env("GPUORCH_BATCH_MAX")), batch_wait_s=float(env("GPUORCH_BATCH_WAIT_MS")) / 1000.0,
-        batch_budget_s=float(env("GPUORCH_BATCH_BUDGET_MS")) / 1000.0,
-        retention_s=float(env("GPUORCH_RETENTION_S")), identity_map=identity_map,
-        trust_all=env("GPUORCH_IDENTITY") == "trust_all", relay_process=env("GPUORCH_RELAY_PROCESS") != "0",
-    )
+    """The settings (``gpuorch_scheduler.settings``) from the environment and ``--config``; exits 2 naming each
+    invalid variable."""
+    settings, _ = load_or_exit(Settings, argv, prog="gpuorch-scheduler",
+                               description="The gpuorch scheduler: queues, placement, node liveness.")
+    return settings
 
 
 def scheduler_queues(identity_map: IdentityMap | None = None) -> tuple[QueueSpec, QueueSpec]:

@@ -15,13 +15,12 @@ Mode ``off`` reads nothing. Environment: ``GPUORCH_CAPACITY_MODE`` (off | advise
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import asyncpg
 from gpuorch_capacity import CapacityPlan, Mode, PoolSpec, decide
-from gpuorch_capacity.observe import observation, pools_from_json
+from gpuorch_capacity.observe import observation
 from gpuorch_capacity.providers import Publisher, scale_requests, set_gauges
 from gpuorch_contracts.capacity import FleetScaleRequested
 from gpuorch_observability import get_logger
@@ -79,14 +78,6 @@ class CapacitySettings:
     mode: Mode = Mode.OFF
     pools: tuple[PoolSpec, ...] = ()
     interval_s: float = 60.0
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> CapacitySettings:
-        mode = Mode(env.get("GPUORCH_CAPACITY_MODE", "off"))
-        pools = pools_from_json(env.get("GPUORCH_CAPACITY_POOLS", ""))
-        if mode is not Mode.OFF and not pools:
-            raise SystemExit("gpuorch-telemetry: GPUORCH_CAPACITY_MODE needs GPUORCH_CAPACITY_POOLS (a JSON list)")
-        return cls(mode, pools, float(env.get("GPUORCH_CAPACITY_INTERVAL_S", "60")))
 
 
 @dataclass

@@ -1,20 +1,10 @@
-"""Telemetry process: environment -> broker consumer + periodic duties + ``/metrics``.
+"""Telemetry process: settings -> broker consumer + periodic duties + ``/metrics``.
 
-Environment:
-    GPUORCH_AMQP_URL            RabbitMQ URL (required)
-    GPUORCH_DATABASE_URL        PostgreSQL DSN (required; migrations must be applied)
-    GPUORCH_METRICS_PORT        port of /metrics (default 9108; 0 disables)
-    GPUORCH_TELEMETRY_INSTANCE  this instance's name (default telemetry/<hostname>-<pid>)
-    GPUORCH_TELEMETRY_PREFETCH  unacked deliveries in flight (default 1024)
-    GPUORCH_TELEMETRY_EVALUATION_INTERVAL_S   how often each running job is evaluated (default 60)
-    GPUORCH_TELEMETRY_EXPORT_GPU_METRICS      0 to leave per-GPU DCGM gauges to dcgm-exporter (default 1)
-    GPUORCH_TELEMETRY_RAW_RETENTION_DAYS / _ROLLUP_RETENTION_DAYS / _BUCKET_S / _SAMPLE_INTERVAL_S
-    GPUORCH_TELEMETRY_<DETECTION FIELD>       any DetectionConfig threshold, e.g. GPUORCH_TELEMETRY_WINDOW_S=600
-    GPUORCH_CAPACITY_MODE       the autoscaler (gpuorch_capacity): off (default), advise, auto
-    GPUORCH_CAPACITY_POOLS      its node pools, JSON: [{"name": "h100", "node_type": "h100x8", "floor": 1, ...}]
-    GPUORCH_CAPACITY_INTERVAL_S seconds between its decisions (default 60)
-    GPUORCH_OTLP_ENDPOINT       OTLP/HTTP collector URL for traces (OTEL_EXPORTER_OTLP_ENDPOINT is also read)
-    GPUORCH_LOG_LEVEL           log level (default INFO)
+Settings (``Settings``; ``gpuorch-telemetry --help`` lists them): environment variables, or a TOML/JSON file
+(``--config`` / ``GPUORCH_CONFIG_FILE``) under them, validated at start (``gpuorch_settings``). Required:
+``GPUORCH_AMQP_URL`` and ``GPUORCH_DATABASE_URL`` (migrations applied). Every detection threshold has its variable
+(``GPUORCH_TELEMETRY_<FIELD>`` of ``DetectionConfig``, e.g. ``GPUORCH_TELEMETRY_WINDOW_S=600``); the autoscaler
+duty (``gpuorch_capacity``) is off unless ``GPUORCH_CAPACITY_MODE`` says advise or auto.
 
 Several instances consume the one durable quorum queue ``telemetry.samples`` side by side (competing consumers).
 """
@@ -27,14 +17,18 @@ import dataclasses
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
+from gpuorch_capacity import Mode
+from gpuorch_capacity.observe import pools_from_json
 from gpuorch_contracts import EVENTS_EXCHANGE, utc_now
 from gpuorch_identity import load_identity_map
 from gpuorch_messaging import Broker, QueueSpec, telemetry_accepts
 from gpuorch_observability import READINESS, configure, connected, get_logger, keep_probing
+from gpuorch_settings import ServiceSettings, load_or_exit, setting
+from pydantic import create_model, model_validator
 
 from gpuorch_telemetry import metrics
 from gpuorch_telemetry.capacity import CapacityDuty, CapacitySettings
@@ -55,59 +49,78 @@ def queue_spec(prefetch: int = 1024) -> QueueSpec:
                      accepts=telemetry_accepts())
 
 
-@dataclass(frozen=True)
-class Settings:
-    amqp_url: str
-    database_url: str
-    metrics_port: int = 9108
-    instance: str = "telemetry"
-    prefetch: int = 1024
-    evaluation_interval_s: float = 60.0
-    evaluation_tick_s: float = 5.0
-    publish_tick_s: float = 5.0
-    maintenance_tick_s: float = 60.0
-    metrics_refresh_s: float = 15.0
-    metrics_freshness_s: float = 25.0
-    """A GPU or job without a sample this recent is left out of the fleet gauges."""
-    export_gpu_metrics: bool = True
-    """Export the DCGM-named per-GPU gauges (one series per GPU and metric: ~240k series at 40,000 GPUs)."""
-    detection: DetectionConfig = field(default_factory=DetectionConfig)
-    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
-    capacity: CapacitySettings = field(default_factory=CapacitySettings)
-    """The autoscaler duty (``capacity.py``); off unless ``GPUORCH_CAPACITY_MODE`` says advise or auto."""
-    identity_map: str | None = None
-    """``GPUORCH_IDENTITY_MAP``: path of deploy/identity.json; its node scopes say which nodes a multi-node
-    node-agent or executor user speaks for (``gpuorch_messaging.senders``)."""
+_DETECTION_FIELDS: dict[str, Any] = {
+    f"detection_{f.name}": (float, setting(f"GPUORCH_TELEMETRY_{f.name.upper()}", f.default,
+                                           f"detection threshold {f.name} (DetectionConfig)"))
+    for f in dataclasses.fields(DetectionConfig)
+}
+_DetectionSettings: Any = create_model(  # one setting per DetectionConfig threshold: GPUORCH_TELEMETRY_<FIELD>
+    "_DetectionSettings", __base__=ServiceSettings, **_DETECTION_FIELDS)
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
-        def number(name: str, default: float) -> float:
-            return float(env.get(name, default))
 
-        detection = DetectionConfig(**{
-            f.name: float(env[f"GPUORCH_TELEMETRY_{f.name.upper()}"])
-            for f in dataclasses.fields(DetectionConfig) if f"GPUORCH_TELEMETRY_{f.name.upper()}" in env
-        })
-        retention = RetentionPolicy(
-            raw_days=int(number("GPUORCH_TELEMETRY_RAW_RETENTION_DAYS", 3)),
-            rollup_days=int(number("GPUORCH_TELEMETRY_ROLLUP_RETENTION_DAYS", 180)),
-            bucket_s=int(number("GPUORCH_TELEMETRY_BUCKET_S", 300)),
-            sample_interval_s=number("GPUORCH_TELEMETRY_SAMPLE_INTERVAL_S", 10.0),
-            idle_util_pct=detection.idle_util_pct,
-        )
-        missing = [name for name in ("GPUORCH_AMQP_URL", "GPUORCH_DATABASE_URL") if not env.get(name)]
-        if missing:
-            raise SystemExit(f"gpuorch-telemetry: set {' and '.join(missing)}")
-        return cls(
-            amqp_url=env["GPUORCH_AMQP_URL"], database_url=env["GPUORCH_DATABASE_URL"],
-            metrics_port=int(env.get("GPUORCH_METRICS_PORT", "9108")),
-            instance=env.get("GPUORCH_TELEMETRY_INSTANCE", f"telemetry/{socket.gethostname()}-{os.getpid()}"),
-            prefetch=int(number("GPUORCH_TELEMETRY_PREFETCH", 1024)),
-            evaluation_interval_s=number("GPUORCH_TELEMETRY_EVALUATION_INTERVAL_S", 60.0),
-            export_gpu_metrics=env.get("GPUORCH_TELEMETRY_EXPORT_GPU_METRICS", "1") not in ("0", "false", "no"),
-            detection=detection, retention=retention, identity_map=env.get("GPUORCH_IDENTITY_MAP") or None,
-            capacity=CapacitySettings.from_env(env),
-        )
+class Settings(_DetectionSettings):  # type: ignore[misc]
+    """Telemetry's settings (``gpuorch_settings``: environment, optional file, validated)."""
+
+    amqp_url: str = setting("GPUORCH_AMQP_URL", description="RabbitMQ URL")
+    database_url: str = setting("GPUORCH_DATABASE_URL", description="PostgreSQL DSN (migrations applied)")
+    metrics_port: int = setting("GPUORCH_METRICS_PORT", 9108, "port of /metrics, /healthz, /readyz (0: off)",
+                                ge=0, le=65535)
+    instance: str = setting("GPUORCH_TELEMETRY_INSTANCE", description="this instance's name",
+                            default_factory=lambda: f"telemetry/{socket.gethostname()}-{os.getpid()}")
+    prefetch: int = setting("GPUORCH_TELEMETRY_PREFETCH", 1024, "unacked deliveries in flight", ge=1)
+    evaluation_interval_s: float = setting("GPUORCH_TELEMETRY_EVALUATION_INTERVAL_S", 60.0,
+                                           "how often each running job is evaluated", gt=0)
+    evaluation_tick_s: float = setting("GPUORCH_TELEMETRY_EVALUATION_TICK_S", 5.0, "seconds between evaluation "
+                                       "rounds", gt=0)
+    publish_tick_s: float = setting("GPUORCH_TELEMETRY_PUBLISH_TICK_S", 5.0, "seconds between retries of "
+                                    "unpublished alert steps", gt=0)
+    maintenance_tick_s: float = setting("GPUORCH_TELEMETRY_MAINTENANCE_TICK_S", 60.0, "seconds between "
+                                        "partition/rollup/retention runs", gt=0)
+    metrics_refresh_s: float = setting("GPUORCH_TELEMETRY_METRICS_REFRESH_S", 15.0, "seconds between refreshes "
+                                       "of the fleet gauges", gt=0)
+    metrics_freshness_s: float = setting("GPUORCH_TELEMETRY_METRICS_FRESHNESS_S", 25.0, "a GPU or job without a "
+                                         "sample this recent is left out of the fleet gauges", gt=0)
+    export_gpu_metrics: bool = setting("GPUORCH_TELEMETRY_EXPORT_GPU_METRICS", True, "export the DCGM-named "
+                                       "per-GPU gauges (0: leave them to dcgm-exporter)")
+    raw_retention_days: int = setting("GPUORCH_TELEMETRY_RAW_RETENTION_DAYS", 3, "days of raw samples kept", ge=1)
+    rollup_retention_days: int = setting("GPUORCH_TELEMETRY_ROLLUP_RETENTION_DAYS", 180, "days of rollups kept",
+                                         ge=1)
+    bucket_s: int = setting("GPUORCH_TELEMETRY_BUCKET_S", 300, "rollup bucket width (s)", ge=1)
+    sample_interval_s: float = setting("GPUORCH_TELEMETRY_SAMPLE_INTERVAL_S", 10.0, "nominal sampling period",
+                                       gt=0)
+    capacity_mode: Mode = setting("GPUORCH_CAPACITY_MODE", Mode.OFF, "the autoscaler: off, advise or auto")
+    capacity_pools: str = setting("GPUORCH_CAPACITY_POOLS", "", 'its node pools, JSON: [{"name": "h100", '
+                                  '"node_type": "h100x8", "floor": 1, ...}]')
+    capacity_interval_s: float = setting("GPUORCH_CAPACITY_INTERVAL_S", 60.0, "seconds between its decisions",
+                                         gt=0)
+    identity_map: str | None = setting("GPUORCH_IDENTITY_MAP", None, "identity map (deploy/identity.json): "
+                                       "which nodes a multi-node node-agent or executor user speaks for")
+
+    @model_validator(mode="after")
+    def _pools_parse(self) -> Settings:
+        try:
+            pools = pools_from_json(self.capacity_pools)
+        except ValueError as exc:
+            raise ValueError(f"GPUORCH_CAPACITY_POOLS: {exc}") from exc
+        if self.capacity_mode is not Mode.OFF and not pools:
+            raise ValueError("GPUORCH_CAPACITY_MODE needs GPUORCH_CAPACITY_POOLS (a JSON list of pools)")
+        return self
+
+    @property
+    def detection(self) -> DetectionConfig:
+        return DetectionConfig(**{f.name: getattr(self, f"detection_{f.name}")
+                                  for f in dataclasses.fields(DetectionConfig)})
+
+    @property
+    def retention(self) -> RetentionPolicy:
+        return RetentionPolicy(raw_days=self.raw_retention_days, rollup_days=self.rollup_retention_days,
+                               bucket_s=self.bucket_s, sample_interval_s=self.sample_interval_s,
+                               idle_util_pct=self.detection.idle_util_pct)
+
+    @property
+    def capacity(self) -> CapacitySettings:
+        """The autoscaler duty (``capacity.py``)."""
+        return CapacitySettings(self.capacity_mode, pools_from_json(self.capacity_pools), self.capacity_interval_s)
 
 
 class TelemetryService:
@@ -214,20 +227,11 @@ async def run(settings: Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-    import sys
-
-    doc = __doc__ or ""
-    parser = argparse.ArgumentParser(
-        prog="gpuorch-telemetry", description="gpuorch telemetry: usage history, per-job accounting, detections.",
-        epilog=doc[doc.index("Environment:"):], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.parse_args(argv if argv is not None else sys.argv[1:])
-    missing = [name for name in ("GPUORCH_AMQP_URL", "GPUORCH_DATABASE_URL") if not os.environ.get(name)]
-    if missing:
-        parser.error(f"set {' and '.join(missing)} (see --help)")
-    configure("telemetry", log_level=os.environ.get("GPUORCH_LOG_LEVEL", "INFO"),
-              otlp_endpoint=os.environ.get("GPUORCH_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
-    asyncio.run(run(Settings.from_env()))
+    settings, _ = load_or_exit(Settings, argv, prog="gpuorch-telemetry",
+                               description="gpuorch telemetry: usage history, per-job accounting, detections.")
+    configure("telemetry", log_level=settings.log_level, otlp_endpoint=settings.otlp_endpoint,
+              instance=settings.instance)
+    asyncio.run(run(settings))
 
 
 if __name__ == "__main__":

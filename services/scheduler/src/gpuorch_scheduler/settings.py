@@ -1,0 +1,115 @@
+"""The scheduler's settings (``gpuorch_settings``: environment variables, an optional TOML/JSON file under them,
+validated at start; ``gpuorch-scheduler --help`` lists them).
+
+Derived at load, and validated with the rest: ``queues`` (the quotas of ``GPUORCH_QUOTAS`` or
+``GPUORCH_QUOTAS_FILE``, the ageing rate and the admission limits) and ``identity_map`` (``GPUORCH_IDENTITY_MAP``,
+or everyone an operator with ``GPUORCH_IDENTITY=trust_all``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Literal
+
+from gpuorch_identity import IdentityMap, load_identity_map
+from gpuorch_settings import ServiceSettings, setting
+from pydantic import PrivateAttr, model_validator
+
+from gpuorch_scheduler.domain.queueing import QueuePolicy
+
+
+class Settings(ServiceSettings):
+    amqp_url: str = setting("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
+    database_url: str = setting("GPUORCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/gpuorch",
+                                "PostgreSQL DSN")
+    instance: str = setting("GPUORCH_SCHEDULER_ID", "scheduler-1", "name of this instance (logs, broker connection)")
+    suspect_after_s: float = setting("GPUORCH_SUSPECT_AFTER_S", 15.0,
+                                     "seconds without heartbeat before a node is suspect", gt=0)
+    lost_after_s: float = setting("GPUORCH_LOST_AFTER_S", 90.0, "seconds without heartbeat before a node is lost "
+                                  "(> executor fencing deadline)", gt=0)
+    tick_s: float = setting("GPUORCH_TICK_S", 1.0, "seconds between liveness/scheduling ticks", gt=0)
+    batch_max: int = setting("GPUORCH_BATCH_MAX", 500, "most messages handled in one transaction", ge=1)
+    batch_wait_ms: float = setting("GPUORCH_BATCH_WAIT_MS", 20.0, "milliseconds a batch waits for more messages "
+                                   "after its first", ge=0)
+    batch_budget_ms: float = setting("GPUORCH_BATCH_BUDGET_MS", 10.0, "while several tenants submit, a batch "
+                                     "holds about this much work (0: always GPUORCH_BATCH_MAX)", ge=0)
+    relay_process: bool = setting("GPUORCH_RELAY_PROCESS", True, "publish the outbox from a process of its own "
+                                  "(the other core); 0: in process")
+    retention_s: float = setting("GPUORCH_RETENTION_S", 3600.0, "seconds a finished job stays in the scheduler's "
+                                 "memory (the read model keeps it)", ge=0)
+    identity_map_path: str = setting("GPUORCH_IDENTITY_MAP", "", "identity map (JSON): broker users -> tenants, "
+                                     "default tenant, highest priority, role")
+    identity: Literal["strict", "trust_all"] = setting("GPUORCH_IDENTITY", "strict", "strict, or trust_all for "
+                                                       "local development (everyone an operator; no identity map)")
+    quotas: str = setting("GPUORCH_QUOTAS", "", 'tenant quotas as JSON: {"team-a": {"gpus": 8, '
+                          '"gpu_memory_mib": 655360}, "*": {"gpus": 2}}')
+    quotas_file: str = setting("GPUORCH_QUOTAS_FILE", "", "path of a JSON file with the quotas (GPUORCH_QUOTAS "
+                               "wins)")
+    ageing_points_per_minute: float = setting("GPUORCH_AGEING_POINTS_PER_MINUTE", 1.0, "priority points a waiting "
+                                              "job gains per minute (normal=100, high=500)", ge=0)
+    max_queued_per_tenant: int = setting("GPUORCH_MAX_QUEUED_PER_TENANT", 10000, "a tenant's submissions are "
+                                         "rejected while it has this many jobs waiting", ge=1)
+    submissions_per_s: float = setting("GPUORCH_SUBMISSIONS_PER_S", 500.0, "each tenant's sustained submission "
+                                       "rate; faster submissions are rejected", gt=0)
+    submission_burst: int = setting("GPUORCH_SUBMISSION_BURST", 5000, "submissions a tenant may make at once "
+                                    "before the rate applies", ge=1)
+    preemption_margin_s: float = setting("GPUORCH_PREEMPTION_MARGIN_S", 60.0, "seconds past a victim's checkpoint "
+                                         "grace before a silent preemption is requeued", ge=0)
+    snapshot_every_events: int = setting("GPUORCH_SNAPSHOT_EVERY_EVENTS", 20000, "snapshot the state every N "
+                                         "logged events", ge=1)
+    snapshot_every_s: float = setting("GPUORCH_SNAPSHOT_EVERY_S", 300.0, "... or every T seconds when anything "
+                                      "was logged", gt=0)
+    metrics_port: int = setting("GPUORCH_METRICS_PORT", 0, "port of /metrics, /healthz and /readyz (0 = off)",
+                                ge=0, le=65535)
+
+    _queues: QueuePolicy = PrivateAttr(default_factory=QueuePolicy)
+    _identity_map: IdentityMap | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _derive(self) -> Settings:
+        quotas_text = self.quotas
+        if not quotas_text and self.quotas_file:
+            try:
+                quotas_text = Path(self.quotas_file).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ValueError(f"GPUORCH_QUOTAS_FILE: {exc}") from exc
+        try:
+            queues = QueuePolicy.from_json(quotas_text, self.ageing_points_per_minute)
+        except ValueError as exc:
+            raise ValueError(f"GPUORCH_QUOTAS: {exc}") from exc
+        self._queues = dataclasses.replace(
+            queues, max_queued_per_tenant=self.max_queued_per_tenant, submissions_per_s=self.submissions_per_s,
+            submission_burst=self.submission_burst)
+        if self.identity_map_path:
+            try:
+                self._identity_map = load_identity_map(self.identity_map_path)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"GPUORCH_IDENTITY_MAP: {exc}") from exc
+        elif self.identity == "trust_all":
+            self._identity_map = IdentityMap.development()
+        else:
+            raise ValueError("GPUORCH_IDENTITY_MAP is required (who may submit for which tenant); "
+                             "GPUORCH_IDENTITY=trust_all only for local development")
+        return self
+
+    @property
+    def queues(self) -> QueuePolicy:
+        return self._queues
+
+    @property
+    def identity_map(self) -> IdentityMap:
+        assert self._identity_map is not None
+        return self._identity_map
+
+    @property
+    def trust_all(self) -> bool:
+        return self.identity == "trust_all"
+
+    @property
+    def batch_wait_s(self) -> float:
+        return self.batch_wait_ms / 1000.0
+
+    @property
+    def batch_budget_s(self) -> float:
+        return self.batch_budget_ms / 1000.0
