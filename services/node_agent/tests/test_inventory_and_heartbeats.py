@@ -3,6 +3,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from gpuorch_contracts import NodeHeartbeat, NodeRegistered
 from gpuorch_node_agent.entrypoint import build_simulated_agents, parse_config
 from gpuorch_node_agent.sim.nvml import SimulatedNvml
@@ -110,6 +111,8 @@ def test_config_from_environment_and_flags():
     config = parse_config([], env)
     assert (config.nvml, config.heartbeat_s, config.is_fleet, config.node_id) == ("sim", 5.0, True, "n7")
     assert parse_config(["--heartbeat-s", "2"], env).heartbeat_s == 2.0
+    with pytest.raises(SystemExit):  # invalid settings: exit 2, each named (gpuorch_settings)
+        parse_config(["--nvml", "gpu"], env)
 
 
 def test_inventory_is_resent_periodically_even_when_unchanged() -> None:

@@ -1,6 +1,7 @@
 """``gpuorch-node-agent``: configuration, NVML choice (real or simulated), broker wiring.
 
-Every option has an environment variable; a command-line flag overrides it (``--help`` lists both).
+Every setting has an environment variable (``AgentConfig``, ``gpuorch_settings``: also a key of the optional
+``--config`` file); a command-line flag overrides it (``--help`` lists both).
 Single node: NVML is the real ``pynvml`` (``--nvml real``) or one simulated node (``--nvml sim``).
 Fleet: ``--fleet-nodes h100x8:2,a100x8:1`` or ``--fleet-csv nodes.csv`` runs many simulated nodes in this process.
 
@@ -21,12 +22,12 @@ import signal
 import socket
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from gpuorch_contracts import COMMANDS_EXCHANGE, ApplyMigLayout, Message, encode
 from gpuorch_contracts.routing import command_routing_key
 from gpuorch_observability import configure, get_logger
+from gpuorch_settings import ServiceSettings, load_or_exit, setting, variable_of
 
 from gpuorch_node_agent.agent import NodeAgent
 from gpuorch_node_agent.fleet import FleetRunner, publish_batch
@@ -37,42 +38,30 @@ from gpuorch_node_agent.sim.profiles import NodeSpec, parse_node_csv, parse_node
 
 log = get_logger(__name__)
 
-ENVIRONMENT = (
-    ("amqp_url", "GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL"),
-    ("node_id", "GPUORCH_NODE_ID", None, "node id (default: host name); fleet node ids are <fleet name>-NNNNN"),
-    ("nvml", "GPUORCH_NVML", "real", "real (nvidia-ml-py) or sim (simulated NVML)"),
-    ("sim_profile", "GPUORCH_SIM_PROFILE", "h100x8", "simulated node: <gpu profile>x<count>, e.g. a100x8, l4x4"),
-    ("sim_seed", "GPUORCH_SIM_SEED", "0", "seed of the simulation (usage defaults, phases, jitter)"),
-    ("heartbeat_s", "GPUORCH_HEARTBEAT_S", "10", "seconds between heartbeats of one node"),
-    ("usage_s", "GPUORCH_USAGE_S", "60", "seconds between GpuUsageSampled of one node"),
-    ("inventory_s", "GPUORCH_INVENTORY_S", "60", "seconds between full rediscoveries of one node"),
-    ("fleet_nodes", "GPUORCH_FLEET_NODES", None, "fleet from a profile mix, e.g. h100x8:2,a100x8:1,l4x4:2"),
-    ("fleet_csv", "GPUORCH_FLEET_CSV", None, "fleet from an openb node list CSV (sn,cpu_milli,memory_mib,gpu,model)"),
-    ("fleet_name", "GPUORCH_FLEET_NAME", "sim", "name of this fleet (queue and node id prefix)"),
-    ("log_level", "GPUORCH_LOG_LEVEL", "INFO", "log level"),
-    ("otlp_endpoint", "GPUORCH_OTLP_ENDPOINT", None, "OTLP/HTTP endpoint for traces (none: not exported)"),
-    ("metrics_port", "GPUORCH_METRICS_PORT", "0", "Prometheus /metrics port (0: off)"),
-)
+class AgentConfig(ServiceSettings):
+    """The node agent's settings (``gpuorch_settings``); each has a command-line flag too, which wins."""
 
-
-@dataclass(frozen=True)
-class AgentConfig:
-    amqp_url: str
-    node_id: str
-    nvml: str
-    sim_profile: str
-    sim_seed: int
-    heartbeat_s: float
-    usage_s: float
-    inventory_s: float
-    fleet_nodes: str | None
-    fleet_csv: str | None
-    fleet_name: str
-    log_level: str
-    otlp_endpoint: str | None
-    metrics_port: int = 0
-    stdout: bool = False
-    duration_s: float | None = None
+    amqp_url: str = setting("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
+    node_id: str = setting("GPUORCH_NODE_ID", description="node id (default: host name); fleet node ids are "
+                           "<fleet name>-NNNNN", default_factory=socket.gethostname, min_length=1)
+    nvml: Literal["real", "sim"] = setting("GPUORCH_NVML", "real", "real (nvidia-ml-py) or sim (simulated NVML)")
+    sim_profile: str = setting("GPUORCH_SIM_PROFILE", "h100x8", "simulated node: <gpu profile>x<count>, e.g. "
+                               "a100x8, l4x4")
+    sim_seed: int = setting("GPUORCH_SIM_SEED", 0, "seed of the simulation (usage defaults, phases, jitter)")
+    heartbeat_s: float = setting("GPUORCH_HEARTBEAT_S", 10.0, "seconds between heartbeats of one node", gt=0)
+    usage_s: float = setting("GPUORCH_USAGE_S", 60.0, "seconds between GpuUsageSampled of one node", gt=0)
+    inventory_s: float = setting("GPUORCH_INVENTORY_S", 60.0, "seconds between full rediscoveries of one node",
+                                 gt=0)
+    fleet_nodes: str | None = setting("GPUORCH_FLEET_NODES", None, "fleet from a profile mix, e.g. "
+                                      "h100x8:2,a100x8:1,l4x4:2")
+    fleet_csv: str | None = setting("GPUORCH_FLEET_CSV", None, "fleet from an openb node list CSV "
+                                    "(sn,cpu_milli,memory_mib,gpu,model)")
+    fleet_name: str = setting("GPUORCH_FLEET_NAME", "sim", "name of this fleet (queue and node id prefix)")
+    metrics_port: int = setting("GPUORCH_METRICS_PORT", 0, "port of /metrics, /healthz and /readyz (0: off)",
+                                ge=0, le=65535)
+    stdout: bool = setting("GPUORCH_NODE_AGENT_STDOUT", False, "print messages as JSON lines instead of "
+                           "publishing")
+    duration_s: float | None = setting("GPUORCH_NODE_AGENT_DURATION_S", None, "stop after this many seconds", gt=0)
 
     @property
     def is_fleet(self) -> bool:
@@ -80,29 +69,25 @@ class AgentConfig:
 
 
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> AgentConfig:
-    env = os.environ if environ is None else environ
-    epilog = "environment variables (a flag overrides its variable):\n" + "\n".join(
-        f"  {var:<24} --{name.replace('_', '-'):<16} {help_text}" for name, var, _, help_text in ENVIRONMENT)
-    parser = argparse.ArgumentParser(
-        prog="gpuorch-node-agent", description="gpuorch node agent: GPU discovery, health, heartbeats, MIG.",
-        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    for name, var, default, help_text in ENVIRONMENT:
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=env.get(var, default),
-                            help=f"{help_text} [${var}]")
-    parser.add_argument("--stdout", action="store_true", help="print messages as JSON lines instead of publishing")
-    parser.add_argument("--duration-s", type=float, default=None, help="stop after this many seconds")
-    args = parser.parse_args(argv)
-    if args.nvml not in ("real", "sim"):
-        parser.error("--nvml must be real or sim")
-    return AgentConfig(
-        amqp_url=args.amqp_url, node_id=args.node_id or socket.gethostname(), nvml=args.nvml,
-        sim_profile=args.sim_profile, sim_seed=int(args.sim_seed), heartbeat_s=float(args.heartbeat_s),
-        usage_s=float(args.usage_s), inventory_s=float(args.inventory_s), fleet_nodes=args.fleet_nodes,
-        fleet_csv=args.fleet_csv, fleet_name=args.fleet_name, log_level=args.log_level,
-        otlp_endpoint=args.otlp_endpoint, metrics_port=int(args.metrics_port), stdout=args.stdout,
-        duration_s=args.duration_s,
-    )
+    """Settings from the environment (``environ``, default the process's) and ``--config``, each overridden by
+    its flag (``--heartbeat-s 2``); exits 2 naming each invalid setting."""
+    parser = argparse.ArgumentParser()
+    flags: dict[str, str] = {}
+    for name, info in AgentConfig.model_fields.items():
+        variable = variable_of(info, name)
+        flags[name] = variable
+        if info.annotation is bool:
+            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, action="store_const", const="1",
+                                default=None, help=f"{info.description} [${variable}]")
+        else:
+            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
+                                help=f"{info.description} [${variable}]")
+    args, _ = parser.parse_known_args(list(argv) if argv is not None else sys.argv[1:])
+    env = dict(os.environ if environ is None else environ)
+    env.update({flags[name]: value for name, value in vars(args).items() if name in flags and value is not None})
+    config, _ = load_or_exit(AgentConfig, argv, prog="gpuorch-node-agent", env=env, parser=parser,
+                             description="gpuorch node agent: GPU discovery, health, heartbeats, MIG.")
+    return config
 
 
 def node_specs(config: AgentConfig) -> list[NodeSpec]:
@@ -216,7 +201,8 @@ async def run(config: AgentConfig) -> FleetRunner:
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_config(argv)
-    configure("node-agent", log_level=config.log_level, otlp_endpoint=config.otlp_endpoint)
+    configure("node-agent", log_level=config.log_level, otlp_endpoint=config.otlp_endpoint,
+              instance=config.fleet_name if config.is_fleet else config.node_id)
     asyncio.run(run(config))
 
 
