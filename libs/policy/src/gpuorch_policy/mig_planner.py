@@ -38,6 +38,7 @@ Pure and deterministic: no I/O, no clock (``now`` and every time are seconds on 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -396,19 +397,18 @@ class _Planner:
         while waiting:
             limit = self.settings.slice_gathered_after_s
             overdue = limit is not None and any(j.waiting_s >= limit for j in waiting if j.tier == "inference")
-            homes = {g.state.node_id for g in self.fleet if g.state.mig_enabled}
-            if all(g.state.mig_enabled or not g.free_whole for g in self.fleet if g.state.node_id in homes):
-                homes = set()  # the nodes holding slices have no free whole GPU left
-            candidates = [g for g in self.fleet if self._usable(g)
-                          and (g.state.mig_enabled or (g.free_whole and (overdue or not g.whole_wanted)
-                                                       and (not homes or g.state.node_id in homes)
-                                                       and self._can_return(g)))
-                          and any(_model_ok(j, g.state) for j in waiting)]
+            wanted_here = [g for g in self.fleet if self._usable(g) and any(_model_ok(j, g.state) for j in waiting)]
+            sliced = Counter(g.state.node_id for g in self.fleet if g.state.mig_enabled)
+            free = Counter(g.state.node_id for g in self.fleet if g.free_whole)
+            whole = [g for g in wanted_here if not g.state.mig_enabled and g.free_whole
+                     and (overdue or not g.whole_wanted) and self._can_return(g)]
+            if any(g.free_whole and sliced[g.state.node_id] for g in self.fleet):
+                # while a node holding slices has a free whole GPU, new slices go there (a GPU a whole-GPU job
+                # gathers only once inference is overdue), never to a node without slices
+                whole = [g for g in whole if sliced[g.state.node_id]]
+            candidates = [g for g in wanted_here if g.state.mig_enabled] + whole
             if not candidates:
                 break
-            nodes = {g.state.node_id for g in candidates}
-            sliced = {n: sum(1 for g in self.fleet if g.state.node_id == n and g.state.mig_enabled) for n in nodes}
-            free = {n: sum(1 for g in self.fleet if g.state.node_id == n and g.free_whole) for n in nodes}
             gpu = min(candidates, key=lambda g: (len(g.state.running_jobs(self.drained)), not g.state.mig_enabled,
                                                  g.whole_wanted, free[g.state.node_id], -sliced[g.state.node_id],
                                                  g.state.key))
@@ -428,6 +428,7 @@ class _Planner:
         smallest = planning_profiles(gpu.table)[-1].name
         wanted: list[str] = []
         served: list[str] = []
+        smaller: list[tuple[str, str, str]] = []
         for job in waiting:
             if place_instances(gpu.table, kept, [*wanted, smallest]) is None:
                 break  # full
@@ -439,7 +440,7 @@ class _Planner:
             wanted.append(name)
             served.append(job.job_id)
             if name != job.mig_profiles[0]:
-                self.right_sized.append((job.job_id, job.mig_profiles[0], name))
+                smaller.append((job.job_id, job.mig_profiles[0], name))
         if not served:
             return set()
         extras = sorted(set(wanted), key=lambda n: (-wanted.count(n), n)) + [
@@ -455,6 +456,7 @@ class _Planner:
         if running:
             why += f"; waits for {len(running)} running job(s) to end first"
         self._propose(gpu, target, served, why)
+        self.right_sized += smaller
         return set(served)
 
 
