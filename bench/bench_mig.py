@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from gpuorch_capacity.mig_simulation import TIERS, LayoutResult, bench_json, mig_workload, simulate_layout
+from gpuorch_gpuctl.replay_cmd import parse_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -87,13 +88,6 @@ def table(document: dict[str, Any]) -> str:
     lines.append(f"\nplanner reconfiguration end to end (drain + apply): {r['count']} times, median {r['median']} s, "
                  f"p95 {r['p95']} s, max {r['max']} s")
     return "\n".join(lines)
-
-
-def parse_seeds(text: str) -> list[int]:
-    if "-" in text:
-        lo, hi = text.split("-", 1)
-        return list(range(int(lo), int(hi) + 1))
-    return [int(s) for s in text.split(",")]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import typer
 
 def mig(
     seed: Annotated[int, typer.Option(help="workload seed (same seed, same figures)")] = 1,
-    nodes: Annotated[int, typer.Option(help="8-GPU H100 nodes in the fleet")] = 4,
+    nodes: Annotated[int, typer.Option(help="8-GPU H100 nodes in the fleet (the workload is sized for 4)")] = 4,
     as_json: Annotated[bool, typer.Option("--json", help="print the figures as JSON")] = False,
 ) -> None:
     """Whole GPUs, all 1g.10gb, a fixed mix and the planner on one simulated day: completed jobs, GPU allocation,
