@@ -69,3 +69,12 @@ def test_a_service_exits_2_with_the_problems_on_invalid_settings() -> None:
     assert result.returncode == 2
     assert "invalid settings" in result.stderr and "GPUORCH_TICK_S: Input should be a valid number" in result.stderr
     assert "GPUORCH_DATABASE_URL: Field required" in result.stderr
+
+
+def test_an_empty_variable_unsets_an_optional_setting_and_stays_empty_for_a_string() -> None:
+    class Optional_(Example):
+        endpoint: str | None = setting("GPUORCH_OTLP_ENDPOINT_X", "http://default", "an optional URL")
+
+    settings = Optional_.load({"GPUORCH_DATABASE_URL": "x", "GPUORCH_OTLP_ENDPOINT": "", "GPUORCH_AMQP_URL": ""})
+    assert settings.otlp_endpoint is None and settings.amqp_url == ""
+    assert Optional_.load({"GPUORCH_DATABASE_URL": "x", "GPUORCH_OTLP_ENDPOINT_X": ""}).endpoint == ""

@@ -246,3 +246,21 @@ def test_a_failure_reason_quoting_hostile_output_still_makes_a_valid_event() -> 
     for reason in (event.reason, lost.reason):  # type: ignore[attr-defined]
         assert "\x1b" not in reason and "\x00" not in reason and "\r" not in reason
         assert "overwrite" in reason and 0 < len(reason) <= 1024  # a CR redraw keeps the last frame, as a terminal
+
+
+def test_config_problems_are_named_and_a_file_may_hold_the_settings(tmp_path: Path) -> None:
+    from gpuorch_executor.logs_http import LogEndpointSettings
+
+    with pytest.raises(ConfigError, match="GPUORCH_EXECUTOR_POLL_S: Input should be greater than 0"):
+        ExecutorConfig.from_env({"GPUORCH_NODE_ID": "a", "GPUORCH_EXECUTOR_POLL_S": "0"})
+    with pytest.raises(ConfigError, match="GPUORCH_EXECUTOR_HEARTBEAT_S must be positive and at most half"):
+        ExecutorConfig.from_env({"GPUORCH_NODE_ID": "a", "GPUORCH_EXECUTOR_HEARTBEAT_S": "40"})
+    file = tmp_path / "executor.toml"
+    file.write_text('GPUORCH_NODE_IDS = "n1,n2"\nGPUORCH_METRICS_PORT = 9101\n')
+    config = ExecutorConfig.from_env({"GPUORCH_METRICS_PORT": "9200"}, file)
+    assert config.node_ids == ("n1", "n2") and config.metrics_port == 9200
+    assert LogEndpointSettings.from_env({}) is None
+    with pytest.raises(ConfigError, match="GPUORCH_LOGS_TOKEN is not"):
+        LogEndpointSettings.from_env({"GPUORCH_LOGS_PORT": "9300"})
+    with pytest.raises(ConfigError, match="GPUORCH_LOGS_PORT: Input should be a valid integer"):
+        LogEndpointSettings.from_env({"GPUORCH_LOGS_PORT": "http", "GPUORCH_LOGS_TOKEN": "t"})

@@ -28,7 +28,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import AliasChoices, Field, ValidationError
+from pydantic import AliasChoices, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -114,12 +114,20 @@ class ServiceSettings(BaseSettings):
     its OTLP collector. Frozen once loaded."""
 
     model_config = SettingsConfigDict(frozen=True, populate_by_name=True, extra="ignore", case_sensitive=True,
-                                      env_parse_none_str="", validate_default=True)
+                                      validate_default=True)
 
     log_level: str = setting("GPUORCH_LOG_LEVEL", "INFO", "log level: DEBUG, INFO, WARNING, ERROR")
     otlp_endpoint: str | None = setting("GPUORCH_OTLP_ENDPOINT", None, "OTLP/HTTP collector URL, e.g. "
                                         "http://jaeger:4318 (an alias of OTEL_EXPORTER_OTLP_ENDPOINT; the OTEL_* "
                                         "variables are read too)")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any, info: ValidationInfo) -> Any:
+        """A variable set to the empty string means unset where the setting may be unset (default None)."""
+        if value == "" and info.field_name is not None and cls.model_fields[info.field_name].default is None:
+            return None
+        return value
 
     @classmethod
     def settings_customise_sources(

@@ -8,7 +8,6 @@ renewals have failed for the fencing deadline minus the grace, stops every job i
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -20,6 +19,7 @@ from gpuorch_contracts import COMMANDS_EXCHANGE, JobIsolation, LaunchJob, StopJo
 from gpuorch_contracts.routing import command_routing_key
 from gpuorch_messaging import Broker, QueueSpec, executor_accepts
 from gpuorch_observability import READINESS, configure, connected, get_logger, start_metrics_server
+from gpuorch_settings import load_or_exit
 
 from gpuorch_executor.backends.base import Backend
 from gpuorch_executor.backends.cgroups import CgroupV1, CgroupV2
@@ -27,7 +27,7 @@ from gpuorch_executor.backends.container import ContainerBackend
 from gpuorch_executor.backends.devices import DeviceConfinement, GpuDeviceNodes
 from gpuorch_executor.backends.job_users import can_switch_users, named_uids, privileged_gids
 from gpuorch_executor.backends.process import ProcessBackend
-from gpuorch_executor.config import ENVIRONMENT_HELP, ConfigError, ExecutorConfig
+from gpuorch_executor.config import ConfigError, ExecutorConfig
 from gpuorch_executor.domain.allowlist import load_allow_list
 from gpuorch_executor.domain.job_users import JobUidsError, JobUserPool, parse_job_uids
 from gpuorch_executor.handlers import NodeExecutor, NodeSettings
@@ -207,14 +207,11 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="gpuorch-executor", description="Run gpuorch jobs on this GPU node (configured by environment).",
-        epilog=ENVIRONMENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.parse_args(sys.argv[1:] if argv is None else argv)
-    config = ExecutorConfig.from_env()
+    config, _ = load_or_exit(ExecutorConfig, argv, prog="gpuorch-executor",
+                             description="Run gpuorch jobs on this GPU node.")
     os.umask(0o077)  # whatever the executor writes is its own unless it says otherwise (jobs run as other uids)
-    configure("executor", log_level=config.log_level, otlp_endpoint=config.otlp_endpoint)
+    configure("executor", log_level=config.log_level, otlp_endpoint=config.otlp_endpoint,
+              instance=",".join(config.node_ids))
     start_metrics_server(config.metrics_port)
 
     async def run() -> None:

@@ -22,15 +22,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import os
 import socket
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from gpuorch_observability import get_logger
+from gpuorch_settings import ServiceSettings, SettingsError, setting
+from pydantic import model_validator
 
 from gpuorch_executor.config import ConfigError
 
@@ -40,26 +40,29 @@ READ_CHUNK = 64 * 1024
 REQUEST_TIMEOUT_S = 10.0
 
 
-@dataclass(frozen=True)
-class LogEndpointSettings:
-    port: int
-    host: str
-    token: str
-    url: str | None
+class LogEndpointSettings(ServiceSettings):
+    """The logs endpoint's settings (``gpuorch_settings``, as the rest of the executor's)."""
+
+    port: int | None = setting("GPUORCH_LOGS_PORT", None, "port of the jobs' logs endpoint (0: any free port; "
+                               "unset: not served)", ge=0, le=65535)
+    host: str = setting("GPUORCH_LOGS_HOST", "0.0.0.0", "address the logs endpoint listens on")
+    token: str = setting("GPUORCH_LOGS_TOKEN", "", "bearer token the API presents (required with the port)")
+    url: str | None = setting("GPUORCH_LOGS_URL", None, "URL the API reaches this endpoint at (default: derived)")
+
+    @model_validator(mode="after")
+    def _token_with_port(self) -> LogEndpointSettings:
+        if self.port is not None and not self.token:
+            raise ValueError("GPUORCH_LOGS_PORT is set but GPUORCH_LOGS_TOKEN is not: logs are served to the API only")
+        return self
 
     @classmethod
-    def from_env(cls) -> LogEndpointSettings | None:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LogEndpointSettings | None:
         """None when ``GPUORCH_LOGS_PORT`` is unset; ``ConfigError`` when it is malformed or set without a token."""
-        port = os.environ.get("GPUORCH_LOGS_PORT", "")
-        if not port:
-            return None
-        token = os.environ.get("GPUORCH_LOGS_TOKEN", "")
-        if not token:
-            raise ConfigError("GPUORCH_LOGS_PORT is set but GPUORCH_LOGS_TOKEN is not: logs are served to the API only")
-        if not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"GPUORCH_LOGS_PORT must be a port number, not {port!r}")
-        return cls(port=int(port), host=os.environ.get("GPUORCH_LOGS_HOST", "0.0.0.0"), token=token,
-                   url=os.environ.get("GPUORCH_LOGS_URL") or None)
+        try:
+            settings = cls.load(env)
+        except SettingsError as exc:
+            raise ConfigError(str(exc)) from exc
+        return settings if settings.port is not None else None
 
 
 class LogServer:
@@ -171,7 +174,7 @@ async def _reply(writer: asyncio.StreamWriter, status: int, text: str) -> None:
 async def start_log_endpoint(log_dirs: Sequence[Path], active: Callable[[uuid.UUID], bool]) -> LogServer | None:
     """Start the endpoint the environment asks for (see the module docstring); None when it asks for none."""
     settings = LogEndpointSettings.from_env()
-    if settings is None:
+    if settings is None or settings.port is None:
         return None
     server = LogServer(settings.token, log_dirs, active)
     await server.start(settings.host, settings.port, settings.url)
