@@ -3,7 +3,8 @@
 One registry (``TelemetryHandlers.handlers``, dispatched by ``gpuorch_messaging.dispatch``) maps each consumed
 message type to its handler:
 
-    gpu.usage_sampled        -> SampleBatcher -> store.ingest_samples (batched, one transaction per batch)
+    gpu.usage_sampled        -> SampleBatcher -> _ingest: store.ingest (the batch's transaction: fresh messages)
+                                -> domain.ingest.analyse (attribution, health findings) -> IngestBatch.write
     gpu.health_changed       -> raise / resolve ``gpu_unhealthy``
     job.accepted             -> job facts (tenant, tier, requested CPU, model hints)
     job.placed               -> allocated devices, evaluation scheduled
@@ -60,6 +61,7 @@ from gpuorch_telemetry.domain.detection import (
     gpu_dedup_key,
     health_event_finding,
 )
+from gpuorch_telemetry.domain.ingest import analyse
 from gpuorch_telemetry.store import AlertRow, IngestOutcome, TelemetryStore
 
 log = get_logger(__name__)
@@ -253,7 +255,11 @@ class TelemetryHandlers:
                               + random.uniform(0, 0.1 * self.evaluation_interval_s))
 
     async def _ingest(self, batch: list[GpuUsageSampled]) -> IngestOutcome:
-        outcome = await self.store.ingest_samples(batch, self.clock())
+        async with self.store.ingest(batch, self.clock()) as transaction:  # one transaction per batch
+            if transaction.fresh:
+                allocations = await transaction.active_allocations()
+                await transaction.write(analyse(transaction.fresh, allocations))
+        outcome = transaction.outcome
         metrics.record_ingest(outcome, utc_now())
         if outcome.new_alerts:
             await self._publish_after_commit()
