@@ -231,3 +231,31 @@ async def test_an_unpublishable_alert_does_not_fail_its_message_and_is_published
     assert await handlers.publish_pending() == 1
     [raised] = publisher.of_type(AlertRaised)
     assert raised.evidence["xid"] == 48 and "double-bit ECC" in raised.explanation
+
+
+async def test_each_detection_is_a_span_in_its_jobs_trace(store: TelemetryStore,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """While spans are exported, what an evaluation finds about a job is a ``telemetry.detect`` span below the
+    trace context the job's placement arrived with (none for a job with nothing found)."""
+    import gpuorch_telemetry.handlers as telemetry_handlers
+
+    spans: list[tuple[str, uuid.UUID, str | None, dict[str, object]]] = []
+
+    def record(name: str, job_id: uuid.UUID, traceparent: str | None, start_s: float, end_s: float | None = None,
+               attributes: dict[str, object] | None = None, tracer_name: str = "") -> str | None:
+        spans.append((name, job_id, traceparent, dict(attributes or {})))
+        return None
+
+    monkeypatch.setattr(telemetry_handlers, "tracing_exported", lambda: True)
+    monkeypatch.setattr(telemetry_handlers, "record_job_span", record)
+    clock = Clock(utc_now())
+    handlers = TelemetryHandlers(store=store, publisher=RecordingPublisher(), detection=CONFIG, clock=clock)
+    jobs = await _run_profiles(handlers, clock)
+    traces = {job.job_id: f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01" for job in jobs.values()}
+    handlers.job_traces.update(traces)
+    await handlers.evaluate_due_jobs()
+    by_job = {job_id: (name, parent, attributes) for name, job_id, parent, attributes in spans}
+    assert jobs["normal"].job_id not in by_job and len(spans) == 5
+    name, parent, attributes = by_job[jobs["throttled"].job_id]
+    assert name == "telemetry.detect" and parent == traces[jobs["throttled"].job_id]
+    assert attributes["gpuorch.findings"] == ["throttled"] and "thermal" in str(attributes["gpuorch.explanation"])
