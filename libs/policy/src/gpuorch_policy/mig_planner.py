@@ -227,7 +227,7 @@ class _Gpu:
     refusal: str | None = None
     held_noted: bool = False
     whole_wanted: bool = False
-    """Pending whole-GPU jobs accept this GPU: while it is a whole GPU, it is not partitioned."""
+    """A waiting whole-GPU job is gathering this free GPU: sliced only once inference MIG demand is overdue."""
 
 
 def _model_ok(job: PendingJob, gpu: GpuState) -> bool:
@@ -266,7 +266,8 @@ def plan_mig(gpus: Sequence[GpuState], pending: Sequence[PendingJob], settings: 
 
 def _reserve_whole(fleet: list[_Gpu], waiting: list[PendingJob]) -> None:
     """Mark the free whole GPUs that waiting whole-GPU jobs are gathering (per job, in queue order, on the node with
-    the most free whole GPUs it accepts, up to its count per node, for each of its nodes): never partitioned."""
+    the most free whole GPUs it accepts, up to its count per node, for each of its nodes). They are sliced only for
+    inference MIG demand that waited ``slice_gathered_after_s``."""
     for job in waiting:
         for _ in range(job.nodes):
             by_node: dict[str, list[_Gpu]] = {}
