@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from gpuorch_contracts import Message, NodeHeartbeat, NodeRegistered
 from gpuorch_messaging import Broker
+
+if TYPE_CHECKING:
+    from gpuorch_gpuctl.stack import LocalStack
 
 TERMINAL = ("succeeded", "failed", "rejected", "cancelled")
 
@@ -101,3 +105,64 @@ async def nodes_online(amqp_url: str, pg_dsn: str, registrations: list[NodeRegis
     finally:
         await nodes.stop()
         await broker.close()
+
+
+TEAM_TOKENS = {"acme-team": "acme-secret", "research-team": "research-secret", "ops": "ops-secret"}
+"""API tokens of ``api_stack``: two teams (tenants acme and research) and an operator."""
+
+
+def team_identity_map() -> dict[str, Any]:
+    """Every local process is guest (an operator, as in development); two teams and an operator hold tokens."""
+    import hashlib
+
+    return {
+        "identities": {
+            "*": {"role": "operator", "tenants": ["*"], "default_tenant": "default", "max_priority": "critical"},
+            "acme-team": {"role": "submitter", "tenants": ["acme"], "default_tenant": "acme",
+                          "max_priority": "normal"},
+            "research-team": {"role": "submitter", "tenants": ["research"], "default_tenant": "research"},
+            "ops": {"role": "operator", "tenants": ["*"], "default_tenant": "default", "max_priority": "critical"},
+        },
+        "tokens": {hashlib.sha256(token.encode()).hexdigest(): name for name, token in TEAM_TOKENS.items()},
+    }
+
+
+@contextmanager
+def api_stack(root: Path) -> Iterator[LocalStack]:
+    """A whole stack with the API (``stack.api_url``) on a fresh vhost and database: two simulated nodes (node-1:
+    2 x A100, node-2: 1 x L4), the teams of ``team_identity_map``, python allowed for both teams. Yields once both
+    nodes are registered; stops everything and drops the vhost and database afterwards."""
+    import json
+
+    import httpx
+    from gpuorch_gpuctl.stack import LocalStack, SimNode
+
+    from conftest import AMQP_HOST, AMQP_PORT, PG_ADMIN, drop_database, drop_vhost, make_database, make_vhost
+
+    allow = {"tenants": {t: {"commands": ["python", "python3"], "inline_code": True} for t in ("acme", "research")}}
+    vhost, database = make_vhost(), make_database()
+    stack = LocalStack(root=root, amqp_url=f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}/{vhost}",
+                       database_url=f"{PG_ADMIN.rsplit('/', 1)[0]}/{database}",
+                       nodes=[SimNode("node-1", "a100-80", 2), SimNode("node-2", "l4", 1)],
+                       identity_map=team_identity_map(),
+                       extra_env={"GPUORCH_HEARTBEAT_S": "1", "GPUORCH_TICK_S": "0.5",
+                                  "GPUORCH_EXECUTOR_ALLOW": json.dumps(allow)})
+    try:
+        stack.start_all()
+        stack.wait_for_queues([f"executor.{node.node_id}" for node in stack.nodes])  # launches are routable
+        url = stack.start_api()
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TEAM_TOKENS['ops']}"}) as http:
+            deadline = time.monotonic() + 60
+            while len(http.get("/api/v1/nodes").json()) < 2:
+                assert time.monotonic() < deadline, "the simulated nodes did not register"
+                time.sleep(0.2)
+        yield stack
+    except Exception:
+        for name in stack.processes:
+            print(f"--- {name} ---\n{stack.tail(name, 40)}")
+        raise
+    finally:
+        stack.stop_all()
+        stack.kill_jobs()
+        drop_vhost(vhost)
+        drop_database(database)

@@ -5,34 +5,21 @@ each test gets its own config file (``GPUCTL_CONFIG``) and no database or broker
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
-from gpuorch_gpuctl.stack import LocalStack, SimNode
+from gpuorch_gpuctl.stack import LocalStack
 from typer.testing import CliRunner, Result
 
-from conftest import AMQP_HOST, AMQP_PORT, PG_ADMIN, drop_database, drop_vhost, make_database, make_vhost
+from tests.e2e.harness import TEAM_TOKENS, api_stack
 
-TOKENS = {"acme-team": "acme-secret", "research-team": "research-secret", "ops": "ops-secret"}
-IDENTITY_MAP = {
-    "identities": {
-        "*": {"role": "operator", "tenants": ["*"], "default_tenant": "default", "max_priority": "critical"},
-        "acme-team": {"role": "submitter", "tenants": ["acme"], "default_tenant": "acme", "max_priority": "normal"},
-        "research-team": {"role": "submitter", "tenants": ["research"], "default_tenant": "research"},
-        "ops": {"role": "operator", "tenants": ["*"], "default_tenant": "default", "max_priority": "critical"},
-    },
-    "tokens": {hashlib.sha256(token.encode()).hexdigest(): name for name, token in TOKENS.items()},
-}
-ALLOW = {"tenants": {t: {"commands": ["python", "python3"], "inline_code": True} for t in ("acme", "research")}}
+TOKENS = TEAM_TOKENS
 
 
 @dataclass
@@ -43,31 +30,9 @@ class LiveApi:
 
 @pytest.fixture(scope="module")
 def live_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveApi]:
-    vhost, database = make_vhost(), make_database()
-    root = tmp_path_factory.mktemp("stack")
-    stack = LocalStack(root=root, amqp_url=f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}/{vhost}",
-                       database_url=f"{PG_ADMIN.rsplit('/', 1)[0]}/{database}",
-                       nodes=[SimNode("node-1", "a100-80", 2), SimNode("node-2", "l4", 1)], identity_map=IDENTITY_MAP,
-                       extra_env={"GPUORCH_HEARTBEAT_S": "1", "GPUORCH_TICK_S": "0.5",
-                                  "GPUORCH_EXECUTOR_ALLOW": json.dumps(ALLOW)})
-    try:
-        stack.start_all()
-        url = stack.start_api()
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKENS['ops']}"}) as http:
-            deadline = time.monotonic() + 60
-            while len(http.get("/api/v1/nodes").json()) < 2:  # both nodes registered
-                assert time.monotonic() < deadline, "the simulated nodes did not register"
-                time.sleep(0.2)
-        yield LiveApi(stack, url)
-    except Exception:
-        for name in stack.processes:
-            print(f"--- {name} ---\n{stack.tail(name, 40)}")
-        raise
-    finally:
-        stack.stop_all()
-        stack.kill_jobs()
-        drop_vhost(vhost)
-        drop_database(database)
+    with api_stack(tmp_path_factory.mktemp("stack")) as stack:
+        assert stack.api_url is not None
+        yield LiveApi(stack, stack.api_url)
 
 
 class Gpuctl:

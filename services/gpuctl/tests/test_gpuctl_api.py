@@ -4,6 +4,7 @@ reads logs from whichever node ran the job, and cancels its own jobs but not ano
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -15,6 +16,17 @@ from .conftest import TOKENS, Gpuctl, LiveApi
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PRINT_AND_WAIT = "import sys, time; print('first', flush=True); time.sleep(float(sys.argv[1])); print('last')"
+
+
+def finish(process: subprocess.Popen[str], timeout_s: float = 60) -> tuple[str, str]:
+    """What a spawned gpuctl printed (stdout, stderr) once it exited; killed after ``timeout_s``, so a hang fails
+    with what it had printed."""
+    try:
+        return process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, errors = process.communicate()
+        return out, f"killed after {timeout_s}s; stderr: {errors}"
 
 
 def test_contexts_versions_and_one_line_errors(gpuctl: Gpuctl, live_api: LiveApi) -> None:
@@ -58,8 +70,9 @@ def test_a_team_member_submits_watches_reads_logs_and_cancels(gpuctl: Gpuctl, li
     assert described["tenant"] == "acme" and described["state"] == "succeeded"  # type: ignore[index]
     assert [e["type"] for e in described["timeline"]][:2] == ["job.accepted", "job.placed"]  # type: ignore[index]
 
-    first_events = [json.loads(line) for line in events.communicate(timeout=60)[0].splitlines()]
-    assert [e["type"] for e in first_events] == ["job.accepted", "job.placed"]
+    out, errors = finish(events)
+    first_events = [json.loads(line) for line in out.splitlines()]
+    assert [e["type"] for e in first_events] == ["job.accepted", "job.placed"], errors
     assert {e["job_id"] for e in first_events} == {job_id}
     watched = json.loads(watch.stdout.readline())
     watch.terminate()
@@ -82,8 +95,8 @@ def test_a_team_member_submits_watches_reads_logs_and_cancels(gpuctl: Gpuctl, li
 
     # follow a running job's log to its end; cancel a long one: only its own team may
     running = gpuctl.ok("submit", "--gpus", "1", "--", "python", "-c", PRINT_AND_WAIT, "2").stdout.strip()
-    followed = gpuctl.spawn("logs", "-f", running)
-    assert followed.communicate(timeout=60)[0] == "first\nlast\n"
+    out, errors = finish(gpuctl.spawn("logs", "-f", running))
+    assert out == "first\nlast\n", errors
     long = gpuctl.ok("submit", "--gpus", "1", "--", "python", "-c", PRINT_AND_WAIT, "600").stdout.strip()
     gpuctl.ok("config", "set-context", "research", "--server", live_api.url, "--token", TOKENS["research-team"])
     assert long not in {j["id"] for j in gpuctl.json("jobs")}  # type: ignore[union-attr,index]

@@ -201,7 +201,8 @@ async def list_queues(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
 @router.get("/api/v1/tenants", tags=["fleet"])
 async def list_tenants(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
     """Per tenant the caller sees: GPUs allocated, quota, GPUs used (allocation x mean utilisation)."""
-    return views.tenant_views(await svc.read.tenant_use(tenants=who.tenants), svc.quotas)
+    also = who.tenants if who.tenants is not None else frozenset(svc.quotas)
+    return views.tenant_views(await svc.read.tenant_use(tenants=who.tenants), svc.quotas, also)
 
 
 @router.get("/api/v1/events", tags=["live"], response_class=StreamingResponse)

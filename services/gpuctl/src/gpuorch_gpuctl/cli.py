@@ -36,7 +36,7 @@ from gpuorch_gpuctl.output import Column, Format, JsonOpt, NoHeadersOpt, OutputO
 from gpuorch_gpuctl.schema_cmd import schema_app
 from gpuorch_gpuctl.terminal_text import cell, log_output, markup
 from gpuorch_gpuctl.top_cmd import top
-from gpuorch_gpuctl.watch import job_row_line, sse_events
+from gpuorch_gpuctl.watch import job_row_line, sse_events, state_after
 
 app = typer.Typer(help="gpuctl: submit, watch, inspect and cancel gpuorch jobs (through the gpuorch API).",
                   no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -325,6 +325,9 @@ def _watch_jobs(client: ApiClient, fmt: Format, timeout_s: float, state: str | N
         if not job_id or not event["type"].startswith("job."):
             continue
         job = client.get(f"/api/v1/jobs/{job_id}")
+        after = state_after(event["type"], event["data"])
+        if after is not None and job["state"] != after and job["state"] not in TERMINAL:
+            job = {**job, "state": after, "exit_code": event["data"].get("exit_code", job["exit_code"])}
         if state is not None and job["state"] != state:
             continue
         if fmt in (Format.json, Format.yaml):
@@ -384,6 +387,8 @@ def logs(
         _local_logs(target, job_id, follow, as_json)
         return
     with target:
+        if follow:
+            _wait_until_started(target, job_id)
         if as_json:
             text = "\n".join(target.stream_lines(f"/api/v1/jobs/{job_id}/logs", node=node))
             print(json.dumps({"job_id": job_id, "text": text + "\n" if text else ""}))
@@ -391,6 +396,20 @@ def logs(
         for line in target.stream_lines(f"/api/v1/jobs/{job_id}/logs", follow=follow or None, node=node):
             sys.stdout.write(log_output(line + "\n"))
             sys.stdout.flush()
+
+
+def _wait_until_started(client: ApiClient, job_id: str, timeout_s: float = 3600) -> None:
+    """``logs -f`` of a job that has not started yet waits for it (like ``kubectl logs -f`` of a pending pod)."""
+    deadline = time.monotonic() + timeout_s
+    announced = False
+    while time.monotonic() < deadline:
+        job = client.find(f"/api/v1/jobs/{job_id}")
+        if job is not None and (job["state"] in ("running", "preempting", *TERMINAL) or job.get("started_at")):
+            return
+        if not announced:
+            err.print(f"waiting for job {markup(job_id)} to start ...")
+            announced = True
+        time.sleep(0.5)
 
 
 def _local_logs(dsn: str, job_id: str, follow: bool, as_json: bool) -> None:

@@ -43,3 +43,13 @@ def sse_events(lines: Iterable[str], deadline: float | None = None,
 def job_row_line(job: dict[str, Any], cells: Iterable[Callable[[dict[str, Any]], str]]) -> str:
     """A job as one plain line of space-separated cells (rich markup removed), for ``jobs -w``."""
     return "  ".join(_MARKUP.sub("", cell(job)) for cell in cells)
+
+
+def state_after(event_type: str, data: dict[str, Any]) -> str | None:
+    """The state a job is in after an event, when the event alone says so. A watcher may read the job before the
+    scheduler has applied the event (an executor's ``job.finished`` reaches both at once), so the event wins."""
+    if event_type == "job.started":
+        return "running"
+    if event_type == "job.finished":
+        return "succeeded" if data.get("exit_code") == 0 else "failed"
+    return {"job.failed": "failed", "job.cancelled": "cancelled", "job.rejected": "rejected"}.get(event_type)

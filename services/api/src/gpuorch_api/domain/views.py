@@ -104,11 +104,16 @@ def queue_views(queued: list[dict[str, Any]], now: datetime, *, next_starts: int
     return out
 
 
-def tenant_views(use: list[dict[str, Any]], quotas: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def tenant_views(use: list[dict[str, Any]], quotas: dict[str, dict[str, Any]],
+                 also: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """Per tenant: GPUs allocated, its GPU quota (``quotas[tenant]["gpus"]``, else the ``"*"`` entry, else none),
-    and use: the allocated GPUs times their mean utilisation over the last minutes (None before any sample)."""
+    and use: the allocated GPUs times their mean utilisation over the last minutes (None before any sample).
+    ``also``: tenants to show even with nothing allocated or waiting (the caller's own, the quotas')."""
+    idle = {"allocated_gpus": 0.0, "queued": 0, "running": 0, "mean_util_pct": None}
+    shown = {row["tenant"] for row in use}
+    rows = sorted([*use, *({"tenant": t, **idle} for t in also - shown - {"*"})], key=lambda r: r["tenant"])
     out = []
-    for row in use:
+    for row in rows:
         quota = (quotas.get(row["tenant"]) or quotas.get("*") or {}).get("gpus")
         util = row.get("mean_util_pct")
         allocated = float(row["allocated_gpus"])

@@ -1,0 +1,249 @@
+// gpuorch dashboard: plain JavaScript over the API (/api/v1), no build step.
+// Every value from the API reaches the page through textContent (el()), never as HTML.
+// Live: /api/v1/events read with fetch() (EventSource cannot send the Authorization header); each event
+// refreshes the page shown, at most every 700 ms; the fleet also refreshes every 5 s (usage samples are not events).
+"use strict";
+
+const state = { token: localStorage.getItem("gpuorch-token") || "", who: null, stream: null, pending: null };
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "class") node.className = value;
+    else if (key === "style") node.setAttribute("style", value);
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(path, {
+    ...options, headers: { "Authorization": `Bearer ${state.token}`, "Content-Type": "application/json" },
+  });
+  let body = null;
+  try { body = await response.json(); } catch (_) { body = null; }
+  if (!response.ok) throw new Error((body && body.error) || `HTTP ${response.status}`);
+  return body;
+}
+
+function ago(iso) {
+  if (!iso) return "-";
+  const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+  return s < 120 ? `${s.toFixed(0)}s ago` : s < 7200 ? `${(s / 60).toFixed(0)}m ago` : `${(s / 3600).toFixed(1)}h ago`;
+}
+
+function stateCell(value, kind = "state") { return el("span", { class: `${kind}-${value}` }, value); }
+
+function table(headers, rows) {
+  return el("table", {}, el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows.map((cells) => el("tr", {}, cells.map((c) => el("td", {}, c))))));
+}
+
+function pct(value) { return value === null || value === undefined ? "-" : `${Math.round(value)}%`; }
+
+// -- pages ------------------------------------------------------------------------------------------------------
+
+function gpuTile(gpu) {
+  const slices = gpu.mig_slices.length ? el("div", { class: "slices" }, gpu.mig_slices.map((s) =>
+    el("span", { class: `slice${s.allocated ? " held" : ""}`, title: s.profile }))) : null;
+  const memory = gpu.memory_used_mib === null ? "mem -" :
+    `mem ${(gpu.memory_used_mib / 1024).toFixed(1)}/${(gpu.memory_total_mib / 1024).toFixed(0)} GiB`;
+  return el("div", {
+    class: `gpu${gpu.free ? "" : " busy"}${gpu.health === "healthy" ? "" : " sick"}`,
+    title: `${gpu.uuid} ${gpu.health}${gpu.health_reason ? ": " + gpu.health_reason : ""}`,
+  },
+  el("div", {}, `GPU ${gpu.index} ${gpu.model}`),
+  el("div", {}, `util ${pct(gpu.utilization_pct)}`),
+  el("div", { class: "bar" }, el("span", { style: `width:${gpu.utilization_pct || 0}%` })),
+  el("div", {}, memory),
+  el("div", {}, gpu.temperature_c === null ? "" : `${Math.round(gpu.temperature_c)} °C `, stateCell(gpu.health, "health")),
+  el("div", { class: "hint" }, gpu.jobs.map((j) => j.tenant).join(", ") || "free"),
+  slices);
+}
+
+function nodeCard(node) {
+  const seen = node.last_seen_s === null ? "never" : `${node.last_seen_s} s ago`;
+  const mig = node.mig_slices_total ? ` · ${node.mig_slices_free}/${node.mig_slices_total} MIG slices free` : "";
+  return el("div", { class: "node", "data-node": node.node_id },
+    el("h3", {}, node.node_id, " ", stateCell(node.liveness, "liveness")),
+    el("div", { class: "hint" }, `last seen ${seen} · ${node.gpus_free}/${node.gpus_total} GPUs free${mig}`),
+    el("div", { class: "gpus" }, node.gpus.map(gpuTile)));
+}
+
+async function fleetPage() {
+  const nodes = await api("/api/v1/nodes");
+  return el("section", { id: "fleet" }, el("h2", {}, `Fleet: ${nodes.length} nodes`),
+    el("div", { class: "nodes" }, nodes.map(nodeCard)));
+}
+
+async function queuesPage() {
+  const queues = await api("/api/v1/queues");
+  return el("section", { id: "queues" }, el("h2", {}, "Queues per tier"),
+    table(["tier", "waiting", "oldest wait", "why they wait", "next estimated starts"], queues.map((q) => [
+      q.tier, String(q.depth), q.oldest_wait_s === null ? "-" : `${q.oldest_wait_s.toFixed(0)} s`,
+      el("div", {}, q.pending_reasons.map((r) => el("div", {}, `${r.jobs} × ${r.reason}`))),
+      el("div", {}, q.estimated_starts.map((s) => el("div", {},
+        el("a", { href: `#/job/${s.job_id}` }, s.name), ` in ~${s.in_s.toFixed(0)} s`))),
+    ])));
+}
+
+async function jobsPage() {
+  const jobs = await api("/api/v1/jobs?limit=200");
+  return el("section", { id: "jobs" }, el("h2", {}, `Jobs (${jobs.length})`),
+    table(["job", "name", "tenant", "tier", "state", "node", "gpus", "exit", "submitted", "reason"], jobs.map((j) => [
+      el("a", { href: `#/job/${j.id}`, class: "job-link", "data-job": j.id }, j.id.slice(0, 8)), j.name, j.tenant,
+      j.tier, stateCell(j.state), j.node || "-", j.gpus, j.exit_code === null ? "-" : String(j.exit_code),
+      ago(j.submitted_at), j.pending_reason || j.reason || "",
+    ])));
+}
+
+async function jobPage(id) {
+  const job = await api(`/api/v1/jobs/${encodeURIComponent(id)}`);
+  const facts = [["id", job.id], ["name", job.name], ["tenant", job.tenant], ["tier", job.tier],
+    ["priority", job.priority_class], ["state", stateCell(job.state)],
+    ["reason", job.pending_reason || job.reason || "-"], ["nodes", job.nodes.join(", ") || "-"],
+    ["GPUs", job.gpus], ["placement", job.placement_id || "-"], ["exit code", job.exit_code ?? "-"],
+    ["submitted", job.submitted_at], ["started", job.started_at || "-"], ["ended", job.ended_at || "-"],
+    ["estimated start", job.estimated_start || "-"], ["GPU-hours so far", String(job.usage.gpu_hours)],
+    ["trace", job.trace_url ? el("a", { href: job.trace_url, target: "_blank", rel: "noopener" }, "open in Jaeger")
+      : "tracing link not configured (GPUORCH_JAEGER_URL)"]];
+  return el("section", { id: "job", "data-state": job.state },
+    el("h2", {}, `Job ${job.name} `, stateCell(job.state)),
+    el("dl", {}, facts.map(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k }, v)])),
+    el("h2", {}, "Timeline"),
+    table(["at", "event", "detail"], job.timeline.map((e) => [e.at, e.type,
+      Object.entries(e).filter(([k]) => k !== "at" && k !== "type").map(([k, v]) => `${k}=${v}`).join(" ")])),
+    el("h2", {}, "Usage so far"),
+    table(["node", "GPU", "allocated", "samples", "peak memory", "mean util"], job.usage.devices.map((d) => [
+      d.node_id, String(d.gpu_index), `${d.alloc_milli} m`, String(d.samples), `${d.peak_memory_mib} MiB`,
+      pct(d.mean_util_pct)])),
+    el("h2", {}, "Advice and alerts"),
+    job.advice.length ? table(["kind", "severity", "explanation", "advice", "raised", "resolved"], job.advice.map((a) => [
+      a.kind, a.severity, a.explanation, a.advice || "", ago(a.raised_at), a.resolved_at ? ago(a.resolved_at) : "open",
+    ])) : el("p", { class: "hint" }, "nothing noticed"),
+    el("h2", {}, "Spec"), el("pre", {}, JSON.stringify(job.spec, null, 2)));
+}
+
+async function tenantsPage() {
+  const tenants = await api("/api/v1/tenants");
+  const scale = Math.max(1, ...tenants.map((t) => Math.max(t.allocated_gpus, t.quota_gpus || 0)));
+  return el("section", { id: "tenants" }, el("h2", {}, "Allocation against quota and use"),
+    table(["tenant", "allocated GPUs", "quota", "used GPUs", "", "running", "queued"], tenants.map((t) => [
+      t.tenant, String(t.allocated_gpus), t.quota_gpus === null ? "-" : String(t.quota_gpus),
+      t.used_gpus === null ? "-" : String(t.used_gpus),
+      el("div", { class: "meter", title: "allocated (light), used (dark), quota (red line)" },
+        el("span", { class: "alloc", style: `width:${(100 * t.allocated_gpus) / scale}%` }),
+        el("span", { class: "use", style: `width:${(100 * (t.used_gpus || 0)) / scale}%` }),
+        t.quota_gpus === null ? null : el("span", { class: "quota", style: `left:${(100 * t.quota_gpus) / scale}%` })),
+      String(t.running), String(t.queued),
+    ])));
+}
+
+function submitPage() {
+  const field = (name, input) => [el("label", { for: name }, name), input];
+  const form = el("form", { class: "submit", id: "submit-form" },
+    field("name", el("input", { id: "name", value: "job" })),
+    field("tenant", el("input", { id: "tenant", placeholder: "(your default tenant)" })),
+    field("tier", el("select", { id: "tier" }, ["batch", "inference", "training"].map((t) => el("option", {}, t)))),
+    field("gpus", el("input", { id: "gpus", type: "number", min: "0", value: "1" })),
+    field("command", el("textarea", { id: "command", placeholder: '["python", "-c", "print(42)"]' })),
+    el("span"), el("button", { type: "submit" }, "Submit"), el("span"), el("span", { id: "submit-result" }));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const result = document.getElementById("submit-result");
+    const text = document.getElementById("command").value.trim();
+    let argv;
+    try { argv = text.startsWith("[") ? JSON.parse(text) : text.split(/\s+/); } catch (e) {
+      result.replaceChildren(el("span", { class: "error" }, `command: ${e.message}`)); return;
+    }
+    const spec = { name: document.getElementById("name").value, tier: document.getElementById("tier").value,
+      resources: { gpus: Number(document.getElementById("gpus").value || 0) }, run: { runtime: "process", argv } };
+    const tenant = document.getElementById("tenant").value.trim();
+    if (tenant) spec.tenant = tenant;
+    try {
+      const answer = await api("/api/v1/jobs", { method: "POST", body: JSON.stringify({ spec }) });
+      result.replaceChildren("submitted: ", el("a", { href: `#/job/${answer.job_id}`, id: "submitted-link" },
+        answer.job_id));
+    } catch (e) { result.replaceChildren(el("span", { class: "error" }, e.message)); }
+  });
+  return el("section", { id: "submit" }, el("h2", {}, "Submit a job"), form);
+}
+
+// -- routing, live events, sign-in ------------------------------------------------------------------------------
+
+const pages = { fleet: fleetPage, queues: queuesPage, jobs: jobsPage, tenants: tenantsPage, submit: submitPage };
+
+async function render() {
+  const [, page = "fleet", id] = location.hash.split("/");
+  for (const link of document.querySelectorAll("nav a")) link.classList.toggle("active", link.id === `nav-${page}`);
+  const view = document.getElementById("view");
+  if (!state.who) return;
+  if (page === "submit" && view.querySelector("#submit")) return;  // keep what is being typed
+  try {
+    const content = page === "job" ? await jobPage(id) : await (pages[page] || fleetPage)();
+    view.replaceChildren(content);
+  } catch (e) { view.replaceChildren(el("p", { class: "error" }, e.message)); }
+}
+
+function refreshSoon() {
+  if (state.pending) return;
+  state.pending = setTimeout(() => { state.pending = null; render(); }, 700);
+}
+
+async function follow() {
+  if (state.stream) state.stream.abort();
+  const controller = new AbortController();
+  state.stream = controller;
+  const live = document.getElementById("live");
+  try {
+    const response = await fetch("/api/v1/events", { headers: { Authorization: `Bearer ${state.token}` },
+      signal: controller.signal });
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    live.classList.add("on");
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        if (block.split("\n").some((line) => line.startsWith("data:"))) refreshSoon();
+      }
+    }
+  } catch (_) { /* aborted, or the API went away: retried below */ }
+  live.classList.remove("on");
+  if (state.stream === controller) setTimeout(follow, 3000);
+}
+
+async function signIn(token) {
+  state.token = token;
+  try {
+    state.who = await api("/api/v1/whoami");
+  } catch (e) {
+    state.who = null;
+    document.getElementById("who").textContent = "";
+    document.getElementById("view").replaceChildren(el("p", { class: "error", id: "login-error" }, e.message));
+    return;
+  }
+  localStorage.setItem("gpuorch-token", token);
+  document.getElementById("who").textContent = `${state.who.identity} (${state.who.role}: ${state.who.tenants.join(", ")})`;
+  follow();
+  render();
+}
+
+document.getElementById("login").addEventListener("submit", (event) => {
+  event.preventDefault();
+  signIn(document.getElementById("token").value.trim());
+});
+window.addEventListener("hashchange", render);
+setInterval(() => { if (state.who && (location.hash || "#/fleet").startsWith("#/fleet")) render(); }, 5000);
+if (state.token) signIn(state.token);

@@ -1,0 +1,115 @@
+"""The dashboard in a real browser (headless Chromium from Debian's packages, driven by selenium through
+/usr/bin/chromedriver: nothing is downloaded): with a team's token the pages load with live data from a running
+stack, a job submitted through the page reaches succeeded, and another team's jobs are not shown."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.harness import TEAM_TOKENS, api_stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+if CHROMIUM is None or CHROMEDRIVER is None:
+    pytest.skip("headless Chromium is not installed (apt-get install -y chromium chromium-driver; .ci/run does)",
+                allow_module_level=True)
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is a dev dependency: run uv sync")
+
+
+@pytest.fixture(scope="module")
+def stack_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with api_stack(tmp_path_factory.mktemp("dashboard")) as stack:
+        assert stack.api_url is not None
+        yield stack.api_url
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM  # type: ignore[assignment]
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                     "--window-size=1400,1000"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def until(browser: Any, condition: Any, timeout_s: float = 60) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, timeout_s, poll_frequency=0.2).until(condition)
+
+
+def research_job(url: str) -> str:
+    """Another team's job, finished before the browser opens."""
+    headers = {"Authorization": f"Bearer {TEAM_TOKENS['research-team']}"}
+    spec = {"name": "research-secret-job", "resources": {"gpus": 1},
+            "run": {"runtime": "process", "argv": ["python", "-c", "print('research')"]}}
+    job_id: str = httpx.post(f"{url}/api/v1/jobs", json={"spec": spec}, headers=headers).json()["job_id"]
+    deadline = time.monotonic() + 90
+    while True:
+        job = httpx.get(f"{url}/api/v1/jobs/{job_id}", headers=headers).json()
+        if job.get("state") in ("succeeded", "failed", "rejected", "cancelled"):
+            break
+        assert time.monotonic() < deadline, f"the research job did not end: {job}"
+        time.sleep(0.3)
+    assert job["state"] == "succeeded", job
+    return job_id
+
+
+def test_a_team_member_sees_the_fleet_submits_from_the_page_and_sees_only_its_jobs(
+        stack_url: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    hidden = research_job(stack_url)
+    browser.get(f"{stack_url}/#/fleet")
+    browser.find_element(By.ID, "token").send_keys("not-a-token")
+    browser.find_element(By.CSS_SELECTOR, "#login button").click()
+    assert "unknown token" in until(browser, lambda b: b.find_element(By.ID, "login-error")).text
+
+    token = browser.find_element(By.ID, "token")
+    token.clear()
+    token.send_keys(TEAM_TOKENS["acme-team"])
+    browser.find_element(By.CSS_SELECTOR, "#login button").click()
+    until(browser, lambda b: "acme-team" in b.find_element(By.ID, "who").text)
+    nodes = until(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "[data-node]"))
+    assert sorted(n.get_attribute("data-node") for n in nodes) == ["node-1", "node-2"]
+    assert "GPUs free" in nodes[0].text
+
+    browser.get(f"{stack_url}/#/submit")
+    until(browser, lambda b: b.find_elements(By.ID, "submit-form"))
+    browser.find_element(By.ID, "name").clear()
+    browser.find_element(By.ID, "name").send_keys("from-the-page")
+    browser.find_element(By.ID, "command").send_keys('["python", "-c", "print(42)"]')
+    browser.find_element(By.CSS_SELECTOR, "#submit-form button").click()
+    until(browser, lambda b: b.find_element(By.ID, "submitted-link")).click()
+    # the job page follows the job live (events refresh it) until it succeeded
+    until(browser, lambda b: b.find_element(By.ID, "job").get_attribute("data-state") == "succeeded", 90)
+    page = browser.find_element(By.ID, "job").text
+    assert "job.accepted" in page and "job.finished" in page and "node-" in page  # timeline and placement
+
+    browser.get(f"{stack_url}/#/jobs")
+    links = until(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "a.job-link"))
+    assert {link.text for link in links} and hidden[:8] not in {link.text for link in links}
+    assert "research-secret-job" not in browser.find_element(By.ID, "jobs").text
+    assert "from-the-page" in browser.find_element(By.ID, "jobs").text
+
+    browser.get(f"{stack_url}/#/queues")
+    assert "training" in until(browser, lambda b: b.find_element(By.ID, "queues")).text
+    browser.get(f"{stack_url}/#/tenants")
+    tenants = until(browser, lambda b: b.find_element(By.ID, "tenants")).text
+    assert "acme" in tenants and "research" not in tenants
