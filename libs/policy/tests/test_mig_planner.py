@@ -93,6 +93,7 @@ def test_idle_slices_go_back_to_whole_gpus_for_waiting_training_keeping_one_warm
     plan = plan_mig(gpus, [train("t", 3)], ADVISE, NOW)   # 3 GPUs on n1 cannot be had now: gather
     (proposal,) = plan.proposals
     assert proposal.key == ("n1", 0) and proposal.target is None and "slices unused" in proposal.reason
+    assert proposal.enables == () and "(t)" in proposal.reason
     assert plan_mig(gpus, [train("t", 3), small("a", "3g.40gb")], ADVISE, NOW).proposals == ()  # 3g used, 7g warm
 
 
@@ -183,16 +184,23 @@ def test_plans_are_valid_disturb_only_what_they_drain_and_respect_caps(scenario)
         # the cap (counting this change) and hysteresis
         assert sum(1 for t in gpu.reconfigured_at if NOW - t < HOUR_S) + 1 <= knobs.max_per_hour
         assert not gpu.reconfigured_at or NOW - max(gpu.reconfigured_at) >= knobs.min_interval_s
-        # it serves someone that waited out the batching window
-        assert proposal.enables and all(any(j.job_id == e and j.waiting_s >= knobs.min_pending_s for j in queue)
-                                        for e in proposal.enables)
-        # a whole GPU is partitioned only when it is free, and (unless inference waited long enough to slice
-        # gathered GPUs) never while a 1-GPU job waits for a whole GPU
+        # it serves someone that waited out the batching window, or turns idle slices whole while whole-GPU
+        # jobs wait (and no MIG job does)
+        assert all(any(j.job_id == e and j.waiting_s >= knobs.min_pending_s for j in queue) for e in proposal.enables)
+        if not proposal.enables:
+            assert proposal.target is None and not proposal.drains and "slices unused" in proposal.reason
+            assert any(j.whole_gpus and j.job_id in {u for u, _ in plan.unmet} for j in queue)
+        # a whole GPU is partitioned only when it is free
         if gpu.layout is None and proposal.target is not None:
             assert not proposal.drains
-        if gpu.layout is None and proposal.target is not None and knobs.slice_gathered_after_s is None:
-            unmet = {j for j, _ in plan.unmet}
-            assert not any(j.whole_gpus == 1 and j.nodes == 1 for j in queue
-                           if j.job_id in unmet or j.waiting_s < knobs.min_pending_s)
+    # unless inference waited long enough to slice gathered GPUs, the last free whole GPU a waiting 1-GPU whole
+    # job could take is never sliced
+    unmet = {j for j, _ in plan.unmet}
+    if knobs.slice_gathered_after_s is None and any(
+            j.whole_gpus == 1 and j.nodes == 1 and (j.job_id in unmet or j.waiting_s < knobs.min_pending_s)
+            for j in queue):
+        free_whole = [g.key for g in gpus if g.in_service and g.layout is None and not g.running_jobs(drained)]
+        sliced = {p.key for p in plan.proposals if p.current is None and p.target is not None}
+        assert not free_whole or set(free_whole) - sliced
     served = {e for p in plan.proposals for e in p.enables}
     assert not served & {j for j, _ in plan.unmet}

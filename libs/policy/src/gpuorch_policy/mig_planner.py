@@ -146,7 +146,8 @@ class MigProposal:
     drains: tuple[str, ...]
     """Running jobs that must end first (or be preempted with their checkpoint grace)."""
     enables: tuple[str, ...]
-    """Pending jobs the new layout would let start."""
+    """Pending jobs the new layout would let start (empty when idle slices go back to whole GPUs that waiting
+    whole-GPU jobs gather: none of them can start yet)."""
     reason: str
 
     @property
@@ -387,8 +388,10 @@ class _Planner:
         idle.sort(key=lambda g: (-whole_on[g.state.node_id], g.state.key))
         for gpu in idle[: max(0, len(idle) - self.settings.keep_idle_mig_gpus)]:
             if self._usable(gpu):
-                self._propose(gpu, None, [j.job_id for j in waiting_whole if _model_ok(j, gpu.state)][:8],
-                              f"{len(waiting_whole)} whole-GPU job(s) wait and no MIG job does: slices unused")
+                waiting = [j.job_id for j in waiting_whole if _model_ok(j, gpu.state)]
+                self._propose(gpu, None, [], f"{len(waiting)} whole-GPU job(s) wait ({', '.join(waiting[:3])}"
+                                             f"{', ...' if len(waiting) > 3 else ''}) and no MIG job does: "
+                                             "slices unused")
 
     # -- MIG instances ---------------------------------------------------------------------------------------
 
