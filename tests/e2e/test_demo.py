@@ -1,4 +1,5 @@
-"""`make demo` stays true: the demo command runs the whole stack and at least 10 jobs succeed on 3 nodes; then
+"""`make demo` stays true: the demo command runs the whole stack and at least 10 jobs succeed on 3 nodes; kept
+(`--keep`), `gpuctl jobs --json` with no flags lists its jobs through its API and `gpuctl down` stops it; then
 `gpuctl report --out DIR` draws charts with data in them and lists concrete conclusions."""
 
 from __future__ import annotations
@@ -20,20 +21,30 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_demo_runs_a_mixed_workload_on_three_simulated_nodes(tmp_path: Path) -> None:
     suffix = uuid.uuid4().hex[:8]
     vhost, database = f"gpuorch-demo-test-{suffix}", f"gpuorch_demo_test_{suffix}"
-    env = {**os.environ, "GPUORCH_DEMO_VHOST": vhost,
-           "GPUORCH_DEMO_DATABASE_URL": f"postgresql://postgres@127.0.0.1:5432/{database}"}
-    report = None
+    env = {**{k: v for k, v in os.environ.items() if k not in ("GPUORCH_DATABASE_URL", "GPUCTL_SERVER")},
+           "GPUORCH_DEMO_VHOST": vhost, "GPUORCH_DEMO_DATABASE_URL": f"postgresql://postgres@127.0.0.1:5432/{database}",
+           "GPUCTL_CONFIG": str(tmp_path / "gpuctl.yaml")}
+    report = listed = stopped = None
     try:
-        done = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "demo", "--json", "--root", str(tmp_path)],
-                              env=env, capture_output=True, text=True, timeout=180)
-        if done.returncode == 0:  # the weekly review right after the demo, as a new user would run it
+        done = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "demo", "--json", "--keep", "--api-port", "0",
+                               "--root", str(tmp_path)], env=env, capture_output=True, text=True, timeout=180)
+        if done.returncode == 0:  # kept: gpuctl with no flags reads the demo's jobs through its API
+            listed = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "jobs", "--json"], env=env,
+                                    capture_output=True, text=True, timeout=60)
+            # the weekly review right after the demo, as a new user would run it
             report = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "report", "--json", "--out",
                                      str(tmp_path / "report"), "--dsn", env["GPUORCH_DEMO_DATABASE_URL"]],
                                     env=env, capture_output=True, text=True, timeout=120)
     finally:
+        if (tmp_path / "stack.json").exists():
+            stopped = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "down", "--json"], env=env,
+                                     capture_output=True, text=True, timeout=60)
         drop_vhost(vhost)
         drop_database(database)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert listed is not None and listed.returncode == 0, listed.stderr if listed else ""
+    assert len(json.loads(listed.stdout)) == 15
+    assert stopped is not None and set(json.loads(stopped.stdout)["stopped"]) >= {"api", "executor", "telemetry"}
     outcome = json.loads(done.stdout)
     assert outcome["states"]["succeeded"] >= 10
     assert outcome["nodes_used"] == ["node-1", "node-2", "node-3"]
