@@ -224,6 +224,7 @@ def scheduler() -> dict[str, Any]:
         (timeseries("Node-agent heartbeat lag", ("max by (quantile) (gpuorch_node_agent_heartbeat_lag_seconds)",
                                                  "q{{quantile}}"), unit="s"), 12, 8),
         (timeseries("NVML errors and unconfirmed publishes (1h)",
+                    ("sum by (function) (increase(gpuorch_node_agent_nvml_errors_total[1h]))", "NVML {{function}}"),
                     ("sum(increase(gpuorch_node_agent_nvml_event_failures_total[1h]))", "NVML event failures"),
                     ("sum(increase(gpuorch_node_agent_publish_failures_total[1h]))", "publishes not confirmed")),
          12, 8),

@@ -2,8 +2,9 @@
 
 ``NvmlReader.call(name, *args)`` returns the call's result, or ``None`` when it raised. Every failure except the
 expected ones (``NOT_SUPPORTED``, and any code in ``quiet``) is recorded in ``failures`` as ``"function: error"``
-for the next heartbeat; ``GPU_IS_LOST`` also sets ``lost``. Works with the real ``pynvml`` module and with
-``SimulatedNvml`` alike (both expose ``NVMLError`` with ``.value``).
+for the next heartbeat and counted in ``gpuorch_node_agent_nvml_errors_total{function}``; ``GPU_IS_LOST`` also
+sets ``lost``. Works with the real ``pynvml`` module and with ``SimulatedNvml`` alike (both expose ``NVMLError``
+with ``.value``).
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from prometheus_client import Counter
+
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_GPU_IS_LOST = 15
 MAX_FAILURES = 64
+NVML_ERRORS = Counter("gpuorch_node_agent_nvml_errors_total",
+                      "NVML calls that failed unexpectedly (not NOT_SUPPORTED), by NVML function", ["function"])
 
 
 class NvmlReader:
@@ -32,12 +37,13 @@ class NvmlReader:
                 self.lost = True
             if code == NVML_ERROR_NOT_SUPPORTED or code in tuple(quiet):
                 return None
-            self._record(f"{name}: {_describe(exc)}")
+            self._record(name, f"{name}: {_describe(exc)}")
         except Exception as exc:
-            self._record(f"{name}: {type(exc).__name__}: {exc}")
+            self._record(name, f"{name}: {type(exc).__name__}: {exc}")
         return None
 
-    def _record(self, failure: str) -> None:
+    def _record(self, function: str, failure: str) -> None:
+        NVML_ERRORS.labels(function).inc()
         if len(self.failures) < MAX_FAILURES and failure not in self.failures:
             self.failures.append(failure)
 
