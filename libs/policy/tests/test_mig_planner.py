@@ -11,6 +11,8 @@ from gpuorch_policy.mig_planner import (
     PlannerSettings,
     plan_mig,
     planned_profile,
+    pool_target,
+    slice_demand,
 )
 from gpuorch_policy.mig_profiles import MIG_H100_80GB, mig_table_for
 from hypothesis import given, settings
@@ -124,6 +126,45 @@ def test_a_busy_gpu_is_never_changed_beyond_the_drain_limit() -> None:
     assert plan.proposals == () and plan.unmet[0][0] == "a"
 
 
+def test_the_warm_pool_slices_an_idle_whole_gpu_from_recent_demand_not_one_training_gathers() -> None:
+    gpus = [whole("n1", 0), whole("n1", 1), whole("n2", 0, "busy"), whole("n2", 1)]
+    demand = [(NOW - 600, 4), (NOW - 60, 9)]
+    plan = plan_mig(gpus, [train("t", 2, waiting=0.0)], PlannerSettings(mode="auto"), NOW, demand=demand)
+    # t (2 GPUs, waiting) gathers n1's two free GPUs: the pool takes n2's free GPU, twice: 9 slices need 2 GPUs
+    # of 7, but only one is free there and n1's are reserved
+    (proposal,) = plan.proposals
+    assert proposal.key == ("n2", 1) and proposal.current is None and proposal.enables == ()
+    assert sorted(s.profile for s in proposal.target or ()) == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+    assert "warm pool" in proposal.reason
+    # no samples in the window: no pool
+    assert plan_mig(gpus, [], PlannerSettings(mode="auto"), NOW, demand=[(NOW - 7200, 9)]).proposals == ()
+
+
+def test_pool_target_is_a_percentile_of_the_window_and_slice_demand_counts_held_and_waiting() -> None:
+    knobs = PlannerSettings(pool_percentile=50, pool_factor=1.5, pool_margin_slices=2, pool_window_s=1000)
+    assert pool_target([(NOW - 2000, 100), (NOW - 10, 2), (NOW - 5, 4), (NOW, 8)], knobs, NOW) == 4 * 1.5 + 2
+    assert pool_target([], knobs, NOW) is None
+    assert slice_demand(["3g.40gb", "1g.10gb"], [small("a", "2g.20gb"), train("t", 2)], MIG_H100_80GB, 1.2) == 6
+
+
+def test_idle_mig_gpus_go_back_whole_only_past_the_pool_with_hysteresis() -> None:
+    gpus = [mig("n1", i, ("3g.40gb", 4, None), ("2g.20gb", 2, None), ("1g.10gb", 0, None), ("1g.10gb", 1, None))
+            for i in range(3)]  # 21 compute slices, idle
+    knobs = PlannerSettings(mode="auto", pool_release_slices=7)
+    # pool 7: 21 - 7 = 14 >= 7 + 7, so one GPU goes back; a second would leave 7 < 14
+    assert len(plan_mig(gpus, [], knobs, NOW, demand=[(NOW, 7)]).proposals) == 1
+    # a whole-GPU job waits unmet: no hysteresis margin, two go back (7 slices stay for the pool)
+    assert len(plan_mig(gpus, [train("t", 8)], knobs, NOW, demand=[(NOW, 7)]).proposals) == 2
+    assert plan_mig(gpus, [], knobs, NOW, demand=[(NOW, 14)]).proposals == ()
+
+
+def test_whole_gpu_demand_takes_the_mig_gpu_that_frees_soonest() -> None:
+    gpus = [mig("n1", 0, ("7g.80gb", 0, "long")), mig("n1", 1, ("7g.80gb", 0, "batch"))]
+    plan = plan_mig(gpus, [train("t", 1, waiting=0.0)], ADVISE, NOW, ends_in={"long": 1800.0, "batch": 30.0})
+    (proposal,) = plan.proposals
+    assert proposal.key == ("n1", 1) and proposal.drains == ("batch",) and proposal.target is None
+
+
 # -- properties ---------------------------------------------------------------------------------------------------
 
 PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
@@ -160,16 +201,20 @@ def scenarios(draw):
     drained = frozenset(draw(st.lists(st.sampled_from(running), unique=True)) if running else [])
     knobs = PlannerSettings(mode="auto", max_per_hour=draw(st.integers(1, 3)), max_drain_jobs=draw(st.integers(0, 3)),
                             min_interval_s=draw(st.sampled_from([0.0, 600.0])),
-                            slice_gathered_after_s=draw(st.sampled_from([None, 300.0])))
-    return gpus, queue, drained, knobs
+                            slice_gathered_after_s=draw(st.sampled_from([None, 300.0])),
+                            pool_margin_slices=draw(st.integers(0, 7)), pool_release_slices=draw(st.integers(0, 14)))
+    demand = [(NOW - draw(st.floats(0, 3600)), draw(st.integers(0, 40))) for _ in range(draw(st.integers(0, 4)))]
+    ends_in = {j: draw(st.floats(0, 7200)) for j in running if draw(st.booleans())}
+    return gpus, queue, drained, knobs, demand, ends_in
 
 
 @settings(max_examples=60, deadline=None)
 @given(scenarios())
 def test_plans_are_valid_disturb_only_what_they_drain_and_respect_caps(scenario) -> None:
-    gpus, queue, drained, knobs = scenario
-    plan = plan_mig(gpus, queue, knobs, NOW, drained)
+    gpus, queue, drained, knobs, demand, ends_in = scenario
+    plan = plan_mig(gpus, queue, knobs, NOW, drained, demand, ends_in)
     by_key = {g.key: g for g in gpus}
+    target = pool_target(demand, knobs, NOW)
     assert len({p.key for p in plan.proposals}) == len(plan.proposals)  # one proposal per GPU
     for proposal in plan.proposals:
         gpu = by_key[proposal.key]
@@ -186,10 +231,16 @@ def test_plans_are_valid_disturb_only_what_they_drain_and_respect_caps(scenario)
         assert not gpu.reconfigured_at or NOW - max(gpu.reconfigured_at) >= knobs.min_interval_s
         # it serves someone that waited out the batching window, or turns idle slices whole while whole-GPU
         # jobs wait (and no MIG job does)
-        assert all(any(j.job_id == e and j.waiting_s >= knobs.min_pending_s for j in queue) for e in proposal.enables)
-        if not proposal.enables:
-            assert proposal.target is None and not proposal.drains and "slices unused" in proposal.reason
-            assert any(j.whole_gpus and j.job_id in {u for u, _ in plan.unmet} for j in queue)
+        assert all(any(j.job_id == e and j.waiting_s >= (knobs.min_pending_whole_s if j.whole_gpus
+                                                        else knobs.min_pending_s) for j in queue)
+                   for e in proposal.enables)
+        if not proposal.enables and proposal.target is None:  # idle slices back to a whole GPU
+            assert not proposal.drains and "slices unused" in proposal.reason
+            assert any(j.whole_gpus and j.job_id in {u for u, _ in plan.unmet} for j in queue) or (
+                target is not None and "pool" in proposal.reason)
+        elif not proposal.enables:  # the warm pool grows: only from a free whole GPU, with recent demand
+            assert target is not None and gpu.layout is None and not proposal.drains
+            assert "warm pool" in proposal.reason
         # a whole GPU is partitioned only when it is free
         if gpu.layout is None and proposal.target is not None:
             assert not proposal.drains

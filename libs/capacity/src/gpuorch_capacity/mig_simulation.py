@@ -36,7 +36,14 @@ from gpuorch_policy.mig_execution import (
     StopPlacements,
 )
 from gpuorch_policy.mig_geometry import Slot, place_instances
-from gpuorch_policy.mig_planner import GpuState, InstanceState, PendingJob, PlannerSettings, plan_mig
+from gpuorch_policy.mig_planner import (
+    GpuState,
+    InstanceState,
+    PendingJob,
+    PlannerSettings,
+    plan_mig,
+    slice_demand,
+)
 from gpuorch_policy.mig_profiles import MIG_H100_80GB
 
 from gpuorch_capacity.simulation import DAY_S, TIERS, _rate
@@ -168,12 +175,14 @@ class LayoutResult:
     preemptions: int
     series: list[tuple[float, float, int, int, int]]
     """(hour, GPU allocation %, MIG-mode GPUs, queued inference+batch, queued training)"""
+    job_waits: list[tuple[str, float, float]] = field(default_factory=list)
+    """(tier, arrival, wait) per job, as the means count them."""
 
 
 def simulate_layout(name: str, jobs: Sequence[MigJob], nodes: int, *, plan_every_s: float = 60.0,
                     apply_s: float = 15.0, reset_s: float = 45.0,
-                    planner: PlannerSettings | None = None, execution: ExecutionSettings | None = None
-                    ) -> LayoutResult:
+                    planner: PlannerSettings | None = None, execution: ExecutionSettings | None = None,
+                    pool: bool = True) -> LayoutResult:
     """Run the day on ``nodes`` 8-GPU H100 nodes with the static layout ``name`` or the planner (``planner``)."""
     per_gpu = STATIC_LAYOUTS["whole" if name == "planner" else name]
     gpus = {(f"n{n}", i): SimGpu(f"n{n}", i, _layout(per_gpu[i])) for n in range(nodes) for i in range(8)}
@@ -193,6 +202,7 @@ def simulate_layout(name: str, jobs: Sequence[MigJob], nodes: int, *, plan_every
     started_reconf: dict[GpuKey, float] = {}
     reconf_s: list[float] = []
     commands: list[tuple[GpuKey, SendApplyMigLayout]] = []
+    demand: list[tuple[float, int]] = []
     series: list[tuple[float, float, int, int, int]] = []
     next_sample = 0.0
 
@@ -280,7 +290,14 @@ def simulate_layout(name: str, jobs: Sequence[MigJob], nodes: int, *, plan_every
                            tuple(g.reconfigured_at[-4:])) for g in gpus.values()]
         pending = [PendingJob(str(j.job_id), j.tier, now - j.ready, j.whole_gpus, j.nodes, j.profiles,
                               peak_memory_mib=j.peak_mib) for j in queue]
-        for proposal in plan_mig(states, pending, knobs, now).executable:
+        held = [s.profile for g in gpus.values() for s in g.used]
+        demand.append((now, slice_demand(held, [j for j in pending if j.tier == "inference"], TABLE,
+                                         knobs.peak_headroom)))
+        del demand[: max(0, len(demand) - int(knobs.pool_window_s / plan_every_s) - 1)]
+        ends_in = {str(j.job_id): j.grace_s if j.preemptible else j.start + j.remaining - now
+                   for j in work if j.start is not None and j.held}
+        for proposal in plan_mig(states, pending, knobs, now, demand=demand if pool else (),
+                                 ends_in=ends_in).executable:
             handle(list(driver.start(proposal, now)), now)
         preemptible = {str(j.job_id) for j in work if j.preemptible and j.start is not None and j.held}
         handle(list(driver.tick(running_map(), preemptible, now)), now)
@@ -326,6 +343,7 @@ def simulate_layout(name: str, jobs: Sequence[MigJob], nodes: int, *, plan_every
     busy_area += sum(g.busy_fraction() for g in gpus.values()) * (DAY_S - last_t)
     waits: dict[str, list[float]] = {t: [] for t in TIERS}
     unstarted = dict.fromkeys(TIERS, 0)
+    job_waits = []
     for job in work:
         if job.start is None and job.held == [] and job.run == 0:
             waits[job.tier].append(DAY_S - job.arrival)
@@ -334,9 +352,10 @@ def simulate_layout(name: str, jobs: Sequence[MigJob], nodes: int, *, plan_every
             waits[job.tier].append(job.wait_s + DAY_S - job.ready)
         else:
             waits[job.tier].append(job.wait_s)
+        job_waits.append((job.tier, job.arrival, waits[job.tier][-1]))
     return LayoutResult(name, completed, 100 * busy_area / (len(gpus) * DAY_S),
                         {t: statistics.fmean(w) if w else 0.0 for t, w in waits.items()}, unstarted,
-                        len(reconf_s), reconf_s, preemptions, series)
+                        len(reconf_s), reconf_s, preemptions, series, job_waits)
 
 
 def run_mig_bench(seed: int = 1, nodes: int = 4) -> dict[str, LayoutResult]:

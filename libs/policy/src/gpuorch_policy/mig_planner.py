@@ -9,7 +9,7 @@
     2. what today's layouts already serve: each job takes a free instance of a profile it accepts / free whole GPUs
        on one node (the same rule the scheduler's MigInstances and whole-GPU filters apply)
     3. free whole GPUs that waiting whole-GPU jobs are gathering (per job, the node with the most) are reserved
-    4. unmet whole-GPU demand: MIG GPUs on one node turn back into whole GPUs (cheapest first: fewest running jobs)
+    4. unmet whole-GPU demand: MIG GPUs on one node turn back into whole GPUs (soonest free first: ``ends_in``)
     5. unmet MIG demand, right-sized (the smallest accepted profile that holds the job's observed peak x headroom, or
        its declared memory; without history, its first choice): packed onto MIG GPUs free of work first, then idle
        whole GPUs (not reserved, unless an inference job waited ``slice_gathered_after_s``; on nodes that already
@@ -38,8 +38,9 @@ Pure and deterministic: no I/O, no clock (``now`` and every time are seconds on 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -117,7 +118,9 @@ class PendingJob:
 class PlannerSettings:
     mode: MigMode = "advise"
     min_pending_s: float = 60.0
-    """Demand counts once it has waited this long (a burst is planned once, not job by job)."""
+    """MIG demand counts once it has waited this long (a burst is planned once, not job by job)."""
+    min_pending_whole_s: float = 0.0
+    """Whole-GPU demand counts once it has waited this long (a gang is one decision already)."""
     min_interval_s: float = 900.0
     """Hysteresis: a GPU reconfigured less than this ago is left as it is."""
     max_per_hour: int = 2
@@ -132,6 +135,19 @@ class PlannerSettings:
     slice_gathered_after_s: float | None = 300.0
     """Once an inference job's MIG demand waited this long, free whole GPUs that waiting whole-GPU jobs are gathering
     may be sliced (a whole-GPU job that fits now always starts first); ``None``: never."""
+
+    pool_window_s: float = 1800.0
+    """Warm pool: the slice demand samples (``plan_mig``'s ``demand``) of this many seconds back size the pool."""
+    pool_percentile: float = 95.0
+    """Warm pool: this percentile of the recent samples, ..."""
+    pool_factor: float = 1.0
+    """... times this, plus ``pool_margin_slices``, is the MIG capacity (compute slices) kept in MIG mode."""
+    pool_margin_slices: int = 0
+    pool_release_slices: int = 14
+    """Hysteresis: an idle MIG GPU goes back to a whole GPU only while the MIG capacity without it stays this many
+    compute slices above the pool (0 above it while a whole-GPU job waits unmet)."""
+    pool_layout: tuple[str, ...] = ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
+    """The layout a whole GPU gets when the pool grows (before any job asks for it)."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +245,8 @@ class _Gpu:
     held_noted: bool = False
     whole_wanted: bool = False
     """A waiting whole-GPU job is gathering this free GPU: sliced only once inference MIG demand is overdue."""
+    key_planned_mig: bool = False
+    """A whole GPU this plan slices."""
 
 
 def _model_ok(job: PendingJob, gpu: GpuState) -> bool:
@@ -239,10 +257,37 @@ def _order(jobs: Iterable[PendingJob]) -> list[PendingJob]:
     return sorted(jobs, key=lambda j: (TIER_ORDER.get(j.tier, 3), -j.waiting_s, j.job_id))
 
 
+def pool_target(demand: Sequence[tuple[float, int]], settings: PlannerSettings, now: float) -> int | None:
+    """The warm pool's MIG capacity in compute slices from ``demand`` samples ``(time, slices)`` of the last
+    ``pool_window_s`` (their ``pool_percentile`` x ``pool_factor`` + ``pool_margin_slices``); ``None`` without
+    samples in the window (no pool: only queue demand slices GPUs)."""
+    recent = sorted(v for t, v in demand if now - settings.pool_window_s <= t <= now)
+    if not recent:
+        return None
+    rank = min(len(recent) - 1, max(0, math.ceil(settings.pool_percentile / 100 * len(recent)) - 1))
+    return math.ceil(recent[rank] * settings.pool_factor) + settings.pool_margin_slices
+
+
+def slice_demand(held: Iterable[str], pending: Iterable[PendingJob], table: Sequence[MigProfileSpec],
+                 headroom: float) -> int:
+    """One demand sample for the warm pool: the compute slices of the instances ``held`` (profile names of running
+    MIG jobs) plus those the waiting MIG jobs in ``pending`` would get (``planned_profile``)."""
+    sizes = {p.name: p.compute_slices for p in table}
+    total = sum(sizes.get(name, 0) for name in held)
+    for job in pending:
+        name = planned_profile(job, table, headroom) if job.mig_profiles else None
+        total += sizes.get(name, 0) if name else 0
+    return total
+
+
 def plan_mig(gpus: Sequence[GpuState], pending: Sequence[PendingJob], settings: PlannerSettings, now: float,
-             drained: frozenset[str] = frozenset()) -> MigPlan:
+             drained: frozenset[str] = frozenset(), demand: Sequence[tuple[float, int]] = (),
+             ends_in: Mapping[str, float] | None = None) -> MigPlan:
     """Propose target layouts (see the module doc for the contract). ``drained``: jobs the caller has marked
-    drained (their instances count as free)."""
+    drained (their instances count as free). ``demand``: recent ``slice_demand`` samples ``(time, slices)``, which
+    size the warm pool (none: no pool). ``ends_in``: per running job, the expected seconds until it leaves its GPU
+    (its runtime estimate left, or its checkpoint grace when preemptible); GPUs that free soonest are changed first
+    (unknown jobs count as an hour)."""
     if settings.mode == "off":
         return MigPlan("off")
     fleet = [_Gpu(g, mig_table_for(g.model)) for g in sorted(gpus, key=lambda g: g.key) if g.in_service]
@@ -251,16 +296,21 @@ def plan_mig(gpus: Sequence[GpuState], pending: Sequence[PendingJob], settings: 
         gpu.free_whole = not gpu.state.mig_enabled and not gpu.state.running_jobs(drained)
         gpu.free_instances = [i.profile for i in gpu.state.instances
                               if gpu.state.mig_enabled and (i.job_id is None or i.job_id in drained)]
-    ready = _order(j for j in pending if j.waiting_s >= settings.min_pending_s)
+    ready = _order(j for j in pending
+                   if j.waiting_s >= (settings.min_pending_whole_s if j.whole_gpus else settings.min_pending_s))
     unmet_whole = [j for j in ready if j.whole_gpus > 0 and not _take_whole(fleet, j)]
     unmet_mig = [j for j in ready if j.mig_profiles and not _take_instance(fleet, j)]
-    planner = _Planner(fleet, settings, drained, now)
+    planner = _Planner(fleet, settings, drained, now, ends_in or {})
     _reserve_whole(fleet, _order([j for j in pending if j.whole_gpus > 0 and j not in ready]) + unmet_whole)
     for job in unmet_whole:
         planner.whole(job)
     planner.mig(unmet_mig)
+    target = pool_target(demand, settings, now)
+    still_whole = [j for j in unmet_whole if j.job_id in {u for u, _ in planner.unmet}]
     if not any(j for j in unmet_mig if j.job_id not in {e for p in planner.proposals for e in p.enables}):
-        planner.reclaim([j for j in unmet_whole if j.job_id in {u for u, _ in planner.unmet}])
+        planner.reclaim(still_whole, target)
+    if target is not None:
+        planner.grow_pool(target)
     return MigPlan(settings.mode, tuple(planner.proposals), tuple(planner.unmet), tuple(planner.held),
                    tuple(planner.right_sized))
 
@@ -310,8 +360,10 @@ def _take_instance(fleet: list[_Gpu], job: PendingJob) -> bool:
 
 
 class _Planner:
-    def __init__(self, fleet: list[_Gpu], settings: PlannerSettings, drained: frozenset[str], now: float) -> None:
+    def __init__(self, fleet: list[_Gpu], settings: PlannerSettings, drained: frozenset[str], now: float,
+                 ends_in: Mapping[str, float]) -> None:
         self.fleet = fleet
+        self.ends_in = ends_in
         self.now = now
         self.settings = settings
         self.drained = drained
@@ -331,6 +383,10 @@ class _Planner:
             return False
         return len(gpu.state.running_jobs(self.drained)) <= self.settings.max_drain_jobs
 
+    def _free_in(self, gpu: _Gpu) -> float:
+        """Expected seconds until every running job on ``gpu`` has left it (``ends_in``; unknown: an hour)."""
+        return max((self.ends_in.get(j, HOUR_S) for j in gpu.state.running_jobs(self.drained)), default=0.0)
+
     def _can_return(self, gpu: _Gpu) -> bool:
         """A whole GPU is sliced only if the cap leaves room to make it whole again within the hour."""
         recent = sum(1 for t in gpu.state.reconfigured_at if self.now - t < HOUR_S)
@@ -347,8 +403,9 @@ class _Planner:
 
     def whole(self, job: PendingJob) -> None:
         """Turn MIG GPUs back into whole GPUs for ``job``: per node, its free whole GPUs first, then the MIG GPUs
-        with the fewest running jobs; nodes by total cost; all ``nodes`` or nothing."""
-        options: list[tuple[int, str, list[_Gpu]]] = []
+        that free soonest (``ends_in``, then fewest running jobs); nodes by when their chosen GPUs are free; all
+        ``nodes`` or nothing."""
+        options: list[tuple[float, str, list[_Gpu]]] = []
         for node in sorted({g.state.node_id for g in self.fleet}):
             here = [g for g in self.fleet if g.state.node_id == node and _model_ok(job, g.state)]
             free = [g for g in here if g.free_whole and not g.claimed]
@@ -357,10 +414,11 @@ class _Planner:
                 options.append((0, node, free[: job.whole_gpus]))
                 continue
             convertible = sorted((g for g in here if g.state.mig_enabled and self._usable(g)),
-                                 key=lambda g: (len(g.state.running_jobs(self.drained)), g.state.gpu_index))
+                                 key=lambda g: (self._free_in(g), len(g.state.running_jobs(self.drained)),
+                                                g.state.gpu_index))
             if need <= len(convertible):
                 chosen = convertible[:need]
-                options.append((sum(len(g.state.running_jobs(self.drained)) for g in chosen), node, free + chosen))
+                options.append((max(self._free_in(g) for g in chosen), node, free + chosen))
         options.sort(key=lambda o: (o[0], o[1]))
         if len(options) < job.nodes:
             self.unmet.append((job.job_id, f"no {job.nodes} node(s) can offer {job.whole_gpus} whole GPUs without "
@@ -375,28 +433,72 @@ class _Planner:
                 else:
                     gpu.free_whole = False
 
-    def reclaim(self, waiting_whole: list[PendingJob]) -> None:
-        """While whole-GPU jobs wait and no MIG demand does, MIG GPUs without work turn back into whole GPUs (on
-        the nodes with the most whole GPUs first, so gangs gather), keeping ``keep_idle_mig_gpus`` idle MIG GPUs
-        for the next burst."""
-        if not waiting_whole:
+    def capacity(self) -> int:
+        """Compute slices in MIG mode once the proposals so far are carried out (in-service GPUs)."""
+        planned = {p.key: p.target for p in self.proposals}
+        total = 0
+        for gpu in self.fleet:
+            layout = planned.get(gpu.state.key, gpu.state.layout)
+            total += _compute(gpu.table, layout)
+        return total
+
+    def reclaim(self, waiting_whole: list[PendingJob], target: int | None) -> None:
+        """MIG GPUs without work turn back into whole GPUs (on the nodes with the most whole GPUs first, so gangs
+        gather). Without a pool (``target`` None): only while whole-GPU jobs wait, keeping ``keep_idle_mig_gpus``
+        idle MIG GPUs for the next burst. With a pool: while the MIG capacity without the GPU stays at least
+        ``target`` (+ ``pool_release_slices`` when no whole-GPU job waits)."""
+        if not waiting_whole and target is None:
             return
         idle = [g for g in self.fleet if g.state.mig_enabled and not g.claimed
-                and not g.state.running_jobs(self.drained) and any(_model_ok(j, g.state) for j in waiting_whole)]
+                and not g.state.running_jobs(self.drained)
+                and (target is not None or any(_model_ok(j, g.state) for j in waiting_whole))]
         whole_on = {n: sum(1 for g in self.fleet if g.state.node_id == n and not g.state.mig_enabled)
                     for n in {g.state.node_id for g in idle}}
         idle.sort(key=lambda g: (-whole_on[g.state.node_id], g.state.key))
-        for gpu in idle[: max(0, len(idle) - self.settings.keep_idle_mig_gpus)]:
+        if target is None:
+            idle = idle[: max(0, len(idle) - self.settings.keep_idle_mig_gpus)]
+        floor = None if target is None else target + (0 if waiting_whole else self.settings.pool_release_slices)
+        capacity = self.capacity()
+        for gpu in idle:
+            own = _compute(gpu.table, gpu.state.layout)
+            if floor is not None and capacity - own < floor:
+                continue
             if self._usable(gpu):
-                waiting = [j.job_id for j in waiting_whole if _model_ok(j, gpu.state)]
-                self._propose(gpu, None, [], f"{len(waiting)} whole-GPU job(s) wait ({', '.join(waiting[:3])}"
-                                             f"{', ...' if len(waiting) > 3 else ''}) and no MIG job does: "
-                                             "slices unused")
+                capacity -= own
+                if waiting_whole:
+                    waiting = [j.job_id for j in waiting_whole if _model_ok(j, gpu.state)]
+                    why = (f"{len(waiting)} whole-GPU job(s) wait ({', '.join(waiting[:3])}"
+                           f"{', ...' if len(waiting) > 3 else ''}) and no MIG job does: slices unused")
+                else:
+                    why = f"slices unused: MIG capacity {capacity} compute slices without it, pool {target}"
+                self._propose(gpu, None, [], why)
+
+    def grow_pool(self, target: int) -> None:
+        """Slice idle whole GPUs into ``pool_layout`` until the MIG capacity reaches ``target`` compute slices: GPUs
+        no waiting whole-GPU job gathers, whose cap leaves room to turn them back; on nodes already holding slices
+        first, then the node with the fewest free whole GPUs (the others stay whole for gangs)."""
+        capacity = self.capacity()
+        while capacity < target:
+            sliced = Counter(g.state.node_id for g in self.fleet if g.state.mig_enabled or g.key_planned_mig)
+            free = Counter(g.state.node_id for g in self.fleet if g.free_whole and not g.claimed)
+            options = [g for g in self.fleet if g.free_whole and not g.claimed and not g.whole_wanted
+                       and g.refusal is None and self._can_return(g) and g.table]
+            if not options:
+                return
+            gpu = min(options, key=lambda g: (-sliced[g.state.node_id], free[g.state.node_id], g.state.key))
+            layout = place_instances(gpu.table, (), self.settings.pool_layout)
+            if layout is None:
+                gpu.claimed = True
+                continue
+            self._propose(gpu, layout, [], f"warm pool: MIG capacity {capacity} compute slices, "
+                                           f"recent demand asks for {target}")
+            gpu.key_planned_mig = True
+            capacity += _compute(gpu.table, layout)
 
     # -- MIG instances ---------------------------------------------------------------------------------------
 
     def mig(self, jobs: list[PendingJob]) -> None:
-        """Pack the unmet MIG demand onto GPUs, cheapest GPU first, as many jobs per GPU as fit."""
+        """Pack the unmet MIG demand onto GPUs, the soonest free GPU first, as many jobs per GPU as fit."""
         waiting = list(jobs)
         while waiting:
             limit = self.settings.slice_gathered_after_s
@@ -413,7 +515,8 @@ class _Planner:
             candidates = [g for g in wanted_here if g.state.mig_enabled] + whole
             if not candidates:
                 break
-            gpu = min(candidates, key=lambda g: (len(g.state.running_jobs(self.drained)), not g.state.mig_enabled,
+            gpu = min(candidates, key=lambda g: (self._free_in(g), len(g.state.running_jobs(self.drained)),
+                                                 not g.state.mig_enabled,
                                                  g.whole_wanted, free[g.state.node_id], -sliced[g.state.node_id],
                                                  g.state.key))
             served = self._fill(gpu, waiting)
@@ -462,6 +565,12 @@ class _Planner:
         self._propose(gpu, target, served, why)
         self.right_sized += smaller
         return set(served)
+
+
+def _compute(table: Sequence[MigProfileSpec], layout: Sequence[Slot] | None) -> int:
+    """Compute slices of ``layout``'s instances (0 for a whole GPU)."""
+    sizes = {p.name: p.compute_slices for p in table}
+    return sum(sizes.get(s.profile, 0) for s in layout or ())
 
 
 def _fill_order(table: Sequence[MigProfileSpec], names: list[str]) -> list[str]:
