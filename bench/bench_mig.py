@@ -76,6 +76,26 @@ def plot(results: dict[str, LayoutResult], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def verdict(document: dict[str, Any]) -> str:
+    """The issue's three targets for one seed: met or not, against which layout."""
+    rows = document["layouts"]
+    static = [name for name in rows if name != "planner"]
+    planner = rows["planner"]
+    best_done = max(static, key=lambda n: rows[n]["completed_jobs"])
+    best_inf = min(static, key=lambda n: rows[n]["mean_wait_s"]["inference"])
+    checks = [
+        ("completed jobs ahead of every static layout", planner["completed_jobs"] > rows[best_done]["completed_jobs"],
+         f"{planner['completed_jobs']} vs {best_done} {rows[best_done]['completed_jobs']}"),
+        ("inference wait below every static layout",
+         planner["mean_wait_s"]["inference"] < rows[best_inf]["mean_wait_s"]["inference"],
+         f"{planner['mean_wait_s']['inference']:.0f} s vs {best_inf} {rows[best_inf]['mean_wait_s']['inference']:.0f} s"),
+        ("training wait no worse than whole GPUs",
+         planner["mean_wait_s"]["training"] <= rows["whole"]["mean_wait_s"]["training"],
+         f"{planner['mean_wait_s']['training']:.0f} s vs {rows['whole']['mean_wait_s']['training']:.0f} s"),
+    ]
+    return "targets: " + "; ".join(f"{what}: {'met' if ok else 'NOT met'} ({figures})" for what, ok, figures in checks)
+
+
 def table(document: dict[str, Any]) -> str:
     lines = ["| layout | completed jobs | GPU allocation % | mean wait inference s | training s | batch s | "
              "never started (inf/train/batch) | reconfigurations |", "|---|---|---|---|---|---|---|---|"]
@@ -85,6 +105,7 @@ def table(document: dict[str, Any]) -> str:
                      f"{wait['inference']:.0f} | {wait['training']:.0f} | {wait['batch']:.0f} | "
                      f"{never['inference']}/{never['training']}/{never['batch']} | {row['reconfigurations']} |")
     r = document["reconfiguration_s"]
+    lines.append("\n" + verdict(document))
     lines.append(f"\nplanner reconfiguration end to end (drain + apply): {r['count']} times, median {r['median']} s, "
                  f"p95 {r['p95']} s, max {r['max']} s")
     return "\n".join(lines)
