@@ -33,6 +33,7 @@ from gpuorch_gpuctl.contexts import SELECTION, config_app, context_endpoint, exp
 from gpuorch_gpuctl.demo_cmd import demo, down
 from gpuorch_gpuctl.dlq_cmd import dlq_app
 from gpuorch_gpuctl.output import Column, Format, JsonOpt, NoHeadersOpt, OutputOpt, chosen, dump, emit
+from gpuorch_gpuctl.output import console as output_console
 from gpuorch_gpuctl.schema_cmd import schema_app
 from gpuorch_gpuctl.terminal_text import cell, log_output, markup
 from gpuorch_gpuctl.top_cmd import top
@@ -47,7 +48,8 @@ app.command("demo")(demo)
 app.command("down")(down)
 app.command("top")(top)
 
-console = Console(emoji=False)
+console = output_console()
+"""stdout: as wide as a line needs when piped (tables are never cut to 80 columns)."""
 err = Console(stderr=True, emoji=False)
 
 AMQP_URL = os.environ.get("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -310,7 +312,7 @@ def jobs(
     else:
         listed = target.get("/api/v1/jobs", state=state.value if state else None, tenant=tenant,
                             tier=tier.value if tier else None, limit=limit)
-    emit(listed, JOB_COLUMNS, fmt, no_headers=no_headers)
+    emit(listed, JOB_COLUMNS, fmt, no_headers=no_headers, out=console)
     if watch:
         if isinstance(target, str):
             fail("-w needs the API (a context or --server), not --dsn")
@@ -476,7 +478,7 @@ def nodes(dsn: DsnOpt = None, output: OutputOpt = Format.table, no_headers: NoHe
         console.print(table)
         return
     with target:
-        emit(target.get("/api/v1/nodes"), NODE_COLUMNS, fmt, no_headers=no_headers)
+        emit(target.get("/api/v1/nodes"), NODE_COLUMNS, fmt, no_headers=no_headers, out=console)
 
 
 QUEUE_COLUMNS = [
@@ -497,14 +499,14 @@ TENANT_COLUMNS = [
 def queues(output: OutputOpt = Format.table, no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
     """Queues per tier: depth, oldest wait, why jobs wait, the next estimated starts."""
     with api() as client:
-        emit(client.get("/api/v1/queues"), QUEUE_COLUMNS, chosen(output, as_json), no_headers=no_headers)
+        emit(client.get("/api/v1/queues"), QUEUE_COLUMNS, chosen(output, as_json), no_headers=no_headers, out=console)
 
 
 @app.command()
 def tenants(output: OutputOpt = Format.table, no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
     """Per tenant: GPUs allocated against quota and against what the allocations use."""
     with api() as client:
-        emit(client.get("/api/v1/tenants"), TENANT_COLUMNS, chosen(output, as_json), no_headers=no_headers)
+        emit(client.get("/api/v1/tenants"), TENANT_COLUMNS, chosen(output, as_json), no_headers=no_headers, out=console)
 
 
 @app.command()

@@ -60,11 +60,12 @@ def dump(data: Any, fmt: Format) -> None:
 
 
 def emit(rows: Sequence[dict[str, Any]], columns: Sequence[Column], fmt: Format, *, no_headers: bool = False,
-         title: str | None = None) -> None:
+         title: str | None = None, out: Console | None = None) -> None:
+    """Print ``rows`` as ``fmt`` asks; tables go to ``out`` (default: a new ``console()``)."""
     if fmt in (Format.json, Format.yaml):
         dump(list(rows), fmt)
         return
-    console().print(table(rows, columns, wide=fmt == Format.wide, no_headers=no_headers, title=title))
+    (out or console()).print(table(rows, columns, wide=fmt == Format.wide, no_headers=no_headers, title=title))
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column], *, wide: bool = False,
