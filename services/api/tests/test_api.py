@@ -94,7 +94,7 @@ async def test_a_submitter_sees_its_tenants_and_an_operator_sees_all(api: Runnin
         [node] = (await http.get("/api/v1/nodes", headers=auth("research"))).json()
         assert (node["gpus_total"], node["gpus_allocated"], node["gpus_free"]) == (3, 2, 1)
         assert (node["mig_slices_total"], node["mig_slices_free"]) == (7, 6)
-        assert node["gpus"][0]["jobs"] == [{"job_id": None, "tenant": "other tenant", "milli": 1000}]
+        assert node["gpus"][0]["jobs"] == [{"job_id": None, "tenant": "other tenant", "milli": 1000, "mig_profile": None}]
         assert node["last_seen"] is not None
 
         queues = {q["tier"]: q for q in (await http.get("/api/v1/queues", headers=auth("ops"))).json()}

@@ -30,6 +30,7 @@ from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
 from pydantic import BaseModel, ConfigDict
 
+from gpuorch_api import schemas
 from gpuorch_api.auth import ApiError, Caller, Forbidden, authenticate
 from gpuorch_api.backends import Backends
 from gpuorch_api.domain import views
@@ -84,14 +85,14 @@ async def readyz(svc: BackendsDep) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/api/v1/whoami", tags=["auth"])
+@router.get("/api/v1/whoami", tags=["auth"], response_model=schemas.Caller)
 async def whoami(who: CallerDep) -> dict[str, Any]:
     tenants = who.tenants
     return {"identity": who.name, "role": who.identity.role, "tenants": sorted(tenants) if tenants is not None
             else ["*"], "default_tenant": who.identity.default_tenant, "max_priority": who.identity.max_priority}
 
 
-@router.get("/api/v1/jobs", tags=["jobs"])
+@router.get("/api/v1/jobs", tags=["jobs"], response_model=list[schemas.JobSummary])
 async def list_jobs(
     who: CallerDep, svc: BackendsDep,
     state: Annotated[JobState | None, Query(description="only jobs in this state")] = None,
@@ -123,7 +124,7 @@ async def _visible_job(svc: Backends, who: Caller, job_ref: str) -> dict[str, An
     return job
 
 
-@router.get("/api/v1/jobs/{job_ref}", tags=["jobs"])
+@router.get("/api/v1/jobs/{job_ref}", tags=["jobs"], response_model=schemas.JobDetail)
 async def get_job(job_ref: str, who: CallerDep, svc: BackendsDep) -> dict[str, Any]:
     """One job (id or unique prefix): spec, state, reason, placement, timeline, usage so far, telemetry's advice
     and alerts, and a link to its trace."""
@@ -183,7 +184,7 @@ async def job_logs(job_ref: str, who: CallerDep, svc: BackendsDep,
     return StreamingResponse(chunks, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
 
-@router.get("/api/v1/nodes", tags=["fleet"])
+@router.get("/api/v1/nodes", tags=["fleet"], response_model=list[schemas.Node])
 async def list_nodes(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
     """Every node: liveness, last seen, GPUs and MIG slices free or allocated, live usage, health, isolation.
     Jobs of tenants the caller does not see are shown without their id."""
@@ -192,13 +193,13 @@ async def list_nodes(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
     return [views.node_view(n, n["allocations"], now, who.tenants) for n in nodes]
 
 
-@router.get("/api/v1/queues", tags=["fleet"])
+@router.get("/api/v1/queues", tags=["fleet"], response_model=list[schemas.Queue])
 async def list_queues(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
     """Per tier: depth, oldest wait, pending reasons, next estimated starts (of the caller's tenants' jobs)."""
     return views.queue_views(await svc.read.queued(tenants=who.tenants), datetime.now(UTC))
 
 
-@router.get("/api/v1/tenants", tags=["fleet"])
+@router.get("/api/v1/tenants", tags=["fleet"], response_model=list[schemas.Tenant])
 async def list_tenants(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
     """Per tenant the caller sees: GPUs allocated, quota, GPUs used (allocation x mean utilisation)."""
     also = who.tenants if who.tenants is not None else frozenset(svc.quotas)

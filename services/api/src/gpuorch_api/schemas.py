@@ -1,0 +1,166 @@
+"""The shapes the API answers with, for its OpenAPI document (``/openapi.json``) and for clients.
+
+``domain.views`` builds plain dicts; FastAPI validates each answer against these models (extra keys are dropped,
+a missing one is a server error: the document cannot drift from the answers without a test failing).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class JobSummary(BaseModel):
+    id: str
+    name: str
+    tenant: str
+    tier: str
+    priority_class: str
+    state: str
+    node: str | None
+    nodes: list[str]
+    gpus: str
+    allocated_gpus: float
+    exit_code: int | None
+    reason: str | None
+    pending_reason: str | None
+    submitted_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    requeues: int
+    estimated_start: datetime | None
+
+
+class TimelineEvent(BaseModel, extra="allow"):
+    type: str
+    at: datetime
+
+
+class DeviceUsage(BaseModel):
+    node_id: str
+    device_uuid: str
+    gpu_index: int
+    alloc_milli: int
+    samples: int
+    peak_memory_mib: int | None
+    mean_util_pct: float | None
+    last_sample_at: datetime
+
+
+class Usage(BaseModel):
+    devices: list[DeviceUsage]
+    gpu_hours: float
+
+
+class Advice(BaseModel):
+    category: str
+    kind: str
+    severity: str
+    explanation: str
+    advice: str | None
+    raised_at: datetime
+    resolved_at: datetime | None
+    resolve_reason: str | None
+
+
+class JobDetail(JobSummary):
+    spec: dict[str, Any]
+    placement_id: str | None
+    placed_at: datetime | None
+    assignments: list[dict[str, Any]]
+    log_path: str | None
+    timeline: list[TimelineEvent]
+    usage: Usage
+    advice: list[Advice]
+    trace_url: str | None
+
+
+class JobRef(BaseModel):
+    job_id: str | None
+    tenant: str
+    milli: int
+    mig_profile: str | None = None
+
+
+class MigSlice(BaseModel):
+    uuid: str
+    profile: str
+    memory_mib: int
+    allocated: bool
+    jobs: list[JobRef]
+
+
+class Gpu(BaseModel):
+    index: int
+    uuid: str
+    model: str
+    memory_total_mib: int
+    health: str
+    health_reason: str | None
+    mig_enabled: bool
+    allocated_milli: int
+    free: bool
+    mig_slices: list[MigSlice]
+    jobs: list[JobRef]
+    utilization_pct: float | None
+    memory_used_mib: int | None
+    temperature_c: float | None
+    power_w: float | None
+
+
+class Node(BaseModel):
+    node_id: str
+    liveness: str
+    hostname: str
+    last_seen: datetime | None
+    last_seen_s: float | None
+    gpus_total: int
+    gpus_free: int
+    gpus_allocated: int
+    mig_slices_total: int
+    mig_slices_free: int
+    cpu_milli: int | None
+    memory_mib: int | None
+    isolation: dict[str, Any] | None
+    gpus: list[Gpu]
+
+
+class PendingReason(BaseModel):
+    reason: str
+    jobs: int
+
+
+class EstimatedStart(BaseModel):
+    job_id: str
+    name: str
+    tenant: str
+    estimated_start: datetime
+    in_s: float
+
+
+class Queue(BaseModel):
+    tier: str
+    depth: int
+    oldest_wait_s: float | None
+    pending_reasons: list[PendingReason]
+    estimated_starts: list[EstimatedStart]
+
+
+class Tenant(BaseModel):
+    tenant: str
+    allocated_gpus: float
+    quota_gpus: float | None
+    used_gpus: float | None
+    mean_util_pct: float | None
+    queued: int
+    running: int
+
+
+class Caller(BaseModel):
+    identity: str
+    role: str
+    tenants: list[str]
+    default_tenant: str | None
+    max_priority: str
