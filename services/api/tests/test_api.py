@@ -51,6 +51,13 @@ async def seed(dsn: str) -> dict[str, uuid.UUID]:
                            "needs 20 GPUs; no node has more than 8", NOW, None)
         await conn.execute("INSERT INTO api_submissions (job_id, identity, spec) VALUES ($1, 'acme-ci', $2::text::jsonb)",
                            ids["rejected"], json.dumps({**SPEC, "name": "huge", "tenant": "acme", "tier": "training"}))
+        # telemetry's sample of acme's MIG instance (MIG instances have no GPU sample of their own)
+        await conn.execute("SELECT telemetry_ensure_day_partitions(current_date - 1, current_date + 1)")
+        await conn.execute(
+            """INSERT INTO telemetry_job_samples (sampled_at, job_id, tenant, node_id, device_uuid, gpu_uuid, gpu_index,
+                   alloc_milli, memory_used_mib, util_pct, process_count)
+               VALUES (now(), $1, 'acme', 'n1', 'MIG-n1-0-0', 'GPU-n1-mig', 2, 142, 3000, 55, 1)""",
+            ids["acme_running"])
     finally:
         await conn.close()
     return ids
@@ -89,11 +96,13 @@ async def test_a_submitter_sees_its_tenants_and_an_operator_sees_all(api: Runnin
         assert rejected["spec"]["resources"] == {"gpus": 1} and "20 GPUs" in rejected["reason"]
         running = (await http.get(f"/api/v1/jobs/{ids['acme_running']}", headers=auth("acme"))).json()
         assert running["gpus"] == "0,2:1g.10gb" and running["trace_url"].startswith("http://jaeger.example:16686/")
-        assert running["usage"] == {"devices": [], "gpu_hours": 0.0} and running["advice"] == []
+        assert [d["device_uuid"] for d in running["usage"]["devices"]] == ["MIG-n1-0-0"] and running["advice"] == []
 
         [node] = (await http.get("/api/v1/nodes", headers=auth("research"))).json()
         assert (node["gpus_total"], node["gpus_allocated"], node["gpus_free"]) == (3, 2, 1)
         assert (node["mig_slices_total"], node["mig_slices_free"]) == (7, 6)
+        held = next(s for s in node["gpus"][2]["mig_slices"] if s["allocated"])
+        assert (held["utilization_pct"], held["memory_used_mib"]) == (55.0, 3000)
         assert node["gpus"][0]["jobs"] == [{"job_id": None, "tenant": "other tenant", "milli": 1000, "mig_profile": None}]
         assert node["last_seen"] is not None
 
@@ -103,8 +112,8 @@ async def test_a_submitter_sees_its_tenants_and_an_operator_sees_all(api: Runnin
         assert (await http.get("/api/v1/queues", headers=auth("acme"))).json()[2]["depth"] == 0
 
         tenants = (await http.get("/api/v1/tenants", headers=auth("acme"))).json()
-        assert tenants == [{"tenant": "acme", "allocated_gpus": 1.142, "quota_gpus": 4, "used_gpus": None,
-                            "mean_util_pct": None, "queued": 0, "running": 1}]
+        assert tenants == [{"tenant": "acme", "allocated_gpus": 1.142, "quota_gpus": 4, "used_gpus": 0.628,
+                            "mean_util_pct": 55.0, "queued": 0, "running": 1}]
 
 
 async def test_submit_and_cancel_are_published_on_the_callers_behalf(api: RunningApi, migrated_dsn: str) -> None:

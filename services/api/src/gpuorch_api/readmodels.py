@@ -124,7 +124,8 @@ class ReadModels:
 
     async def nodes(self) -> list[dict[str, Any]]:
         """Every node with its inventory, liveness, isolation and when it was last heard of (its newest GPU sample,
-        else the scheduler's last change of its row)."""
+        else the scheduler's last change of its row); the newest sample of each GPU, and of each MIG instance a
+        job used in the last minutes (telemetry's job samples: a MIG instance has no sample of its own)."""
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 """SELECT n.node_id, n.liveness, n.inventory::text AS inventory, n.isolation::text AS isolation,
@@ -138,6 +139,11 @@ class ReadModels:
                           temperature_c, power_w, sampled_at
                    FROM telemetry_gpu_samples WHERE sampled_at > now() - interval '5 minutes'
                    ORDER BY node_id, gpu_uuid, sampled_at DESC""")
+            slices = await conn.fetch(
+                """SELECT DISTINCT ON (node_id, device_uuid) node_id, device_uuid, util_pct, memory_used_mib
+                   FROM telemetry_job_samples
+                   WHERE sampled_at > now() - interval '5 minutes' AND device_uuid <> gpu_uuid
+                   ORDER BY node_id, device_uuid, sampled_at DESC""")
             active = await conn.fetch(
                 "SELECT job_id, tenant, assignments::text AS assignments FROM jobs WHERE state = ANY($1::text[])",
                 list(ACTIVE_STATES))
@@ -147,7 +153,8 @@ class ReadModels:
             out.append({"node_id": r["node_id"], "liveness": r["liveness"], "inventory": json.loads(r["inventory"]),
                         "isolation": json.loads(r["isolation"]) if r["isolation"] else None,
                         "last_seen": r["last_sample_at"] or r["updated_at"],
-                        "samples": {uuid_: s for (node, uuid_), s in latest.items() if node == r["node_id"]}})
+                        "samples": {uuid_: s for (node, uuid_), s in latest.items() if node == r["node_id"]},
+                        "slice_samples": {s["device_uuid"]: dict(s) for s in slices if s["node_id"] == r["node_id"]}})
         allocations = [{"job_id": a["job_id"], "tenant": a["tenant"], "assignments": json.loads(a["assignments"])}
                        for a in active]
         return [{**node, "allocations": allocations} for node in out]

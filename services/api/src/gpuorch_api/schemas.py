@@ -90,6 +90,8 @@ class MigSlice(BaseModel):
     memory_mib: int
     allocated: bool
     jobs: list[JobRef]
+    utilization_pct: float | None = None
+    memory_used_mib: int | None = None
 
 
 class Gpu(BaseModel):

@@ -49,7 +49,9 @@ def frame(nodes: list[dict[str, Any]], queues: list[dict[str, Any]], running: li
                          str(gpu["index"]), cell(gpu["model"]), _pct(gpu["utilization_pct"]), memory,
                          "-" if gpu["temperature_c"] is None else f"{gpu['temperature_c']:.0f}C", health, holders)
             for mig in gpu["mig_slices"]:
-                gpus.add_row("", f"  {cell(mig['profile'])}", "", "", f"{mig['memory_mib']} MiB", "", "",
+                used = "-" if mig.get("memory_used_mib") is None else str(mig["memory_used_mib"])
+                gpus.add_row("", f"  {cell(mig['profile'])}", "", _pct(mig.get("utilization_pct")),
+                             f"{used}/{mig['memory_mib']} MiB", "", "",
                              ", ".join(cell(j["tenant"]) for j in mig["jobs"]) or "[dim]free[/dim]")
     tiers = Table("tier", "depth", "oldest wait", "why they wait", title="queues", title_justify="left")
     for queue in queues:

@@ -48,9 +48,11 @@ def node_view(node: dict[str, Any], allocations: list[dict[str, Any]], now: date
         for instance in gpu.get("mig_instances", []):
             users = held.get(instance["uuid"], [])
             on_gpu += users
+            used = node.get("slice_samples", {}).get(instance["uuid"], {}) if users else {}
             slices.append({"uuid": instance["uuid"], "profile": instance["profile"],
                            "memory_mib": instance["memory_mib"], "allocated": bool(users),
-                           "jobs": [_job_ref(u, visible) for u in users]})
+                           "jobs": [_job_ref(u, visible) for u in users],
+                           "utilization_pct": used.get("util_pct"), "memory_used_mib": used.get("memory_used_mib")})
         # shares are recorded against the GPU; a MIG allocation by index, under the instance's uuid or the GPU's
         milli = min(1000, sum(a["milli"] for a in held.get(gpu["uuid"], []) if not a["mig_profile"]))
         sample = node.get("samples", {}).get(gpu["uuid"], {})

@@ -50,7 +50,8 @@ function pct(value) { return value === null || value === undefined ? "-" : `${Ma
 
 function gpuTile(gpu) {
   const slices = gpu.mig_slices.length ? el("div", { class: "slices" }, gpu.mig_slices.map((s) =>
-    el("span", { class: `slice${s.allocated ? " held" : ""}`, title: s.profile }))) : null;
+    el("span", { class: `slice${s.allocated ? " held" : ""}`, title: `${s.profile}` + (s.allocated ?
+      ` util ${pct(s.utilization_pct)}, mem ${s.memory_used_mib ?? "-"}/${s.memory_mib} MiB` : " free") }))) : null;
   const memory = gpu.memory_used_mib === null ? "mem -" :
     `mem ${(gpu.memory_used_mib / 1024).toFixed(1)}/${(gpu.memory_total_mib / 1024).toFixed(0)} GiB`;
   return el("div", {
