@@ -115,3 +115,15 @@ def test_a_team_member_submits_watches_reads_logs_and_cancels(gpuctl: Gpuctl, li
     frame = gpuctl.ok("top", "--once").stdout
     assert "fleet" in frame and "node-1" in frame and "top jobs by GPU-hours" in frame
     assert uuid.UUID(job_id)
+
+
+@pytest.mark.parametrize("args", [["report", "--dsn", "postgresql://postgres@127.0.0.1:9/x"],
+                                  ["dlq", "list", "--amqp-url", "amqp://guest:guest@127.0.0.1:9/"]])
+def test_operator_commands_report_an_unreachable_server_in_one_line(args: list[str]) -> None:
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", *args], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert [line for line in done.stderr.splitlines() if line.startswith("gpuctl:")] == done.stderr.splitlines()[-1:]
+    assert "Traceback" not in done.stderr and "cannot reach a server" in done.stderr

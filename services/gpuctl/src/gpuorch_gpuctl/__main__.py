@@ -1,3 +1,3 @@
-from gpuorch_gpuctl.cli import app
+from gpuorch_gpuctl.cli import main
 
-app()
+main()

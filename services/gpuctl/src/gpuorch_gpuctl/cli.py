@@ -606,6 +606,19 @@ def _register_optional_commands() -> None:
 _register_optional_commands()
 
 
-def main() -> None:  # pragma: no cover
-    app()
+def main() -> None:
+    """The ``gpuctl`` script: the app, with an unreachable server (API, database, broker) reported as one line and
+    exit 1 instead of a traceback."""
+    import logging
+
+    import aiormq.exceptions
+    import asyncpg
+
+    logging.getLogger("aiormq").setLevel(logging.CRITICAL)  # its own "error when creating transport" line
+    try:
+        app(standalone_mode=True)
+    except (OSError, ConnectionError, TimeoutError, asyncpg.PostgresError,
+            aiormq.exceptions.AMQPConnectionError) as exc:
+        print(f"gpuctl: cannot reach a server this command needs: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(1)
 
