@@ -18,14 +18,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gpuorch_capacity.mig_simulation import TIERS, LayoutResult, bench_json, mig_workload, simulate_layout
+from gpuorch_capacity.mig_simulation import (
+    PLANNER_VARIANTS,
+    TIERS,
+    LayoutResult,
+    bench_json,
+    mig_workload,
+    simulate_layout,
+)
 from gpuorch_gpuctl.replay_cmd import parse_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PLOT = ROOT / "docs" / "img" / "mig.png"
-LAYOUTS = ("whole", "all_1g.10gb", "fixed_mix", "planner")
-COLOURS = {"whole": "tab:gray", "all_1g.10gb": "tab:orange", "fixed_mix": "tab:green", "planner": "tab:purple"}
+LAYOUTS = ("whole", "all_1g.10gb", "fixed_mix", "planner", "planner_training_first")
+COLOURS = {"whole": "tab:gray", "all_1g.10gb": "tab:orange", "fixed_mix": "tab:green", "planner": "tab:purple",
+           "planner_training_first": "tab:pink"}
 
 
 def plot(results: dict[str, LayoutResult], path: Path, title: str) -> None:
@@ -43,13 +51,14 @@ def plot(results: dict[str, LayoutResult], path: Path, title: str) -> None:
         series = results[name].series
         hours = [s[0] for s in series]
         top.plot(hours, [s[1] for s in series], color=COLOURS[name], label=name)
-        if name in ("whole", "fixed_mix", "planner"):
+        if name in ("whole", "fixed_mix", "planner", "planner_training_first"):
             queued.plot(hours, [s[3] for s in series], color=COLOURS[name], label=f"{name}: MIG jobs")
             queued.plot(hours, [s[4] for s in series], color=COLOURS[name], linestyle="--",
                         label=f"{name}: training jobs")
-    planner = results["planner"].series
-    sliced.step([s[0] for s in planner], [s[2] for s in planner], where="post", color=COLOURS["planner"],
-                label="planner: GPUs in MIG mode")
+    for name in ("planner", "planner_training_first"):
+        series = results[name].series
+        sliced.step([s[0] for s in series], [s[2] for s in series], where="post", color=COLOURS[name],
+                    label=f"{name}: GPUs in MIG mode")
     sliced.axhline(results["fixed_mix"].series[0][2], color=COLOURS["fixed_mix"], linestyle=":",
                    label="fixed mix: GPUs in MIG mode")
     top.set_ylabel("GPU allocation %")
@@ -64,7 +73,7 @@ def plot(results: dict[str, LayoutResult], path: Path, title: str) -> None:
     sliced.legend(fontsize="x-small", loc="upper left")
     xs = np.arange(len(TIERS))
     for k, name in enumerate(LAYOUTS):
-        bars.bar(xs + (k - 1.5) * 0.2, [max(results[name].waits[t], 0.1) / 60 for t in TIERS], width=0.2,
+        bars.bar(xs + (k - 2) * 0.16, [max(results[name].waits[t], 0.1) / 60 for t in TIERS], width=0.16,
                  color=COLOURS[name], label=f"{name}: {results[name].completed} jobs completed")
     bars.set_xticks(xs, [f"{t} (mean wait)" for t in TIERS])
     bars.set_ylabel("minutes")
@@ -76,11 +85,11 @@ def plot(results: dict[str, LayoutResult], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def verdict(document: dict[str, Any]) -> str:
-    """The issue's three targets for one seed: met or not, against which layout."""
+def verdict(document: dict[str, Any], name: str = "planner") -> str:
+    """The issue's three targets for one seed and the planner run ``name``: met or not, against which layout."""
     rows = document["layouts"]
-    static = [name for name in rows if name != "planner"]
-    planner = rows["planner"]
+    static = [n for n in rows if n not in PLANNER_VARIANTS]
+    planner = rows[name]
     best_done = max(static, key=lambda n: rows[n]["completed_jobs"])
     best_inf = min(static, key=lambda n: rows[n]["mean_wait_s"]["inference"])
     checks = [
@@ -88,12 +97,12 @@ def verdict(document: dict[str, Any]) -> str:
          f"{planner['completed_jobs']} vs {best_done} {rows[best_done]['completed_jobs']}"),
         ("inference wait below every static layout",
          planner["mean_wait_s"]["inference"] < rows[best_inf]["mean_wait_s"]["inference"],
-         f"{planner['mean_wait_s']['inference']:.0f} s vs {best_inf} {rows[best_inf]['mean_wait_s']['inference']:.0f} s"),
+         f"{planner['mean_wait_s']['inference']:.1f} s vs {best_inf} {rows[best_inf]['mean_wait_s']['inference']:.1f} s"),
         ("training wait no worse than whole GPUs",
          planner["mean_wait_s"]["training"] <= rows["whole"]["mean_wait_s"]["training"],
          f"{planner['mean_wait_s']['training']:.0f} s vs {rows['whole']['mean_wait_s']['training']:.0f} s"),
     ]
-    return "targets: " + "; ".join(f"{what}: {'met' if ok else 'NOT met'} ({figures})" for what, ok, figures in checks)
+    return f"targets ({name}): " + "; ".join(f"{what}: {'met' if ok else 'NOT met'} ({figures})" for what, ok, figures in checks)
 
 
 def table(document: dict[str, Any]) -> str:
@@ -105,7 +114,8 @@ def table(document: dict[str, Any]) -> str:
                      f"{wait['inference']:.0f} | {wait['training']:.0f} | {wait['batch']:.0f} | "
                      f"{never['inference']}/{never['training']}/{never['batch']} | {row['reconfigurations']} |")
     r = document["reconfiguration_s"]
-    lines.append("\n" + verdict(document))
+    lines.append("")
+    lines += [verdict(document, name) for name in PLANNER_VARIANTS if name in document["layouts"]]
     lines.append(f"\nplanner reconfiguration end to end (drain + apply): {r['count']} times, median {r['median']} s, "
                  f"p95 {r['p95']} s, max {r['max']} s")
     return "\n".join(lines)

@@ -158,6 +158,30 @@ def test_idle_mig_gpus_go_back_whole_only_past_the_pool_with_hysteresis() -> Non
     assert plan_mig(gpus, [], knobs, NOW, demand=[(NOW, 14)]).proposals == ()
 
 
+def test_a_short_pool_claims_the_busy_whole_gpu_that_frees_soonest_within_the_window() -> None:
+    gpus = [whole("n1", 0, "long"), whole("n1", 1, "soon"), whole("n1", 2, "later")]
+    ends = {"long": 5000.0, "soon": 100.0, "later": 600.0}
+    knobs = PlannerSettings(mode="auto", pool_claims_busy_within_s=900.0)
+    (proposal,) = plan_mig(gpus, [], knobs, NOW, demand=[(NOW, 5)], ends_in=ends).proposals
+    assert proposal.key == ("n1", 1) and proposal.drains == ("soon",) and "warm pool" in proposal.reason
+    assert plan_mig(gpus, [], PlannerSettings(mode="auto", pool_claims_busy_within_s=50.0), NOW,
+                    demand=[(NOW, 5)], ends_in=ends).proposals == ()
+    assert plan_mig(gpus, [], PlannerSettings(mode="auto"), NOW, demand=[(NOW, 5)], ends_in=ends).proposals == ()
+
+
+def test_a_protected_pool_is_not_turned_whole_for_training_only_what_is_above_it() -> None:
+    gpus = [mig("n1", i, ("7g.80gb", 0, None)) for i in range(2)]
+    knobs = PlannerSettings(mode="auto", pool_release_slices=0)
+    # t needs both GPUs (14 slices) but only 7 are above the pool: unmet; the idle GPU above the pool goes whole
+    plan = plan_mig(gpus, [train("t", 2)], knobs, NOW, demand=[(NOW, 7)])
+    (proposal,) = plan.proposals
+    assert proposal.enables == () and "pool" in dict(plan.unmet)["t"]
+    (proposal,) = plan_mig(gpus, [train("t", 1)], knobs, NOW, demand=[(NOW, 7)]).proposals
+    assert proposal.target is None and proposal.enables == ("t",)
+    unprotected = PlannerSettings(mode="auto", pool_protected=False)
+    assert len(plan_mig(gpus, [train("t", 2)], unprotected, NOW, demand=[(NOW, 7)]).proposals) == 2
+
+
 def test_whole_gpu_demand_takes_the_mig_gpu_that_frees_soonest() -> None:
     gpus = [mig("n1", 0, ("7g.80gb", 0, "long")), mig("n1", 1, ("7g.80gb", 0, "batch"))]
     plan = plan_mig(gpus, [train("t", 1, waiting=0.0)], ADVISE, NOW, ends_in={"long": 1800.0, "batch": 30.0})
@@ -202,7 +226,9 @@ def scenarios(draw):
     knobs = PlannerSettings(mode="auto", max_per_hour=draw(st.integers(1, 3)), max_drain_jobs=draw(st.integers(0, 3)),
                             min_interval_s=draw(st.sampled_from([0.0, 600.0])),
                             slice_gathered_after_s=draw(st.sampled_from([None, 300.0])),
-                            pool_margin_slices=draw(st.integers(0, 7)), pool_release_slices=draw(st.integers(0, 14)))
+                            pool_margin_slices=draw(st.integers(0, 7)), pool_release_slices=draw(st.integers(0, 14)),
+                            pool_protected=draw(st.booleans()),
+                            pool_claims_busy_within_s=draw(st.sampled_from([None, 900.0])))
     demand = [(NOW - draw(st.floats(0, 3600)), draw(st.integers(0, 40))) for _ in range(draw(st.integers(0, 4)))]
     ends_in = {j: draw(st.floats(0, 7200)) for j in running if draw(st.booleans())}
     return gpus, queue, drained, knobs, demand, ends_in
@@ -238,12 +264,15 @@ def test_plans_are_valid_disturb_only_what_they_drain_and_respect_caps(scenario)
             assert not proposal.drains and "slices unused" in proposal.reason
             assert any(j.whole_gpus and j.job_id in {u for u, _ in plan.unmet} for j in queue) or (
                 target is not None and "pool" in proposal.reason)
-        elif not proposal.enables:  # the warm pool grows: only from a free whole GPU, with recent demand
-            assert target is not None and gpu.layout is None and not proposal.drains
-            assert "warm pool" in proposal.reason
-        # a whole GPU is partitioned only when it is free
-        if gpu.layout is None and proposal.target is not None:
-            assert not proposal.drains
+        elif not proposal.enables:  # the warm pool grows: from a free whole GPU, or a busy one whose work is
+            # expected to end within the claim window (its jobs drained first)
+            assert target is not None and gpu.layout is None and "warm pool" in proposal.reason
+            if proposal.drains:
+                assert knobs.pool_claims_busy_within_s is not None
+                assert all(ends_in.get(j, HOUR_S) <= knobs.pool_claims_busy_within_s for j in proposal.drains)
+        # a whole GPU is partitioned only when it is free, or claimed for the pool
+        if gpu.layout is None and proposal.target is not None and proposal.drains:
+            assert not proposal.enables and "warm pool" in proposal.reason
     # unless inference waited long enough to slice gathered GPUs, the last free whole GPU a waiting 1-GPU whole
     # job could take is never sliced
     unmet = {j for j, _ in plan.unmet}
@@ -255,3 +284,11 @@ def test_plans_are_valid_disturb_only_what_they_drain_and_respect_caps(scenario)
         assert not free_whole or set(free_whole) - sliced
     served = {e for p in plan.proposals for e in p.enables}
     assert not served & {j for j, _ in plan.unmet}
+    # a protected pool: MIG capacity never drops below the pool (nor below what there was, when short of it)
+    if target is not None and knobs.pool_protected:
+        def capacity(layouts) -> int:
+            sizes = {p.name: p.compute_slices for p in MIG_H100_80GB}
+            return sum(sizes[s.profile] for layout in layouts for s in layout or ())
+        before = {g.key: g.layout for g in gpus if g.in_service}
+        after = {**before, **{p.key: p.target for p in plan.proposals}}
+        assert capacity(after.values()) >= min(target, capacity(before.values()))

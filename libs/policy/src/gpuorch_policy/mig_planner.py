@@ -4,20 +4,30 @@
     PendingJob (per queued job: whole GPUs, or acceptable MIG profiles + declared memory + observed peak memory)
     PlannerSettings (mode off/advise/auto, hysteresis, cap per GPU per hour, how many running jobs a change may drain)
           │
-          ▼  plan_mig(gpus, pending, settings, now, drained)
-    1. demand that waited at least ``min_pending_s`` (a batching window: one burst, one decision)
+    demand: recent slice demand samples (``slice_demand``: slices MIG jobs hold + those waiting inference needs)
+    ends_in: per running job, seconds until it is expected to leave its GPU (time limit left, or its grace)
+          │
+          ▼  plan_mig(gpus, pending, settings, now, drained, demand, ends_in)
+    0. the warm pool: ``pool_target`` = a high percentile of the recent demand samples + a margin (compute slices)
+    1. MIG demand that waited at least ``min_pending_s`` (a batching window: one burst, one decision); whole-GPU
+       demand after ``min_pending_whole_s``
     2. what today's layouts already serve: each job takes a free instance of a profile it accepts / free whole GPUs
        on one node (the same rule the scheduler's MigInstances and whole-GPU filters apply)
     3. free whole GPUs that waiting whole-GPU jobs are gathering (per job, the node with the most) are reserved
-    4. unmet whole-GPU demand: MIG GPUs on one node turn back into whole GPUs (soonest free first: ``ends_in``)
+    4. unmet whole-GPU demand: MIG GPUs on one node turn back into whole GPUs (soonest free first: ``ends_in``);
+       with ``pool_protected``, only MIG capacity above the pool
     5. unmet MIG demand, right-sized (the smallest accepted profile that holds the job's observed peak x headroom, or
        its declared memory; without history, its first choice): packed onto MIG GPUs free of work first, then idle
        whole GPUs (not reserved, unless an inference job waited ``slice_gathered_after_s``; on nodes that already
        hold slices while those have free whole GPUs; only if the cap leaves room to make them whole again), then
-       GPUs with at most ``max_drain_jobs`` running jobs, fewest first; the room left on a GPU is filled with more
+       GPUs with at most ``max_drain_jobs`` running jobs, soonest free first; the room left on a GPU is filled with more
        of the profiles planned; slice positions from ``mig_geometry.place_instances`` (larger profiles stay
        placeable)
-    6. no MIG demand left and whole-GPU jobs still unmet: idle MIG GPUs turn whole (``keep_idle_mig_gpus`` stay)
+    6. no MIG demand left: idle MIG GPUs turn whole while whole-GPU jobs are unmet (without a pool:
+       ``keep_idle_mig_gpus`` stay; with one: the pool stays), or, with a pool, while the capacity without them stays
+       ``pool_release_slices`` above it (hysteresis)
+    7. the pool short: idle whole GPUs no waiting whole-GPU job gathers get ``pool_layout`` (nodes holding slices
+       first); with ``pool_claims_busy_within_s``, else the busy whole GPU whose work ends soonest within that time
           │
           ▼
     MigPlan: proposals (GPU, current -> target layout, drains, reason, enables, needs_reset), unmet demand, held back
@@ -32,6 +42,9 @@ Contract:
   (it is listed in ``held_back`` when it would have been used);
 - a free whole GPU that a pending whole-GPU job is gathering (``_reserve_whole``) is partitioned only for MIG demand
   that waited ``slice_gathered_after_s``; a whole-GPU job that fits today's free GPUs is never delayed by a plan;
+- a whole GPU with work is partitioned only for the pool, with ``pool_claims_busy_within_s`` set and every job on it
+  expected to leave within that time (listed in ``drains``);
+- with ``pool_protected``, a plan never takes the MIG capacity below the pool (nor below what it was, when short);
 - mode ``off`` proposes nothing; ``advise`` and ``auto`` propose the same plan (only ``auto`` is executed).
 Pure and deterministic: no I/O, no clock (``now`` and every time are seconds on the caller's clock).
 """
@@ -148,6 +161,12 @@ class PlannerSettings:
     compute slices above the pool (0 above it while a whole-GPU job waits unmet)."""
     pool_layout: tuple[str, ...] = ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
     """The layout a whole GPU gets when the pool grows (before any job asks for it)."""
+    pool_protected: bool = True
+    pool_claims_busy_within_s: float | None = None
+    """When no idle whole GPU can grow the pool: a whole GPU whose work is expected to end within this many seconds
+    (``ends_in``) is claimed for it (no new placements; its jobs end or are preempted with their grace first);
+    ``None``: never."""
+    """Waiting whole-GPU jobs turn MIG GPUs whole only while the MIG capacity left stays at least the pool."""
 
 
 @dataclass(frozen=True)
@@ -245,7 +264,7 @@ class _Gpu:
     held_noted: bool = False
     whole_wanted: bool = False
     """A waiting whole-GPU job is gathering this free GPU: sliced only once inference MIG demand is overdue."""
-    key_planned_mig: bool = False
+    sliced_by_plan: bool = False
     """A whole GPU this plan slices."""
 
 
@@ -300,12 +319,13 @@ def plan_mig(gpus: Sequence[GpuState], pending: Sequence[PendingJob], settings: 
                    if j.waiting_s >= (settings.min_pending_whole_s if j.whole_gpus else settings.min_pending_s))
     unmet_whole = [j for j in ready if j.whole_gpus > 0 and not _take_whole(fleet, j)]
     unmet_mig = [j for j in ready if j.mig_profiles and not _take_instance(fleet, j)]
-    planner = _Planner(fleet, settings, drained, now, ends_in or {})
+    target = pool_target(demand, settings, now)
+    planner = _Planner(fleet, settings, drained, now, ends_in or {},
+                       target if settings.pool_protected else None)
     _reserve_whole(fleet, _order([j for j in pending if j.whole_gpus > 0 and j not in ready]) + unmet_whole)
     for job in unmet_whole:
         planner.whole(job)
     planner.mig(unmet_mig)
-    target = pool_target(demand, settings, now)
     still_whole = [j for j in unmet_whole if j.job_id in {u for u, _ in planner.unmet}]
     if not any(j for j in unmet_mig if j.job_id not in {e for p in planner.proposals for e in p.enables}):
         planner.reclaim(still_whole, target)
@@ -361,8 +381,9 @@ def _take_instance(fleet: list[_Gpu], job: PendingJob) -> bool:
 
 class _Planner:
     def __init__(self, fleet: list[_Gpu], settings: PlannerSettings, drained: frozenset[str], now: float,
-                 ends_in: Mapping[str, float]) -> None:
+                 ends_in: Mapping[str, float], pool: int | None) -> None:
         self.fleet = fleet
+        self.pool = pool
         self.ends_in = ends_in
         self.now = now
         self.settings = settings
@@ -404,7 +425,8 @@ class _Planner:
     def whole(self, job: PendingJob) -> None:
         """Turn MIG GPUs back into whole GPUs for ``job``: per node, its free whole GPUs first, then the MIG GPUs
         that free soonest (``ends_in``, then fewest running jobs); nodes by when their chosen GPUs are free; all
-        ``nodes`` or nothing."""
+        ``nodes`` or nothing; with a protected pool, only MIG capacity above the pool is turned whole."""
+        spare = None if self.pool is None else self.capacity() - self.pool
         options: list[tuple[float, str, list[_Gpu]]] = []
         for node in sorted({g.state.node_id for g in self.fleet}):
             here = [g for g in self.fleet if g.state.node_id == node and _model_ok(job, g.state)]
@@ -420,6 +442,11 @@ class _Planner:
                 chosen = convertible[:need]
                 options.append((max(self._free_in(g) for g in chosen), node, free + chosen))
         options.sort(key=lambda o: (o[0], o[1]))
+        taken = sum(_compute(g.table, g.state.layout) for _, _, group in options[: job.nodes] for g in group)
+        if spare is not None and taken > spare:
+            self.unmet.append((job.job_id, f"the MIG capacity above the warm pool ({max(spare, 0)} compute "
+                                           f"slices) cannot offer {job.whole_gpus} whole GPUs on {job.nodes} node(s)"))
+            return
         if len(options) < job.nodes:
             self.unmet.append((job.job_id, f"no {job.nodes} node(s) can offer {job.whole_gpus} whole GPUs without "
                                            f"draining more than {self.settings.max_drain_jobs} jobs per GPU"))
@@ -476,23 +503,31 @@ class _Planner:
     def grow_pool(self, target: int) -> None:
         """Slice idle whole GPUs into ``pool_layout`` until the MIG capacity reaches ``target`` compute slices: GPUs
         no waiting whole-GPU job gathers, whose cap leaves room to turn them back; on nodes already holding slices
-        first, then the node with the fewest free whole GPUs (the others stay whole for gangs)."""
+        first, then the node with the fewest free whole GPUs (the others stay whole for gangs). Without such a GPU
+        and with ``pool_claims_busy_within_s``: the busy whole GPU whose work ends soonest within that time."""
         capacity = self.capacity()
+        within = self.settings.pool_claims_busy_within_s
         while capacity < target:
-            sliced = Counter(g.state.node_id for g in self.fleet if g.state.mig_enabled or g.key_planned_mig)
+            sliced = Counter(g.state.node_id for g in self.fleet if g.state.mig_enabled or g.sliced_by_plan)
             free = Counter(g.state.node_id for g in self.fleet if g.free_whole and not g.claimed)
             options = [g for g in self.fleet if g.free_whole and not g.claimed and not g.whole_wanted
                        and g.refusal is None and self._can_return(g) and g.table]
-            if not options:
+            busy = [g for g in self.fleet if within is not None and not g.state.mig_enabled and not g.free_whole
+                    and not g.claimed and g.state.running_jobs(self.drained) and self._usable(g)
+                    and self._can_return(g) and self._free_in(g) <= within]
+            if options:
+                gpu = min(options, key=lambda g: (-sliced[g.state.node_id], free[g.state.node_id], g.state.key))
+            elif busy:
+                gpu = min(busy, key=lambda g: (self._free_in(g), -sliced[g.state.node_id], g.state.key))
+            else:
                 return
-            gpu = min(options, key=lambda g: (-sliced[g.state.node_id], free[g.state.node_id], g.state.key))
             layout = place_instances(gpu.table, (), self.settings.pool_layout)
             if layout is None:
                 gpu.claimed = True
                 continue
             self._propose(gpu, layout, [], f"warm pool: MIG capacity {capacity} compute slices, "
                                            f"recent demand asks for {target}")
-            gpu.key_planned_mig = True
+            gpu.sliced_by_plan = True
             capacity += _compute(gpu.table, layout)
 
     # -- MIG instances ---------------------------------------------------------------------------------------
