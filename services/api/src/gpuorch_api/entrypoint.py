@@ -11,15 +11,11 @@ Any number of instances may run side by side: the API keeps no state of its own 
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,6 +23,8 @@ from fastapi.responses import JSONResponse
 from gpuorch_identity import IdentityMap, configured_identity_map
 from gpuorch_messaging import PublishError
 from gpuorch_observability import configure, get_logger
+from gpuorch_settings import ServiceSettings, load_or_exit, setting
+from pydantic import PrivateAttr, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuorch_api.auth import ApiError
@@ -36,64 +34,60 @@ from gpuorch_api.routes import router
 
 log = get_logger(__name__)
 
-ENVIRONMENT = {
-    "GPUORCH_AMQP_URL": ("RabbitMQ URL: the API's own broker user (a gateway identity)",
-                         "amqp://guest:guest@127.0.0.1:5672/"),
-    "GPUORCH_DATABASE_URL": ("PostgreSQL DSN: a user in role gpuorch_api",
-                             "postgresql://postgres@127.0.0.1:5432/gpuorch"),
-    "GPUORCH_IDENTITY_MAP": ("identity map (JSON) with the sha256 digests of the API tokens (its 'tokens')", ""),
-    "GPUORCH_IDENTITY": ("strict; trust_all (local development) allows running without an identity map", "strict"),
-    "GPUORCH_API_HOST": ("address to listen on", "0.0.0.0"),
-    "GPUORCH_API_PORT": ("HTTP port", "8080"),
-    "GPUORCH_QUOTAS": ("tenant quotas as JSON, as the scheduler reads them (shown against allocation)", ""),
-    "GPUORCH_QUOTAS_FILE": ("path of a JSON file with the quotas (GPUORCH_QUOTAS wins)", ""),
-    "GPUORCH_JAEGER_URL": ("Jaeger UI base URL for trace links, e.g. http://localhost:16686 (unset: no links)", ""),
-    "GPUORCH_LOGS_TOKEN": ("the service token the executors' log endpoints accept (unset: no job logs)", ""),
-    "GPUORCH_OTLP_ENDPOINT": ("OTLP/HTTP collector URL (unset = no export)", ""),
-    "GPUORCH_LOG_LEVEL": ("log level", "INFO"),
-}
+class Settings(ServiceSettings):
+    """The API's settings (``gpuorch_settings``: environment variables, an optional TOML/JSON file under them;
+    ``gpuorch-api --help`` lists them). Derived at load: ``identity_map`` and ``quotas_by_tenant``."""
 
+    amqp_url: str = setting("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/",
+                            "RabbitMQ URL: the API's own broker user (a gateway identity)")
+    database_url: str = setting("GPUORCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/gpuorch",
+                                "PostgreSQL DSN: a user in role gpuorch_api")
+    identity_map_path: str = setting("GPUORCH_IDENTITY_MAP", "", "identity map (JSON) with the sha256 digests of "
+                                     "the API tokens (its 'tokens')")
+    identity: Literal["strict", "trust_all"] = setting("GPUORCH_IDENTITY", "strict", "strict; trust_all (local "
+                                                       "development) allows running without an identity map")
+    host: str = setting("GPUORCH_API_HOST", "0.0.0.0", "address to listen on")
+    port: int = setting("GPUORCH_API_PORT", 8080, "HTTP port: API, /openapi.json, /healthz, /readyz, dashboard",
+                        ge=0, le=65535)
+    quotas: str = setting("GPUORCH_QUOTAS", "", "tenant quotas as JSON, as the scheduler reads them (shown "
+                          "against allocation)")
+    quotas_file: str = setting("GPUORCH_QUOTAS_FILE", "", "path of a JSON file with the quotas (GPUORCH_QUOTAS "
+                               "wins)")
+    jaeger_url: str | None = setting("GPUORCH_JAEGER_URL", None, "Jaeger UI base URL for trace links, e.g. "
+                                     "http://localhost:16686 (unset: no links)")
+    logs_token: str | None = setting("GPUORCH_LOGS_TOKEN", None, "the service token the executors' log endpoints "
+                                     "accept (unset: no job logs)")
 
-@dataclass
-class Settings:
-    amqp_url: str
-    database_url: str
-    identity_map: IdentityMap
-    host: str
-    port: int
-    quotas: dict[str, dict[str, Any]]
-    jaeger_url: str | None
-    logs_token: str | None
-    otlp_endpoint: str | None
-    log_level: str
+    _identity_map: IdentityMap | None = PrivateAttr(default=None)
+    _quotas: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _derive(self) -> Settings:
+        self._identity_map = configured_identity_map(self.identity_map_path, self.identity)
+        self._quotas = _quotas(self.quotas, self.quotas_file)
+        return self
 
-def parse_settings(argv: list[str] | None = None) -> Settings:
-    parser = argparse.ArgumentParser(
-        prog="gpuorch-api", description="gpuorch's HTTP API and dashboard.",
-        epilog="environment variables:\n" + "\n".join(
-            f"  {name:<22} {text} (default: {default or 'unset'})" for name, (text, default) in ENVIRONMENT.items()),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.parse_args(argv)
-    env = {name: os.environ.get(name, default) for name, (_, default) in ENVIRONMENT.items()}
-    try:
-        identity_map = configured_identity_map(env["GPUORCH_IDENTITY_MAP"], env["GPUORCH_IDENTITY"])
-        quotas = _quotas(env["GPUORCH_QUOTAS"], env["GPUORCH_QUOTAS_FILE"])
-        port = int(env["GPUORCH_API_PORT"])
-    except (OSError, ValueError) as exc:
-        parser.error(str(exc))
-    return Settings(amqp_url=env["GPUORCH_AMQP_URL"], database_url=env["GPUORCH_DATABASE_URL"],
-                    identity_map=identity_map, host=env["GPUORCH_API_HOST"], port=port, quotas=quotas,
-                    jaeger_url=env["GPUORCH_JAEGER_URL"] or None, logs_token=env["GPUORCH_LOGS_TOKEN"] or None,
-                    otlp_endpoint=env["GPUORCH_OTLP_ENDPOINT"] or None,
-                    log_level=env["GPUORCH_LOG_LEVEL"])
+    @property
+    def identity_map(self) -> IdentityMap:
+        assert self._identity_map is not None
+        return self._identity_map
+
+    @property
+    def quotas_by_tenant(self) -> dict[str, dict[str, Any]]:
+        return self._quotas
 
 
 def _quotas(text: str, path: str) -> dict[str, dict[str, Any]]:
     """``{tenant: {"gpus": n, ...}}`` from GPUORCH_QUOTAS, else from the file GPUORCH_QUOTAS_FILE names."""
     if not text and path:
-        text = Path(path).read_text(encoding="utf-8")
-    quotas = json.loads(text) if text else {}
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"GPUORCH_QUOTAS_FILE: {exc}") from exc
+    try:
+        quotas = json.loads(text) if text else {}
+    except ValueError as exc:
+        raise ValueError(f"GPUORCH_QUOTAS: {exc}") from exc
     if not isinstance(quotas, dict) or not all(isinstance(v, dict) for v in quotas.values()):
         raise ValueError('GPUORCH_QUOTAS: expected {"<tenant>": {"gpus": <n>, ...}, ...}')
     return quotas
@@ -114,7 +108,7 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
         await migrate(settings.database_url)
         app.state.backends = await open_backends(
             amqp_url=settings.amqp_url, database_url=settings.database_url, identity_map=settings.identity_map,
-            quotas=settings.quotas, jaeger_url=settings.jaeger_url, logs_token=settings.logs_token)
+            quotas=settings.quotas_by_tenant, jaeger_url=settings.jaeger_url, logs_token=settings.logs_token)
         log.info("api.ready", port=settings.port)
         try:
             yield
@@ -174,7 +168,7 @@ def _mount_dashboard(app: FastAPI) -> None:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    settings = parse_settings(argv if argv is not None else sys.argv[1:])
+    settings, _ = load_or_exit(Settings, argv, prog="gpuorch-api", description="gpuorch's HTTP API and dashboard.")
     configure("gpuorch-api", log_level=settings.log_level, otlp_endpoint=settings.otlp_endpoint)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
                 access_log=False, lifespan="on")
