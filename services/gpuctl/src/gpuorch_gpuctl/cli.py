@@ -37,6 +37,7 @@ from gpuorch_gpuctl.output import console as output_console
 from gpuorch_gpuctl.schema_cmd import schema_app
 from gpuorch_gpuctl.terminal_text import cell, log_output, markup
 from gpuorch_gpuctl.top_cmd import top
+from gpuorch_gpuctl.up_cmd import up
 from gpuorch_gpuctl.watch import job_row_line, sse_events, state_after
 
 app = typer.Typer(help="gpuctl: submit, watch, inspect and cancel gpuorch jobs (through the gpuorch API).",
@@ -47,6 +48,7 @@ app.add_typer(schema_app, name="schema")
 app.command("demo")(demo)
 app.command("down")(down)
 app.command("top")(top)
+app.command("up")(up)
 
 console = output_console()
 """stdout: as wide as a line needs when piped (tables are never cut to 80 columns)."""

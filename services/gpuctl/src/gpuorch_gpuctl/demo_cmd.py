@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -346,17 +347,21 @@ def _remember_stack(record: Path) -> None:
 
 
 def down(
-    root: Annotated[Path | None, typer.Option(help="the demo's root (default: the demo context's stack)")] = None,
+    root: Annotated[Path | None, typer.Option(help="the stack's root (default: the current context's stack, "
+                                              "else the demo's)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
 ) -> None:
-    """Stop the stack `gpuctl demo --keep` left running (and its jobs)."""
+    """Stop the stack `gpuctl demo --keep` or `gpuctl up` left running (and its jobs)."""
     if root is not None:
         record = root.resolve() / "stack.json"
     else:
-        entry = load_config()["contexts"].get("demo") or {}
+        document = load_config()
+        contexts = document["contexts"]
+        entry = contexts.get(document.get("current-context") or "") or {}
+        entry = entry if entry.get("stack") else contexts.get("demo") or {}
         record = Path(entry.get("stack") or "var/demo/stack.json").resolve()
     if not record.exists():
-        print(f"gpuctl: no running demo stack recorded at {record}", file=__import__("sys").stderr)
+        print(f"gpuctl: no running demo stack recorded at {record}", file=sys.stderr)
         raise typer.Exit(1)
     stopped = LocalStack.stop_recorded(record)
     if as_json:

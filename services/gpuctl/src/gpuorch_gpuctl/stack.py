@@ -149,6 +149,10 @@ class LocalStack:
             "GPUORCH_HEARTBEAT_S": "2", "GPUORCH_USAGE_S": "2", **env,
         })
 
+    def start_node_agent(self, node_id: str, **env: str) -> ServiceProcess:
+        """One node-agent for one node of this host (``GPUORCH_NVML`` real by default: ``gpuctl up``)."""
+        return self._spawn("node-agent", "gpuorch-node-agent", {"GPUORCH_NODE_ID": node_id, **env})
+
     def start_executor(self, **env: str) -> ServiceProcess:
         return self._spawn("executor", "gpuorch-executor", {
             "GPUORCH_NODE_IDS": ",".join(n.node_id for n in self.nodes),
