@@ -127,23 +127,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=4, help="8-GPU H100 nodes")
     parser.add_argument("--training-scale", type=float, default=1.0, help="training arrival rate x this")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
+    parser.add_argument("--small-on-whole", action="store_true",
+                        help="a MIG job with no free instance may take a free whole GPU (every layout)")
     parser.add_argument("--no-write", action="store_true", help="write no results or plot files")
     args = parser.parse_args(argv)
     documents, text = [], []
+    suffix = "_small_on_whole" if args.small_on_whole else ""
     for i, seed in enumerate(parse_seeds(args.seeds)):
         jobs = mig_workload(seed, args.training_scale)
-        results = {name: simulate_layout(name, jobs, args.nodes) for name in LAYOUTS}
-        document = {**bench_json(results, seed, args.nodes), "training_scale": args.training_scale,
+        results = {name: simulate_layout(name, jobs, args.nodes, small_on_whole=args.small_on_whole)
+                   for name in LAYOUTS}
+        document = {**bench_json(results, seed, args.nodes, args.small_on_whole), "training_scale": args.training_scale,
                     "jobs": len(jobs)}
         documents.append(document)
-        text += [f"seed {seed}: {len(jobs)} jobs on {document['fleet']} (training scale {args.training_scale})", "",
+        rule = ", small jobs may take whole GPUs" if args.small_on_whole else ""
+        text += [f"seed {seed}: {len(jobs)} jobs on {document['fleet']} (training scale {args.training_scale}{rule})", "",
                  table(document), ""]
         if i == 0 and not args.no_write:
-            plot(results, PLOT, f"seed {seed}, {document['fleet']}, training scale {args.training_scale}")
+            plot(results, PLOT.with_name(f"mig{suffix}.png"),
+                 f"seed {seed}, {document['fleet']}, training scale {args.training_scale}{rule}")
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "mig.md").write_text("\n".join(text) + "\n")
-        (RESULTS / "mig.json").write_text(json.dumps(documents, indent=1) + "\n")
+        (RESULTS / f"mig{suffix}.md").write_text("\n".join(text) + "\n")
+        (RESULTS / f"mig{suffix}.json").write_text(json.dumps(documents, indent=1) + "\n")
     print(json.dumps(documents, indent=1) if args.json else "\n".join(text))
     return 0
 

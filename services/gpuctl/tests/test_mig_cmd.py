@@ -84,3 +84,8 @@ def test_bench_mig_json_compares_static_layouts_with_the_planner() -> None:
     assert all(layouts[n]["reconfigurations"] == 0 for n in ("whole", "all_1g.10gb", "fixed_mix"))
     assert layouts["planner"]["reconfigurations"] > 0
     assert layouts["whole"]["unstarted_jobs"]["inference"] > 0 and layouts["all_1g.10gb"]["unstarted_jobs"]["training"] > 0
+    # as on an unpartitioned fleet, small jobs may take whole GPUs: the whole layout then runs them too
+    unpartitioned = CliRunner().invoke(app, ["--seed", "1", "--json", "--small-on-whole"])
+    document = json.loads(unpartitioned.stdout)
+    assert document["small_on_whole"] is True and set(document["layouts"]) == set(layouts)
+    assert document["layouts"]["whole"]["unstarted_jobs"]["inference"] == 0

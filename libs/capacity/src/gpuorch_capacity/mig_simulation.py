@@ -197,8 +197,10 @@ class LayoutResult:
 def simulate_layout(name: str, jobs: Sequence[MigJob], nodes: int, *, plan_every_s: float = 60.0,
                     apply_s: float = 15.0, reset_s: float = 45.0,
                     planner: PlannerSettings | None = None, execution: ExecutionSettings | None = None,
-                    pool: bool = True) -> LayoutResult:
-    """Run the day on ``nodes`` 8-GPU H100 nodes with the static layout ``name`` or the planner (``planner``)."""
+                    pool: bool = True, small_on_whole: bool = False) -> LayoutResult:
+    """Run the day on ``nodes`` 8-GPU H100 nodes with the static layout ``name`` or the planner (``planner``).
+    ``small_on_whole``: a MIG job that finds no free instance of an accepted profile may take a free whole GPU (the
+    rest of it idle), as on an unpartitioned fleet; the same rule for every layout."""
     planned = name in PLANNER_VARIANTS
     per_gpu = STATIC_LAYOUTS["whole" if planned else name]
     gpus = {(f"n{n}", i): SimGpu(f"n{n}", i, _layout(per_gpu[i])) for n in range(nodes) for i in range(8)}
@@ -231,29 +233,34 @@ def simulate_layout(name: str, jobs: Sequence[MigJob], nodes: int, *, plan_every
                 gpu.used.pop(slot, None)
         job.held = []
 
+    def take_whole(job: MigJob, count: int, nodes: int) -> bool:
+        per_node: dict[str, list[SimGpu]] = {}
+        for gpu in gpus.values():
+            if gpu.layout is None and gpu.whole_job is None and not gpu.draining:
+                per_node.setdefault(gpu.node, []).append(gpu)
+        fitting = sorted((n for n in per_node if len(per_node[n]) >= count), key=lambda n: (len(per_node[n]), n))
+        if len(fitting) < nodes:
+            return False
+        for node in fitting[:nodes]:
+            for gpu in per_node[node][:count]:
+                gpu.whole_job = job.job_id
+                job.held.append((gpu.key, None))
+        return True
+
     def try_start(job: MigJob, now: float) -> bool:
         if job.whole_gpus:
-            per_node: dict[str, list[SimGpu]] = {}
-            for gpu in gpus.values():
-                if gpu.layout is None and gpu.whole_job is None and not gpu.draining:
-                    per_node.setdefault(gpu.node, []).append(gpu)
-            fitting = sorted((n for n in per_node if len(per_node[n]) >= job.whole_gpus),
-                             key=lambda n: (len(per_node[n]), n))[: job.nodes]
-            if len(fitting) < job.nodes:
+            if not take_whole(job, job.whole_gpus, job.nodes):
                 return False
-            for node in fitting:
-                for gpu in per_node[node][: job.whole_gpus]:
-                    gpu.whole_job = job.job_id
-                    job.held.append((gpu.key, None))
         else:
             found = next(((gpu, slot) for profile in job.profiles for gpu in gpus.values()
                           if gpu.layout is not None and not gpu.draining
                           for slot in gpu.layout if slot.profile == profile and slot not in gpu.used), None)
-            if found is None:
+            if found is not None:
+                gpu, slot = found
+                gpu.used[slot] = job.job_id
+                job.held.append((gpu.key, slot))
+            elif not (small_on_whole and take_whole(job, 1, 1)):
                 return False
-            gpu, slot = found
-            gpu.used[slot] = job.job_id
-            job.held.append((gpu.key, slot))
         job.wait_s += now - job.ready
         job.start = now
         job.run += 1
@@ -376,18 +383,20 @@ def simulate_layout(name: str, jobs: Sequence[MigJob], nodes: int, *, plan_every
                         len(reconf_s), reconf_s, preemptions, series, job_waits)
 
 
-def run_mig_bench(seed: int = 1, nodes: int = 4) -> dict[str, LayoutResult]:
-    """Every static layout and the planner on the same seeded day."""
+def run_mig_bench(seed: int = 1, nodes: int = 4, small_on_whole: bool = False) -> dict[str, LayoutResult]:
+    """Every static layout and the planner on the same seeded day (``small_on_whole``: see ``simulate_layout``)."""
     jobs = mig_workload(seed)
-    return {name: simulate_layout(name, jobs, nodes) for name in (*STATIC_LAYOUTS, "planner")}
+    return {name: simulate_layout(name, jobs, nodes, small_on_whole=small_on_whole)
+            for name in (*STATIC_LAYOUTS, "planner")}
 
 
-def bench_json(results: dict[str, LayoutResult], seed: int, nodes: int) -> dict[str, object]:
+def bench_json(results: dict[str, LayoutResult], seed: int, nodes: int,
+               small_on_whole: bool = False) -> dict[str, object]:
     """The ``gpuctl bench mig --json`` document."""
     planner = results.get("planner")
     reconf = planner.reconfiguration_s if planner else []
     return {
-        "seed": seed, "fleet": f"{nodes} x 8 H100-80GB",
+        "seed": seed, "fleet": f"{nodes} x 8 H100-80GB", "small_on_whole": small_on_whole,
         "layouts": {name: {"completed_jobs": r.completed, "gpu_allocation_pct": round(r.allocation_pct, 1),
                            "mean_wait_s": {t: round(w, 1) for t, w in r.waits.items()},
                            "unstarted_jobs": r.unstarted, "reconfigurations": r.reconfigurations,

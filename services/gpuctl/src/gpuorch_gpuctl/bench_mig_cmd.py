@@ -16,21 +16,24 @@ def mig(
     seed: Annotated[int, typer.Option(help="workload seed (same seed, same figures)")] = 1,
     nodes: Annotated[int, typer.Option(help="8-GPU H100 nodes in the fleet (the workload is sized for 4)")] = 4,
     as_json: Annotated[bool, typer.Option("--json", help="print the figures as JSON")] = False,
+    small_on_whole: Annotated[bool, typer.Option(
+        "--small-on-whole", help="a MIG job with no free instance may take a free whole GPU (as on an unpartitioned "
+                                 "fleet), the same rule for every layout")] = False,
 ) -> None:
     """Whole GPUs, all 1g.10gb, a fixed mix and the planner on one simulated day: completed jobs, GPU allocation,
     mean wait per tier, reconfigurations and how long one takes end to end (drain + apply)."""
     from gpuorch_capacity.mig_simulation import bench_json, run_mig_bench
 
-    document = bench_json(run_mig_bench(seed, nodes), seed, nodes)
+    document = bench_json(run_mig_bench(seed, nodes, small_on_whole), seed, nodes, small_on_whole)
     if as_json:
         print(json.dumps(document, indent=1))
         return
     print(f"{document['fleet']}, seed {seed}: one simulated day\n")
-    print(f"{'layout':<14}{'completed':>10}{'GPU alloc %':>12}{'wait inference s':>18}{'wait training s':>17}"
+    print(f"{'layout':<24}{'completed':>10}{'GPU alloc %':>12}{'wait inference s':>18}{'wait training s':>17}"
           f"{'wait batch s':>14}{'reconfigs':>10}")
     for name, row in document["layouts"].items():  # type: ignore[attr-defined]
         wait = row["mean_wait_s"]
-        print(f"{name:<14}{row['completed_jobs']:>10}{row['gpu_allocation_pct']:>12.1f}{wait['inference']:>18.0f}"
+        print(f"{name:<24}{row['completed_jobs']:>10}{row['gpu_allocation_pct']:>12.1f}{wait['inference']:>18.0f}"
               f"{wait['training']:>17.0f}{wait['batch']:>14.0f}{row['reconfigurations']:>10}")
     r = document["reconfiguration_s"]
     print(f"\nplanner reconfiguration end to end (drain + apply): median {r['median']} s, "  # type: ignore[index]
