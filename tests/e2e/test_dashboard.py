@@ -113,3 +113,6 @@ def test_a_team_member_sees_the_fleet_submits_from_the_page_and_sees_only_its_jo
     browser.get(f"{stack_url}/#/tenants")
     tenants = until(browser, lambda b: b.find_element(By.ID, "tenants")).text
     assert "acme" in tenants and "research" not in tenants
+    browser.get(f"{stack_url}/#/week")  # the weekly view: GPU-hours per day, drawn from telemetry's samples
+    assert until(browser, lambda b: b.find_element(By.ID, "usage-chart")).is_displayed()
+    assert "research" not in browser.find_element(By.ID, "week").text

@@ -111,6 +111,9 @@ async def test_a_submitter_sees_its_tenants_and_an_operator_sees_all(api: Runnin
         assert queues["batch"]["estimated_starts"][0]["job_id"] == str(ids["research_queued"])
         assert (await http.get("/api/v1/queues", headers=auth("acme"))).json()[2]["depth"] == 0
 
+        [today] = (await http.get("/api/v1/usage", headers=auth("acme"))).json()  # the sample, not rolled up yet
+        assert (today["tenant"], today["allocated_gpu_hours"] > 0) == ("acme", True)
+        assert (await http.get("/api/v1/usage", headers=auth("research"))).json() == []
         tenants = (await http.get("/api/v1/tenants", headers=auth("acme"))).json()
         assert tenants == [{"tenant": "acme", "allocated_gpus": 1.142, "quota_gpus": 4, "used_gpus": 0.628,
                             "mean_util_pct": 55.0, "queued": 0, "running": 1}]

@@ -193,6 +193,27 @@ class ReadModels:
                    ORDER BY t.tenant""", _tenant_list(tenants), list(ACTIVE_STATES))
         return [dict(r) for r in rows]
 
+    async def usage_by_day(self, *, tenants: Collection[str] | None, days: int) -> list[dict[str, Any]]:
+        """Per UTC day and tenant over the last ``days``: GPU-hours allocated, used (allocation x utilisation) and
+        idle, from telemetry's rollups and the minutes not rolled up yet (the weekly report's first chart)."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """WITH usage AS (
+                       SELECT bucket, tenant, alloc_milli, observed_s, util_pct_s, idle_s FROM telemetry_job_rollups
+                       WHERE bucket >= now() - make_interval(days => $2)
+                       UNION ALL
+                       SELECT bucket, tenant, alloc_milli, observed_s, util_pct_s, idle_s
+                       FROM telemetry_job_rollups_pending WHERE bucket >= now() - make_interval(days => $2))
+                   SELECT date_trunc('day', bucket AT TIME ZONE 'UTC')::date AS day, tenant,
+                          sum(observed_s * alloc_milli / 1000.0) / 3600.0 AS allocated_gpu_hours,
+                          sum(util_pct_s / 100.0 * alloc_milli / 1000.0) / 3600.0 AS used_gpu_hours,
+                          sum(idle_s * alloc_milli / 1000.0) / 3600.0 AS idle_gpu_hours
+                   FROM usage WHERE $1::text[] IS NULL OR tenant = ANY($1)
+                   GROUP BY 1, 2 ORDER BY 1, 2""", _tenant_list(tenants), days)
+        return [{"day": r["day"], "tenant": r["tenant"],
+                 **{k: round(float(r[k] or 0.0), 4) for k in ("allocated_gpu_hours", "used_gpu_hours",
+                                                              "idle_gpu_hours")}} for r in rows]
+
     async def record_submission(self, job_id: uuid.UUID, identity: str, spec: dict[str, Any]) -> None:
         async with self.pool.acquire() as conn:
             await conn.execute(

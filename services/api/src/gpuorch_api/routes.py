@@ -9,6 +9,7 @@ and shapes the answer with ``domain.views``. Errors are one line of JSON: ``{"er
     POST /api/v1/jobs/{id}/cancel                 {"reason"?} -> 202
     GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor
     GET  /api/v1/nodes, /queues, /tenants         fleet, queues per tier, allocation against quota and use
+    GET  /api/v1/usage?days=7                     GPU-hours per day and tenant: allocated, used, idle
     GET  /api/v1/events                           Server-Sent Events (``live``)
 
 A job of a tenant the caller does not see answers 404 on reads (its existence is not disclosed); a cancel or a
@@ -204,6 +205,13 @@ async def list_tenants(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]
     """Per tenant the caller sees: GPUs allocated, quota, GPUs used (allocation x mean utilisation)."""
     also = who.tenants if who.tenants is not None else frozenset(svc.quotas)
     return views.tenant_views(await svc.read.tenant_use(tenants=who.tenants), svc.quotas, also)
+
+
+@router.get("/api/v1/usage", tags=["fleet"], response_model=list[schemas.DailyUsage])
+async def usage(who: CallerDep, svc: BackendsDep,
+                days: Annotated[int, Query(ge=1, le=92, description="the last N days")] = 7) -> list[dict[str, Any]]:
+    """GPU-hours per UTC day and tenant (the caller's): allocated, used (allocation x utilisation), idle."""
+    return await svc.read.usage_by_day(tenants=who.tenants, days=days)
 
 
 @router.get("/api/v1/events", tags=["live"], response_class=StreamingResponse)

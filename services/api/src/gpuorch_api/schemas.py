@@ -6,7 +6,7 @@ a missing one is a server error: the document cannot drift from the answers with
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from pydantic import BaseModel
@@ -166,3 +166,11 @@ class Caller(BaseModel):
     tenants: list[str]
     default_tenant: str | None
     max_priority: str
+
+
+class DailyUsage(BaseModel):
+    day: date
+    tenant: str
+    allocated_gpu_hours: float
+    used_gpu_hours: float
+    idle_gpu_hours: float

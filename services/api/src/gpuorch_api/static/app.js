@@ -145,6 +145,47 @@ async function tenantsPage() {
     ])));
 }
 
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  for (const child of children.flat()) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  return node;
+}
+
+async function weekPage() {
+  const rows = await api("/api/v1/usage?days=7");
+  const days = [...new Set(rows.map((r) => r.day))].sort();
+  const tenants = [...new Set(rows.map((r) => r.tenant))].sort();
+  const top = Math.max(0.001, ...rows.map((r) => r.allocated_gpu_hours));
+  const width = 720, height = 240, left = 48, bottom = 36, group = (width - left) / Math.max(1, days.length);
+  const bar = Math.max(4, (group - 12) / Math.max(1, tenants.length));
+  const y = (v) => height - bottom - (v / top) * (height - bottom - 10);
+  const colours = ["#4f46e5", "#0891b2", "#d97706", "#16a34a", "#dc2626", "#7c3aed"];
+  const chart = svg("svg", { width, height, role: "img", id: "usage-chart", "aria-label": "GPU-hours per day" },
+    svg("line", { x1: left, y1: height - bottom, x2: width, y2: height - bottom, stroke: "#9ca3af" }),
+    svg("text", { x: 4, y: 14, "font-size": 11 }, `${top.toFixed(2)} GPU-h`),
+    days.map((day, d) => [
+      svg("text", { x: left + d * group + 4, y: height - bottom + 14, "font-size": 11 }, day.slice(5)),
+      tenants.map((tenant, t) => {
+        const row = rows.find((r) => r.day === day && r.tenant === tenant);
+        if (!row) return [];
+        const x = left + d * group + 4 + t * bar;
+        return [
+          svg("rect", { x, y: y(row.allocated_gpu_hours), width: bar - 2, height: height - bottom - y(row.allocated_gpu_hours),
+            fill: colours[t % colours.length], "fill-opacity": 0.3 }, svg("title", {}, `${tenant} ${day}: allocated ${row.allocated_gpu_hours} GPU-h`)),
+          svg("rect", { x, y: y(row.used_gpu_hours), width: bar - 2, height: height - bottom - y(row.used_gpu_hours),
+            fill: colours[t % colours.length] }, svg("title", {}, `${tenant} ${day}: used ${row.used_gpu_hours} GPU-h`)),
+        ];
+      }),
+    ]));
+  const legend = el("div", { class: "hint" }, tenants.map((tenant, t) => el("span", { style:
+    `color:${colours[t % colours.length]}; margin-right:1rem` }, `■ ${tenant}`)),
+    "light: allocated GPU-hours, dark: used (allocation × utilisation)");
+  return el("section", { id: "week" }, el("h2", {}, "GPU-hours per day, last 7 days"), chart, legend,
+    table(["day", "tenant", "allocated GPU-h", "used GPU-h", "idle GPU-h"], rows.map((r) => [
+      r.day, r.tenant, String(r.allocated_gpu_hours), String(r.used_gpu_hours), String(r.idle_gpu_hours)])));
+}
+
 function submitPage() {
   const field = (name, input) => [el("label", { for: name }, name), input];
   const form = el("form", { class: "submit", id: "submit-form" },
@@ -177,7 +218,8 @@ function submitPage() {
 
 // -- routing, live events, sign-in ------------------------------------------------------------------------------
 
-const pages = { fleet: fleetPage, queues: queuesPage, jobs: jobsPage, tenants: tenantsPage, submit: submitPage };
+const pages = { fleet: fleetPage, queues: queuesPage, jobs: jobsPage, tenants: tenantsPage, week: weekPage,
+  submit: submitPage };
 
 async function render() {
   const [, page = "fleet", id] = location.hash.split("/");
