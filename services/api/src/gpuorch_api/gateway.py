@@ -21,6 +21,8 @@ from typing import Any
 from gpuorch_contracts import CancelJob, JobSpec, SubmitJob
 from gpuorch_identity import IdentityMap, Rejection, authorize_job_access, authorize_submission
 from gpuorch_messaging import Broker
+from gpuorch_observability import tracer
+from opentelemetry import trace
 
 from gpuorch_api.auth import Caller, Forbidden
 
@@ -38,7 +40,11 @@ class Gateway:
             raise Forbidden(verdict.reason)
         message = SubmitJob(spec=verdict, producer="gpuorch-api", on_behalf_of=caller.name,
                             **({"job_id": job_id} if job_id else {}))
-        await self.broker.publish(message)
+        # the root of the job's trace (the dashboard links to it): the scheduler's spans join it from the headers
+        with tracer("gpuorch-api").start_as_current_span(
+                f"api {SubmitJob.TYPE}", kind=trace.SpanKind.PRODUCER,
+                attributes={"gpuorch.job_id": str(message.job_id), "gpuorch.identity": caller.name}):
+            await self.broker.publish(message)
         return message
 
     async def cancel(self, caller: Caller, job: dict[str, Any], reason: str) -> CancelJob:
