@@ -162,11 +162,11 @@ class PlannerSettings:
     pool_layout: tuple[str, ...] = ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
     """The layout a whole GPU gets when the pool grows (before any job asks for it)."""
     pool_protected: bool = True
+    """Waiting whole-GPU jobs turn MIG GPUs whole only while the MIG capacity left stays at least the pool."""
     pool_claims_busy_within_s: float | None = None
     """When no idle whole GPU can grow the pool: a whole GPU whose work is expected to end within this many seconds
     (``ends_in``) is claimed for it (no new placements; its jobs end or are preempted with their grace first);
     ``None``: never."""
-    """Waiting whole-GPU jobs turn MIG GPUs whole only while the MIG capacity left stays at least the pool."""
 
 
 @dataclass(frozen=True)
@@ -525,8 +525,10 @@ class _Planner:
             if layout is None:
                 gpu.claimed = True
                 continue
-            self._propose(gpu, layout, [], f"warm pool: MIG capacity {capacity} compute slices, "
-                                           f"recent demand asks for {target}")
+            running = gpu.state.running_jobs(self.drained)
+            self._propose(gpu, layout, [], f"warm pool: MIG capacity {capacity} compute slices, recent demand asks "
+                                           f"for {target}" + (f"; waits for {len(running)} running job(s) to end "
+                                                              "first" if running else ""))
             gpu.sliced_by_plan = True
             capacity += _compute(gpu.table, layout)
 
