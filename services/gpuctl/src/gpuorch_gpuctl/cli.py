@@ -4,7 +4,7 @@ A client, not a service. Every command that reads or changes jobs talks to the A
 context (``gpuctl config``; contexts.py says how a command finds its API and token). Two paths stay direct:
 operators' ``db``, ``dlq``, ``report`` and ``replay`` hold a database DSN or a broker URL, and an explicit
 ``--dsn``/``GPUORCH_DATABASE_URL`` (reads) or ``--amqp-url`` (submit, cancel) without an API context still reads
-the read models or publishes directly, for scripts written before the API (decision 27).
+the read models or publishes directly, for scripts written before the API (decision 31).
 
 Every command has ``--json``; listings also ``-o json|yaml|wide`` and ``--no-headers``. Errors are one line on
 stderr: exit 1 (API unreachable, refused, not found), 2 (a bad value such as ``--state bogus``).

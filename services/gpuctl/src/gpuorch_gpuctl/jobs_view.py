@@ -1,5 +1,5 @@
 """Read-only queries over the scheduler's read models (``jobs``, ``nodes``): gpuctl's direct path, taken only with an
-explicit ``--dsn``/``GPUORCH_DATABASE_URL`` and no API context (scripts written before the API; decision 27)."""
+explicit ``--dsn``/``GPUORCH_DATABASE_URL`` and no API context (scripts written before the API; decision 31)."""
 
 from __future__ import annotations
 
