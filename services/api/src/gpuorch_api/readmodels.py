@@ -5,8 +5,9 @@
     events                                the scheduler's log: a job's timeline (granted to gpuorch_api, 0300)
     api_submissions                       the API's own table (0300): what it published for whom
 
-Every function takes ``tenants`` (None: all) and returns only rows of those tenants; a row the caller may not see
-is reported as absent (404), not as forbidden, so job ids of other tenants cannot be probed. Plain dicts out; the
+The listings of jobs, queues, tenants and usage take ``tenants`` (None: all) and return only rows of those
+tenants; ``resolve`` finds a job id among them (the routes answer 404 for another tenant's job, so its existence is
+not disclosed). ``job`` and ``nodes`` read unfiltered: the routes decide what the caller sees. Plain dicts out; the
 shaping for people is in ``domain/views.py``.
 """
 
