@@ -44,7 +44,8 @@ Contract:
   that waited ``slice_gathered_after_s``; a whole-GPU job that fits today's free GPUs is never delayed by a plan;
 - a whole GPU with work is partitioned only for the pool, with ``pool_claims_busy_within_s`` set and every job on it
   expected to leave within that time (listed in ``drains``);
-- with ``pool_protected``, a plan never takes the MIG capacity below the pool (nor below what it was, when short);
+- with ``pool_protected``, the MIG GPUs a plan turns whole never take the MIG capacity below the pool (nor below
+  what it was, when short; re-laying a MIG GPU for waiting MIG jobs may change its compute slices);
 - mode ``off`` proposes nothing; ``advise`` and ``auto`` propose the same plan (only ``auto`` is executed).
 Pure and deterministic: no I/O, no clock (``now`` and every time are seconds on the caller's clock).
 """
