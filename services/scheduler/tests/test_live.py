@@ -120,6 +120,9 @@ async def test_pending_reason_estimate_rejection_and_cancel_reach_gpuctl(
     broker = Broker(amqp_url, producer="test")
     await broker.connect()
     nodes = FakeNodes(broker, [registered_node("node-1", gpus=2, nvlink=[(0, 1)])])
+    # a stand-in for node-1's executor queue: the blocker's launch is routable, so the scheduler does not declare
+    # it lost (an undeliverable LaunchJob is parked and its job requeued) and free its GPU under the test
+    await broker.declare_queue(QueueSpec("executor.node-1", [(COMMANDS_EXCHANGE, "node.node-1.#")]))
     try:
         await nodes.start()
         await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rs: len(rs) == 1, what="node registered")

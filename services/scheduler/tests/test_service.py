@@ -111,3 +111,26 @@ async def test_every_message_about_a_job_carries_its_submission_trace(migrated_d
         assert set(kinds.values()) == {trace_id}
     finally:
         await conn.close()
+
+
+async def test_a_rejected_job_keeps_its_spec_and_reason_in_the_read_model(migrated_dsn: str) -> None:
+    """``describe`` of a job refused at admission shows what was asked (by any submitter, not only the API's) and
+    why; its row belongs to the tenant the job was admitted under."""
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        service = SchedulerService(conn, SchedulerConfig())
+        await service.recover()
+        await service.handle(node("n1", gpus=2))
+        too_big = SubmitJob(spec=JobSpec(name="too-big", tenant="acme", tier="training", run=RUN,
+                                         resources=GpuRequest(gpus=20)))
+        await service.handle(too_big)
+        row = await conn.fetchrow("SELECT name, tenant, tier, state, spec::text AS spec, reason FROM jobs "
+                                  "WHERE job_id = $1", too_big.job_id)
+        assert (row["name"], row["tenant"], row["tier"], row["state"]) == ("too-big", "acme", "training",
+                                                                           "rejected")
+        assert json.loads(row["spec"])["resources"]["gpus"] == 20
+        assert "20" in row["reason"]
+        [event] = await conn.fetch("SELECT routing_key FROM outbox WHERE type = 'job.rejected'")
+        assert event["routing_key"] == "job.rejected.acme"  # the tenant's subscribers see their rejection
+    finally:
+        await conn.close()

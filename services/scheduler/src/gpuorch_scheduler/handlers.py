@@ -159,6 +159,8 @@ class _Batch:
     touched_jobs: set[uuid.UUID] = field(default_factory=set)
     touched_nodes: set[str] = field(default_factory=set)
     rejected: list[JobRejected] = field(default_factory=list)
+    submitted: dict[uuid.UUID, SubmitJob] = field(default_factory=dict)
+    """This batch's submissions, as received: what a rejected job's read-model row shows (name, spec)."""
     logged_ids: set[uuid.UUID] = field(default_factory=set)
     """Message ids already in the log, or logged earlier in this batch."""
     known_jobs: set[uuid.UUID] = field(default_factory=set)
@@ -373,7 +375,7 @@ class SchedulerService:
                 self._conn, outgoing,
                 headers=[headers_of.get(id(m)) or self._trace_headers(m) for m in outgoing],
                 bodies=[_encoded(logged_json.get(id(m)), m) for m in outgoing])
-            await self._write_read_models(batch.touched_jobs, batch.touched_nodes, batch.rejected)
+            await self._write_read_models(batch.touched_jobs, batch.touched_nodes, batch.rejected, batch.submitted)
             snapshot_due = self._events_since_snapshot >= self.config.snapshot_every_events or (
                 self._events_since_snapshot and now - self._last_snapshot_at >= self.config.snapshot_every_s)
             if snapshot_due and self._snapshot_writer is None:
@@ -469,6 +471,7 @@ class SchedulerService:
         if message.job_id in batch.known_jobs:
             return None  # accepted (or rejected) long ago and forgotten from memory since: idempotent
         batch.wants_cycle = True
+        batch.submitted[message.job_id] = message
         if not tracing_exported():
             return None, self._admit(message, now), None
         with job_span("scheduler.admit", message.job_id, (self._delivery_trace or {}).get("traceparent"),
@@ -718,7 +721,7 @@ class SchedulerService:
         return notices
 
     async def _write_read_models(self, job_ids: Iterable[uuid.UUID], node_ids: Iterable[str],
-                                 rejected: list[JobRejected]) -> None:
+                                 rejected: list[JobRejected], submitted: dict[uuid.UUID, SubmitJob]) -> None:
         rows = [_job_row(self.state.jobs[j], self.pending.get(j)) for j in job_ids if j in self.state.jobs]
         if rows:
             await self._conn.executemany(_UPSERT_JOB, rows)
@@ -726,8 +729,9 @@ class SchedulerService:
             await self._conn.executemany(
                 """INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, reason, submitted_at,
                                      ended_at)
-                   VALUES ($1, '', '', '', '', 'rejected', '{}'::jsonb, $2, $3, $3) ON CONFLICT (job_id) DO NOTHING""",
-                [(event.job_id, event.reason, event.occurred_at) for event in rejected],
+                   VALUES ($1, $2, $3, $4, $5, 'rejected', $6::text::jsonb, $7, $8, $8)
+                   ON CONFLICT (job_id) DO NOTHING""",
+                [_rejected_row(event, submitted.get(event.job_id)) for event in rejected],
             )
         node_rows = [
             (n, self.state.nodes[n].liveness, json.dumps(self.state.nodes[n].inventory.model_dump(mode="json")),
@@ -779,6 +783,17 @@ def _moved(before: float | None, after: float | None) -> bool:
     if before is None or after is None:
         return before != after
     return abs(before - after) > 60.0
+
+
+def _rejected_row(event: JobRejected, submit: SubmitJob | None) -> tuple[Any, ...]:
+    """A rejected job's read-model row: its spec as submitted, so that ``describe`` shows what was asked and why it
+    was refused. The row's tenant is the one the rejection names (the submitter's own, from its identity), never
+    the tenant the spec claims: a refused claim must not put rows into another tenant's view."""
+    if submit is None:
+        return event.job_id, "", event.tenant or "", "", "", "{}", event.reason, event.occurred_at
+    spec = submit.spec
+    return (event.job_id, spec.name, event.tenant or "", spec.tier, spec.priority_class,
+            spec.model_dump_json(), event.reason, event.occurred_at)
 
 
 def _job_row(job: JobRecord, waiting: Waiting | None) -> tuple[Any, ...]:

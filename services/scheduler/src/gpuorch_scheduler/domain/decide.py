@@ -110,8 +110,9 @@ def admit(state: SchedulerState, submit: SubmitJob, policy: QueuePolicy | None =
     if never is None and policy is not None:
         never = quota_never_fits(submit.spec, policy, fleet.largest_gpu_memory_mib)
     if never is not None:
-        return Decision(logged=[JobRejected(
+        return Decision(logged=[JobRejected(  # the tenant was authorized before admission: it sees its rejection
             message_id=decision_id("rejected", submit.job_id), job_id=submit.job_id, reason=never[:1000],
+            tenant=submit.spec.tenant,
         )])
     stamp = {} if now is None else {"occurred_at": at(now)}
     return Decision(logged=[JobAccepted(
