@@ -141,8 +141,11 @@ def test_the_cluster_overlay_has_the_servicemonitor_and_the_scheduler_pair_its_b
     monitor = objects[("ServiceMonitor", "gpuorch")]["spec"]
     [expression] = monitor["selector"]["matchExpressions"]
     metrics_services = [o for (kind, name), o in objects.items() if kind == "Service" and name.endswith("-metrics")]
-    assert set(expression["values"]) == {s["metadata"]["labels"]["app.kubernetes.io/name"] for s in metrics_services}
     assert all(p["name"] == "metrics" for s in metrics_services for p in s["spec"]["ports"])
+    scraped = [*metrics_services, objects[("Service", "api")]]  # the api serves /metrics on its http port
+    assert set(expression["values"]) == {s["metadata"]["labels"]["app.kubernetes.io/name"] for s in scraped}
+    ports = {endpoint["port"] for endpoint in monitor["endpoints"]}
+    assert all(any(p["name"] in ports for p in s["spec"]["ports"]) for s in scraped)
     rule = objects[("PrometheusRule", "gpuorch")]["spec"]
     assert rule["groups"] == yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())["groups"], \
         "run deploy/prometheus/make_rule_crd.py"

@@ -212,3 +212,18 @@ async def test_logs_come_from_the_executor_of_the_jobs_node(api: RunningApi, mig
             assert never_ran.status_code == 404 and "never ran" in never_ran.json()["error"]
     finally:
         await publisher.close()
+
+
+async def test_metrics_count_requests_by_route_template(api: RunningApi) -> None:
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        asked = [uuid.uuid4() for _ in range(2)]
+        for job_id in asked:
+            await http.get(f"/api/v1/jobs/{job_id}", headers=auth("acme"))  # 404: not disclosed
+        await http.get("/api/v1/jobs", headers={})  # 401
+        text = (await http.get("/metrics")).text
+    lines = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+             if line.startswith("gpuorch_api_requests_total{")}
+    assert lines['gpuorch_api_requests_total{code="404",method="GET",route="/api/v1/jobs/{job_ref}"}'] >= 2
+    assert lines['gpuorch_api_requests_total{code="401",method="GET",route="/api/v1/jobs"}'] >= 1
+    assert not any(str(job_id) in text for job_id in asked)  # route templates, never raw paths, as labels
+    assert "gpuorch_api_request_duration_seconds_bucket" in text

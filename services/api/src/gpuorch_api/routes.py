@@ -1,7 +1,7 @@
 """HTTP handlers: each parses a request, asks ``auth`` who calls, reads (``readmodels``) or publishes (``gateway``),
 and shapes the answer with ``domain.views``. Errors are one line of JSON: ``{"error": "..."}``.
 
-    GET  /healthz, /readyz                        no token
+    GET  /healthz, /readyz, /metrics              no token
     GET  /api/v1/whoami                           the caller: identity, role, tenants
     GET  /api/v1/jobs?state=&tenant=&tier=&limit= jobs of the caller's tenants (operator: all)
     POST /api/v1/jobs                             {"spec": JobSpec, "job_id"?: uuid} -> 202 {"job_id"}
@@ -24,11 +24,12 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gpuorch_contracts import JobSpec
 from gpuorch_contracts.jobs import JobState, Tier
 from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict
 
 from gpuorch_api import schemas
@@ -84,6 +85,13 @@ async def readyz(svc: BackendsDep) -> JSONResponse:
     if problems:
         return JSONResponse({"status": "not ready", "error": "; ".join(problems)}, status_code=503)
     return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics", tags=["health"], include_in_schema=False)
+async def prometheus_metrics() -> Response:
+    """Prometheus text (``metrics``): requests by route template and their latency. No token, like every
+    service's metrics port."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/api/v1/whoami", tags=["auth"], response_model=schemas.Caller)
