@@ -156,7 +156,7 @@ def queue_waits(rows: list[dict[str, Any]], now: datetime) -> list[ShapeWait]:
         spec = r["spec"] if isinstance(r["spec"], dict) else {}
         reason = r.get("reason") or r.get("pending_reason") or ""
         shape = shape_of(spec)
-        if not spec and r["state"] == "rejected":  # the read model keeps no spec for a rejected job: its reason says
+        if not spec and r["state"] == "rejected":  # rejected before the read model kept its spec: the reason says
             shape = _NEEDS.search(reason).group(1) if _NEEDS.search(reason) else "unknown shape"  # type: ignore[union-attr]
         key = (shape, r["tier"] or "any tier")
         asked = {**(spec.get("resources") or {}), "gang_nodes": int((spec.get("gang") or {}).get("nodes") or 1)}
