@@ -75,7 +75,11 @@ async def test_tokens_and_one_line_errors(api: RunningApi) -> None:
         assert (await http.get("/api/v1/whoami", headers=auth("acme"))).json()["tenants"] == ["acme"]
         bad = await http.get("/api/v1/jobs", params={"state": "bogus"}, headers=auth("acme"))
         assert bad.status_code == 422 and bad.json()["error"].startswith("state:") and "\n" not in bad.text
-        assert "/api/v1/jobs" in (await http.get("/openapi.json")).json()["paths"]
+        document = (await http.get("/openapi.json")).json()
+        assert "/api/v1/jobs" in document["paths"]
+        invalid = document["paths"]["/api/v1/jobs"]["get"]["responses"]["422"]  # documented as answered
+        assert invalid["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+        assert "HTTPValidationError" not in document["components"]["schemas"]
 
 
 async def test_a_submitter_sees_its_tenants_and_an_operator_sees_all(api: RunningApi, migrated_dsn: str) -> None:

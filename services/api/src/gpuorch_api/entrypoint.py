@@ -27,7 +27,7 @@ from gpuorch_settings import ServiceSettings, load_or_exit, setting
 from pydantic import PrivateAttr, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gpuorch_api import metrics
+from gpuorch_api import metrics, schemas
 from gpuorch_api.auth import ApiError
 from gpuorch_api.backends import Backends, open_backends
 from gpuorch_api.node_logs import LogsUnavailable
@@ -119,7 +119,7 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
     app = FastAPI(title="gpuorch API", version="1", lifespan=lifespan,
                   description="Jobs, fleet, queues and tenants of gpuorch; submissions and cancels on the "
                               "caller's behalf; live events. Authenticate with `Authorization: Bearer <token>`.")
-    app.include_router(router)
+    app.include_router(router, responses=schemas.ERRORS)
     _install_error_handlers(app)
     app.middleware("http")(metrics.record_request)
     _mount_dashboard(app)

@@ -12,6 +12,20 @@ from typing import Any
 from pydantic import BaseModel
 
 
+class Error(BaseModel):
+    """Every error the API answers (401, 403, 404, 422, 503...): one line, no traceback."""
+
+    error: str
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Error, "description": "no token, or a token the identity map does not know"},
+    403: {"model": Error, "description": "the caller's identity may not do this"},
+    422: {"model": Error, "description": "an invalid parameter or body, named in one line"},
+}
+"""Documented on every route: what ``entrypoint``'s error handlers answer (not FastAPI's default shapes)."""
+
+
 class JobSummary(BaseModel):
     id: str
     name: str
