@@ -46,3 +46,26 @@ async def test_pending_running_waits_and_quota_per_tenant_and_tier(migrated_dsn:
         assert value("gpuorch_e2e_scheduling_latency_milliseconds") is not None
     finally:
         await conn.close()
+
+
+async def test_a_preemption_is_counted_for_the_tenant_it_makes_room_for(migrated_dsn: str) -> None:
+    low, high = "metrics-low", "metrics-high"  # tenants no other test uses (the registry is the process's)
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        service = SchedulerService(conn, SchedulerConfig())
+        await service.recover()
+        await service.handle(node("n1", gpus=1))
+        before = value("gpuorch_preempted_workloads_total", preempting_cluster_queue=high,
+                       reason="InCohortReclamation") or 0.0
+        await service.handle(SubmitJob(spec=JobSpec(run=RUN, tenant=low, priority_class="low", preemptible=True,
+                                                    resources=GpuRequest(gpus=1))))
+        urgent = SubmitJob(spec=JobSpec(run=RUN, tenant=high, priority_class="high", resources=GpuRequest(gpus=1)))
+        await service.handle(urgent)
+        await service.tick()
+        assert [j.state for j in service.state.jobs.values() if j.spec.tenant == low] == ["preempting"]
+        assert value("gpuorch_preempted_workloads_total", preempting_cluster_queue=high,
+                     reason="InCohortReclamation") == before + 1
+        assert value("gpuorch_preempted_workloads_total", preempting_cluster_queue=high,
+                     reason="InClusterQueue") is None
+    finally:
+        await conn.close()

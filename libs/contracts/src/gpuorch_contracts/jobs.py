@@ -319,6 +319,8 @@ class JobPreempting(TenantRouted):
     job_id: uuid.UUID
     placement_id: uuid.UUID
     reason: ShortText
+    preempted_by: uuid.UUID | None = Field(default=None, description=(
+        "the waiting job this placement makes room for; None from a scheduler older than this field"))
 
 
 class JobRequeued(TenantRouted):

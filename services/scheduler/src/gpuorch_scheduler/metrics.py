@@ -16,6 +16,9 @@ names (``kai_`` -> ``gpuorch_``).
   ``nvidia.com/gpu`` (GPUs, fractions count) or ``gpu_memory_mib``; a tenant without a finite quota has no
   nominal-quota series.
 - ``gpuorch_evicted_workloads_total{cluster_queue,reason}``: placements taken back (``Preempted``, ``NodeLost``).
+- ``gpuorch_preempted_workloads_total{preempting_cluster_queue,reason}``: placements asked to stop to make room,
+  by the tenant of the job they make room for; ``reason`` ``InClusterQueue`` (a job of the same tenant) or
+  ``InCohortReclamation`` (another tenant's, by priority or reclaiming its quota: gpuorch has one cohort).
 - ``gpuorch_task_scheduling_latency_milliseconds``: a job's first placement, accepted -> placed (KAI: pod creation
   -> bind attempt); ``gpuorch_e2e_scheduling_latency_milliseconds``: the last scheduling cycle (KAI's gauge).
 
@@ -32,7 +35,7 @@ import math
 from collections.abc import Iterable
 from datetime import datetime
 
-from gpuorch_contracts import JobPlaced, JobRequeued, Message
+from gpuorch_contracts import JobPlaced, JobPreempting, JobRequeued, Message
 from gpuorch_store import OutboxBacklog
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -57,6 +60,8 @@ USAGE = Gauge("gpuorch_cluster_queue_resource_usage", "What a tenant holds now",
               ["cohort", "cluster_queue", "flavor", "resource"])
 NOMINAL = Gauge("gpuorch_cluster_queue_nominal_quota", "A tenant's quota",
                 ["cohort", "cluster_queue", "flavor", "resource"])
+PREEMPTED = Counter("gpuorch_preempted_workloads_total", "Placements asked to stop to make room, by the tenant of "
+                    "the job they make room for", ["preempting_cluster_queue", "reason"])
 EVICTED = Counter("gpuorch_evicted_workloads_total", "Placements taken back, per tenant and reason",
                   ["cluster_queue", "reason"])
 TASK_LATENCY = Histogram("gpuorch_task_scheduling_latency_milliseconds",
@@ -73,7 +78,7 @@ RESOURCES = (("nvidia.com/gpu", 0, "gpus"), ("gpu_memory_mib", 1, "gpu_memory_mi
 
 
 def observe(events: Iterable[Message], state: SchedulerState) -> None:
-    """Count what a committed batch decided: placements (and their waits) and evictions."""
+    """Count what a committed batch decided: placements (and their waits), preemptions and evictions."""
     for event in events:
         if isinstance(event, JobPlaced):
             job = state.jobs.get(event.job_id)
@@ -88,6 +93,12 @@ def observe(events: Iterable[Message], state: SchedulerState) -> None:
             job = state.jobs.get(event.job_id)
             tenant = job.spec.tenant if job is not None else (event.tenant or "")
             EVICTED.labels(tenant, "Preempted" if event.preempted else "NodeLost").inc()
+        elif isinstance(event, JobPreempting) and event.preempted_by is not None:
+            victim, preemptor = state.jobs.get(event.job_id), state.jobs.get(event.preempted_by)
+            if victim is None or preemptor is None:
+                continue
+            same = victim.spec.tenant == preemptor.spec.tenant
+            PREEMPTED.labels(preemptor.spec.tenant, "InClusterQueue" if same else "InCohortReclamation").inc()
 
 
 def export_gauges(state: SchedulerState, queues: QueuePolicy) -> None:

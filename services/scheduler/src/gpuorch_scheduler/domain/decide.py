@@ -421,7 +421,8 @@ class _Cycle:
                 reason = f"reclaimed for tenant {job.spec.tenant} (within its quota) from borrowed capacity"
             assert victim.placement_id is not None
             self.decision.logged.append(JobPreempting(
-                job_id=victim.job_id, placement_id=victim.placement_id, reason=reason, occurred_at=at(self.now)))
+                job_id=victim.job_id, placement_id=victim.placement_id, reason=reason, occurred_at=at(self.now),
+                preempted_by=job.job_id))
             self.decision.published.extend(
                 StopJob(node_id=a.node_id, job_id=victim.job_id, placement_id=victim.placement_id,
                         reason="preempt", grace_s=victim.spec.checkpoint.grace_s)
