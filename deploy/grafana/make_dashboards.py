@@ -9,7 +9,7 @@ Dashboards (folder "gpuorch"; data sources of provisioning/datasources: Promethe
 - ``gpuorch-fleet``: utilisation and memory per GPU and MIG slice (dcgm-exporter names and labels, so NVIDIA's
   DCGM dashboard reads the same series), temperature, power, throttling; nodes by liveness.
 - ``gpuorch-tenants``: allocation against use per tenant, quota use against nominal quota, idle GPU-hours.
-- ``gpuorch-queues``: queue depth and admission wait per tier and tenant, running jobs, evictions.
+- ``gpuorch-queues``: queue depth and admission wait per tier and tenant, running jobs, evictions, preemptions.
 - ``gpuorch-scheduler``: decision latency and throughput, batches, the outbox, dead letters, executor launches and
   failures by cause, node-agent heartbeat lag.
 - ``gpuorch-alerts``: firing alerts (Prometheus rules of deploy/prometheus/alerts.yml) and telemetry's open
@@ -187,6 +187,10 @@ def queues() -> dict[str, Any]:
                                                           "{{cluster_queue}}"), unit="ops"), 12, 8),
         (timeseries("Evictions per hour, by reason", ("sum by (reason) (increase(gpuorch_evicted_workloads_total"
                                                       "{cluster_queue=~\"$tenant\"}[1h]))", "{{reason}}")), 12, 8),
+        (timeseries("Preemptions per hour, by the tenant they made room for",
+                    ("sum by (preempting_cluster_queue, reason) (increase(gpuorch_preempted_workloads_total"
+                     "{preempting_cluster_queue=~\"$tenant\"}[1h]))", "{{preempting_cluster_queue}} {{reason}}")),
+         12, 8),
     ], [query_variable("tenant", "Tenant", "label_values(gpuorch_pending_workloads, cluster_queue)"),
         query_variable("tier", "Tier", "label_values(gpuorch_pending_workloads, tier)")])
 
