@@ -8,6 +8,7 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import aio_pika
 import asyncpg
 import httpx
 import pytest
@@ -231,3 +232,73 @@ async def test_metrics_count_requests_by_route_template(api: RunningApi) -> None
     assert lines['gpuorch_api_requests_total{code="401",method="GET",route="/api/v1/jobs"}'] >= 1
     assert not any(str(job_id) in text for job_id in asked)  # route templates, never raw paths, as labels
     assert "gpuorch_api_request_duration_seconds_bucket" in text
+
+
+async def test_the_report_shows_a_submitter_its_tenants_and_an_operator_everything(
+        api: RunningApi, migrated_dsn: str) -> None:
+    ids = await seed(migrated_dsn)
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
+        answer = await http.get("/api/v1/report", params={"since": "1d"}, headers=auth("acme"))
+        assert answer.status_code == 200, answer.text
+        mine = answer.json()
+        assert [j["job_id"] for j in mine["jobs"]] == [str(ids["acme_running"])]  # its sample, not rolled up yet
+        assert [t["tenant"] for t in mine["tenants"]] == ["acme"] and mine["tenants_shown"] == ["acme"]
+        assert mine["tenants"][0]["allocated_gpu_hours"] >= 0 and mine["series_source"]
+        assert "research" not in answer.text and str(ids["research_queued"]) not in answer.text
+        assert all(w["tier"] != "batch" for w in mine["queue_waits"])
+
+        everything = (await http.get("/api/v1/report", params={"since": "1d"}, headers=auth("ops"))).json()
+        assert everything["tenants_shown"] is None
+        [batch] = [w for w in everything["queue_waits"] if w["tier"] == "batch"]
+        assert (batch["queued_now"], batch["waited"]) == (1, 1)
+        assert any(c["kind"] == "short_of" and "8 GPUs on one node" in c["text"] for c in everything["conclusions"])
+        theirs = (await http.get("/api/v1/report", params={"tenant": "research"}, headers=auth("ops"))).json()
+        assert (theirs["tenant"], theirs["jobs"]) == ("research", [])
+
+        refused = await http.get("/api/v1/report", params={"tenant": "research"}, headers=auth("acme"))
+        assert refused.status_code == 403 and set(refused.json()) == {"error"}
+        for params in ({"since": "a week"}, {"from": "2026-11-30", "to": "2026-11-24"}):
+            bad = await http.get("/api/v1/report", params=params, headers=auth("acme"))
+            assert bad.status_code == 422 and set(bad.json()) == {"error"}, bad.text
+        document = (await http.get("/openapi.json")).json()
+        schema = document["paths"]["/api/v1/report"]["get"]["responses"]["200"]["content"]["application/json"]
+        assert schema["schema"] == {"$ref": "#/components/schemas/WeeklyReport"}
+
+
+async def test_dead_letters_are_listed_and_replayed_by_operators_only(api: RunningApi, amqp_url: str) -> None:
+    from gpuorch_contracts import SUBMIT_EXCHANGE
+    from gpuorch_messaging import EXCHANGE_HEADER, QUEUE_HEADER, REASON_HEADER, ROUTING_KEY_HEADER
+
+    lane = f"test.lane.{uuid.uuid4().hex[:8]}"
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        await channel.declare_queue(f"{lane}.dlq")
+        await channel.default_exchange.publish(aio_pika.Message(
+            b'{"refused": true}', message_id="dead-1",
+            headers={REASON_HEADER: "invalid: spec.resources", QUEUE_HEADER: lane, EXCHANGE_HEADER: SUBMIT_EXCHANGE,
+                     ROUTING_KEY_HEADER: "job.submit.acme"}), routing_key=f"{lane}.dlq")
+    finally:
+        await connection.close()
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
+        for method, path in (("GET", "/api/v1/dlq"), ("POST", f"/api/v1/dlq/{lane}/replay")):
+            refused = await http.request(method, path, headers=auth("acme"))
+            assert refused.status_code == 403 and "operator" in refused.json()["error"]
+        for _ in range(2):  # listing removes nothing
+            listed = (await http.get("/api/v1/dlq", params={"queue": lane}, headers=auth("ops"))).json()
+            assert [(d["message_id"], d["reason"], d["routing_key"]) for d in listed] == [
+                ("dead-1", "invalid: spec.resources", "job.submit.acme")]
+        assert (await http.get("/api/v1/dlq", headers=auth("ops"))).json() == []  # the known queues have none
+        assert (await http.get("/api/v1/dlq", params={"queue": "no such/queue"},
+                               headers=auth("ops"))).status_code == 422
+
+        replayed = await http.post(f"/api/v1/dlq/{lane}/replay", headers=auth("ops"))
+        assert replayed.status_code == 200, replayed.text
+        assert (replayed.json()["replayed"], replayed.json()["stopped"]) == (1, None)
+        incoming = await asyncio.wait_for(api.submissions.get(), 10)
+        assert (incoming.body, incoming.routing_key, incoming.message_id) == (
+            b'{"refused": true}', "job.submit.acme", "dead-1")
+        assert (incoming.headers or {}).get("x-gpuorch-replayed") == 1
+        assert (await http.get("/api/v1/dlq", params={"queue": lane}, headers=auth("ops"))).json() == []
+        missing = await http.post("/api/v1/dlq/no-such-queue/replay", headers=auth("ops"))
+        assert missing.status_code == 404 and "no-such-queue.dlq" in missing.json()["error"]

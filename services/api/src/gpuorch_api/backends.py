@@ -32,6 +32,8 @@ class Backends:
     logs: NodeLogEndpoints
     quotas: dict[str, dict[str, Any]] = field(default_factory=dict)
     jaeger_url: str | None = None
+    dlq_amqp_url: str | None = None
+    """The broker URL the operator routes list and replay dead letters with (an operator broker user)."""
 
     async def problems(self) -> list[str]:
         """Why the API is not ready: an unreachable database or broker (empty: ready)."""
@@ -52,7 +54,8 @@ class Backends:
 
 async def open_backends(*, amqp_url: str, database_url: str, identity_map: IdentityMap,
                         quotas: dict[str, dict[str, Any]] | None = None, jaeger_url: str | None = None,
-                        logs_token: str | None = None, timeout_s: float = 60.0) -> Backends:
+                        logs_token: str | None = None, dlq_amqp_url: str | None = None,
+                        timeout_s: float = 60.0) -> Backends:
     """Connect the pool, the publishing broker and the live-stream connection (retrying until ``timeout_s``), and
     start following where each node serves its logs."""
     deadline = time.monotonic() + timeout_s
@@ -72,4 +75,4 @@ async def open_backends(*, amqp_url: str, database_url: str, identity_map: Ident
     await logs.watch(streams.connection)
     return Backends(identity_map=identity_map, read=ReadModels(pool), gateway=Gateway(broker, identity_map),
                     streams=streams, broker=broker, pool=pool, logs=logs, quotas=quotas or {},
-                    jaeger_url=jaeger_url)
+                    jaeger_url=jaeger_url, dlq_amqp_url=dlq_amqp_url or amqp_url)

@@ -56,6 +56,9 @@ class Settings(ServiceSettings):
                                "wins)")
     jaeger_url: str | None = setting("GPUORCH_JAEGER_URL", None, "Jaeger UI base URL for trace links, e.g. "
                                      "http://localhost:16686 (unset: no links)")
+    dlq_amqp_url: str | None = setting("GPUORCH_DLQ_AMQP_URL", None, "RabbitMQ URL of an operator broker user "
+                                       "(gpuctl-operator) for the dead-letter routes (unset: GPUORCH_AMQP_URL, "
+                                       "whose user then needs read on *.dlq)")
     logs_token: str | None = setting("GPUORCH_LOGS_TOKEN", None, "the service token the executors' log endpoints "
                                      "accept (unset: no job logs)")
 
@@ -109,7 +112,8 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
         await migrate(settings.database_url)
         app.state.backends = await open_backends(
             amqp_url=settings.amqp_url, database_url=settings.database_url, identity_map=settings.identity_map,
-            quotas=settings.quotas_by_tenant, jaeger_url=settings.jaeger_url, logs_token=settings.logs_token)
+            quotas=settings.quotas_by_tenant, jaeger_url=settings.jaeger_url, logs_token=settings.logs_token,
+            dlq_amqp_url=settings.dlq_amqp_url)
         log.info("api.ready", port=settings.port)
         try:
             yield

@@ -40,10 +40,12 @@ class Gateway:
             raise Forbidden(verdict.reason)
         message = SubmitJob(spec=verdict, producer="gpuorch-api", on_behalf_of=caller.name,
                             **({"job_id": job_id} if job_id else {}))
-        # the root of the job's trace (the dashboard links to it): the scheduler's spans join it from the headers
+        # the root of the job's trace: the scheduler's spans join it from the headers; ``job_id`` as on every span of
+        # the job (routes.JOB_ID_TAG), ``gpuorch.job_id`` as before
         with tracer("gpuorch-api").start_as_current_span(
                 f"api {SubmitJob.TYPE}", kind=trace.SpanKind.PRODUCER,
-                attributes={"gpuorch.job_id": str(message.job_id), "gpuorch.identity": caller.name}):
+                attributes={"job_id": str(message.job_id), "gpuorch.job_id": str(message.job_id),
+                            "gpuorch.identity": caller.name}):
             await self.broker.publish(message)
         return message
 

@@ -5,7 +5,7 @@
     events                                the scheduler's log: a job's timeline (granted to gpuorch_api, 0300)
     api_submissions                       the API's own table (0300): what it published for whom
 
-The listings of jobs, queues, tenants and usage take ``tenants`` (None: all) and return only rows of those
+The listings of jobs, queues, tenants, usage and the report take ``tenants`` (None: all) and return only rows of those
 tenants; ``resolve`` finds a job id among them (the routes answer 404 for another tenant's job, so its existence is
 not disclosed). ``job`` and ``nodes`` read unfiltered: the routes decide what the caller sees. Plain dicts out; the
 shaping for people is in ``domain/views.py``.
@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+from gpuorch_report import Period, WeeklyReport, read_report
 
 JOB_COLUMNS = """j.job_id, j.name, j.tenant, j.tier, j.priority_class, j.state, j.spec::text AS spec, j.placement_id,
     j.node_ids, j.assignments::text AS assignments, j.exit_code, j.reason, j.pending_reason, j.estimated_start,
@@ -214,6 +215,12 @@ class ReadModels:
         return [{"day": r["day"], "tenant": r["tenant"],
                  **{k: round(float(r[k] or 0.0), 4) for k in ("allocated_gpu_hours", "used_gpu_hours",
                                                               "idle_gpu_hours")}} for r in rows]
+
+    async def report(self, period: Period, *, tenants: Collection[str] | None,
+                     tenant: str | None) -> WeeklyReport:
+        """The weekly review of ``period`` (``gpuorch_report``), limited to ``tenants`` (None: all)."""
+        async with self.pool.acquire() as conn:
+            return await read_report(conn, period, tenants=tenants, tenant=tenant)
 
     async def record_submission(self, job_id: uuid.UUID, identity: str, spec: dict[str, Any]) -> None:
         async with self.pool.acquire() as conn:

@@ -10,6 +10,9 @@ and shapes the answer with ``domain.views``. Errors are one line of JSON: ``{"er
     GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor
     GET  /api/v1/nodes, /queues, /tenants         fleet, queues per tier, allocation against quota and use
     GET  /api/v1/usage?days=7                     GPU-hours per day and tenant: allocated, used, idle
+    GET  /api/v1/report?since=7d&from=&to=&tenant= the weekly review (``gpuorch_report``) of the caller's tenants
+    GET  /api/v1/dlq?queue=&limit=                dead letters and why each was refused        (operators only)
+    POST /api/v1/dlq/{queue}/replay?limit=        publish them back where they were going      (operators only)
     GET  /api/v1/events                           Server-Sent Events (``live``)
 
 A job of a tenant the caller does not see answers 404 on reads (its existence is not disclosed); a cancel or a
@@ -18,17 +21,22 @@ log read of such a job answers 403 with the reason from the identity map when it
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
-from datetime import UTC, datetime
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gpuorch_contracts import JobSpec
 from gpuorch_contracts.jobs import JobState, Tier
 from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
+from gpuorch_messaging import dead_letters
+from gpuorch_report import WeeklyReport, resolve_period
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict
 
@@ -142,16 +150,29 @@ async def get_job(job_ref: str, who: CallerDep, svc: BackendsDep) -> dict[str, A
     out["timeline"] = await svc.read.timeline(job["job_id"], job["submitted_at"], job["ended_at"])
     out["usage"] = await svc.read.usage(job["job_id"], job["started_at"] or job["submitted_at"])
     out["advice"] = await svc.read.advice(job["job_id"])
-    out["trace_url"] = trace_url(svc.jaeger_url, job["job_id"])
+    out["trace_url"] = trace_url(svc.jaeger_url, job["job_id"], job["submitted_at"], job["ended_at"])
     return out
 
 
-def trace_url(jaeger_url: str | None, job_id: uuid.UUID) -> str | None:
-    """Jaeger's search for the job's spans (every gpuorch span of a job carries ``gpuorch.job_id``)."""
+TRACE_SERVICE = "gpuorch-scheduler"
+"""The service Jaeger's search looks in (it needs one): the scheduler admits every job, however it was submitted
+(API, ``gpuctl --amqp-url``, another system on the broker), and its ``scheduler.admit`` span is in the job's trace."""
+JOB_ID_TAG = "job_id"
+"""The attribute ``gpuorch_observability.job_span`` sets on every span of a job (scheduler, executor, telemetry,
+the outbox's publishes) and the API's submission span sets too; ``tests/test_trace_link.py`` holds them together."""
+
+
+def trace_url(jaeger_url: str | None, job_id: uuid.UUID, since: datetime, until: datetime | None = None) -> str | None:
+    """Jaeger UI's search (``/search?service=&tags=``, tags as URL-encoded JSON as its search form sends them) for
+    the job's spans, over the job's lifetime (a minute before it was submitted to five after it ended, or now)."""
     if not jaeger_url:
         return None
-    tags = quote(f'{{"gpuorch.job_id":"{job_id}"}}')
-    return f"{jaeger_url.rstrip('/')}/search?service=gpuorch-api&tags={tags}"
+    tags = json.dumps({JOB_ID_TAG: str(job_id)}, separators=(",", ":"))
+    start = since - timedelta(minutes=1)
+    end = (until or datetime.now(UTC)) + timedelta(minutes=5)
+    query = urlencode({"service": TRACE_SERVICE, "tags": tags, "lookback": "custom", "limit": 20,
+                       "start": int(start.timestamp() * 1e6), "end": int(end.timestamp() * 1e6)}, quote_via=quote)
+    return f"{jaeger_url.rstrip('/')}/search?{query}"
 
 
 @router.post("/api/v1/jobs/{job_ref}/cancel", status_code=202, tags=["jobs"])
@@ -220,6 +241,74 @@ async def usage(who: CallerDep, svc: BackendsDep,
                 days: Annotated[int, Query(ge=1, le=92, description="the last N days")] = 7) -> list[dict[str, Any]]:
     """GPU-hours per UTC day and tenant (the caller's): allocated, used (allocation x utilisation), idle."""
     return await svc.read.usage_by_day(tenants=who.tenants, days=days)
+
+
+@router.get("/api/v1/report", tags=["fleet"], response_model=WeeklyReport)
+async def weekly_report(
+    who: CallerDep, svc: BackendsDep,
+    since: Annotated[str, Query(description="how far back: 30m, 12h, 7d, 2w (unless from)", max_length=16)] = "7d",
+    start: Annotated[str | None, Query(alias="from", max_length=40,
+                                       description="start: 2026-11-24, 2026-11-24T09:00 or 7d")] = None,
+    end: Annotated[str | None, Query(alias="to", max_length=40,
+                                     description="end (exclusive), same forms; default now")] = None,
+    tenant: Annotated[TenantName | None, Query(description="only this tenant (one of the caller's)")] = None,
+) -> WeeklyReport:
+    """The weekly review: per tenant and job, GPUs and memory allocated against used, mean and p95 utilisation,
+    idle GPU-hours, utilisation over time, queue wait by request shape, and conclusions. A submitter's report
+    covers its own tenants (fleet-wide lines name nodes and pools, never another tenant's jobs)."""
+    if tenant is not None and not who.sees(tenant):
+        raise Forbidden(f"{who.name} may not read the report of tenant {tenant!r}")
+    try:
+        period = resolve_period(datetime.now(UTC), since, start, end)
+    except ValueError as exc:
+        raise ApiError(422, str(exc)) from exc
+    return await svc.read.report(period, tenants={tenant} if tenant is not None else who.tenants, tenant=tenant)
+
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+QueueName = Annotated[str, Path(pattern=QUEUE_NAME.pattern,
+                                description="a consumer queue (its dead letters are in <queue>.dlq)")]
+
+
+def _operator(who: Caller, svc: Backends) -> str:
+    """The broker URL for dead letters, for an operator; 403 for anyone else."""
+    if not who.is_operator:
+        raise Forbidden(f"{who.name} is not an operator: dead letters are for operators")
+    if not svc.dlq_amqp_url:
+        raise ApiError(503, "this API has no broker URL for dead letters (GPUORCH_DLQ_AMQP_URL)")
+    return svc.dlq_amqp_url
+
+
+@router.get("/api/v1/dlq", tags=["operations"], response_model=list[dead_letters.DeadLetter])
+async def list_dead_letters(
+    who: CallerDep, svc: BackendsDep,
+    queue: Annotated[list[str] | None, Query(description="consumer queue (repeatable); default: the known ones")
+                     ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="at most N per queue")] = 100,
+) -> list[dict[str, Any]]:
+    """Dead-lettered messages and why each was refused (nothing is removed). Operators only."""
+    url = _operator(who, svc)
+    for name in queue or ():
+        if not QUEUE_NAME.match(name):
+            raise ApiError(422, f"queue: {name[:80]!r} is not a queue name")
+    found = await dead_letters.peek(url, list(queue or dead_letters.KNOWN_QUEUES), limit)
+    return [asdict(letter) for letter in found]
+
+
+@router.post("/api/v1/dlq/{queue}/replay", tags=["operations"], response_model=schemas.Replayed)
+async def replay_dead_letters(
+    queue: QueueName, who: CallerDep, svc: BackendsDep,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="at most N messages")] = 1000,
+) -> dict[str, Any]:
+    """Publish the queue's dead letters back to their original exchange and routing key (each confirmed before
+    it leaves the dead-letter queue). Operators only; 404 when the queue has no dead-letter queue."""
+    url = _operator(who, svc)
+    try:
+        done = await dead_letters.replay(url, queue, limit, producer="gpuorch-api/dlq")
+    except dead_letters.DeadLetterQueueMissing as exc:
+        raise ApiError(404, str(exc)) from exc
+    return {"queue": done.queue, "replayed": len(done.replayed), "stopped": done.stopped,
+            "messages": [asdict(letter) for letter in done.replayed]}
 
 
 @router.get("/api/v1/events", tags=["live"], response_class=StreamingResponse)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Any
 
+from gpuorch_messaging.dead_letters import DeadLetter
 from pydantic import BaseModel
 
 
@@ -188,3 +189,12 @@ class DailyUsage(BaseModel):
     allocated_gpu_hours: float
     used_gpu_hours: float
     idle_gpu_hours: float
+
+
+class Replayed(BaseModel):
+    queue: str
+    replayed: int
+    stopped: str | None
+    """Why the replay stopped before the queue was empty or the limit reached (None: it did not)."""
+    messages: list[DeadLetter]
+    """What was published back, in order (``gpuorch_messaging.dead_letters.DeadLetter``)."""

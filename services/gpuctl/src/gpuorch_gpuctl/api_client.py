@@ -120,3 +120,14 @@ def api() -> ApiClient:
         fail("no gpuorch API configured: gpuctl config set-context NAME --server URL --token TOKEN "
              "(or --server/GPUCTL_SERVER; `gpuctl demo --keep` writes a context)")
     return ApiClient(endpoint)
+
+
+def api_or_dsn(direct: str | None) -> ApiClient | str:
+    """An API named explicitly (``--server``, ``--context``, ``GPUCTL_SERVER``), else ``direct`` when given (a
+    ``--dsn`` or ``--amqp-url``: the direct path for scripts, decision 31), else the current context's API."""
+    endpoint = explicit_endpoint()
+    if endpoint is not None:
+        return ApiClient(endpoint)
+    if direct:
+        return direct
+    return api()

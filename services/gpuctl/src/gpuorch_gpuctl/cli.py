@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuorch_gpuctl import jobs_view
-from gpuorch_gpuctl.api_client import ApiClient, api, fail
+from gpuorch_gpuctl.api_client import ApiClient, api, api_or_dsn, fail
 from gpuorch_gpuctl.contexts import SELECTION, config_app, context_endpoint, explicit_endpoint
 from gpuorch_gpuctl.demo_cmd import demo, down
 from gpuorch_gpuctl.dlq_cmd import dlq_app
@@ -85,16 +85,6 @@ def main_options(
 ) -> None:
     """gpuctl talks to the gpuorch API of the current context: gpuctl config set-context NAME --server URL."""
     SELECTION.server, SELECTION.token, SELECTION.context = server, token, context
-
-
-def api_or_dsn(dsn: str | None) -> ApiClient | str:
-    """An API named explicitly, else an explicit DSN (the direct path), else the current context's API."""
-    endpoint = explicit_endpoint()
-    if endpoint is not None:
-        return ApiClient(endpoint)
-    if dsn:
-        return dsn
-    return api()
 
 
 def _read_spec_file(path: Path) -> dict[str, Any]:

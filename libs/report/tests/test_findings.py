@@ -5,14 +5,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gpuorch_capacity import CapacityPlan, Drain, PoolDecision, ScaleOut
-from gpuorch_gpuctl import report_findings as findings
-from gpuorch_gpuctl.report_cmd import TenantLine
+from gpuorch_report import findings
+from gpuorch_report.document import TenantUse
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
 
 def test_idle_tenants_need_a_tenth_of_their_allocation_idle_and_name_the_jobs() -> None:
-    tenants = [TenantLine("nlp", 2, 10.0, 1.0, 6.0), TenantLine("vision", 1, 10.0, 9.5, 0.5)]
+    tenants = [TenantUse(tenant="nlp", jobs=2, allocated_gpu_hours=10.0, used_gpu_hours=1.0, idle_gpu_hours=6.0),
+               TenantUse(tenant="vision", jobs=1, allocated_gpu_hours=10.0, used_gpu_hours=9.5, idle_gpu_hours=0.5)]
     jobs = [{"job_id": "a" * 36, "tenant": "nlp", "name": "notebook", "idle_gpu_hours": 5.0},
             {"job_id": "b" * 36, "tenant": "nlp", "name": "", "idle_gpu_hours": 1.0}]
     (only,) = findings.idle_tenants(tenants, jobs)

@@ -1,4 +1,4 @@
-"""The weekly review's conclusions, computed from the rows ``gpuctl report`` read (pure: rows in, sentences out).
+"""The weekly review's conclusions, computed from the rows ``reading`` fetched (pure: rows in, sentences out).
 
     jobs (allocated vs used, idle GPU-h) ──► idle_tenants        who holds idle GPUs, and what that cost
     oversized advice (evidence)          ──► right_sizing        which jobs to move to a MIG profile or a share,
@@ -9,7 +9,8 @@
     nodes, allocations, queue            ──► autoscaler          what gpuorch_capacity.decide would have done
                                                                  (or did: its recorded decisions)
 
-Each conclusion names its subject and carries the figure behind it, so a script can act on the JSON.
+Each conclusion names its subject and carries the figure behind it, so a script can act on the JSON. ``tenants``
+are objects with ``tenant``, ``allocated_gpu_hours`` and ``idle_gpu_hours`` (``document.TenantUse``).
 """
 
 from __future__ import annotations
