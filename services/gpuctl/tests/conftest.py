@@ -41,7 +41,8 @@ class Gpuctl:
 
     def __init__(self, config: Path) -> None:
         self.env: dict[str, str | None] = {"GPUCTL_CONFIG": str(config), "GPUORCH_DATABASE_URL": None,
-                                            "GPUORCH_AMQP_URL": None, "GPUCTL_TOKEN": None, "GPUCTL_SERVER": None}
+                                            "GPUORCH_AMQP_URL": None, "GPUORCH_OPERATOR_AMQP_URL": None,
+                                            "GPUCTL_TOKEN": None, "GPUCTL_SERVER": None}
         self.runner = CliRunner()
         self.spawned: list[subprocess.Popen[str]] = []
 

@@ -130,3 +130,59 @@ def test_operator_commands_report_an_unreachable_server_in_one_line(args: list[s
     assert done.returncode == 1
     assert [line for line in done.stderr.splitlines() if line.startswith("gpuctl:")] == done.stderr.splitlines()[-1:]
     assert "Traceback" not in done.stderr and "cannot reach a server" in done.stderr
+
+
+def wait_for(what: str, check: object, timeout_s: float = 90.0) -> object:
+    """Poll ``check()`` until it answers something truthy; fails naming ``what`` after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = check()  # type: ignore[operator]
+        if answer:
+            return answer
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f}s"
+        time.sleep(0.3)
+
+
+def test_report_and_dead_letters_come_through_the_api(gpuctl: Gpuctl, live_api: LiveApi, tmp_path: Path) -> None:
+    for name, token in (("acme", "acme-team"), ("research", "research-team"), ("ops", "ops")):
+        gpuctl.ok("config", "set-context", name, "--server", live_api.url, "--token", TOKENS[token], "--no-use")
+    gpuctl.ok("config", "use-context", "research")
+    theirs = gpuctl.ok("submit", "--name", "research-report-job", "--gpus", "1", "--wait", "--", "python", "-c",
+                       "import time; time.sleep(8)").stdout.strip()
+    gpuctl.ok("config", "use-context", "acme")
+    mine = gpuctl.ok("submit", "--name", "acme-report-job", "--gpus", "1", "--wait", "--", "python", "-c",
+                     "import time; time.sleep(8)").stdout.strip()
+
+    gpuctl.ok("config", "use-context", "ops")  # the operator's report lists both once telemetry has their samples
+    everything = wait_for("both jobs in the operator's report", lambda: (lambda r: r if {theirs, mine} <= {
+        j["job_id"] for j in r["jobs"]} else None)(gpuctl.json("report", "--since", "1h")))
+    assert {"acme", "research"} <= {t["tenant"] for t in everything["tenants"]}  # type: ignore[index]
+    assert everything["tenants_shown"] is None and everything["fleet_series"]  # type: ignore[index]
+    assert gpuctl.json("dlq", "list") == []  # nothing dead-lettered in this stack
+    assert gpuctl.json("dlq", "list", "--queue", "scheduler", "--limit", "5") == []
+
+    gpuctl.ok("config", "use-context", "acme")
+    report = gpuctl.ok("report", "--since", "1h", "--json")
+    own = json.loads(report.stdout)
+    assert [j["job_id"] for j in own["jobs"] if j["name"] == "acme-report-job"] == [mine]
+    assert theirs not in report.stdout and "research" not in report.stdout  # another team's job is not shown
+    assert own["tenants_shown"] == ["acme"] and [t["tenant"] for t in own["tenants"]] == ["acme"]
+    table = gpuctl.ok("report", "--since", "1h", "--out", str(tmp_path / "review")).stdout
+    assert "acme-report-job" in table and "Conclusions" in table
+    assert (tmp_path / "review" / "utilisation.png").stat().st_size > 0 and (tmp_path / "review" / "report.html").exists()
+    csv_rows = gpuctl.ok("report", "--since", "1h", "-o", "csv").stdout.splitlines()
+    assert csv_rows[0].startswith("job_id,name,tenant") and not any(theirs in row for row in csv_rows)
+    assert gpuctl("report", "--tenant", "research", "--json").exit_code == 1  # 403: not its tenant
+    assert gpuctl("report", "--since", "a week").exit_code == 2
+
+    for args in (["dlq", "list", "--json"], ["dlq", "replay", "--queue", "scheduler", "--json"]):
+        refused = gpuctl(*args)
+        assert refused.exit_code == 1 and "not an operator" in refused.stderr and refused.stderr.count("\n") == 1
+
+    down = gpuctl("--server", "http://127.0.0.1:9", "report", "--json")
+    assert down.exit_code == 1 and "cannot reach the gpuorch API" in down.stderr and down.stderr.count("\n") == 1
+    assert gpuctl("--server", "http://127.0.0.1:9", "dlq", "list").exit_code == 1
+    for args in (["report", "--help"], ["dlq", "list", "--help"], ["dlq", "replay", "--help"]):
+        assert "decision 31" in " ".join(gpuctl.ok(*args).stdout.split())

@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuorch_gpuctl.api_client import ApiClient, api_or_dsn
+from gpuorch_gpuctl.output import console as output_console
 from gpuorch_gpuctl.terminal_text import cell, markup
 
 
@@ -304,9 +305,8 @@ def report(
         err.print("reading telemetry and the scheduler's read models ...")
         result = asyncio.run(read_direct(target, period, tenant))
     else:
-        err.print(f"asking {markup(target.endpoint.server)} for the report ...")
         result = read_through_api(target, since, start_text, end_text, tenant)
-    console = Console(emoji=False)
+    console = output_console()  # piped: as wide as a line needs, never cut to 80 columns
     written: list[Path] = []
     drawn: dict[str, int] = {}
     if out is not None:
