@@ -1,6 +1,7 @@
 """The dashboard in a real browser (headless Chromium from Debian's packages, driven by selenium through
 /usr/bin/chromedriver: nothing is downloaded): with a team's token the pages load with live data from a running
-stack, a job submitted through the page reaches succeeded, and another team's jobs are not shown."""
+stack, a job submitted through the page reaches succeeded, another team's jobs are not shown, and the weekly
+report's charts draw the team's job (and nothing of the other team's)."""
 
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ def until(browser: Any, condition: Any, timeout_s: float = 60) -> Any:
 def research_job(url: str) -> str:
     """Another team's job, finished before the browser opens."""
     headers = {"Authorization": f"Bearer {TEAM_TOKENS['research-team']}"}
-    spec = {"name": "research-secret-job", "resources": {"gpus": 1},
-            "run": {"runtime": "process", "argv": ["python", "-c", "print('research')"]}}
+    spec = {"name": "research-secret-job", "resources": {"gpus": 1},  # runs long enough to be sampled
+            "run": {"runtime": "process", "argv": ["python", "-c", "import time; time.sleep(5); print('research')"]}}
     job_id: str = httpx.post(f"{url}/api/v1/jobs", json={"spec": spec}, headers=headers).json()["job_id"]
     deadline = time.monotonic() + 90
     while True:
@@ -94,7 +95,7 @@ def test_a_team_member_sees_the_fleet_submits_from_the_page_and_sees_only_its_jo
     until(browser, lambda b: b.find_elements(By.ID, "submit-form"))
     browser.find_element(By.ID, "name").clear()
     browser.find_element(By.ID, "name").send_keys("from-the-page")
-    browser.find_element(By.ID, "command").send_keys('["python", "-c", "print(42)"]')
+    browser.find_element(By.ID, "command").send_keys('["python", "-c", "import time; time.sleep(5); print(42)"]')
     browser.find_element(By.CSS_SELECTOR, "#submit-form button").click()
     until(browser, lambda b: b.find_element(By.ID, "submitted-link")).click()
     # the job page follows the job live (events refresh it) until it succeeded
@@ -116,3 +117,22 @@ def test_a_team_member_sees_the_fleet_submits_from_the_page_and_sees_only_its_jo
     browser.get(f"{stack_url}/#/week")  # the weekly view: GPU-hours per day, drawn from telemetry's samples
     assert until(browser, lambda b: b.find_element(By.ID, "usage-chart")).is_displayed()
     assert "research" not in browser.find_element(By.ID, "week").text
+
+    # the weekly report: its charts drawn from the team's own job once telemetry has its samples
+    deadline = time.monotonic() + 90
+    while True:
+        browser.get(f"{stack_url}/#/report/1h")
+        browser.refresh()
+        section = until(browser, lambda b: b.find_element(By.ID, "report"))
+        bars = browser.find_elements(By.CSS_SELECTOR, '#report-allocation rect[data-tenant="acme"]')
+        if bars:
+            break
+        assert time.monotonic() < deadline, f"no bar for acme in the report: {section.text[:2000]}"
+    assert {bar.get_attribute("data-kind") for bar in bars} == {"allocated", "used"}
+    assert browser.find_elements(By.CSS_SELECTOR, "#report-utilisation circle[data-point]")
+    assert browser.find_element(By.ID, "report-queue-wait").is_displayed()
+    assert browser.find_element(By.ID, "report-conclusions").text
+    report = browser.find_element(By.ID, "report").text
+    assert "from-the-page" in browser.find_element(By.ID, "report-jobs").text
+    assert "research" not in report and hidden[:8] not in report  # another team's job is not listed
+    assert not browser.find_elements(By.CSS_SELECTOR, '#report [data-tenant="research"]')

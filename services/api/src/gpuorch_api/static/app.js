@@ -14,7 +14,7 @@ function el(tag, attrs, ...children) {
     else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
     else node.setAttribute(key, value);
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -148,7 +148,7 @@ async function tenantsPage() {
 function svg(tag, attrs, ...children) {
   const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
   for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
-  for (const child of children.flat()) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  for (const child of children.flat(Infinity)) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   return node;
 }
 
@@ -186,6 +186,122 @@ async function weekPage() {
       r.day, r.tenant, String(r.allocated_gpu_hours), String(r.used_gpu_hours), String(r.idle_gpu_hours)])));
 }
 
+// -- the weekly report: GET /api/v1/report, drawn as inline SVG --------------------------------------------------
+
+const COLOURS = ["#4f46e5", "#0891b2", "#d97706", "#16a34a", "#dc2626", "#7c3aed"];
+const PERIODS = ["1h", "1d", "7d", "30d"];
+
+function num(value, digits = 2) { return value === null || value === undefined ? "-" : Number(value).toFixed(digits); }
+
+function waitText(seconds) { return seconds >= 60 ? `${(seconds / 60).toFixed(1)} min` : `${seconds.toFixed(0)} s`; }
+
+// Horizontal bars, one group per row; each bar: {value, colour, title, data}. Every drawn bar has data-bar.
+function barChart(id, label, unit, rows) {
+  const width = 720, left = 190, rowHeight = 14 * Math.max(1, ...rows.map((r) => r.bars.length)) + 10;
+  const height = 24 + rows.length * rowHeight;
+  const top = Math.max(1e-9, ...rows.flatMap((r) => r.bars.map((b) => b.value)));
+  const x = (v) => ((width - left - 70) * v) / top;
+  return svg("svg", { width, height, role: "img", id, "aria-label": label },
+    svg("text", { x: left, y: 12, "font-size": 11, fill: "#6b7280" }, `${unit}, longest bar ${num(top)}`),
+    rows.length ? [] : svg("text", { x: left, y: 40, "font-size": 12 }, "nothing in this period"),
+    rows.map((row, r) => {
+      const y0 = 20 + r * rowHeight;
+      return [
+        svg("text", { x: left - 6, y: y0 + 12, "font-size": 11, "text-anchor": "end" }, row.label.slice(0, 30)),
+        row.bars.map((bar, b) => svg("rect", { x: left, y: y0 + b * 14, width: Math.max(1, x(bar.value)), height: 12,
+          fill: bar.colour, "data-bar": "", ...bar.data }, svg("title", {}, bar.title))),
+        svg("text", { x: left + x(Math.max(...row.bars.map((b) => b.value))) + 6, y: y0 + 11, "font-size": 11 },
+          row.note || ""),
+      ];
+    }));
+}
+
+// Lines over time: series = [{name, colour, points: [{at: Date, value}]}]. Every point drawn has data-point.
+function lineChart(id, label, series) {
+  const width = 720, height = 240, left = 40, bottom = 28;
+  const all = series.flatMap((s) => s.points);
+  const first = Math.min(...all.map((p) => p.at)), last = Math.max(...all.map((p) => p.at));
+  const span = Math.max(1, last - first);
+  const x = (at) => left + ((width - left - 10) * (at - first)) / span;
+  const y = (v) => height - bottom - ((height - bottom - 10) * Math.min(100, v)) / 100;
+  const stamp = (at) => new Date(at).toISOString().slice(5, 16).replace("T", " ");
+  return svg("svg", { width, height, role: "img", id, "aria-label": label },
+    svg("line", { x1: left, y1: height - bottom, x2: width, y2: height - bottom, stroke: "#9ca3af" }),
+    [0, 50, 100].map((v) => svg("text", { x: 4, y: y(v) + 4, "font-size": 11 }, `${v}%`)),
+    all.length ? [svg("text", { x: left, y: height - 8, "font-size": 11 }, stamp(first)),
+      svg("text", { x: width - 90, y: height - 8, "font-size": 11 }, stamp(last))]
+      : svg("text", { x: left + 10, y: 60, "font-size": 12 }, "no telemetry in this period"),
+    series.map((s) => [
+      svg("polyline", { points: s.points.map((p) => `${x(p.at)},${y(p.value)}`).join(" "), fill: "none",
+        stroke: s.colour, "stroke-width": s.width || 1.5 }),
+      s.points.map((p) => svg("circle", { cx: x(p.at), cy: y(p.value), r: 2.5, fill: s.colour, "data-point": "",
+        "data-series": s.name }, svg("title", {}, `${s.name} ${stamp(p.at)}: ${num(p.value, 1)}%`))),
+    ]));
+}
+
+function legend(items) {
+  return el("div", { class: "hint" }, items.map((item) => el("span", {
+    style: `color:${item.colour}; margin-right:1rem` }, `■ ${item.name}`)));
+}
+
+async function reportPage(since) {
+  const period = PERIODS.includes(since) ? since : "7d";
+  const report = await api(`/api/v1/report?since=${period}`);
+  const tenants = report.tenants.map((t) => t.tenant);
+  const colourOf = (tenant) => COLOURS[Math.max(0, tenants.indexOf(tenant)) % COLOURS.length];
+  const seriesTenants = [...new Set(report.tenant_series.map((p) => p.tenant))].sort();
+  const point = (p) => ({ at: Date.parse(p.bucket), value: p.util_pct });
+  const utilisation = lineChart("report-utilisation", "GPU utilisation over time", [
+    { name: "all GPUs", colour: "#111827", width: 2.5,
+      points: report.fleet_series.filter((p) => p.util_pct !== null).map(point) },
+    ...seriesTenants.map((tenant) => ({ name: tenant, colour: colourOf(tenant),
+      points: report.tenant_series.filter((p) => p.tenant === tenant && p.util_pct !== null).map(point) })),
+  ]);
+  const allocation = barChart("report-allocation", "GPU-hours allocated against used, by tenant", "GPU-hours",
+    report.tenants.map((t) => ({ label: t.tenant, note: t.use_pct === null ? "" : `${num(t.use_pct, 0)}% used`,
+      bars: [
+        { value: t.allocated_gpu_hours, colour: colourOf(t.tenant), title: `${t.tenant}: allocated ${num(t.allocated_gpu_hours)} GPU-h`,
+          data: { "data-tenant": t.tenant, "data-kind": "allocated", opacity: 0.35 } },
+        { value: t.used_gpu_hours, colour: colourOf(t.tenant), title: `${t.tenant}: used ${num(t.used_gpu_hours)} GPU-h`,
+          data: { "data-tenant": t.tenant, "data-kind": "used" } },
+      ] })));
+  const idle = barChart("report-idle", "Idle GPU-hours by tenant", "idle GPU-hours",
+    report.tenants.filter((t) => t.idle_gpu_hours > 0).map((t) => ({ label: t.tenant, note: num(t.idle_gpu_hours),
+      bars: [{ value: t.idle_gpu_hours, colour: "#dc2626", title: `${t.tenant}: ${num(t.idle_gpu_hours)} idle GPU-h`,
+        data: { "data-tenant": t.tenant } }] })));
+  const waits = report.queue_waits.filter((w) => w.waited || w.never_fits).slice(0, 12);
+  const queueWait = barChart("report-queue-wait", "Queue wait by tier and request shape", "mean wait, seconds",
+    waits.map((w) => ({ label: `${w.tier} · ${w.shape}`,
+      note: `${waitText(w.mean_wait_s)} (longest ${waitText(w.max_wait_s)})` +
+        (w.never_fits ? `, ${w.never_fits} can never run` : "") + (w.queued_now ? `, ${w.queued_now} waiting` : ""),
+      bars: [{ value: w.mean_wait_s, colour: "#d97706", title: `${w.jobs} job(s), mean ${waitText(w.mean_wait_s)}`,
+        data: { "data-tier": w.tier } }] })));
+  return el("section", { id: "report" },
+    el("h2", {}, "Weekly report: which work under-uses what it was given"),
+    el("p", { class: "hint" }, `${report.start.slice(0, 16).replace("T", " ")} – ${report.end.slice(0, 16).replace("T", " ")} UTC`,
+      report.tenants_shown ? `, tenants ${report.tenants_shown.join(", ")}` : ", every tenant", " · period: ",
+      PERIODS.map((p) => el("a", { href: `#/report/${p}`, class: p === period ? "active" : "", style: "margin-right:.5rem" }, p))),
+    el("h3", {}, "Conclusions"),
+    el("ol", { id: "report-conclusions" }, report.conclusions.length
+      ? report.conclusions.map((c) => el("li", { "data-kind": c.kind }, el("b", {}, c.kind), ": ", c.text))
+      : el("li", {}, "nothing to change in this period")),
+    el("h3", {}, `Utilisation over time (${report.series_source})`), utilisation,
+    legend([{ name: "all GPUs", colour: "#111827" },
+      ...seriesTenants.map((tenant) => ({ name: `${tenant} (of its allocation)`, colour: colourOf(tenant) }))]),
+    el("h3", {}, "Allocated against used, by tenant"), allocation,
+    el("p", { class: "hint" }, "light: allocated GPU-hours, dark: used (allocation × utilisation)"),
+    el("h3", {}, "Idle GPU-hours by tenant"), idle,
+    el("h3", {}, "Queue wait by tier and request shape"), queueWait,
+    el("h3", {}, "Jobs, most idle first"),
+    el("div", { id: "report-jobs" }, table(["tenant", "job", "GPUs", "mem GiB alloc/GPU", "peak GiB/GPU", "mean util",
+      "p95", "alloc GPU-h", "used GPU-h", "idle GPU-h", "advice"], report.jobs.map((j) => [
+      j.tenant, el("a", { href: `#/job/${j.job_id}`, class: "report-job" }, j.name || j.job_id.slice(0, 8)), num(j.gpus),
+      j.alloc_memory_mib_per_gpu === null ? "-" : num(j.alloc_memory_mib_per_gpu / 1024, 1),
+      j.peak_memory_mib_per_gpu === null ? "-" : num(j.peak_memory_mib_per_gpu / 1024, 1), pct(j.mean_util_pct),
+      pct(j.p95_util_pct), num(j.allocated_gpu_hours), num(j.used_gpu_hours), num(j.idle_gpu_hours),
+      [j.detections, j.advice].filter(Boolean).join(": ")]))));
+}
+
 function submitPage() {
   const field = (name, input) => [el("label", { for: name }, name), input];
   const form = el("form", { class: "submit", id: "submit-form" },
@@ -219,7 +335,7 @@ function submitPage() {
 // -- routing, live events, sign-in ------------------------------------------------------------------------------
 
 const pages = { fleet: fleetPage, queues: queuesPage, jobs: jobsPage, tenants: tenantsPage, week: weekPage,
-  submit: submitPage };
+  report: reportPage, submit: submitPage };
 
 async function render() {
   const [, page = "fleet", id] = location.hash.split("/");
@@ -228,7 +344,7 @@ async function render() {
   if (!state.who) return;
   if (page === "submit" && view.querySelector("#submit")) return;  // keep what is being typed
   try {
-    const content = page === "job" ? await jobPage(id) : await (pages[page] || fleetPage)();
+    const content = page === "job" ? await jobPage(id) : await (pages[page] || fleetPage)(id);
     view.replaceChildren(content);
   } catch (e) { view.replaceChildren(el("p", { class: "error" }, e.message)); }
 }
