@@ -1,7 +1,9 @@
 """The API in a strict deployment: every service logs in as its own least-privilege broker user with
 GPUORCH_IDENTITY=strict and one identity map, the API as the gateway user ``api-*``. A team member holding only a
 token submits, follows and reads the logs of its job, and cancels its own job; another team can neither see nor
-cancel it; a submitter that names ``on_behalf_of`` on the broker itself is rejected by the scheduler."""
+cancel it; a submitter that names ``on_behalf_of`` on the broker itself is rejected by the scheduler. The weekly
+report of a team covers its own tenant; dead letters are listed for an operator token only, through the least-privilege
+operator broker user (``GPUORCH_DLQ_AMQP_URL``)."""
 
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from tests.e2e.harness import wait_jobs_terminal, wait_rows
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NODE = "strict-node-1"
-TOKENS = {"acme-team": "acme-token", "research-team": "research-token"}
-ROLES = ("scheduler", "telemetry", "executor", "node-agent", "api", "research-team")
+TOKENS = {"acme-team": "acme-token", "research-team": "research-token", "ops": "ops-token"}
+ROLES = ("scheduler", "telemetry", "executor", "node-agent", "api", "research-team", "operator")
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def users(amqp_vhost: str) -> Iterator[dict[str, str]]:
     created = BrokerUsers(amqp_vhost, [
         gen.scheduler(names["scheduler"]), gen.telemetry(names["telemetry"]), gen.api(names["api"]),
         gen.executor(names["executor"], [NODE]), gen.node_agent(names["node-agent"], "node-agent.fleet.local", [NODE]),
-        gen.submitter(names["research-team"], ["research"]),
+        gen.submitter(names["research-team"], ["research"]), gen.operator(names["operator"]),
     ]).create()
     try:
         yield names | {f"{role}-url": created.url(name) for role, name in names.items()}
@@ -55,6 +57,8 @@ def identity_map(names: dict[str, str]) -> dict[str, Any]:
             **{team: {"role": "submitter", "tenants": tenants, "default_tenant": tenants[0]}
                for team, tenants in teams.items()},
             names["research-team"]: {"role": "submitter", "tenants": ["research"], "default_tenant": "research"},
+            "ops": {"role": "operator", "tenants": ["*"], "default_tenant": "acme"},
+            names["operator"]: {"role": "operator", "tenants": ["*"], "default_tenant": "acme"},
         },
         "tokens": {hashlib.sha256(token.encode()).hexdigest(): team for team, token in TOKENS.items()},
     }
@@ -83,7 +87,8 @@ async def test_a_token_holder_submits_reads_logs_and_cancels_only_its_own_jobs(
     await stack.queues_declared(["telemetry.samples"], timeout_s=60)
     stack.start_node_agents(GPUORCH_AMQP_URL=users["node-agent-url"])
     await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rows: len(rows) == 1, what="node registered")
-    url = await asyncio.to_thread(stack.start_api, GPUORCH_AMQP_URL=users["api-url"])
+    url = await asyncio.to_thread(stack.start_api, GPUORCH_AMQP_URL=users["api-url"],
+                                  GPUORCH_DLQ_AMQP_URL=users["operator-url"])
     acme = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKENS['acme-team']}"}, timeout=30)
     research = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKENS['research-team']}"},
                                  timeout=30)
@@ -108,6 +113,14 @@ async def test_a_token_holder_submits_reads_logs_and_cancels_only_its_own_jobs(
         assert (await acme.post(f"/api/v1/jobs/{long_id}/cancel")).status_code == 202
         cancelled = await wait_jobs_terminal(pg_dsn, [uuid.UUID(long_id)], timeout_s=60)
         assert cancelled[uuid.UUID(long_id)]["state"] == "cancelled"
+
+        report = await acme.get("/api/v1/report", params={"since": "1h"})
+        assert report.status_code == 200 and report.json()["tenants_shown"] == ["acme"], report.text
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKENS['ops']}"},
+                                     timeout=30) as ops:
+            dead = await ops.get("/api/v1/dlq")
+            assert dead.status_code == 200 and dead.json() == [], dead.text  # basic.get on *.dlq as the operator
+        assert (await acme.get("/api/v1/dlq")).status_code == 403
     finally:
         await acme.aclose()
         await research.aclose()
