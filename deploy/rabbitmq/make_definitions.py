@@ -79,20 +79,20 @@ HTTP_API_SUBMITTERS = ("submitter",)
 SCHEDULER_JOB_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed")
 SCHEDULER_EVENT_BINDINGS = (
     *SCHEDULER_JOB_EVENTS, *(f"{e}.#" for e in SCHEDULER_JOB_EVENTS),  # bare keys: until the scheduler binds .#
-    "node.registered", "gpu.health_changed", "node.heartbeat", "executor.heartbeat",
+    "node.registered", "gpu.health_changed", "node.heartbeat", "executor.heartbeat", "node.mig_layout_applied",
 )
 SCHEDULER_EVENTS = (
     "job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting", "job.requeued", "job.cancelled",
-    "job.failed", "node.liveness_changed", "alert.fleet",
+    "job.failed", "node.liveness_changed", "alert.fleet", "gpu.mig_reconfiguration", "mig.plan_proposed",
 )
-SCHEDULER_COMMANDS = ("launch_job", "stop_job")
+SCHEDULER_COMMANDS = ("launch_job", "stop_job", "apply_mig_layout")
 EXECUTOR_COMMANDS = ("launch_job", "stop_job")
 EXECUTOR_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed", "executor.heartbeat")
 NODE_AGENT_COMMANDS = ("apply_mig_layout",)
 NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", "gpu.usage_sampled",
                      "node.mig_layout_applied")
 TELEMETRY_QUEUE = "telemetry.samples"
-TELEMETRY_EVENT_BINDINGS = ("gpu.usage_sampled", "gpu.health_changed", "job.#")
+TELEMETRY_EVENT_BINDINGS = ("gpu.usage_sampled", "gpu.health_changed", "job.#", "mig.plan_proposed")
 TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made", "fleet.scale_requested")
 SUBMIT_KEYS = ("job.submit", "job.cancel")
 SUBMIT_KEY_PATTERN = r"job\.(submit|cancel)"
@@ -174,7 +174,7 @@ def broker_user(user: str, *, queues: Sequence[str], bindings: Mapping[str, Sequ
 
 
 def scheduler(user: str = "scheduler") -> Grant:
-    """The scheduler addresses every node: launch/stop commands for ``node.<any node id>``."""
+    """The scheduler addresses every node: launch/stop and MIG layout commands for ``node.<any node id>``."""
     any_node = r"^node\..+\.(" + "|".join(re.escape(c) for c in SCHEDULER_COMMANDS) + r")$"
     return broker_user(
         user, queues=SCHEDULER_QUEUES,
@@ -184,7 +184,7 @@ def scheduler(user: str = "scheduler") -> Grant:
         binding_patterns={SUBMIT: rf"^{SUBMIT_KEY_PATTERN}(\.{TENANT_WORD})?$"},  # lanes; unbinding the bare keys
         queue_pattern=SCHEDULER_LANES,
         purpose="consumes scheduler, scheduler.heartbeats and the submission lanes scheduler.submit[.<tenant>]; "
-                "publishes job decisions and launch/stop commands",
+                "publishes job decisions, launch/stop commands and MIG layouts",
     )
 
 

@@ -295,7 +295,7 @@ async def test_other_services_stay_in_their_lanes(users: Users, brokers: list[Br
     await assert_refused(node_agent, publish("gpuorch.events", "job.started"))
     await assert_refused(node_agent, consume("scheduler.heartbeats"))
     await assert_refused(scheduler_url, publish("gpuorch.events", "job.started"))  # the executor's word
-    await assert_refused(scheduler_url, publish("gpuorch.commands", "node.node-1.apply_mig_layout"))
+    await assert_refused(scheduler_url, publish("gpuorch.events", "gpu.usage_sampled"))  # the node-agent's word
     await assert_refused(scheduler_url, consume("telemetry.samples"))
 
 

@@ -48,7 +48,7 @@ def run_cycle(state: SchedulerState, now: float = 0.0):  # type: ignore[no-untyp
     [
         (GpuRequest(gpus=3), "needs 3 GPUs on one node; the largest node has 2"),
         (GpuRequest(gpus=1, gpu_models=["H100-80GB"]), "of model H100-80GB on one node; models here: A100-80GB"),
-        (GpuRequest(mig_profiles=["3g.40gb"]), "no free MIG instance of 3g.40gb"),
+        (GpuRequest(mig_profiles=["3g.20gb"]), "no free MIG instance of 3g.20gb"),  # an A100-40GB profile
     ],
 )
 def test_never_fitting_jobs_are_rejected_with_a_reason(resources: GpuRequest, expect_reason: str) -> None:
@@ -57,6 +57,13 @@ def test_never_fitting_jobs_are_rejected_with_a_reason(resources: GpuRequest, ex
     decision = admit(state, SubmitJob(spec=JobSpec(run=RUN, resources=resources)))
     assert decision.logged[0].TYPE == "job.rejected"
     assert expect_reason in decision.logged[0].reason  # type: ignore[attr-defined]
+
+
+def test_a_mig_profile_the_fleets_gpus_offer_is_accepted_before_any_instance_exists() -> None:
+    state = SchedulerState()
+    state.apply(node("n1"))  # A100-80GB, MIG off: the MIG planner can make a 3g.40gb
+    decision = admit(state, SubmitJob(spec=JobSpec(run=RUN, resources=GpuRequest(mig_profiles=["3g.40gb"]))))
+    assert decision.logged[0].TYPE == "job.accepted"
 
 
 def test_admission_is_idempotent_on_job_id() -> None:

@@ -266,3 +266,72 @@ class MigLayoutApplied(Message):
     node_id: Name
     command_id: Annotated[str, StringConstraints(max_length=64), ONE_LINE]
     outcomes: Annotated[list[MigGpuOutcome], Field(max_length=64)]
+
+
+class MigSlot(Strict):
+    """One MIG instance of a layout: its profile and the memory slice it starts at."""
+
+    profile: MigProfileName
+    start: Annotated[int, Field(ge=0, le=7)]
+
+
+MigPhase = Literal["draining", "applying", "in_service"]
+JobIdText = Annotated[str, StringConstraints(max_length=64), ONE_LINE]
+
+
+class MigReconfiguration(Message):
+    """The scheduler's MIG planner (mode ``auto``) changing one GPU's layout, one event per step:
+
+    ``draining`` (no new placements on the GPU or its instances; ``preempted`` grows as preemptible jobs are asked
+    to stop with their checkpoint grace) -> ``applying`` (``ApplyMigLayout`` sent, its message id in
+    ``command_id``) -> ``in_service`` (``applied`` true: the new layout; false: refused, failed, timed out or
+    abandoned, the GPU keeps the layout it reports, ``reason`` says why). Logged by the scheduler (its state is the
+    fold of these) and published, so people and telemetry see GPUs being reconfigured. ``current``/``target``:
+    ``None`` is a whole GPU (MIG off)."""
+
+    TYPE = "gpu.mig_reconfiguration"
+    type: Literal["gpu.mig_reconfiguration"] = "gpu.mig_reconfiguration"
+    node_id: Name
+    gpu_index: GpuIndex
+    model: Annotated[str, StringConstraints(max_length=128), ONE_LINE] = ""
+    phase: MigPhase
+    current: Annotated[list[MigSlot], Field(max_length=8)] | None = None
+    target: Annotated[list[MigSlot], Field(max_length=8)] | None = None
+    drains: Annotated[list[JobIdText], Field(max_length=64)] = []
+    """Running jobs that must end (or be preempted with their grace) before the layout can change."""
+    enables: Annotated[list[JobIdText], Field(max_length=256)] = []
+    """Waiting jobs the new layout would let start."""
+    preempted: Annotated[list[JobIdText], Field(max_length=64)] = []
+    command_id: Annotated[str, StringConstraints(max_length=64), ONE_LINE] | None = None
+    applied: bool | None = None
+    reason: ShortText = ""
+    started_at: float | None = Field(default=None, ge=0, le=1e11)
+    """When the reconfiguration began (unix seconds); ``occurred_at`` is when this step happened."""
+
+
+class MigProposalView(Strict):
+    """One proposal of a MIG plan as people read it (``gpuctl mig plan``, telemetry's recommendations)."""
+
+    node_id: Name
+    gpu_index: GpuIndex
+    model: Annotated[str, StringConstraints(max_length=128), ONE_LINE] = ""
+    current: Annotated[list[MigSlot], Field(max_length=8)] | None = None
+    target: Annotated[list[MigSlot], Field(max_length=8)] | None = None
+    needs_reset: bool = False
+    drains: Annotated[list[JobIdText], Field(max_length=64)] = []
+    enables: Annotated[list[JobIdText], Field(max_length=256)] = []
+    reason: ShortText = ""
+
+
+class MigPlanProposed(Message):
+    """What the scheduler's MIG planner would change now, published when the plan changes (mode ``advise``, the
+    default, and ``auto``, which also carries it out). Telemetry turns each proposal into a recommendation."""
+
+    TYPE = "mig.plan_proposed"
+    type: Literal["mig.plan_proposed"] = "mig.plan_proposed"
+    mode: Literal["advise", "auto"]
+    proposals: Annotated[list[MigProposalView], Field(max_length=1000)] = []
+    unmet_jobs: Count = 0
+    """Waiting jobs no layout change serves."""
+    held_back: Count = 0
+    """GPUs hysteresis or the per-hour cap kept as they are."""

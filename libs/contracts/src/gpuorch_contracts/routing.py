@@ -36,6 +36,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         jobs.JobPreempting, jobs.JobRequeued, jobs.JobCancelled,
         nodes.NodeRegistered, nodes.NodeHeartbeat, nodes.GpuHealthChanged, nodes.GpuUsageSampled,
         nodes.NodeLivenessChanged, nodes.FleetAlert, nodes.ExecutorHeartbeat, nodes.MigLayoutApplied,
+        nodes.MigReconfiguration, nodes.MigPlanProposed,
         commands.LaunchJob, commands.StopJob, commands.ApplyMigLayout,
         telemetry.AlertRaised, telemetry.AlertResolved, telemetry.RecommendationMade,
         capacity.FleetScaleRequested,

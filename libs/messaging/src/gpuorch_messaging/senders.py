@@ -163,7 +163,8 @@ def node_agent_accepts() -> dict[str, tuple[Sender, ...]]:
 
 
 def telemetry_accepts() -> dict[str, tuple[Sender, ...]]:
-    """``telemetry.samples``: usage and health from the node's agent; job lifecycle from whoever may publish it."""
+    """``telemetry.samples``: usage and health from the node's agent; job lifecycle from whoever may publish it; the
+    MIG plan from the scheduler."""
     executor_or_scheduler = (EXECUTOR_OF_NODE, *SCHEDULER)
     return {
         "gpu.usage_sampled": (NODE_AGENT_OF_NODE,),
@@ -172,4 +173,5 @@ def telemetry_accepts() -> dict[str, tuple[Sender, ...]]:
                                   "job.requeued", "job.cancelled")},
         **{t: (EXECUTOR_OF_NODE,) for t in ("job.started", "job.finished", "job.lost", "job.checkpointed")},
         "job.failed": executor_or_scheduler,
+        "mig.plan_proposed": SCHEDULER,
     }

@@ -1,6 +1,7 @@
 """The live fleet: free capacity kept current by events, and placement of whole jobs on it.
 
     node registered / liveness / GPU health ──► Fleet.upsert_node, set_schedulable, set_gpu_health
+    a MIG reconfiguration drains a GPU      ──► Fleet.set_gpu_draining (neither it nor its instances are offered)
     a job starts / stops holding capacity   ──► Fleet.hold(job_id, spec, assignments) / Fleet.free(job_id)
                                                   (the fold calls these; nothing else writes the Cluster)
     JobSpec ──► Ask (MemoryShares: a memory-only share becomes GPU-milli of the largest GPU)
@@ -34,6 +35,7 @@ from gpuorch_policy.filters import DEFAULT_FILTERS
 from gpuorch_policy.fragmentation import TaskMix
 from gpuorch_policy.framework import Policy, choose_gpus, feasible_mask
 from gpuorch_policy.index import LEFT_OUT, PlacementIndex
+from gpuorch_policy.mig_profiles import mig_table_for
 from gpuorch_policy.model import GPU_MILLI, GpuView, NodeView, Placement, Request
 from gpuorch_policy.policies import DEFAULT_POLICY, build_policy
 
@@ -249,6 +251,12 @@ class _NodeInfo:
     inventory: NodeInventory
     schedulable: bool
     gpu_health: dict[int, str]
+    draining: set[int] = field(default_factory=set)
+    """GPU indexes taking no new placements (a MIG reconfiguration drains them): neither the GPU nor its
+    instances are offered until ``set_gpu_draining(..., False)``; what holds them keeps holding them."""
+
+    def usable(self, gpu_index: int, health: str) -> bool:
+        return gpu_index not in self.draining and self.gpu_health.get(gpu_index, health) in HEALTHY
 
 
 @dataclass
@@ -419,8 +427,23 @@ class Fleet:
             self._idle, self._idle_version, self._never = idle, self.inventory_version, {}
         if ask.shape not in self._never:
             fit = self._idle.find(ask)
+            if isinstance(fit, str) and ask.kind == "mig" and self._mig_capable(ask) >= ask.nodes:
+                fit = []  # no such instance today, but GPUs that can be partitioned into one (the MIG planner)
             self._never[ask.shape] = None if not isinstance(fit, str) else f"can never fit on this fleet: {fit}"
         return self._never[ask.shape]
+
+    def _mig_capable(self, ask: Ask) -> int:
+        """Nodes with the host room for one rank of a MIG ask and a GPU whose model offers an accepted profile."""
+        request, wanted = ask.request, set(ask.mig_profiles)
+        count = 0
+        for info in self.nodes.values():
+            inv = info.inventory
+            if inv.cpu_milli < request.cpu_milli or inv.memory_mib < request.memory_mib:
+                continue
+            if any((not request.gpu_models or gpu.model in request.gpu_models)
+                   and wanted & {p.name for p in mig_table_for(gpu.model)} for gpu in inv.gpus):
+                count += 1
+        return count
 
     # -- the fold's side: nodes ---------------------------------------------------------------------------------
 
@@ -429,7 +452,8 @@ class Fleet:
         old = self.nodes.get(node_id)
         if old is not None:
             self._assignments.clear()  # GPU uuids or memory may differ now
-        self.nodes[node_id] = _NodeInfo(inventory, schedulable, dict(gpu_health))
+        self.nodes[node_id] = _NodeInfo(inventory, schedulable, dict(gpu_health),
+                                        set(old.draining) if old is not None else set())
         self._count(old.inventory if old else None, inventory)
         self.inventory_version += 1
         for gpu in inventory.gpus:
@@ -456,6 +480,23 @@ class Fleet:
         if node_id in self._cluster.index_of:
             self._cluster.set_node(self._view(node_id))
             self._refresh_mig(node_id)
+
+    def set_gpu_draining(self, node_id: str, gpu_index: int, draining: bool) -> None:
+        """Stop (or resume) new placements on one GPU and its MIG instances; what runs there keeps its room."""
+        info = self.nodes.get(node_id)
+        if info is None or (gpu_index in info.draining) == draining:
+            return
+        if draining:
+            info.draining.add(gpu_index)
+        else:
+            info.draining.discard(gpu_index)
+        if node_id in self._cluster.index_of:
+            self._cluster.set_node(self._view(node_id))
+            self._refresh_mig(node_id)
+
+    def draining(self, node_id: str) -> frozenset[int]:
+        info = self.nodes.get(node_id)
+        return frozenset(info.draining) if info is not None else frozenset()
 
     def _count(self, old: NodeInventory | None, new: NodeInventory) -> None:
         def amounts(inv: NodeInventory | None) -> tuple[float, float, float, float]:
@@ -491,7 +532,7 @@ class Fleet:
             milli, memory = used.get(gpu.uuid, (0, 0))
             gpus.append(GpuView(index=gpu.index, model=gpu.model, uuid=gpu.uuid, milli_free=GPU_MILLI - milli,
                                 memory_mib_free=gpu.memory_total_mib - memory, memory_mib_total=gpu.memory_total_mib,
-                                healthy=info.gpu_health.get(gpu.index, gpu.health) in HEALTHY))
+                                healthy=info.usable(gpu.index, gpu.health)))
         if [g.index for g in gpus] != list(range(len(gpus))):
             gpus = []  # GPU indexes with gaps: the core needs 0..n-1 (a node-agent bug); not schedulable
         return NodeView(node_id=node_id, cpu_milli_total=inv.cpu_milli, memory_mib_total=inv.memory_mib,
@@ -505,7 +546,7 @@ class Fleet:
                 if a.node_id == node_id for alloc in a.gpus if alloc.mig_profile is not None}
         free = []
         for gpu in info.inventory.gpus:
-            if gpu.mig_enabled and info.gpu_health.get(gpu.index, gpu.health) in HEALTHY:
+            if gpu.mig_enabled and info.usable(gpu.index, gpu.health):
                 free += [FreeMig(m.uuid, gpu.index, m.profile, m.memory_mib, gpu.model)
                          for m in gpu.mig_instances if m.uuid not in held]
         self.mig.free[node_id] = free
@@ -613,7 +654,10 @@ class Fleet:
             migs[:] = [m for m in migs if m.uuid != alloc.gpu_uuid]
         elif not any(m.uuid == alloc.gpu_uuid for m in migs):
             info = self.nodes.get(node_id)
-            model = next((g.model for g in info.inventory.gpus if g.index == alloc.gpu_index), "") if info else ""
+            gpu = next((g for g in info.inventory.gpus if g.index == alloc.gpu_index), None) if info else None
+            if info is not None and gpu is not None and not info.usable(gpu.index, gpu.health):
+                return  # an instance freed on a draining or unhealthy GPU is not offered again
+            model = gpu.model if gpu is not None else ""
             migs.append(FreeMig(alloc.gpu_uuid, alloc.gpu_index, alloc.mig_profile or "", alloc.memory_mib or 0,
                                 model))
 

@@ -5,7 +5,8 @@ Pipeline::
     gpuorch.submit  job.submit.<tenant>      ─> lane "scheduler.submit.<tenant>" (per known tenant) ─┐
                     anything else ─> gpuorch.submit.shared ─> lane "scheduler.submit" ───────────────┤
     gpuorch.events  (job.started/finished/failed/lost/checkpointed,                                    │
-                     node.registered, gpu.health_changed) ─> queue "scheduler" ───────────────────────┤
+                     node.registered, gpu.health_changed,
+                     node.mig_layout_applied) ─> queue "scheduler" ──────────────────────────────────┤
                                                        │ Batcher: lanes in turn, at most GPUORCH_BATCH_MAX <┘
                                                        │ messages and GPUORCH_BATCH_BUDGET_MS of work; ticks
                                                        ▼ join it. handlers.SchedulerService.handle_batch
@@ -14,7 +15,7 @@ Pipeline::
     gpuorch.events  (node.heartbeat) ──> "scheduler.heartbeats" (latest-wins) ──> lease renewals (memory)
                                                    │
     outbox relay (its own process: relay.py) ──(confirms)──> gpuorch.events (job.accepted/placed/...) and
-                                                         gpuorch.commands (LaunchJob, StopJob)
+                                                         gpuorch.commands (LaunchJob, StopJob, ApplyMigLayout)
 
 Leadership: a standby blocks on a PostgreSQL session advisory lock; the leader holds it on the connection that
 does every write, so a leader that lost its database session can no longer write. The leader is the only consumer.
@@ -93,7 +94,7 @@ def scheduler_queues(identity_map: IdentityMap | None = None) -> tuple[QueueSpec
         SCHEDULER_QUEUE,
         [(EVENTS_EXCHANGE, event_binding(key)) for key in (  # job events route as <type>.<tenant>
             "job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed",
-            "node.registered", "gpu.health_changed",
+            "node.registered", "gpu.health_changed", "node.mig_layout_applied",
         )],
         prefetch=1000, delivery_limit=DELIVERY_LIMIT, single_active_consumer=True,
         max_length=1_000_000, overflow="reject-publish",  # a safety bound: publishers are told (nack), not dropped
@@ -158,7 +159,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             queues=settings.queues, preemption_margin_s=settings.preemption_margin_s,
             snapshot_every_events=settings.snapshot_every_events, snapshot_every_s=settings.snapshot_every_s,
             retention_s=settings.retention_s, freeze_after_recovery=True, identity=settings.identity_map,
-            trust_unidentified=settings.trust_all), snapshot_writer=snapshots_aside(settings.database_url))
+            trust_unidentified=settings.trust_all, mig=settings.mig_control), snapshot_writer=snapshots_aside(settings.database_url))
         await service.recover()
         broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}",
                         node_scopes=settings.identity_map.node_scopes)

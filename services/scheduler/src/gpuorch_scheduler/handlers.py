@@ -54,6 +54,8 @@ from gpuorch_contracts import (
     JobStarted,
     LaunchJob,
     Message,
+    MigLayoutApplied,
+    MigPlanProposed,
     NodeHeartbeat,
     NodeRegistered,
     StopJob,
@@ -76,6 +78,7 @@ from gpuorch_store import (
 from prometheus_client import Counter, Gauge, Histogram
 
 from gpuorch_scheduler import metrics as scheduler_metrics
+from gpuorch_scheduler.domain import mig
 from gpuorch_scheduler.domain.decide import (
     CycleLimits,
     Decision,
@@ -116,6 +119,8 @@ PREEMPTIONS = Counter("gpuorch_scheduler_preemptions_total", "Placements asked t
 REQUEUES = Counter("gpuorch_scheduler_requeues_total", "Jobs requeued", ["cause"])
 QUEUE_DEPTH = Gauge("gpuorch_scheduler_queue_depth", "Jobs waiting", ["tier"])
 NODES = Gauge("gpuorch_scheduler_nodes", "Nodes by liveness", ["liveness"])
+MIG_PLAN_SECONDS = Histogram("gpuorch_scheduler_mig_plan_seconds", "Time of one MIG plan (gpuorch_policy.plan_mig)",
+                             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 
 
 @dataclass
@@ -144,6 +149,8 @@ class SchedulerConfig:
     """With more jobs queued than this, a batch runs a scheduling cycle only if the last cycle is older than
     ``min_cycle_interval_s``; otherwise the next tick's cycle decides (bounds the cost of a deep queue)."""
     min_cycle_interval_s: float = 0.5
+    mig: mig.MigControl = field(default_factory=mig.MigControl)
+    """The MIG planner's mode (off / advise / auto) and settings (``domain.mig``)."""
 
 
 @dataclass
@@ -207,6 +214,9 @@ class SchedulerService:
         self._senders: dict[uuid.UUID, str | None] = {}
         self._rates = SubmissionRates()
         self._delivery_trace: dict[str, Any] | None = None
+        self._mig_demand: list[tuple[float, int]] = []
+        self._last_mig_plan_at = -math.inf
+        self._mig_published: tuple[object, ...] = ()
         self._decision_traces: dict[uuid.UUID, str] = {}
         """Job -> the traceparent of this batch's ``scheduler.decide`` span for it (what is published about that
         decision joins the trace below it); empty unless spans are exported."""
@@ -217,6 +227,7 @@ class SchedulerService:
             JobLost.TYPE: self._fold_job_ended,
             JobFinished.TYPE: self._fold_job_ended,
             NodeRegistered.TYPE: self._fold_node_registered,
+            MigLayoutApplied.TYPE: self._fold_mig_answer,
             **{cls.TYPE: self._fold_fact for cls in LOGGED_INCOMING if cls.TYPE not in (
                 JobFailed.TYPE, JobLost.TYPE, JobFinished.TYPE, NodeRegistered.TYPE)},
         }
@@ -461,6 +472,8 @@ class SchedulerService:
             batch.wants_cycle = True
         if follow_up is not None:
             decision.extend(after_stop_confirmed(self.state, follow_up))
+        if isinstance(incoming, NodeRegistered) and self.state.mig:
+            decision.extend(mig.inventory_arrived(self.state, self.config.mig, incoming.inventory.node_id, now))
         for event in decision.logged:
             self._record(event, batch)
         batch.published += decision.published
@@ -500,6 +513,12 @@ class SchedulerService:
         if known is not None and known.inventory_hash == message.inventory_hash:
             return None  # a periodic re-registration with nothing new: the lease renewal is all it means
         return message, Decision(), None
+
+    def _fold_mig_answer(self, message: MigLayoutApplied, now: float, batch: _Batch) -> _Folded | None:
+        """The node-agent's answer to an ``ApplyMigLayout`` (not logged: what it changes is logged as the
+        reconfiguration's next step)."""
+        decision = mig.answered(self.state, self.config.mig, message, now)
+        return (None, decision, None) if decision else None
 
     def _fold_fact(self, message: Message, now: float, batch: _Batch) -> _Folded:
         return message, Decision(), None
@@ -549,6 +568,7 @@ class SchedulerService:
         self._overdue_stopped.update(getattr(m, "placement_id", None) for m in stops.published)  # type: ignore[misc]
         decision.extend(stops)
         decision.extend(preemption_timeouts(self.state, now, self.config.preemption_margin_s))
+        self._mig_tick(now, batch)
         if alert and not self._alert_active:
             log.error("scheduler.mass_silence", explanation=alert)
             decision.published.append(FleetAlert(kind="mass_silence", explanation=alert,
@@ -557,6 +577,38 @@ class SchedulerService:
         for event in decision.logged:
             self._record(event, batch)
         batch.published += decision.published
+
+    def _mig_tick(self, now: float, batch: _Batch) -> None:
+        """MIG layouts (``domain.mig``): advance the reconfigurations under way; every ``plan_interval_s`` (while MIG
+        matters and the mode is not ``off``) plan, publish the plan when it changed and, in mode ``auto``, start
+        carrying it out."""
+        control = self.config.mig
+        self._apply_decision(mig.advance(self.state, control, now), batch)
+        if control.mode == "off" or now - self._last_mig_plan_at < control.plan_interval_s:
+            return
+        self._last_mig_plan_at = now
+        if not mig.mig_matters(self.state):
+            if self._mig_published:  # an empty plan: the recommendations made from the last one are resolved
+                batch.published.append(MigPlanProposed(mode=control.mode))
+                self._mig_published = ()
+            return
+        started = time.perf_counter()
+        result = mig.plan(self.state, control, now, self._mig_demand)
+        MIG_PLAN_SECONDS.observe(time.perf_counter() - started)
+        message = mig.plan_message(result)
+        key = mig.plan_key(message)
+        if message is not None and key != self._mig_published:
+            batch.published.append(message)
+            self._mig_published = key
+        if control.mode == "auto":
+            self._apply_decision(mig.start(self.state, control, result, now), batch)
+
+    def _apply_decision(self, decision: Decision, batch: _Batch) -> None:
+        for event in decision.logged:
+            self._record(event, batch)
+        batch.published += decision.published
+        if decision:
+            batch.wants_cycle = True
 
     def _stop_strays(self) -> list[Message]:
         """StopJob for each placement an executor reported that is not (or no longer) assigned to its node, once

@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Literal
 
 from gpuorch_identity import IdentityMap, load_identity_map
+from gpuorch_policy.mig_execution import ExecutionSettings
+from gpuorch_policy.mig_planner import PlannerSettings
 from gpuorch_settings import ServiceSettings, setting
 from pydantic import PrivateAttr, model_validator
 
+from gpuorch_scheduler.domain.mig import MigControl
 from gpuorch_scheduler.domain.queueing import QueuePolicy
 
 
@@ -60,6 +63,25 @@ class Settings(ServiceSettings):
                                          "logged events", ge=1)
     snapshot_every_s: float = setting("GPUORCH_SNAPSHOT_EVERY_S", 300.0, "... or every T seconds when anything "
                                       "was logged", gt=0)
+    mig_mode: Literal["off", "advise", "auto"] = setting(
+        "GPUORCH_MIG_MODE", "advise", "MIG planner: off, advise (publish the plan as recommendations; the default) or "
+        "auto (also drain GPUs and apply the layouts)")
+    mig_plan_interval_s: float = setting("GPUORCH_MIG_PLAN_INTERVAL_S", 60.0, "seconds between MIG plans", gt=0)
+    mig_min_pending_s: float = setting("GPUORCH_MIG_MIN_PENDING_S", 60.0, "MIG demand counts once it has waited "
+                                       "this long (a burst is one decision)", ge=0)
+    mig_min_interval_s: float = setting("GPUORCH_MIG_MIN_INTERVAL_S", 900.0, "hysteresis: seconds before a GPU is "
+                                        "reconfigured again", ge=0)
+    mig_max_per_hour: int = setting("GPUORCH_MIG_MAX_PER_HOUR", 2, "reconfigurations of one GPU per hour, at most",
+                                    ge=1)
+    mig_max_drain_jobs: int = setting("GPUORCH_MIG_MAX_DRAIN_JOBS", 2, "running jobs a reconfiguration may wait "
+                                      "for on one GPU", ge=0)
+    mig_drain_wait_s: float = setting("GPUORCH_MIG_DRAIN_WAIT_S", 600.0, "seconds jobs on a draining GPU may end "
+                                      "on their own before the preemptible ones are preempted (with their grace)",
+                                      ge=0)
+    mig_drain_give_up_s: float = setting("GPUORCH_MIG_DRAIN_GIVE_UP_S", 7200.0, "a drain still blocked by jobs "
+                                         "that may not be preempted is abandoned after this long", gt=0)
+    mig_apply_timeout_s: float = setting("GPUORCH_MIG_APPLY_TIMEOUT_S", 300.0, "no answer to ApplyMigLayout "
+                                         "within this long: the GPU resumes with its old layout, and an alert", gt=0)
     metrics_port: int = setting("GPUORCH_METRICS_PORT", 0, "port of /metrics, /healthz and /readyz (0 = off)",
                                 ge=0, le=65535)
 
@@ -105,6 +127,16 @@ class Settings(ServiceSettings):
     @property
     def trust_all(self) -> bool:
         return self.identity == "trust_all"
+
+    @property
+    def mig_control(self) -> MigControl:
+        return MigControl(
+            planner=PlannerSettings(mode=self.mig_mode, min_pending_s=self.mig_min_pending_s,
+                                    min_interval_s=self.mig_min_interval_s, max_per_hour=self.mig_max_per_hour,
+                                    max_drain_jobs=self.mig_max_drain_jobs),
+            execution=ExecutionSettings(drain_wait_s=self.mig_drain_wait_s, drain_give_up_s=self.mig_drain_give_up_s,
+                                        apply_timeout_s=self.mig_apply_timeout_s),
+            plan_interval_s=self.mig_plan_interval_s)
 
     @property
     def batch_wait_s(self) -> float:

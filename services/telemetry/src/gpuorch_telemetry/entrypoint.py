@@ -40,7 +40,7 @@ log = get_logger(__name__)
 
 QUEUE_NAME = "telemetry.samples"
 BINDINGS = ((EVENTS_EXCHANGE, "gpu.usage_sampled"), (EVENTS_EXCHANGE, "gpu.health_changed"),
-            (EVENTS_EXCHANGE, "job.#"))
+            (EVENTS_EXCHANGE, "job.#"), (EVENTS_EXCHANGE, "mig.plan_proposed"))
 METRICS_LOCK = "gpuorch.telemetry.metrics"
 
 

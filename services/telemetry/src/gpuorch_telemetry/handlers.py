@@ -11,6 +11,7 @@ message type to its handler:
     job.started              -> the executor's pid / container map
     job.finished/failed/lost/cancelled -> job ended: devices released, its alerts resolved
     job.requeued             -> devices released
+    mig.plan_proposed        -> the scheduler's MIG plan as ``mig_layout`` recommendations (domain.mig_advice)
 
 Periodic duties (``evaluate_due_jobs``, ``publish_pending``, ``maintain``) run in every instance; the store hands
 each piece of work to one instance at a time.
@@ -45,6 +46,7 @@ from gpuorch_contracts import (
     JobRequeued,
     JobStarted,
     Message,
+    MigPlanProposed,
     RecommendationMade,
     utc_now,
 )
@@ -62,6 +64,7 @@ from gpuorch_telemetry.domain.detection import (
     health_event_finding,
 )
 from gpuorch_telemetry.domain.ingest import analyse
+from gpuorch_telemetry.domain.mig_advice import MIG_LAYOUT, plan_findings
 from gpuorch_telemetry.store import AlertRow, IngestOutcome, TelemetryStore
 
 log = get_logger(__name__)
@@ -203,6 +206,7 @@ class TelemetryHandlers:
             JobLost.TYPE: self._ended_as("lost"),
             JobCancelled.TYPE: self._ended_as("cancelled"),
             JobRequeued.TYPE: self.on_job_requeued,
+            MigPlanProposed.TYPE: self.on_mig_plan,
         }
         """The registry: message type -> handler (``gpuorch_messaging.dispatch``)."""
 
@@ -269,6 +273,14 @@ class TelemetryHandlers:
         self.job_traces.pop(job_id, None)
         resolved = await self.store.record_job_ended(job_id, state, at, f"job {state}")
         if resolved:
+            await self._publish_after_commit()
+
+    async def on_mig_plan(self, message: MigPlanProposed) -> None:
+        """The scheduler's MIG plan: its proposals become the open ``mig_layout`` recommendations (those no longer
+        proposed are resolved)."""
+        raised, resolved = await self.store.replace_open(MIG_LAYOUT, plan_findings(message), self.clock(),
+                                                         "no longer in the MIG plan")
+        if raised or resolved:
             await self._publish_after_commit()
 
     async def on_health_changed(self, message: GpuHealthChanged) -> None:

@@ -78,10 +78,14 @@ class GpuDeviceNodes:
         """The UUIDs a placement may open, from its ``(gpu_uuid, gpu_index, is_mig)`` allocations: a MIG instance
         (its own ``MIG-...`` UUID) opens its parent GPU's node, found by the parent's index, and its own
         capability nodes; where MIG slices are confined, an instance this map does not know is refused
-        (``OSError``) rather than run unconfined."""
+        (``OSError``) rather than run unconfined. A host with no GPU device nodes at all (no driver: a simulated
+        node) has nothing to confine: its instances pass as they are, as unknown whole GPUs do."""
         uuids = []
         for uuid, index, is_mig in gpus:
             if is_mig:
+                if not self.by_index and not self.confines_mig:
+                    uuids.append(uuid)  # no GPU device nodes on this host (no driver: a simulated node)
+                    continue
                 if not 0 <= index < len(self.by_index):
                     raise OSError(f"MIG instance {uuid} is on GPU {index}, which this node's device map lacks")
                 uuids.append(self.by_index[index])

@@ -40,6 +40,7 @@ from gpuorch_contracts import (
     JobSpec,
     JobStarted,
     Message,
+    MigReconfiguration,
     NodeAssignment,
     NodeInventory,
     NodeLivenessChanged,
@@ -144,6 +145,8 @@ class NodeRecord:
 
 
 DEFAULT_RETENTION_S = 3600.0
+MIG_HISTORY = 8
+"""Ended reconfigurations remembered per GPU (the planner's cap counts those of the last hour)."""
 
 
 @dataclass
@@ -164,6 +167,12 @@ class SchedulerState:
     """Tenant -> (GPUs, GPU memory MiB, host mCPU, host memory MiB) held by its active jobs."""
     clock: float = 0.0
     """The latest event time folded (log time; drives retention)."""
+    mig: dict[tuple[str, int], MigReconfiguration] = field(default_factory=dict)
+    """(node, GPU index) -> the last step of its MIG reconfiguration under way (draining or applying): the fleet
+    offers neither the GPU nor its instances until the step ``in_service`` is folded."""
+    mig_history: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    """(node, GPU index) -> when its last reconfigurations ended, applied or not: the planner's cap and hysteresis
+    count both, so a refused, failed or abandoned change is not tried again at once."""
     _ended: deque[tuple[float, uuid.UUID]] = field(default_factory=deque)
     _ending: set[uuid.UUID] = field(default_factory=set)
     _json: dict[object, str] = field(default_factory=dict)
@@ -354,8 +363,20 @@ class SchedulerState:
                     for job in self.jobs.values():
                         if event.node_id in job.stopping_nodes:
                             job.stopping_nodes.remove(event.node_id)
+            case MigReconfiguration():
+                self._fold_mig(event, at)
             case _:
                 raise TypeError(f"the scheduler log holds no {event.TYPE!r} events")
+
+    def _fold_mig(self, event: MigReconfiguration, at: float) -> None:
+        key = (event.node_id, event.gpu_index)
+        if event.phase == "in_service":
+            self.mig.pop(key, None)
+            self.mig_history[key] = [*self.mig_history.get(key, [])[-(MIG_HISTORY - 1):], at]
+            self.fleet.set_gpu_draining(event.node_id, event.gpu_index, False)
+        else:
+            self.mig[key] = event
+            self.fleet.set_gpu_draining(event.node_id, event.gpu_index, True)
 
     def _stop_confirmed(self, event: JobFinished | JobFailed | JobLost) -> bool:
         """Record the end of a cancelled placement on one node; True if the event was that."""
@@ -447,7 +468,7 @@ class SchedulerState:
                 text = cache[("node", node_id)] = json.dumps(node.to_dict())
             nodes.append(text)
         head = json.dumps({"version": 2, "position": self.position, "clock": self.clock,
-                           "ended": [[t, str(j)] for t, j in self._ended]})
+                           "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot()})
         return f'{head[:-1]}, "jobs": [{", ".join(jobs)}], "nodes": [{", ".join(nodes)}]}}'
 
     def to_snapshot(self) -> dict[str, Any]:
@@ -455,8 +476,12 @@ class SchedulerState:
             "version": 2, "position": self.position, "clock": self.clock,
             "jobs": [j.to_dict() for j in self.jobs.values()],
             "nodes": [n.to_dict() for n in self.nodes.values()],
-            "ended": [[t, str(j)] for t, j in self._ended],
+            "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot(),
         }
+
+    def _mig_snapshot(self) -> dict[str, Any]:
+        return {"mig": [e.model_dump(mode="json") for e in self.mig.values()],
+                "mig_history": [[n, g, times] for (n, g), times in self.mig_history.items()]}
 
     @classmethod
     def from_snapshot(cls, raw: dict[str, Any], retention_s: float = DEFAULT_RETENTION_S) -> SchedulerState:
@@ -479,6 +504,11 @@ class SchedulerState:
                 state.queued[record.job_id] = record
                 tenant = record.spec.tenant
                 state.queued_by_tenant[tenant] = state.queued_by_tenant.get(tenant, 0) + 1
+        for raw_event in raw.get("mig", []):
+            event = MigReconfiguration.model_validate(raw_event)
+            state.mig[(event.node_id, event.gpu_index)] = event
+            state.fleet.set_gpu_draining(event.node_id, event.gpu_index, True)
+        state.mig_history = {(n, int(g)): list(times) for n, g, times in raw.get("mig_history", [])}
         for t, j in raw.get("ended", []):
             state._ended.append((t, uuid.UUID(j)))
             state._ending.add(uuid.UUID(j))

@@ -41,6 +41,19 @@ class AlertStore(StoreBase):
         async with self.pool.acquire() as conn, conn.transaction():
             return await self.raise_findings(conn, [finding], now)
 
+    async def replace_open(self, kind: str, findings: Sequence[Finding], now: datetime, reason: str
+                           ) -> tuple[int, int]:
+        """Make ``findings`` the open alerts of ``kind``: raise those not open yet, resolve open ones of that kind
+        whose key is not among them (one transaction). Returns (raised, resolved)."""
+        keys = [f.dedup_key for f in findings]
+        async with self.pool.acquire() as conn, conn.transaction():
+            raised = await self.raise_findings(conn, findings, now)
+            status = await conn.execute(
+                "UPDATE telemetry_alerts SET resolved_at = $3, resolve_reason = $4 "
+                "WHERE kind = $1 AND resolved_at IS NULL AND NOT (dedup_key = ANY($2::text[]))",
+                kind, keys, now, reason)
+        return raised, int(status.split()[-1])
+
     async def resolve(self, dedup_keys: Sequence[str], now: datetime, reason: str) -> int:
         status = await self.pool.execute(
             "UPDATE telemetry_alerts SET resolved_at = $2, resolve_reason = $3 "
