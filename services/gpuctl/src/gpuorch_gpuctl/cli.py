@@ -1,10 +1,11 @@
 """gpuctl: submit, watch and inspect gpuorch jobs through the gpuorch API.
 
 A client, not a service. Every command that reads or changes jobs talks to the API (services/api) of the current
-context (``gpuctl config``; contexts.py says how a command finds its API and token). Two paths stay direct:
-operators' ``db``, ``dlq``, ``report`` and ``replay`` hold a database DSN or a broker URL, and an explicit
-``--dsn``/``GPUORCH_DATABASE_URL`` (reads) or ``--amqp-url`` (submit, cancel) without an API context still reads
-the read models or publishes directly, for scripts written before the API (decision 31).
+context (``gpuctl config``; contexts.py says how a command finds its API and token), ``report`` and ``dlq`` too.
+Two paths stay direct: operators' ``db`` and ``replay`` hold a database DSN, and an explicit
+``--dsn``/``GPUORCH_DATABASE_URL`` (reads, ``report``) or ``--amqp-url`` (submit, cancel; ``dlq`` with the operator's
+URL) without an API named still reads the read models or talks to the broker directly, for scripts written before
+the API (decision 31).
 
 Every command has ``--json``; listings also ``-o json|yaml|wide`` and ``--no-headers``. Errors are one line on
 stderr: exit 1 (API unreachable, refused, not found), 2 (a bad value such as ``--state bogus``).
