@@ -193,17 +193,23 @@ const PERIODS = ["1h", "1d", "7d", "30d"];
 
 function num(value, digits = 2) { return value === null || value === undefined ? "-" : Number(value).toFixed(digits); }
 
+// GPU-hours readable at any size: 3 significant digits below 10 (a short job is a few thousandths of an hour).
+function hours(value) {
+  if (value === null || value === undefined) return "-";
+  return value === 0 || value >= 10 ? Number(value).toFixed(value >= 10 ? 1 : 0) : Number(value).toPrecision(3);
+}
+
 function waitText(seconds) { return seconds >= 60 ? `${(seconds / 60).toFixed(1)} min` : `${seconds.toFixed(0)} s`; }
 
 // Horizontal bars, one group per row; each bar: {value, colour, title, data}. Every drawn bar has data-bar.
 function barChart(id, label, unit, rows) {
   const width = 720, left = 190, rowHeight = 14 * Math.max(1, ...rows.map((r) => r.bars.length)) + 10;
-  const height = 24 + rows.length * rowHeight;
+  const height = 24 + Math.max(1, rows.length) * rowHeight;
   const top = Math.max(1e-9, ...rows.flatMap((r) => r.bars.map((b) => b.value)));
   const x = (v) => ((width - left - 70) * v) / top;
   return svg("svg", { width, height, role: "img", id, "aria-label": label },
-    svg("text", { x: left, y: 12, "font-size": 11, fill: "#6b7280" }, `${unit}, longest bar ${num(top)}`),
-    rows.length ? [] : svg("text", { x: left, y: 40, "font-size": 12 }, "nothing in this period"),
+    svg("text", { x: left, y: 12, "font-size": 11, fill: "#6b7280" }, rows.length ? `${unit}, longest bar ${hours(top)}` : unit),
+    rows.length ? [] : svg("text", { x: left, y: 34, "font-size": 12 }, "nothing in this period"),
     rows.map((row, r) => {
       const y0 = 20 + r * rowHeight;
       return [
@@ -260,14 +266,14 @@ async function reportPage(since) {
   const allocation = barChart("report-allocation", "GPU-hours allocated against used, by tenant", "GPU-hours",
     report.tenants.map((t) => ({ label: t.tenant, note: t.use_pct === null ? "" : `${num(t.use_pct, 0)}% used`,
       bars: [
-        { value: t.allocated_gpu_hours, colour: colourOf(t.tenant), title: `${t.tenant}: allocated ${num(t.allocated_gpu_hours)} GPU-h`,
+        { value: t.allocated_gpu_hours, colour: colourOf(t.tenant), title: `${t.tenant}: allocated ${hours(t.allocated_gpu_hours)} GPU-h`,
           data: { "data-tenant": t.tenant, "data-kind": "allocated", opacity: 0.35 } },
-        { value: t.used_gpu_hours, colour: colourOf(t.tenant), title: `${t.tenant}: used ${num(t.used_gpu_hours)} GPU-h`,
+        { value: t.used_gpu_hours, colour: colourOf(t.tenant), title: `${t.tenant}: used ${hours(t.used_gpu_hours)} GPU-h`,
           data: { "data-tenant": t.tenant, "data-kind": "used" } },
       ] })));
   const idle = barChart("report-idle", "Idle GPU-hours by tenant", "idle GPU-hours",
-    report.tenants.filter((t) => t.idle_gpu_hours > 0).map((t) => ({ label: t.tenant, note: num(t.idle_gpu_hours),
-      bars: [{ value: t.idle_gpu_hours, colour: "#dc2626", title: `${t.tenant}: ${num(t.idle_gpu_hours)} idle GPU-h`,
+    report.tenants.filter((t) => t.idle_gpu_hours > 0).map((t) => ({ label: t.tenant, note: `${hours(t.idle_gpu_hours)} GPU-h`,
+      bars: [{ value: t.idle_gpu_hours, colour: "#dc2626", title: `${t.tenant}: ${hours(t.idle_gpu_hours)} idle GPU-h`,
         data: { "data-tenant": t.tenant } }] })));
   const waits = report.queue_waits.filter((w) => w.waited || w.never_fits).slice(0, 12);
   const queueWait = barChart("report-queue-wait", "Queue wait by tier and request shape", "mean wait, seconds",
@@ -298,7 +304,7 @@ async function reportPage(since) {
       j.tenant, el("a", { href: `#/job/${j.job_id}`, class: "report-job" }, j.name || j.job_id.slice(0, 8)), num(j.gpus),
       j.alloc_memory_mib_per_gpu === null ? "-" : num(j.alloc_memory_mib_per_gpu / 1024, 1),
       j.peak_memory_mib_per_gpu === null ? "-" : num(j.peak_memory_mib_per_gpu / 1024, 1), pct(j.mean_util_pct),
-      pct(j.p95_util_pct), num(j.allocated_gpu_hours), num(j.used_gpu_hours), num(j.idle_gpu_hours),
+      pct(j.p95_util_pct), hours(j.allocated_gpu_hours), hours(j.used_gpu_hours), hours(j.idle_gpu_hours),
       [j.detections, j.advice].filter(Boolean).join(": ")]))));
 }
 
