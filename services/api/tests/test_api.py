@@ -302,3 +302,6 @@ async def test_dead_letters_are_listed_and_replayed_by_operators_only(api: Runni
         assert (await http.get("/api/v1/dlq", params={"queue": lane}, headers=auth("ops"))).json() == []
         missing = await http.post("/api/v1/dlq/no-such-queue/replay", headers=auth("ops"))
         assert missing.status_code == 404 and "no-such-queue.dlq" in missing.json()["error"]
+        api.backends.dlq_amqp_url = "amqp://guest:guest@127.0.0.1:9/"  # the broker out of reach: 503, one line
+        unreachable = await http.get("/api/v1/dlq", headers=auth("ops"))
+        assert unreachable.status_code == 503 and "broker unreachable" in unreachable.json()["error"]

@@ -21,14 +21,17 @@ log read of such a job answers 403 with the reason from the identity map when it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
+import aiormq.exceptions
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gpuorch_contracts import JobSpec
@@ -270,6 +273,18 @@ QueueName = Annotated[str, Path(pattern=QUEUE_NAME.pattern,
                                 description="a consumer queue (its dead letters are in <queue>.dlq)")]
 
 
+@contextlib.asynccontextmanager
+async def _broker_says() -> AsyncIterator[None]:
+    """The broker refusing the dead-letter user, or unreachable: 503 with what to fix, not a 500."""
+    try:
+        yield
+    except aiormq.exceptions.ChannelAccessRefused as exc:
+        raise ApiError(503, "the broker user of GPUORCH_DLQ_AMQP_URL may not read dead letters: give the API the "
+                            f"operator user's URL ({exc})") from exc
+    except (OSError, aiormq.exceptions.AMQPConnectionError) as exc:
+        raise ApiError(503, f"broker unreachable for dead letters: {exc!r}") from exc
+
+
 def _operator(who: Caller, svc: Backends) -> str:
     """The broker URL for dead letters, for an operator; 403 for anyone else."""
     if not who.is_operator:
@@ -291,7 +306,8 @@ async def list_dead_letters(
     for name in queue or ():
         if not QUEUE_NAME.match(name):
             raise ApiError(422, f"queue: {name[:80]!r} is not a queue name")
-    found = await dead_letters.peek(url, list(queue or dead_letters.KNOWN_QUEUES), limit)
+    async with _broker_says():
+        found = await dead_letters.peek(url, list(queue or dead_letters.KNOWN_QUEUES), limit)
     return [asdict(letter) for letter in found]
 
 
@@ -304,7 +320,8 @@ async def replay_dead_letters(
     it leaves the dead-letter queue). Operators only; 404 when the queue has no dead-letter queue."""
     url = _operator(who, svc)
     try:
-        done = await dead_letters.replay(url, queue, limit, producer="gpuorch-api/dlq")
+        async with _broker_says():
+            done = await dead_letters.replay(url, queue, limit, producer="gpuorch-api/dlq")
     except dead_letters.DeadLetterQueueMissing as exc:
         raise ApiError(404, str(exc)) from exc
     return {"queue": done.queue, "replayed": len(done.replayed), "stopped": done.stopped,
