@@ -146,7 +146,9 @@ def api_stack(root: Path) -> Iterator[LocalStack]:
                        nodes=[SimNode("node-1", "a100-80", 2), SimNode("node-2", "l4", 1)],
                        identity_map=team_identity_map(),
                        extra_env={"GPUORCH_HEARTBEAT_S": "1", "GPUORCH_TICK_S": "0.5",
-                                  "GPUORCH_EXECUTOR_ALLOW": json.dumps(allow)})
+                                  "GPUORCH_EXECUTOR_ALLOW": json.dumps(allow),
+                                  # the MIG planner (mode advise) plans at once: gpuctl mig plan's test waits less
+                                  "GPUORCH_MIG_PLAN_INTERVAL_S": "1", "GPUORCH_MIG_MIN_PENDING_S": "0"})
     try:
         stack.start_all()
         stack.wait_for_queues([f"executor.{node.node_id}" for node in stack.nodes])  # launches are routable

@@ -13,7 +13,7 @@ def day() -> list[MigJob]:
 
 
 def test_small_jobs_run_on_whole_gpus_only_with_the_rule_and_only_where_a_gpu_is_free() -> None:
-    refused = simulate_layout("whole", day(), 2)
+    refused = simulate_layout("whole", day(), 2, small_on_whole=False)
     assert refused.completed == 1 and refused.unstarted["inference"] == 2
     allowed = simulate_layout("whole", day(), 2, small_on_whole=True)
     assert allowed.completed == 3 and allowed.unstarted["inference"] == 0

@@ -167,6 +167,11 @@ def test_a_short_pool_claims_the_busy_whole_gpu_that_frees_soonest_within_the_wi
     assert plan_mig(gpus, [], PlannerSettings(mode="auto", pool_claims_busy_within_s=50.0), NOW,
                     demand=[(NOW, 5)], ends_in=ends).proposals == ()
     assert plan_mig(gpus, [], PlannerSettings(mode="auto"), NOW, demand=[(NOW, 5)], ends_in=ends).proposals == ()
+    # the GPU claimed a plan ago is still draining (not in service): its slices count, no second claim
+    draining = [gpus[0], gpus[2]]
+    assert plan_mig(draining, [], knobs, NOW, demand=[(NOW, 5)], ends_in=ends, under_way=7).proposals == ()
+    (again,) = plan_mig(draining, [], knobs, NOW, demand=[(NOW, 5)], ends_in=ends).proposals
+    assert again.key == ("n1", 2)  # without counting it, the planner claims one more
 
 
 def test_a_protected_pool_is_not_turned_whole_for_training_only_what_is_above_it() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -186,3 +187,25 @@ def test_report_and_dead_letters_come_through_the_api(gpuctl: Gpuctl, live_api: 
     assert gpuctl("--server", "http://127.0.0.1:9", "dlq", "list").exit_code == 1
     for args in (["report", "--help"], ["dlq", "list", "--help"], ["dlq", "replay", "--help"]):
         assert "decision 31" in " ".join(gpuctl.ok(*args).stdout.split())
+
+
+def test_mig_plan_shows_the_schedulers_plan_through_the_api(gpuctl: Gpuctl, live_api: LiveApi) -> None:
+    for name, token in (("acme", "acme-team"), ("ops", "ops")):
+        gpuctl.ok("config", "set-context", name, "--server", live_api.url, "--token", TOKENS[token], "--no-use")
+    gpuctl.ok("config", "use-context", "acme")
+    waiting = gpuctl.ok("submit", "--tier", "inference", "--mig", "1g.10gb", "--", "python", "-c", "pass")
+    job_id = waiting.stdout.strip()
+    deadline = time.monotonic() + 90
+    while not (plan := gpuctl.json("mig", "plan"))["proposals"]:  # type: ignore[index]
+        assert time.monotonic() < deadline, f"no MIG plan: {plan}"
+        time.sleep(0.5)
+    assert plan["mode"] == "advise" and plan["source"] == "scheduler"  # type: ignore[index]
+    [proposal] = plan["proposals"]  # type: ignore[index]
+    assert proposal["node_id"] == "node-1" and proposal["target"] and "1g.10gb" in proposal["reason"]
+    assert proposal["enables"] == 1  # a team sees counts, not job ids
+    gpuctl.ok("config", "use-context", "ops")
+    assert job_id in gpuctl.json("mig", "plan")["proposals"][0]["enables"]  # type: ignore[index]
+    table = gpuctl.ok("mig", "plan").stdout
+    assert "mode advise" in table and "node-1" in table
+    assert gpuctl.json("describe", job_id)["state"] == "queued"  # type: ignore[index]  # advise changes nothing
+    gpuctl.ok("cancel", job_id)

@@ -31,7 +31,7 @@ from gpuorch_contracts import (
 from gpuorch_policy.mig_execution import ExecutionSettings
 from gpuorch_policy.mig_planner import PlannerSettings
 from gpuorch_scheduler.domain.decide import LivenessPolicy
-from gpuorch_scheduler.domain.mig import MigControl
+from gpuorch_scheduler.domain.mig import MigControl, under_way_slices
 from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
 
 pytestmark = pytest.mark.integration
@@ -118,6 +118,7 @@ async def test_auto_slices_an_idle_gpu_drains_applies_and_resumes_on_the_new_inv
     assert plan["mode"] == "auto" and [p["gpu_index"] for p in plan["proposals"]] == [0]
     assert small.job_id.hex in "".join(plan["proposals"][0]["enables"]).replace("-", "")
     assert (NODE, 0) in service.state.mig and service.state.mig[(NODE, 0)].phase == "draining"
+    assert under_way_slices(service.state) == 7  # the next plan counts the slices this change will make
 
     whole = SubmitJob(spec=JobSpec(run=RUN, resources=GpuRequest(gpus=1)))
     await service.handle(whole)

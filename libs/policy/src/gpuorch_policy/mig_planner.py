@@ -302,12 +302,14 @@ def slice_demand(held: Iterable[str], pending: Iterable[PendingJob], table: Sequ
 
 def plan_mig(gpus: Sequence[GpuState], pending: Sequence[PendingJob], settings: PlannerSettings, now: float,
              drained: frozenset[str] = frozenset(), demand: Sequence[tuple[float, int]] = (),
-             ends_in: Mapping[str, float] | None = None) -> MigPlan:
+             ends_in: Mapping[str, float] | None = None, under_way: int = 0) -> MigPlan:
     """Propose target layouts (see the module doc for the contract). ``drained``: jobs the caller has marked
     drained (their instances count as free). ``demand``: recent ``slice_demand`` samples ``(time, slices)``, which
     size the warm pool (none: no pool). ``ends_in``: per running job, the expected seconds until it leaves its GPU
     (its runtime estimate left, or its checkpoint grace when preemptible); GPUs that free soonest are changed first
-    (unknown jobs count as an hour)."""
+    (unknown jobs count as an hour). ``under_way``: compute slices in MIG mode that the reconfigurations already
+    under way will leave on their GPUs (not in service, so not in ``gpus``): the pool counts them, so a short pool
+    does not claim one more GPU a plan while the earlier claims are still draining."""
     if settings.mode == "off":
         return MigPlan("off")
     fleet = [_Gpu(g, mig_table_for(g.model)) for g in sorted(gpus, key=lambda g: g.key) if g.in_service]
@@ -322,7 +324,7 @@ def plan_mig(gpus: Sequence[GpuState], pending: Sequence[PendingJob], settings: 
     unmet_mig = [j for j in ready if j.mig_profiles and not _take_instance(fleet, j)]
     target = pool_target(demand, settings, now)
     planner = _Planner(fleet, settings, drained, now, ends_in or {},
-                       target if settings.pool_protected else None)
+                       target if settings.pool_protected else None, under_way)
     _reserve_whole(fleet, _order([j for j in pending if j.whole_gpus > 0 and j not in ready]) + unmet_whole)
     for job in unmet_whole:
         planner.whole(job)
@@ -382,8 +384,9 @@ def _take_instance(fleet: list[_Gpu], job: PendingJob) -> bool:
 
 class _Planner:
     def __init__(self, fleet: list[_Gpu], settings: PlannerSettings, drained: frozenset[str], now: float,
-                 ends_in: Mapping[str, float], pool: int | None) -> None:
+                 ends_in: Mapping[str, float], pool: int | None, under_way: int = 0) -> None:
         self.fleet = fleet
+        self.under_way = under_way
         self.pool = pool
         self.ends_in = ends_in
         self.now = now
@@ -462,9 +465,9 @@ class _Planner:
                     gpu.free_whole = False
 
     def capacity(self) -> int:
-        """Compute slices in MIG mode once the proposals so far are carried out (in-service GPUs)."""
+        """Compute slices in MIG mode once the proposals so far and the reconfigurations under way are carried out."""
         planned = {p.key: p.target for p in self.proposals}
-        total = 0
+        total = self.under_way
         for gpu in self.fleet:
             layout = planned.get(gpu.state.key, gpu.state.layout)
             total += _compute(gpu.table, layout)

@@ -216,6 +216,16 @@ class ReadModels:
                  **{k: round(float(r[k] or 0.0), 4) for k in ("allocated_gpu_hours", "used_gpu_hours",
                                                               "idle_gpu_hours")}} for r in rows]
 
+    async def mig_plan(self) -> dict[str, Any] | None:
+        """The scheduler's MIG plan row (``mig_plan``, migration 0103), or None before its first plan."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow("SELECT mode, plan::text AS plan, under_way::text AS under_way, "
+                                      "history::text AS history, updated_at FROM mig_plan WHERE id = 1")
+        if row is None:
+            return None
+        return {"mode": row["mode"], "plan": json.loads(row["plan"]), "under_way": json.loads(row["under_way"]),
+                "history": json.loads(row["history"]), "updated_at": row["updated_at"]}
+
     async def report(self, period: Period, *, tenants: Collection[str] | None,
                      tenant: str | None) -> WeeklyReport:
         """The weekly review of ``period`` (``gpuorch_report``), limited to ``tenants`` (None: all)."""

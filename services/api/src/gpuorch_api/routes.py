@@ -226,6 +226,27 @@ async def list_nodes(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
     return [views.node_view(n, n["allocations"], now, who.tenants) for n in nodes]
 
 
+@router.get("/api/v1/mig/plan", tags=["fleet"], response_model=schemas.MigPlan)
+async def mig_plan(who: CallerDep, svc: BackendsDep) -> dict[str, Any]:
+    """What the scheduler's MIG planner would change now and why (mode advise: recommendations; auto: carried
+    out), the reconfigurations under way and each GPU's last reconfigurations. Job ids only for operators."""
+    found = await svc.read.mig_plan()
+    if found is None:
+        return {"mode": "unknown", "proposals": [], "under_way": [], "history": []}
+    plan = found["plan"]
+
+    def shown(item: dict[str, Any]) -> dict[str, Any]:
+        if who.is_operator:
+            return item
+        return {**{k: v for k, v in item.items() if k not in ("drains", "enables", "preempted")},
+                "drains": len(item.get("drains", [])), "enables": len(item.get("enables", []))}
+
+    return {"mode": found["mode"], "updated_at": found["updated_at"],
+            "proposals": [shown(p) for p in plan.get("proposals", [])], "unmet_jobs": plan.get("unmet_jobs", 0),
+            "held_back": plan.get("held_back", 0), "under_way": [shown(e) for e in found["under_way"]],
+            "history": [{"node_id": n, "gpu_index": g, "ended_at": times} for n, g, times in found["history"]]}
+
+
 @router.get("/api/v1/queues", tags=["fleet"], response_model=list[schemas.Queue])
 async def list_queues(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
     """Per tier: depth, oldest wait, pending reasons, next estimated starts (of the caller's tenants' jobs)."""

@@ -198,3 +198,17 @@ class Replayed(BaseModel):
     """Why the replay stopped before the queue was empty or the limit reached (None: it did not)."""
     messages: list[DeadLetter]
     """What was published back, in order (``gpuorch_messaging.dead_letters.DeadLetter``)."""
+
+
+class MigPlan(BaseModel):
+    """The scheduler's MIG planner: its mode, what it would change now (``proposals``, each with its reason), the
+    reconfigurations under way and when each GPU was last reconfigured. For a caller who is not an operator, job ids
+    in ``drains``/``enables`` are replaced by their counts."""
+
+    mode: str
+    updated_at: datetime | None = None
+    proposals: list[dict[str, Any]]
+    unmet_jobs: int = 0
+    held_back: int = 0
+    under_way: list[dict[str, Any]]
+    history: list[dict[str, Any]]

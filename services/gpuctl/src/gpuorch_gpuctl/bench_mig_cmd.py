@@ -17,8 +17,8 @@ def mig(
     nodes: Annotated[int, typer.Option(help="8-GPU H100 nodes in the fleet (the workload is sized for 4)")] = 4,
     as_json: Annotated[bool, typer.Option("--json", help="print the figures as JSON")] = False,
     small_on_whole: Annotated[bool, typer.Option(
-        "--small-on-whole", help="a MIG job with no free instance may take a free whole GPU (as on an unpartitioned "
-                                 "fleet), the same rule for every layout")] = False,
+        "--small-on-whole/--mig-only", help="a MIG job with no free instance may take a free whole GPU (as on an "
+        "unpartitioned fleet; the default), the same rule for every layout; --mig-only: only a MIG instance")] = True,
 ) -> None:
     """Whole GPUs, all 1g.10gb, a fixed mix and the planner on one simulated day: completed jobs, GPU allocation,
     mean wait per tier, reconfigurations and how long one takes end to end (drain + apply)."""

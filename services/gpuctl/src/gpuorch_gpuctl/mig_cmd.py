@@ -1,17 +1,19 @@
 """``gpuctl mig plan``: what the MIG planner would change, and why (read-only; it changes nothing).
 
-Input: the scheduler's read models in PostgreSQL (``nodes``, ``jobs``; the same DSN as ``gpuctl jobs``), with each
-pending job's observed peak memory taken from telemetry's rollups of earlier jobs of the same name when the DSN may
-read them; or a snapshot file (``--snapshot``, the ``gpuorch_policy.mig_snapshot`` format; ``--save`` writes one).
-The plan is ``gpuorch_policy.plan_mig`` with the settings given here; mode ``advise`` (the default) and ``auto``
-show the same plan, ``off`` shows none. ``attach(app)`` mounts ``mig plan`` and ``bench mig``.
+By default it shows the scheduler's own plan through the API (``GET /api/v1/mig/plan``): the proposals the
+scheduler published last (mode advise: recommendations; auto: being carried out), the reconfigurations under way
+and each GPU's last reconfigurations. With ``--dsn`` (the direct path for scripts, decision 31) or ``--snapshot``
+it plans here instead, a what-if with the settings given on the command line: input from the scheduler's read
+models in PostgreSQL (``nodes``, ``jobs``), with each pending job's observed peak memory taken from telemetry's
+rollups of earlier jobs of the same name when the DSN may read them, or from a snapshot file (the
+``gpuorch_policy.mig_snapshot`` format; ``--save`` writes one). ``attach(app)`` mounts ``mig plan`` and
+``bench mig``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,9 +33,6 @@ mig_app = typer.Typer(help="MIG layouts: what the planner would change (mode adv
 @mig_app.callback()
 def _group() -> None:
     """MIG layouts: what the planner would change (mode advise) and why."""
-
-
-DEFAULT_DSN = os.environ.get("GPUORCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/gpuorch")
 
 
 async def read_snapshot(dsn: str) -> MigSnapshot:
@@ -75,7 +74,9 @@ def plan_json(plan: MigPlan) -> dict[str, Any]:
 
 @mig_app.command("plan")
 def plan(
-    dsn: Annotated[str, typer.Option("--dsn", envvar="GPUORCH_DATABASE_URL", help="PostgreSQL DSN")] = DEFAULT_DSN,
+    dsn: Annotated[str | None, typer.Option(
+        "--dsn", help="plan here from the read models at this PostgreSQL DSN (a what-if; default: the scheduler's "
+                      "plan through the API)")] = None,
     snapshot: Annotated[Path | None, typer.Option(help="read the planner's input from this file, not the database")]
     = None,
     save: Annotated[Path | None, typer.Option(help="also write the input read to this snapshot file")] = None,
@@ -85,15 +86,20 @@ def plan(
     max_drain_jobs: Annotated[int, typer.Option(help="running jobs a change may wait for, per GPU")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
 ) -> None:
-    """Show the layout changes the MIG planner would make now, why, and which waiting jobs each would let start."""
+    """Show the layout changes the MIG planner would make now, why, and which waiting jobs each would let start:
+    the scheduler's plan (through the API), or with --dsn/--snapshot a what-if planned here with these settings."""
     if mode not in MIG_MODES:
         raise typer.BadParameter(f"mode must be one of {', '.join(MIG_MODES)}")
+    if snapshot is None and dsn is None:
+        _show_scheduler_plan(as_json)
+        return
     if snapshot is not None:
         try:
             found = MigSnapshot.from_json(snapshot.read_text())
         except (OSError, ValueError) as exc:
             raise typer.BadParameter(str(exc)) from exc
     else:
+        assert dsn is not None
         found = asyncio.run(read_snapshot(dsn))
     if save is not None:
         save.write_text(found.to_json())
@@ -124,6 +130,46 @@ def plan(
         console.print(f"held back: GPU {index} on {cell(node)}: {cell(why)}")
     for job_id, why in result.unmet:
         console.print(f"not served by any change: job {cell(job_id)}: {cell(why)}")
+
+
+def _show_scheduler_plan(as_json: bool) -> None:
+    from gpuorch_gpuctl.api_client import api
+
+    document = api().get("/api/v1/mig/plan")
+    if as_json:
+        print(json.dumps({**document, "source": "scheduler"}))
+        return
+    console = Console(emoji=False, highlight=False)
+    console.print(f"the scheduler's MIG planner: mode {cell(str(document['mode']))}, updated "
+                  f"{cell(str(document.get('updated_at') or 'never'))}")
+    proposals = document.get("proposals") or []
+    if not proposals:
+        console.print("no change proposed")
+    else:
+        table = Table("node", "GPU", "now", "proposed", "waits for", "lets start", "why", title="proposals")
+        for p in proposals:
+            reset = " (MIG mode change: GPU reset)" if p.get("needs_reset") else ""
+            table.add_row(cell(p["node_id"]), str(p["gpu_index"]), cell(_layout(p.get("current"))),
+                          cell(_layout(p.get("target"))) + reset, _jobs(p.get("drains")), _jobs(p.get("enables")),
+                          cell(p.get("reason", "")))
+        console.print(table)
+    for step in document.get("under_way") or []:
+        console.print(f"under way: GPU {step['gpu_index']} on {cell(step['node_id'])}: {cell(step['phase'])}, "
+                      f"{cell(_layout(step.get('current')))} -> {cell(_layout(step.get('target')))}")
+    if document.get("unmet_jobs"):
+        console.print(f"{document['unmet_jobs']} waiting job(s) no layout change serves")
+
+
+def _layout(slots: list[dict[str, Any]] | None) -> str:
+    if slots is None:
+        return "whole GPU"
+    return " ".join(f"{s['profile']}@{s['start']}" for s in slots) or "MIG, no instances"
+
+
+def _jobs(value: Any) -> str:
+    if isinstance(value, int):
+        return f"{value} job(s)"
+    return cell(", ".join(value or []) or "-")
 
 
 def attach(app: typer.Typer) -> None:

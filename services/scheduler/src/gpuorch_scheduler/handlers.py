@@ -56,6 +56,7 @@ from gpuorch_contracts import (
     Message,
     MigLayoutApplied,
     MigPlanProposed,
+    MigReconfiguration,
     NodeHeartbeat,
     NodeRegistered,
     StopJob,
@@ -174,6 +175,8 @@ class _Batch:
     """Job ids of this batch's submissions that the read model already holds (accepted or rejected before)."""
     wants_cycle: bool = False
     preemptions: int = 0
+    mig_changed: bool = False
+    """The MIG plan or a reconfiguration changed: the ``mig_plan`` read model is written."""
 
 
 class SchedulerService:
@@ -217,6 +220,7 @@ class SchedulerService:
         self._mig_demand: list[tuple[float, int]] = []
         self._last_mig_plan_at = -math.inf
         self._mig_published: tuple[object, ...] = ()
+        self._mig_plan: MigPlanProposed | None = None
         self._decision_traces: dict[uuid.UUID, str] = {}
         """Job -> the traceparent of this batch's ``scheduler.decide`` span for it (what is published about that
         decision joins the trace below it); empty unless spans are exported."""
@@ -387,6 +391,8 @@ class SchedulerService:
                 headers=[headers_of.get(id(m)) or self._trace_headers(m) for m in outgoing],
                 bodies=[_encoded(logged_json.get(id(m)), m) for m in outgoing])
             await self._write_read_models(batch.touched_jobs, batch.touched_nodes, batch.rejected, batch.submitted)
+            if batch.mig_changed:
+                await self._write_mig_plan()
             snapshot_due = self._events_since_snapshot >= self.config.snapshot_every_events or (
                 self._events_since_snapshot and now - self._last_snapshot_at >= self.config.snapshot_every_s)
             if snapshot_due and self._snapshot_writer is None:
@@ -589,8 +595,9 @@ class SchedulerService:
         self._last_mig_plan_at = now
         if not mig.mig_matters(self.state):
             if self._mig_published:  # an empty plan: the recommendations made from the last one are resolved
-                batch.published.append(MigPlanProposed(mode=control.mode))
-                self._mig_published = ()
+                self._mig_plan = MigPlanProposed(mode=control.mode)
+                batch.published.append(self._mig_plan)
+                self._mig_published, batch.mig_changed = (), True
             return
         started = time.perf_counter()
         result = mig.plan(self.state, control, now, self._mig_demand)
@@ -599,7 +606,7 @@ class SchedulerService:
         key = mig.plan_key(message)
         if message is not None and key != self._mig_published:
             batch.published.append(message)
-            self._mig_published = key
+            self._mig_published, self._mig_plan, batch.mig_changed = key, message, True
         if control.mode == "auto":
             self._apply_decision(mig.start(self.state, control, result, now), batch)
 
@@ -719,6 +726,8 @@ class SchedulerService:
             batch.decided.append(event)
         if isinstance(event, JobRejected):
             batch.rejected.append(event)
+        elif isinstance(event, MigReconfiguration):
+            batch.mig_changed = True
         self.state.apply(event, headers)
         job_id = getattr(event, "job_id", None)
         if job_id is not None:
@@ -796,6 +805,17 @@ class SchedulerService:
             await self._conn.execute("UPDATE nodes SET isolation = $2::text::jsonb WHERE node_id = $1", node_id,
                                      self.isolation[node_id])
             self._isolation_unwritten.discard(node_id)
+
+    async def _write_mig_plan(self) -> None:
+        mode = self.config.mig.mode
+        plan = self._mig_plan or MigPlanProposed(mode="auto" if mode == "auto" else "advise")
+        await self._conn.execute(
+            """INSERT INTO mig_plan (id, mode, plan, under_way, history) VALUES (1, $1, $2::text::jsonb,
+                   $3::text::jsonb, $4::text::jsonb)
+               ON CONFLICT (id) DO UPDATE SET mode = excluded.mode, plan = excluded.plan,
+                   under_way = excluded.under_way, history = excluded.history, updated_at = now()""",
+            mode, plan.model_dump_json(), json.dumps([e.model_dump(mode="json") for e in self.state.mig.values()]),
+            json.dumps([[n, g, times] for (n, g), times in self.state.mig_history.items()]))
 
     def _export_gauges(self) -> None:
         depth: dict[str, int] = {"training": 0, "inference": 0, "batch": 0}

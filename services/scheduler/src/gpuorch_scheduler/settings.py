@@ -75,6 +75,9 @@ class Settings(ServiceSettings):
                                     ge=1)
     mig_max_drain_jobs: int = setting("GPUORCH_MIG_MAX_DRAIN_JOBS", 2, "running jobs a reconfiguration may wait "
                                       "for on one GPU", ge=0)
+    mig_pool_margin_slices: int = setting("GPUORCH_MIG_POOL_MARGIN_SLICES", 0, "warm pool: compute slices kept in "
+                                          "MIG mode above the 95th percentile of the last 30 min of MIG demand",
+                                          ge=0)
     mig_drain_wait_s: float = setting("GPUORCH_MIG_DRAIN_WAIT_S", 600.0, "seconds jobs on a draining GPU may end "
                                       "on their own before the preemptible ones are preempted (with their grace)",
                                       ge=0)
@@ -133,7 +136,8 @@ class Settings(ServiceSettings):
         return MigControl(
             planner=PlannerSettings(mode=self.mig_mode, min_pending_s=self.mig_min_pending_s,
                                     min_interval_s=self.mig_min_interval_s, max_per_hour=self.mig_max_per_hour,
-                                    max_drain_jobs=self.mig_max_drain_jobs),
+                                    max_drain_jobs=self.mig_max_drain_jobs,
+                                    pool_margin_slices=self.mig_pool_margin_slices),
             execution=ExecutionSettings(drain_wait_s=self.mig_drain_wait_s, drain_give_up_s=self.mig_drain_give_up_s,
                                         apply_timeout_s=self.mig_apply_timeout_s),
             plan_interval_s=self.mig_plan_interval_s)

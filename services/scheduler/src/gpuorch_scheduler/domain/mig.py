@@ -216,7 +216,17 @@ def plan(state: SchedulerState, control: MigControl, now: float, demand: list[tu
     demand.append((now, demand_sample(gpus, pending, control.planner.peak_headroom)))
     del demand[: max(0, len(demand) - control.pool_samples)]
     drained = frozenset(j for e in state.mig.values() for j in e.drains)
-    return plan_mig(gpus, pending, control.planner, now, drained=drained, demand=demand, ends_in=ends_in)
+    return plan_mig(gpus, pending, control.planner, now, drained=drained, demand=demand, ends_in=ends_in,
+                    under_way=under_way_slices(state))
+
+
+def under_way_slices(state: SchedulerState) -> int:
+    """Compute slices in MIG mode the reconfigurations under way will leave (the planner's pool counts them)."""
+    total = 0
+    for event in state.mig.values():
+        sizes = {p.name: p.compute_slices for p in mig_table_for(event.model)}
+        total += sum(sizes.get(s.profile, 0) for s in event.target or ())
+    return total
 
 
 def plan_message(result: MigPlan) -> MigPlanProposed | None:
