@@ -320,7 +320,10 @@ def demo(
                       "uv run gpuctl down  stops it")
     else:
         console.print("the stack was stopped (gpuctl demo --keep leaves it running, with the dashboard)")
-    console.print("the review: uv run gpuctl report --out report --dsn " + database_url + "   (charts, conclusions)")
+    if keep:  # through the demo context's API; once the stack is stopped, only the database is left to read
+        console.print("the review: uv run gpuctl report --out report   (charts, conclusions; also on the dashboard)")
+    else:
+        console.print("the review: uv run gpuctl report --out report --dsn " + database_url + "   (charts, conclusions)")
     if as_json:
         print(json.dumps(outcome))
     if counts.get("succeeded", 0) < 10 or len(nodes_used) < 3:
