@@ -260,6 +260,7 @@ class SchedulerService:
         self.executors = {}
         self.pending = {}
         self._last_mix_at = -math.inf
+        self._last_mig_plan_at, self._mig_published = -math.inf, ()  # plan (and publish) again from the log's state
         self._events_since_snapshot = replayed
         self._needs_reload = False
         if self.config.freeze_after_recovery:

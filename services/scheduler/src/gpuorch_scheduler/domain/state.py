@@ -7,8 +7,9 @@ round-trips through ``to_snapshot``/``from_snapshot`` (JSON-safe dicts) for snap
 The fold also keeps what the scheduling cycle reads current, so nothing is rebuilt per cycle: the live ``fleet``
 (gpuorch_policy.Fleet: free capacity per node, placement indexes) gets a job's assignments when the job starts
 holding capacity and gives them back when it stops; ``queued`` and ``active`` index the jobs by state;
-``tenant_held`` sums what each tenant holds. Finished jobs leave memory ``retention_s`` after they end (log time);
-the log and the read model keep them.
+``tenant_held`` sums what each tenant holds; ``mig`` holds the MIG reconfigurations under way (their GPUs are
+closed to placements in the fleet) and ``mig_history`` when each GPU's last ones ended (``domain.mig``). Finished
+jobs leave memory ``retention_s`` after they end (log time); the log and the read model keep them.
 
 ``capacity_violations`` re-derives usage from the jobs alone (independently of the fleet's arrays): tests and the
 crash drill check the whole state with it; the plan applier checks each decision with ``Fleet.check`` before it is
