@@ -255,3 +255,26 @@ async def test_advise_publishes_the_plan_and_changes_nothing(conn: asyncpg.Conne
     await service.tick()
     plans = await outbox(conn, "mig.plan_proposed")
     assert len(plans) >= 1 and all(p["mode"] == "advise" for p in plans)
+
+
+async def test_the_plan_right_sizes_a_waiting_job_from_the_peak_its_name_used_before(conn: asyncpg.Connection) -> None:
+    earlier = uuid.uuid4()
+    await conn.execute("""INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, submitted_at)
+                          VALUES ($1, 'infer', 'default', 'inference', 'normal', 'succeeded', '{}'::jsonb, now())""",
+                       earlier)
+    await conn.execute(
+        """INSERT INTO telemetry_job_rollups (bucket, job_id, device_uuid, tenant, node_id, alloc_milli, samples,
+                                              observed_s, memory_used_max)
+           VALUES (now(), $1, 'MIG-x', 'default', 'n0', 1000, 10, 60, 4000)""", earlier)
+    clock = Clock()
+    service = await service_with(conn, control(mode="advise"), clock)
+    await service.handle(h100_node())
+    asks_big_first = SubmitJob(spec=JobSpec(name="infer", run=RUN, tier="inference",
+                                            resources=GpuRequest(mig_profiles=["3g.40gb", "1g.10gb"])))
+    await service.handle(asks_big_first)
+    await service.tick()
+    [plan] = await outbox(conn, "mig.plan_proposed")
+    [proposal] = plan["proposals"]
+    # its name's earlier peak (4000 MiB x 1.2) fits 1g.10gb: the slices planned are 1g, not its first choice 3g
+    assert {s["profile"] for s in proposal["target"]} == {"1g.10gb"}
+    assert service._mig_peaks == {"infer": 4000}

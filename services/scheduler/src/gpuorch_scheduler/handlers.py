@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
 from gpuorch_contracts import (
     CancelJob,
     ExecutorHeartbeat,
@@ -221,6 +222,9 @@ class SchedulerService:
         self._last_mig_plan_at = -math.inf
         self._mig_published: tuple[object, ...] = ()
         self._mig_plan: MigPlanProposed | None = None
+        self._mig_peaks: dict[str, int] = {}
+        """Job name -> the largest GPU memory (MiB) earlier jobs of that name used (telemetry's rollups), read
+        before each plan for the waiting MIG jobs' names: the planner right-sizes them from it."""
         self._decision_traces: dict[uuid.UUID, str] = {}
         """Job -> the traceparent of this batch's ``scheduler.decide`` span for it (what is published about that
         decision joins the trace below it); empty unless spans are exported."""
@@ -298,6 +302,8 @@ class SchedulerService:
             try:
                 if self._needs_reload:
                     await self.recover()
+                if tick:
+                    await self._read_mig_peaks()
                 try:
                     await self._commit(messages, tick)
                     return [None] * len(messages)
@@ -585,6 +591,25 @@ class SchedulerService:
             self._record(event, batch)
         batch.published += decision.published
 
+    async def _read_mig_peaks(self) -> None:
+        """Before a tick that plans MIG layouts: the observed peaks of the waiting MIG jobs' names. Without
+        telemetry's tables (or the right to read them) the plan goes on from declared memory."""
+        control = self.config.mig
+        if control.mode == "off" or self._clock() - self._last_mig_plan_at < control.plan_interval_s:
+            return
+        names = sorted({j.spec.name for j in self.state.queued.values() if j.spec.resources.mig_profiles})
+        if not names:
+            return
+        try:
+            rows = await self._conn.fetch(
+                """SELECT j.name, max(r.memory_used_max) AS peak FROM jobs j
+                   JOIN telemetry_job_rollups r ON r.job_id = j.job_id
+                   WHERE j.name = ANY($1::text[]) GROUP BY j.name""", names[:1000])
+        except asyncpg.PostgresError as exc:
+            log.warning("scheduler.mig_peaks_unread", error=repr(exc))
+            return
+        self._mig_peaks = {r["name"]: int(r["peak"]) for r in rows if r["peak"] is not None}
+
     def _mig_tick(self, now: float, batch: _Batch) -> None:
         """MIG layouts (``domain.mig``): advance the reconfigurations under way; every ``plan_interval_s`` (while MIG
         matters and the mode is not ``off``) plan, publish the plan when it changed and, in mode ``auto``, start
@@ -601,7 +626,7 @@ class SchedulerService:
                 self._mig_published, batch.mig_changed = (), True
             return
         started = time.perf_counter()
-        result = mig.plan(self.state, control, now, self._mig_demand)
+        result = mig.plan(self.state, control, now, self._mig_demand, self._mig_peaks)
         MIG_PLAN_SECONDS.observe(time.perf_counter() - started)
         message = mig.plan_message(result)
         key = mig.plan_key(message)

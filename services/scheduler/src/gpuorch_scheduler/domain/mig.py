@@ -21,7 +21,8 @@ Contract:
 - Only preemptible jobs are preempted, after ``ExecutionSettings.drain_wait_s``, through the same JobPreempting +
   StopJob a priority preemption uses (checkpoint signal, the job's grace, requeue); others are waited for.
 - Planner input from the scheduler's view: GPUs of alive nodes whose model has a MIG table; waiting whole-GPU and
-  MIG jobs (declared GPU memory; no observed peaks: telemetry's history is not in the scheduler's log); runtime
+  MIG jobs (declared GPU memory, and the peak earlier jobs of the same name used: telemetry's rollups, read by the
+  service before each plan); runtime
   left from each job's estimate or limit (a preemptible job leaves within its grace). Warm-pool demand samples are
   kept in memory by the caller (one per plan) and re-learned after a restart.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuorch_contracts import (
@@ -151,8 +152,10 @@ def mig_matters(state: SchedulerState) -> bool:
     return any(gpu.mig_enabled for node in state.nodes.values() for gpu in node.inventory.gpus)
 
 
-def planner_input(state: SchedulerState, now: float) -> tuple[list[GpuState], list[PendingJob], dict[str, float]]:
-    """(GPUs, waiting jobs, seconds until each running job leaves its GPU) as the planner reads them."""
+def planner_input(state: SchedulerState, now: float, peaks: Mapping[str, int] | None = None
+                  ) -> tuple[list[GpuState], list[PendingJob], dict[str, float]]:
+    """(GPUs, waiting jobs, seconds until each running job leaves its GPU) as the planner reads them; ``peaks``:
+    job name -> the peak GPU memory earlier jobs of that name used (telemetry's rollups)."""
     gpus: list[GpuState] = []
     running: set[str] = set()
     for node_id, node in state.nodes.items():
@@ -183,7 +186,8 @@ def planner_input(state: SchedulerState, now: float) -> tuple[list[GpuState], li
         pending.append(PendingJob(
             str(job.job_id), job.spec.tier, max(0.0, now - job.enqueued_at), whole_gpus=resources.gpus,
             nodes=job.spec.gang.nodes, mig_profiles=tuple(resources.mig_profiles),
-            memory_mib=resources.gpu_memory_mib, gpu_models=tuple(resources.gpu_models)))
+            memory_mib=resources.gpu_memory_mib, gpu_models=tuple(resources.gpu_models),
+            peak_memory_mib=(peaks or {}).get(job.spec.name) if resources.mig_profiles else None))
     ends_in: dict[str, float] = {}
     for job_id in running:
         job = state.jobs.get(uuid.UUID(job_id))
@@ -209,10 +213,12 @@ def demand_sample(gpus: Sequence[GpuState], pending: Sequence[PendingJob], headr
     return slice_demand(held, [j for j in pending if j.tier == "inference"], table, headroom)
 
 
-def plan(state: SchedulerState, control: MigControl, now: float, demand: list[tuple[float, int]]) -> MigPlan:
+def plan(state: SchedulerState, control: MigControl, now: float, demand: list[tuple[float, int]],
+         peaks: Mapping[str, int] | None = None) -> MigPlan:
     """The planner's proposals for the fleet now. ``demand``: the warm pool's samples, kept by the caller; this
-    plan's sample is appended (and samples beyond ``control.pool_samples`` dropped) before planning."""
-    gpus, pending, ends_in = planner_input(state, now)
+    plan's sample is appended (and samples beyond ``control.pool_samples`` dropped) before planning. ``peaks``:
+    see ``planner_input``."""
+    gpus, pending, ends_in = planner_input(state, now, peaks)
     demand.append((now, demand_sample(gpus, pending, control.planner.peak_headroom)))
     del demand[: max(0, len(demand) - control.pool_samples)]
     drained = frozenset(j for e in state.mig.values() for j in e.drains)
