@@ -163,6 +163,8 @@ def test_report_and_dead_letters_come_through_the_api(gpuctl: Gpuctl, live_api: 
     assert everything["tenants_shown"] is None and everything["fleet_series"]  # type: ignore[index]
     assert gpuctl.json("dlq", "list") == []  # nothing dead-lettered in this stack
     assert gpuctl.json("dlq", "list", "--queue", "scheduler", "--limit", "5") == []
+    replayed = gpuctl.json("dlq", "replay", "--queue", "scheduler")  # the operator's replay, through the API
+    assert (replayed["queue"], replayed["replayed"], replayed["messages"]) == ("scheduler", 0, [])  # type: ignore[index]
 
     gpuctl.ok("config", "use-context", "acme")
     report = gpuctl.ok("report", "--since", "1h", "--json")
