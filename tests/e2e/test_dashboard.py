@@ -50,9 +50,19 @@ def browser() -> Iterator[Any]:
 
 
 def until(browser: Any, condition: Any, timeout_s: float = 60) -> Any:
+    """The first truthy value of ``condition(browser)``. A page that re-renders (live data) replaces its elements
+    between two calls: a stale or not-yet-present element means "ask again", never a failure."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(browser, timeout_s, poll_frequency=0.2).until(condition)
+    return WebDriverWait(browser, timeout_s, poll_frequency=0.2,
+                         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
+                         ).until(condition)
+
+
+def now(browser: Any, read: Any) -> Any:
+    """``read(browser)`` as the page shows it now, read again if the page re-rendered mid-read (falsy allowed)."""
+    return until(browser, lambda b: (read(b),))[0]
 
 
 def research_job(url: str) -> str:
@@ -80,16 +90,17 @@ def test_a_team_member_sees_the_fleet_submits_from_the_page_and_sees_only_its_jo
     browser.get(f"{stack_url}/#/fleet")
     browser.find_element(By.ID, "token").send_keys("not-a-token")
     browser.find_element(By.CSS_SELECTOR, "#login button").click()
-    assert "unknown token" in until(browser, lambda b: b.find_element(By.ID, "login-error")).text
+    until(browser, lambda b: "unknown token" in b.find_element(By.ID, "login-error").text)
 
     token = browser.find_element(By.ID, "token")
     token.clear()
     token.send_keys(TEAM_TOKENS["acme-team"])
     browser.find_element(By.CSS_SELECTOR, "#login button").click()
     until(browser, lambda b: "acme-team" in b.find_element(By.ID, "who").text)
-    nodes = until(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "[data-node]"))
-    assert sorted(n.get_attribute("data-node") for n in nodes) == ["node-1", "node-2"]
-    assert "GPUs free" in nodes[0].text
+    nodes = until(browser, lambda b: {n.get_attribute("data-node"): n.text
+                                      for n in b.find_elements(By.CSS_SELECTOR, "[data-node]")})
+    assert sorted(nodes) == ["node-1", "node-2"]
+    assert all("GPUs free" in text for text in nodes.values())
 
     browser.get(f"{stack_url}/#/submit")
     until(browser, lambda b: b.find_elements(By.ID, "submit-form"))
@@ -97,42 +108,44 @@ def test_a_team_member_sees_the_fleet_submits_from_the_page_and_sees_only_its_jo
     browser.find_element(By.ID, "name").send_keys("from-the-page")
     browser.find_element(By.ID, "command").send_keys('["python", "-c", "import time; time.sleep(5); print(42)"]')
     browser.find_element(By.CSS_SELECTOR, "#submit-form button").click()
-    until(browser, lambda b: b.find_element(By.ID, "submitted-link")).click()
+    until(browser, lambda b: b.find_element(By.ID, "submitted-link").click() or True)
     # the job page follows the job live (events refresh it) until it succeeded
     until(browser, lambda b: b.find_element(By.ID, "job").get_attribute("data-state") == "succeeded", 90)
-    page = browser.find_element(By.ID, "job").text
+    page = now(browser, lambda b: b.find_element(By.ID, "job").text)
     assert "job.accepted" in page and "job.finished" in page and "node-" in page  # timeline and placement
 
     browser.get(f"{stack_url}/#/jobs")
-    links = until(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "a.job-link"))
-    assert {link.text for link in links} and hidden[:8] not in {link.text for link in links}
-    assert "research-secret-job" not in browser.find_element(By.ID, "jobs").text
-    assert "from-the-page" in browser.find_element(By.ID, "jobs").text
+    links = until(browser, lambda b: {link.text for link in b.find_elements(By.CSS_SELECTOR, "a.job-link")})
+    assert hidden[:8] not in links
+    jobs = now(browser, lambda b: b.find_element(By.ID, "jobs").text)
+    assert "research-secret-job" not in jobs and "from-the-page" in jobs
 
     browser.get(f"{stack_url}/#/queues")
-    assert "training" in until(browser, lambda b: b.find_element(By.ID, "queues")).text
+    until(browser, lambda b: "training" in b.find_element(By.ID, "queues").text)
     browser.get(f"{stack_url}/#/tenants")
-    tenants = until(browser, lambda b: b.find_element(By.ID, "tenants")).text
+    until(browser, lambda b: "acme" in b.find_element(By.ID, "tenants").text)
+    tenants = now(browser, lambda b: b.find_element(By.ID, "tenants").text)
     assert "acme" in tenants and "research" not in tenants
     browser.get(f"{stack_url}/#/week")  # the weekly view: GPU-hours per day, drawn from telemetry's samples
-    assert until(browser, lambda b: b.find_element(By.ID, "usage-chart")).is_displayed()
-    assert "research" not in browser.find_element(By.ID, "week").text
+    assert until(browser, lambda b: b.find_element(By.ID, "usage-chart").is_displayed())
+    assert "research" not in now(browser, lambda b: b.find_element(By.ID, "week").text)
 
     # the weekly report: its charts drawn from the team's own job once telemetry has its samples
     deadline = time.monotonic() + 90
     while True:
         browser.get(f"{stack_url}/#/report/1h")
         browser.refresh()
-        section = until(browser, lambda b: b.find_element(By.ID, "report"))
-        bars = browser.find_elements(By.CSS_SELECTOR, '#report-allocation rect[data-tenant="acme"]')
-        if bars:
+        section = until(browser, lambda b: b.find_element(By.ID, "report").text)
+        kinds = now(browser, lambda b: {bar.get_attribute("data-kind") for bar in b.find_elements(
+            By.CSS_SELECTOR, '#report-allocation rect[data-tenant="acme"]')})
+        if kinds:
             break
-        assert time.monotonic() < deadline, f"no bar for acme in the report: {section.text[:2000]}"
-    assert {bar.get_attribute("data-kind") for bar in bars} == {"allocated", "used"}
-    assert browser.find_elements(By.CSS_SELECTOR, "#report-utilisation circle[data-point]")
-    assert browser.find_element(By.ID, "report-queue-wait").is_displayed()
-    assert browser.find_element(By.ID, "report-conclusions").text
-    report = browser.find_element(By.ID, "report").text
-    assert "from-the-page" in browser.find_element(By.ID, "report-jobs").text
+        assert time.monotonic() < deadline, f"no bar for acme in the report: {section[:2000]}"
+    assert kinds == {"allocated", "used"}
+    assert now(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#report-utilisation circle[data-point]"))
+    assert now(browser, lambda b: b.find_element(By.ID, "report-queue-wait").is_displayed())
+    assert now(browser, lambda b: b.find_element(By.ID, "report-conclusions").text)
+    report = now(browser, lambda b: b.find_element(By.ID, "report").text)
+    assert "from-the-page" in now(browser, lambda b: b.find_element(By.ID, "report-jobs").text)
     assert "research" not in report and hidden[:8] not in report  # another team's job is not listed
-    assert not browser.find_elements(By.CSS_SELECTOR, '#report [data-tenant="research"]')
+    assert not now(browser, lambda b: b.find_elements(By.CSS_SELECTOR, '#report [data-tenant="research"]'))

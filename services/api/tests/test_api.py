@@ -200,21 +200,32 @@ async def test_logs_come_from_the_executor_of_the_jobs_node(api: RunningApi, mig
     try:
         async with serve(Starlette(routes=[Route("/jobs/{job_id}/logs", logs)])) as node_url, \
                 httpx.AsyncClient(base_url=api.url) as http:
+            api.backends.logs.announce_wait_s = 0.2  # a node never heard from: 503 once the wait is over
             early = await http.get(f"/api/v1/jobs/{ids['acme_running']}/logs", headers=auth("acme"))
             assert early.status_code == 503 and "has not announced" in early.json()["error"]
+            # an API that just started waits for the node's first heartbeat instead of failing the request
+            api.backends.logs.announce_wait_s = 60
+            waiting = asyncio.create_task(http.get(f"/api/v1/jobs/{ids['acme_running']}/logs",
+                                                   params={"follow": "1"}, headers=auth("acme"), timeout=90))
+            async with asyncio.timeout(30):
+                while "n1" not in api.backends.logs.awaited:
+                    await asyncio.sleep(0.05)
             await publisher.publish(ExecutorHeartbeat(node_id="n1", sequence=1, fencing_deadline_s=30, interval_s=2,
                                                       logs_url=node_url))
-            async with asyncio.timeout(10):
-                while "n1" not in api.backends.logs.urls:
-                    await asyncio.sleep(0.05)
-            answer = await http.get(f"/api/v1/jobs/{ids['acme_running']}/logs", params={"follow": "1"},
-                                    headers=auth("acme"))
+            answer = await waiting
             assert (answer.status_code, answer.text) == (200, "hello from n1\n")
             assert asked == [(str(ids["acme_running"]), "Bearer service-token", "1")]
             assert (await http.get(f"/api/v1/jobs/{ids['acme_running']}/logs",
                                    headers=auth("research"))).status_code == 403
             never_ran = await http.get(f"/api/v1/jobs/{ids['research_queued']}/logs", headers=auth("research"))
             assert never_ran.status_code == 404 and "never ran" in never_ran.json()["error"]
+            # a node whose heartbeats announce no endpoint is answered at once, not after the wait
+            await publisher.publish(ExecutorHeartbeat(node_id="n1", sequence=2, fencing_deadline_s=30, interval_s=2))
+            async with asyncio.timeout(30):
+                while "n1" not in api.backends.logs.without_logs:
+                    await asyncio.sleep(0.05)
+                silent = await http.get(f"/api/v1/jobs/{ids['acme_running']}/logs", headers=auth("acme"))
+            assert silent.status_code == 503 and "has not announced" in silent.json()["error"]
     finally:
         await publisher.close()
 
