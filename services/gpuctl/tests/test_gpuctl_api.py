@@ -195,9 +195,14 @@ def test_mig_plan_shows_the_schedulers_plan_through_the_api(gpuctl: Gpuctl, live
     for name, token in (("acme", "acme-team"), ("ops", "ops")):
         gpuctl.ok("config", "set-context", name, "--server", live_api.url, "--token", TOKENS[token], "--no-use")
     gpuctl.ok("config", "use-context", "acme")
+    deadline = time.monotonic() + 90
+    while (idle := gpuctl.json("mig", "plan"))["mode"] != "advise":  # type: ignore[index]
+        assert time.monotonic() < deadline, f"the scheduler's mode is not shown before anything needs MIG: {idle}"
+        time.sleep(0.5)
+    assert idle["proposals"] == [] and idle["updated_at"]  # type: ignore[index]
+    assert "mode advise" in gpuctl.ok("mig", "plan").stdout
     waiting = gpuctl.ok("submit", "--tier", "inference", "--mig", "1g.10gb", "--", "python", "-c", "pass")
     job_id = waiting.stdout.strip()
-    deadline = time.monotonic() + 90
     while not (plan := gpuctl.json("mig", "plan"))["proposals"]:  # type: ignore[index]
         assert time.monotonic() < deadline, f"no MIG plan: {plan}"
         time.sleep(0.5)

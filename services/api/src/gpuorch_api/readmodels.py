@@ -217,7 +217,7 @@ class ReadModels:
                                                               "idle_gpu_hours")}} for r in rows]
 
     async def mig_plan(self) -> dict[str, Any] | None:
-        """The scheduler's MIG plan row (``mig_plan``, migration 0103), or None before its first plan."""
+        """The scheduler's MIG plan row (``mig_plan``, migration 0103), or None before a scheduler first ran."""
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow("SELECT mode, plan::text AS plan, under_way::text AS under_way, "
                                       "history::text AS history, updated_at FROM mig_plan WHERE id = 1")

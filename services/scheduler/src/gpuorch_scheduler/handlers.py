@@ -221,6 +221,7 @@ class SchedulerService:
         self._mig_demand: list[tuple[float, int]] = []
         self._last_mig_plan_at = -math.inf
         self._mig_published: tuple[object, ...] = ()
+        self._mig_plan_written = False  # the mig_plan read model shows this process's mode (written once at start)
         self._mig_plan: MigPlanProposed | None = None
         self._mig_peaks: dict[str, int] = {}
         """Job name -> the largest GPU memory (MiB) earlier jobs of that name used (telemetry's rollups), read
@@ -265,6 +266,7 @@ class SchedulerService:
         self.pending = {}
         self._last_mix_at = -math.inf
         self._last_mig_plan_at, self._mig_published = -math.inf, ()  # plan (and publish) again from the log's state
+        self._mig_plan_written = False
         self._events_since_snapshot = replayed
         self._needs_reload = False
         if self.config.freeze_after_recovery:
@@ -615,6 +617,8 @@ class SchedulerService:
         matters and the mode is not ``off``) plan, publish the plan when it changed and, in mode ``auto``, start
         carrying it out."""
         control = self.config.mig
+        if not self._mig_plan_written:  # the read model names the mode even before there is anything to plan
+            batch.mig_changed = self._mig_plan_written = True
         self._apply_decision(mig.advance(self.state, control, now), batch)
         if control.mode == "off" or now - self._last_mig_plan_at < control.plan_interval_s:
             return
