@@ -214,5 +214,9 @@ def test_mig_plan_shows_the_schedulers_plan_through_the_api(gpuctl: Gpuctl, live
     assert job_id in gpuctl.json("mig", "plan")["proposals"][0]["enables"]  # type: ignore[index]
     table = gpuctl.ok("mig", "plan").stdout
     assert "mode advise" in table and "node-1" in table
-    assert gpuctl.json("describe", job_id)["state"] == "queued"  # type: ignore[index]  # advise changes nothing
+    while "gpuctl mig plan" not in (described := gpuctl.json("describe", job_id))["pending_reason"]:  # type: ignore[index,operator]
+        assert time.monotonic() < deadline, f"the pending reason does not point at the plan: {described}"
+        time.sleep(0.5)
+    assert described["state"] == "queued"  # type: ignore[index]  # advise changes nothing
+    assert "would repartition node-1 GPU" in described["pending_reason"]  # type: ignore[index,operator]
     gpuctl.ok("cancel", job_id)

@@ -119,6 +119,7 @@ async def test_auto_slices_an_idle_gpu_drains_applies_and_resumes_on_the_new_inv
     assert small.job_id.hex in "".join(plan["proposals"][0]["enables"]).replace("-", "")
     assert (NODE, 0) in service.state.mig and service.state.mig[(NODE, 0)].phase == "draining"
     assert under_way_slices(service.state) == 7  # the next plan counts the slices this change will make
+    assert "is being repartitioned for it (draining)" in service.pending[small.job_id].reason  # why it waits
 
     whole = SubmitJob(spec=JobSpec(run=RUN, resources=GpuRequest(gpus=1)))
     await service.handle(whole)
@@ -245,6 +246,9 @@ async def test_advise_publishes_the_plan_and_changes_nothing(conn: asyncpg.Conne
     await service.tick()  # the same plan again: published once
     [plan] = await outbox(conn, "mig.plan_proposed")
     assert plan["mode"] == "advise" and plan["proposals"] and "reason" in plan["proposals"][0]
+    waits = service.pending[small.job_id].reason  # the job's pending reason points at the plan
+    assert "no free MIG instance" in waits and "(mode advise) would repartition n1 GPU" in waits, waits
+    assert "gpuctl mig plan" in waits
     assert service.state.mig == {} and await outbox(conn, "apply_mig_layout") == []
     assert await steps(conn) == []
     whole = SubmitJob(spec=JobSpec(run=RUN, resources=GpuRequest(gpus=2)))

@@ -222,6 +222,10 @@ class SchedulerService:
         self._last_mig_plan_at = -math.inf
         self._mig_published: tuple[object, ...] = ()
         self._mig_plan_written = False  # the mig_plan read model shows this process's mode (written once at start)
+        self._mig_latest: MigPlanProposed | None = None  # the last plan made (published or not: same proposals)
+        self._mig_latest_seq = 0
+        self._mig_notes_key: tuple[object, ...] = ()
+        self._mig_notes: dict[str, str] = {}
         self._mig_plan: MigPlanProposed | None = None
         self._mig_peaks: dict[str, int] = {}
         """Job name -> the largest GPU memory (MiB) earlier jobs of that name used (telemetry's rollups), read
@@ -266,6 +270,7 @@ class SchedulerService:
         self.pending = {}
         self._last_mix_at = -math.inf
         self._last_mig_plan_at, self._mig_published = -math.inf, ()  # plan (and publish) again from the log's state
+        self._mig_latest, self._mig_latest_seq = None, self._mig_latest_seq + 1
         self._mig_plan_written = False
         self._events_since_snapshot = replayed
         self._needs_reload = False
@@ -624,6 +629,7 @@ class SchedulerService:
             return
         self._last_mig_plan_at = now
         if not mig.mig_matters(self.state):
+            self._mig_latest, self._mig_latest_seq = None, self._mig_latest_seq + 1
             if self._mig_published:  # an empty plan: the recommendations made from the last one are resolved
                 self._mig_plan = MigPlanProposed(mode=control.mode)
                 batch.published.append(self._mig_plan)
@@ -633,6 +639,7 @@ class SchedulerService:
         result = mig.plan(self.state, control, now, self._mig_demand, self._mig_peaks)
         MIG_PLAN_SECONDS.observe(time.perf_counter() - started)
         message = mig.plan_message(result)
+        self._mig_latest, self._mig_latest_seq = message, self._mig_latest_seq + 1
         key = mig.plan_key(message)
         if message is not None and key != self._mig_published:
             batch.published.append(message)
@@ -691,7 +698,22 @@ class SchedulerService:
         batch.published += [m for m in result.decision.published if getattr(m, "placement_id", None) not in refused]
         for job_id, reason in refused.values():
             result.pending[job_id] = Waiting(f"its placement was refused by the plan applier: {reason}", None)
+        self._note_mig_plan(result.pending)
         batch.notices += self._pending_notices(result.pending, batch.touched_jobs)
+
+    def _note_mig_plan(self, pending: dict[uuid.UUID, Waiting]) -> None:
+        """Adds to a waiting job's reason what the MIG plan does for it (``mig.waiting_notes``; rebuilt only when
+        the plan or the reconfigurations under way changed)."""
+        key = (self._mig_latest_seq, tuple((k, e.phase) for k, e in self.state.mig.items()))
+        if key != self._mig_notes_key:
+            self._mig_notes_key = key
+            self._mig_notes = mig.waiting_notes(self._mig_latest, self.state.mig.values())
+        if not self._mig_notes:
+            return
+        for job_id, waiting in pending.items():
+            note = self._mig_notes.get(str(job_id))
+            if note is not None:
+                pending[job_id] = Waiting(f"{waiting.reason}; {note}", waiting.estimated_start, waiting.estimated)
 
     def _trace_decisions(self, decisions: list[Message], pending: dict[uuid.UUID, Waiting], started: float) -> None:
         """A ``scheduler.decide`` span (over the cycle's time) for each job this cycle placed, and for each waiting

@@ -256,6 +256,25 @@ def plan_key(message: MigPlanProposed | None) -> tuple[object, ...]:
     return tuple((p.node_id, p.gpu_index, describe(slots(p.target))) for p in message.proposals)
 
 
+def waiting_notes(plan: MigPlanProposed | None, under_way: Iterable[MigReconfiguration]) -> dict[str, str]:
+    """Job id -> what the MIG plan does for that waiting job, for its pending reason: a reconfiguration under way
+    whose new layout will host it, or (when none) a proposal that would. Advise mode says who can apply it."""
+    notes: dict[str, str] = {}
+    if plan is not None:
+        for p in plan.proposals:
+            where = f"{p.node_id} GPU {p.gpu_index}"
+            note = (f"the MIG plan repartitions {where} for it" if plan.mode == "auto" else
+                    f"the MIG plan (mode advise) would repartition {where} for it: `gpuctl mig plan`; an operator "
+                    "applies it, or GPUORCH_MIG_MODE=auto lets the scheduler")
+            for job_id in p.enables:
+                notes.setdefault(job_id, note)
+    for r in under_way:
+        if r.phase != "in_service":
+            for job_id in r.enables:
+                notes[job_id] = f"{r.node_id} GPU {r.gpu_index} is being repartitioned for it ({r.phase})"
+    return notes
+
+
 # -- writing the execution's actions as events --------------------------------------------------------------------
 
 
