@@ -42,7 +42,13 @@ def test_observation_from_rows() -> None:
               {"tier": "training", "spec": {"resources": {"gpus": 4}}, "submitted_at": NOW - timedelta(minutes=9),
                "pending_reason": None},
               {"tier": "batch", "spec": {"resources": {"gpus": 1}}, "submitted_at": NOW,
-               "pending_reason": "tenant x is over its quota"}]
+               "pending_reason": "tenant x is over its quota"},
+              # the MIG plan hosts it on a GPU the fleet has: repartitioning, not a new node
+              {"tier": "inference", "spec": {"resources": {"mig_profiles": ["1g.10gb"]}},
+               "submitted_at": NOW - timedelta(minutes=30), "pending_reason": "no free MIG instance of 1g.10gb; "
+               "the MIG plan (mode advise) would repartition a GPU 3 for it: `gpuctl mig plan`"},
+              {"tier": "inference", "spec": {"resources": {"mig_profiles": ["1g.10gb"]}},
+               "submitted_at": NOW - timedelta(minutes=1), "pending_reason": "no free MIG instance of 1g.10gb"}]
     pressure = [{"job_id": "p", "tier": "inference", "node_id": "a", "gpus": 0.5}]
     history = [{"pool": "big", "last_scale_out_at": NOW - timedelta(minutes=1), "last_scale_in_at": None}]
     obs = observation(NOW, POOLS, nodes, running, queued, pressure, history, draining=["a"], asked={"big": 3})
@@ -50,6 +56,7 @@ def test_observation_from_rows() -> None:
     assert set(by_id) == {"a", "b", "big/requested-0", "big/requested-1"}  # 3 asked, 1 ready + 'a' draining
     assert by_id["a"].phase == "draining" and by_id["a"].idle_since == (NOW - timedelta(hours=2)).timestamp()
     assert by_id["b"].runs_non_preemptible and by_id["b"].free_gpus == 6 and by_id["b"].idle_since is None
-    (demand,) = obs.pending
+    demand, mig = sorted(obs.pending, key=lambda d: d.tier, reverse=True)
     assert (demand.count, demand.gpus, demand.oldest_wait_s) == (2, 4, 540.0)
+    assert (mig.count, mig.mig_profile, mig.oldest_wait_s) == (1, "1g.10gb", 60.0)  # only the one no plan hosts
     assert obs.pressure[0].gpu_model == "H100-80GB" and obs.history_of("big").last_scale_out_at is not None

@@ -119,7 +119,7 @@ async def test_auto_slices_an_idle_gpu_drains_applies_and_resumes_on_the_new_inv
     assert small.job_id.hex in "".join(plan["proposals"][0]["enables"]).replace("-", "")
     assert (NODE, 0) in service.state.mig and service.state.mig[(NODE, 0)].phase == "draining"
     assert under_way_slices(service.state) == 7  # the next plan counts the slices this change will make
-    assert "is being repartitioned for it (draining)" in service.pending[small.job_id].reason  # why it waits
+    assert "the MIG plan is repartitioning n1 GPU 0 for it (draining)" in service.pending[small.job_id].reason  # why it waits
 
     whole = SubmitJob(spec=JobSpec(run=RUN, resources=GpuRequest(gpus=1)))
     await service.handle(whole)

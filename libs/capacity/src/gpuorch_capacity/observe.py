@@ -12,7 +12,8 @@
 
 A node belongs to the pool named by its label ``gpuorch.io/pool``, else to the first pool whose node type has its
 GPU model and GPU count, else to the first with its GPU model; a node of no pool is not the autoscaler's. Jobs
-waiting because of a quota are not demand (more nodes would not start them).
+waiting because of a quota are not demand (more nodes would not start them), nor are MIG jobs whose pending reason
+says the MIG plan hosts them by repartitioning a GPU the fleet already has (``MIG_PLAN_NOTE``: cheaper than a node).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
+
+from gpuorch_policy.mig_planner import MIG_PLAN_NOTE
 
 from gpuorch_capacity.model import (
     SIM_NODE_TYPES,
@@ -130,7 +133,8 @@ def observation(now: datetime, pools: tuple[PoolSpec, ...], node_rows: Iterable[
         nodes += [NodeState(f"{pool}/requested-{i}", pool, "booting") for i in range(max(0, level - present))]
     pending: dict[tuple[Any, ...], PendingDemand] = {}
     for row in queued_rows:
-        if "quota" in (row.get("pending_reason") or ""):
+        reason = row.get("pending_reason") or ""
+        if "quota" in reason or f"; {MIG_PLAN_NOTE}" in reason:
             continue
         spec = _as_dict(row["spec"]) or {}
         res = spec.get("resources") or {}

@@ -64,6 +64,9 @@ from gpuorch_policy.mig_profiles import MigProfileSpec, mig_table_for
 MigMode = Literal["off", "advise", "auto"]
 MIG_MODES: tuple[MigMode, ...] = ("off", "advise", "auto")
 HOUR_S = 3600.0
+MIG_PLAN_NOTE = "the MIG plan "
+"""How a waiting job's pending reason begins the part that says the MIG plan hosts it by repartitioning a GPU of the
+fleet (written by the scheduler; the autoscaler does not count such a job as demand for new nodes)."""
 TIER_ORDER = {"training": 0, "inference": 1, "batch": 2}
 
 

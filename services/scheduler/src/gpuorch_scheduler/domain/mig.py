@@ -58,6 +58,7 @@ from gpuorch_policy.mig_execution import (
 )
 from gpuorch_policy.mig_geometry import Slot
 from gpuorch_policy.mig_planner import (
+    MIG_PLAN_NOTE,
     GpuState,
     InstanceState,
     MigPlan,
@@ -263,15 +264,15 @@ def waiting_notes(plan: MigPlanProposed | None, under_way: Iterable[MigReconfigu
     if plan is not None:
         for p in plan.proposals:
             where = f"{p.node_id} GPU {p.gpu_index}"
-            note = (f"the MIG plan repartitions {where} for it" if plan.mode == "auto" else
-                    f"the MIG plan (mode advise) would repartition {where} for it: `gpuctl mig plan`; an operator "
+            note = (f"{MIG_PLAN_NOTE}repartitions {where} for it" if plan.mode == "auto" else
+                    f"{MIG_PLAN_NOTE}(mode advise) would repartition {where} for it: `gpuctl mig plan`; an operator "
                     "applies it, or GPUORCH_MIG_MODE=auto lets the scheduler")
             for job_id in p.enables:
                 notes.setdefault(job_id, note)
     for r in under_way:
         if r.phase != "in_service":
             for job_id in r.enables:
-                notes[job_id] = f"{r.node_id} GPU {r.gpu_index} is being repartitioned for it ({r.phase})"
+                notes[job_id] = f"{MIG_PLAN_NOTE}is repartitioning {r.node_id} GPU {r.gpu_index} for it ({r.phase})"
     return notes
 
 
