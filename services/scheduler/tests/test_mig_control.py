@@ -242,6 +242,8 @@ async def test_advise_publishes_the_plan_and_changes_nothing(conn: asyncpg.Conne
     await service.handle(h100_node(gpus=2))
     small = inference(["2g.20gb", "3g.40gb"])
     await service.handle(small)
+    # before a plan judged it, the job says one will (the autoscaler does not count it as demand for nodes)
+    assert "the MIG plan considers it at a coming plan" in service.pending[small.job_id].reason
     await service.tick()
     await service.tick()  # the same plan again: published once
     [plan] = await outbox(conn, "mig.plan_proposed")

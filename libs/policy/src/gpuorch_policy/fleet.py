@@ -40,6 +40,8 @@ from gpuorch_policy.model import GPU_MILLI, GpuView, NodeView, Placement, Reques
 from gpuorch_policy.policies import DEFAULT_POLICY, build_policy
 
 HEALTHY = ("healthy", "degraded")
+NO_FREE_MIG = "no free MIG instance of "
+"""How the pending reason of a MIG job that found no free instance begins."""
 DEFAULT_GPU_MEMORY_MIB = 81920
 BASE_MIX = (Request(cpu_milli=1000, num_gpu=1, gpu_milli=GPU_MILLI), Request(cpu_milli=1000, num_gpu=1, gpu_milli=500))
 
@@ -235,7 +237,7 @@ class MigInstances:
         if host_short:
             return f"needs a free MIG instance {wanted} with {request.cpu_milli} mCPU and " \
                    f"{request.memory_mib} MiB host memory; {host_short} node(s) with the instance lack host room"
-        return f"no free MIG instance of {wanted}" + (f" on {ask.nodes} nodes" if ask.nodes > 1 else "")
+        return f"{NO_FREE_MIG}{wanted}" + (f" on {ask.nodes} nodes" if ask.nodes > 1 else "")
 
     def pick(self, ask: Ask, node_id: str) -> FreeMig | None:
         models = ask.request.gpu_models

@@ -68,6 +68,7 @@ from gpuorch_contracts.jobs import TenantRouted
 from gpuorch_identity import IdentityMap, Rejection, acting_user, authorize_cancel, authorize_submission
 from gpuorch_messaging import handler_for
 from gpuorch_observability import get_logger, inject_trace, job_span, record_job_span, tracing_exported
+from gpuorch_policy.fleet import NO_FREE_MIG
 from gpuorch_store import (
     NewEvent,
     ParkedRow,
@@ -224,8 +225,9 @@ class SchedulerService:
         self._mig_plan_written = False  # the mig_plan read model shows this process's mode (written once at start)
         self._mig_latest: MigPlanProposed | None = None  # the last plan made (published or not: same proposals)
         self._mig_latest_seq = 0
+        self._mig_unmet: frozenset[uuid.UUID] = frozenset()  # jobs the last plan found no layout for
         self._mig_notes_key: tuple[object, ...] = ()
-        self._mig_notes: dict[str, str] = {}
+        self._mig_notes: dict[uuid.UUID, str] = {}
         self._mig_plan: MigPlanProposed | None = None
         self._mig_peaks: dict[str, int] = {}
         """Job name -> the largest GPU memory (MiB) earlier jobs of that name used (telemetry's rollups), read
@@ -640,10 +642,14 @@ class SchedulerService:
         MIG_PLAN_SECONDS.observe(time.perf_counter() - started)
         message = mig.plan_message(result)
         self._mig_latest, self._mig_latest_seq = message, self._mig_latest_seq + 1
+        self._mig_unmet = frozenset(uuid.UUID(job_id) for job_id, _ in result.unmet)
         key = mig.plan_key(message)
         if message is not None and key != self._mig_published:
             batch.published.append(message)
             self._mig_published, self._mig_plan, batch.mig_changed = key, message, True
+        elif message is not None and self._mig_plan is not None and _plan_content(message) != _plan_content(
+                self._mig_plan):  # the same changes for other jobs: the read model follows, telemetry is not told
+            self._mig_plan, batch.mig_changed = message, True
         if control.mode == "auto":
             self._apply_decision(mig.start(self.state, control, result, now), batch)
 
@@ -703,17 +709,25 @@ class SchedulerService:
 
     def _note_mig_plan(self, pending: dict[uuid.UUID, Waiting]) -> None:
         """Adds to a waiting job's reason what the MIG plan does for it (``mig.waiting_notes``; rebuilt only when
-        the plan or the reconfigurations under way changed)."""
+        the plan or the reconfigurations under way changed). A MIG job no plan has judged yet (it waits out the
+        batching window) says the plan will: the autoscaler does not count it as demand for new nodes until a plan
+        found no layout for it (``MIG_PLAN_NOTE``)."""
+        control = self.config.mig
+        if control.mode == "off":
+            return
         key = (self._mig_latest_seq, tuple((k, e.phase) for k, e in self.state.mig.items()))
         if key != self._mig_notes_key:
             self._mig_notes_key = key
             self._mig_notes = mig.waiting_notes(self._mig_latest, self.state.mig.values())
-        if not self._mig_notes:
-            return
+        later = mig.awaiting_plan_note(control)
+        notes, unmet = self._mig_notes, self._mig_unmet
         for job_id, waiting in pending.items():
-            note = self._mig_notes.get(str(job_id))
-            if note is not None:
-                pending[job_id] = Waiting(f"{waiting.reason}; {note}", waiting.estimated_start, waiting.estimated)
+            note = notes.get(job_id)
+            if note is None:
+                if job_id in unmet or not waiting.reason.startswith(NO_FREE_MIG):
+                    continue
+                note = later
+            pending[job_id] = Waiting(f"{waiting.reason}; {note}", waiting.estimated_start, waiting.estimated)
 
     def _trace_decisions(self, decisions: list[Message], pending: dict[uuid.UUID, Waiting], started: float) -> None:
         """A ``scheduler.decide`` span (over the cycle's time) for each job this cycle placed, and for each waiting
@@ -881,6 +895,10 @@ class SchedulerService:
         for name, count in live.items():
             NODES.labels(name).set(count)
         scheduler_metrics.export_gauges(self.state, self.config.queues)
+
+
+def _plan_content(plan: MigPlanProposed) -> tuple[object, ...]:
+    return plan.mode, plan.proposals, plan.unmet_jobs, plan.held_back
 
 
 def _admission_attributes(decision: Decision) -> dict[str, Any]:

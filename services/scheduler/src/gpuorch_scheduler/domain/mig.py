@@ -257,10 +257,17 @@ def plan_key(message: MigPlanProposed | None) -> tuple[object, ...]:
     return tuple((p.node_id, p.gpu_index, describe(slots(p.target))) for p in message.proposals)
 
 
-def waiting_notes(plan: MigPlanProposed | None, under_way: Iterable[MigReconfiguration]) -> dict[str, str]:
+def awaiting_plan_note(control: MigControl) -> str:
+    """The pending-reason note of a MIG job no plan has judged yet (it waits out the batching window): for jobs
+    whose reason begins with ``NO_FREE_MIG``."""
+    return (f"{MIG_PLAN_NOTE}considers it at a coming plan (one every {control.plan_interval_s:g} s, for jobs "
+            f"waiting {control.planner.min_pending_s:g} s or more)")
+
+
+def waiting_notes(plan: MigPlanProposed | None, under_way: Iterable[MigReconfiguration]) -> dict[uuid.UUID, str]:
     """Job id -> what the MIG plan does for that waiting job, for its pending reason: a reconfiguration under way
     whose new layout will host it, or (when none) a proposal that would. Advise mode says who can apply it."""
-    notes: dict[str, str] = {}
+    notes: dict[uuid.UUID, str] = {}
     if plan is not None:
         for p in plan.proposals:
             where = f"{p.node_id} GPU {p.gpu_index}"
@@ -268,11 +275,12 @@ def waiting_notes(plan: MigPlanProposed | None, under_way: Iterable[MigReconfigu
                     f"{MIG_PLAN_NOTE}(mode advise) would repartition {where} for it: `gpuctl mig plan`; an operator "
                     "applies it, or GPUORCH_MIG_MODE=auto lets the scheduler")
             for job_id in p.enables:
-                notes.setdefault(job_id, note)
+                notes.setdefault(uuid.UUID(job_id), note)
     for r in under_way:
         if r.phase != "in_service":
             for job_id in r.enables:
-                notes[job_id] = f"{MIG_PLAN_NOTE}is repartitioning {r.node_id} GPU {r.gpu_index} for it ({r.phase})"
+                notes[uuid.UUID(job_id)] = (f"{MIG_PLAN_NOTE}is repartitioning {r.node_id} GPU {r.gpu_index} for it "
+                                            f"({r.phase})")
     return notes
 
 
