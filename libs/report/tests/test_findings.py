@@ -65,3 +65,24 @@ def test_throttling_hot_spots_and_the_autoscaler_lines() -> None:
                 {"pool": "h100", "mode": "advise", "add_nodes": 0, "drain_node_ids": ["n1"], "reason": "r2"}]
     (did,) = findings.autoscaler(None, recorded)
     assert did.text == "Autoscaler (advise) advised +2 / -1 node(s) in pool h100 over 2 decision(s); the last: r2"
+
+
+def test_the_retrospective_plan_serves_mig_demand_unless_the_mig_plan_hosts_it() -> None:
+    from gpuorch_report.reading import _retrospective_plan
+
+    a100 = {"gpus": [{"model": "A100-80GB", "index": i, "memory_total_mib": 81920} for i in range(4)]}
+    nodes = [{"node_id": "a1", "inventory": a100, "liveness": "alive", "last_busy": None, "active": 1,
+              "pinned": True}]
+    asked = {"mig_profiles": ["1g.10gb"], "gang_nodes": 1}
+
+    def waiting(reason: str) -> findings.ShapeWait:
+        return findings.ShapeWait("MIG 1g.10gb", "inference", asked, jobs=2, waits=[600.0, 900.0], queued_now=1,
+                                  reason=reason)
+
+    # an A100 node can be partitioned: MIG demand is servable by a node of that shape (not "no pool can run it")
+    plan = _retrospective_plan(nodes, [waiting("no free MIG instance of 1g.10gb")], NOW - timedelta(hours=1), NOW)
+    assert not plan.unservable and [o.pool for o in plan.scale_outs] == ["A100-80GBx4"]
+    # the MIG plan hosts it on a GPU the fleet has: no node is bought for it
+    hosted = waiting("no free MIG instance of 1g.10gb; the MIG plan (mode advise) would repartition a1 GPU 0 for it")
+    plan = _retrospective_plan(nodes, [hosted], NOW - timedelta(hours=1), NOW)
+    assert not plan.unservable and not plan.scale_outs

@@ -258,9 +258,12 @@ def _floats(row: dict[str, Any]) -> dict[str, Any]:
 def _retrospective_plan(nodes: list[dict[str, Any]], waits: list[findings.ShapeWait], start: datetime,
                         end: datetime) -> Any:
     """What ``gpuorch_capacity.decide`` would plan at the end of the period: one pool per node shape seen (GPU model
-    and count; floor 0, room for 8 more), the shapes that waited at least a minute as demand, and each node's
-    idle time from its allocations (a node busy with non-preemptible work is never drained)."""
+    and count, the model's MIG profiles; floor 0, room for 8 more), the shapes that waited at least a minute as
+    demand (not those the MIG plan hosts by repartitioning, as the live autoscaler), and each node's idle time from
+    its allocations (a node busy with non-preemptible work is never drained)."""
     from gpuorch_capacity import FleetObservation, NodeState, NodeType, PendingDemand, PoolSpec, decide
+    from gpuorch_policy.mig_planner import MIG_PLAN_NOTE
+    from gpuorch_policy.mig_profiles import mig_table_for
 
     pools: dict[str, PoolSpec] = {}
     states = []
@@ -273,7 +276,9 @@ def _retrospective_plan(nodes: list[dict[str, Any]], waits: list[findings.ShapeW
         model = gpus[0]["model"]
         name = f"{model}x{len(gpus)}"
         if name not in pools:
-            pools[name] = PoolSpec(name, NodeType(name, model, len(gpus), int(gpus[0].get("memory_total_mib") or 0)),
+            profiles = tuple(p.name for p in mig_table_for(model))
+            pools[name] = PoolSpec(name, NodeType(name, model, len(gpus), int(gpus[0].get("memory_total_mib") or 0),
+                                                  profiles),
                                    floor=0, ceiling=10_000, idle_before_drain_s=min(900.0, horizon / 2))
         last_busy = n["last_busy"] or start
         idle_since = None if n["active"] else (last_busy - start).total_seconds()
@@ -284,7 +289,7 @@ def _retrospective_plan(nodes: list[dict[str, Any]], waits: list[findings.ShapeW
         return None
     demand = []
     for w in waits:
-        if w.never_fits or w.mean_wait_s < findings.SHORT_WAIT_S:
+        if w.never_fits or w.mean_wait_s < findings.SHORT_WAIT_S or f"; {MIG_PLAN_NOTE}" in w.reason:
             continue
         asked = w.resources
         mig = asked.get("mig_profiles") or []
