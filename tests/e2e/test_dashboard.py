@@ -101,6 +101,8 @@ def test_a_team_member_sees_the_fleet_submits_from_the_page_and_sees_only_its_jo
                                       for n in b.find_elements(By.CSS_SELECTOR, "[data-node]")})
     assert sorted(nodes) == ["node-1", "node-2"]
     assert all("GPUs free" in text for text in nodes.values())
+    # the scheduler's MIG planner below the nodes: its mode, and its proposals once there are any
+    until(browser, lambda b: "MIG planner: mode advise" in b.find_element(By.ID, "mig-plan").text)
 
     browser.get(f"{stack_url}/#/submit")
     until(browser, lambda b: b.find_elements(By.ID, "submit-form"))

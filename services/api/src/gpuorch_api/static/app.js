@@ -76,10 +76,35 @@ function nodeCard(node) {
     el("div", { class: "gpus" }, node.gpus.map(gpuTile)));
 }
 
+function layoutText(layout) {
+  return layout ? layout.map((s) => `${s.profile}@${s.start}`).join(" ") : "whole GPU";
+}
+
+function countOrIds(value) {  // job ids for operators, a count for everyone else
+  if (Array.isArray(value)) return value.length ? value.map((id) => id.slice(0, 8)).join(", ") : "-";
+  return value ? String(value) : "-";
+}
+
+function migPlanSection(plan) {
+  const head = `MIG planner: mode ${plan.mode}` + (plan.updated_at ? `, plan of ${ago(plan.updated_at)}` : "");
+  const rows = [
+    ...plan.under_way.map((r) => [`${r.node_id}`, String(r.gpu_index), layoutText(r.current), layoutText(r.target),
+      countOrIds(r.enables), `under way: ${r.phase}`]),
+    ...plan.proposals.map((p) => [`${p.node_id}`, String(p.gpu_index), layoutText(p.current),
+      layoutText(p.target) + (p.needs_reset ? " (GPU reset)" : ""), countOrIds(p.enables), p.reason]),
+  ];
+  return el("section", { id: "mig-plan", "data-mode": plan.mode }, el("h3", {}, head),
+    rows.length ? table(["node", "GPU", "now", "proposed", "lets start", "why"], rows)
+      : el("p", { class: "hint" }, "no change proposed"),
+    plan.mode === "advise" && plan.proposals.length ?
+      el("p", { class: "hint" }, "advise: nothing changes until an operator applies a layout or sets " +
+        "GPUORCH_MIG_MODE=auto") : null);
+}
+
 async function fleetPage() {
-  const nodes = await api("/api/v1/nodes");
+  const [nodes, plan] = await Promise.all([api("/api/v1/nodes"), api("/api/v1/mig/plan")]);
   return el("section", { id: "fleet" }, el("h2", {}, `Fleet: ${nodes.length} nodes`),
-    el("div", { class: "nodes" }, nodes.map(nodeCard)));
+    el("div", { class: "nodes" }, nodes.map(nodeCard)), plan.mode === "unknown" ? null : migPlanSection(plan));
 }
 
 async function queuesPage() {
