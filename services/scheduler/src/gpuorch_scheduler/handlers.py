@@ -272,7 +272,7 @@ class SchedulerService:
         self.pending = {}
         self._last_mix_at = -math.inf
         self._last_mig_plan_at, self._mig_published = -math.inf, ()  # plan (and publish) again from the log's state
-        self._mig_latest, self._mig_latest_seq = None, self._mig_latest_seq + 1
+        self._mig_latest, self._mig_latest_seq, self._mig_unmet = None, self._mig_latest_seq + 1, frozenset()
         self._mig_plan_written = False
         self._events_since_snapshot = replayed
         self._needs_reload = False
@@ -696,6 +696,7 @@ class SchedulerService:
         took = time.perf_counter() - started
         SCHEDULE_SECONDS.observe(took)
         scheduler_metrics.E2E_LATENCY.set(took * 1000.0)
+        self._note_mig_plan(result.pending)
         if tracing_exported():
             self._trace_decisions(result.decision.logged, result.pending, self._clock() - took)
         self._last_cycle_at = now
@@ -704,7 +705,6 @@ class SchedulerService:
         batch.published += [m for m in result.decision.published if getattr(m, "placement_id", None) not in refused]
         for job_id, reason in refused.values():
             result.pending[job_id] = Waiting(f"its placement was refused by the plan applier: {reason}", None)
-        self._note_mig_plan(result.pending)
         batch.notices += self._pending_notices(result.pending, batch.touched_jobs)
 
     def _note_mig_plan(self, pending: dict[uuid.UUID, Waiting]) -> None:
