@@ -14,6 +14,8 @@ per task in arrival order so the result can be checked independently (`--verify 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -92,6 +94,43 @@ def _mean_summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     return mean
 
 
+_WORKER: dict[str, Any] = {}
+"""In a ``--jobs`` worker process: the parsed trace and the policy, built once per process."""
+
+
+def _load(nodes_lines: list[str], pods_lines: list[str], policy_name: str, variant: str | None,
+          variant_seed: int) -> dict[str, Any]:
+    nodes = parse_nodes(nodes_lines)
+    tasks: list[Task] = parse_tasks(pods_lines)
+    if variant:
+        tasks = make_variant(tasks, nodes, variant, variant_seed)
+    mix = TaskMix.from_requests(t.request for t in tasks)
+    return {"nodes": nodes, "tasks": tasks, "mix": mix, "policy": build_policy(policy_name, mix)}
+
+
+def _worker_init(nodes_lines: list[str], pods_lines: list[str], policy_name: str, variant: str | None,
+                 variant_seed: int) -> None:
+    _WORKER.update(_load(nodes_lines, pods_lines, policy_name, variant, variant_seed))
+
+
+def _replay_seed(loaded: dict[str, Any], seed: int, tune: float, record: bool,
+                 on_progress: Any = None) -> ReplayResult:
+    started = time.perf_counter()
+    result = replay_protocol(loaded["nodes"], loaded["tasks"], loaded["policy"], seed, ratio=tune,
+                             mix=loaded["mix"], record_outcomes=record, on_progress=on_progress)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _worker_seed(job: tuple[int, float, bool]) -> ReplayResult:
+    return _replay_seed(_WORKER, *job)
+
+
+def default_jobs(seeds: int) -> int:
+    """Processes for ``seeds`` replays: one per CPU, at most one per seed."""
+    return max(1, min(seeds, os.cpu_count() or 1))
+
+
 def run_arrivals(
     nodes_lines: list[str],
     pods_lines: list[str],
@@ -104,54 +143,54 @@ def run_arrivals(
     curve_points: tuple[int, ...] = CURVE_POINTS,
     variant: str | None = None,
     variant_seed: int = DEFAULT_VARIANT_SEED,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """The arrivals protocol for every seed; returns the `--json` object. Usable from scripts (bench).
-    `variant` ('multi_gpu-40', ...) replays that workload variant of the task list (gpuorch_policy.variants)."""
-    nodes = parse_nodes(nodes_lines)
-    tasks: list[Task] = parse_tasks(pods_lines)
-    if variant:
-        tasks = make_variant(tasks, nodes, variant, variant_seed)
-    mix = TaskMix.from_requests(t.request for t in tasks)
-    policy = build_policy(policy_name, mix)
+    `variant` ('multi_gpu-40', ...) replays that workload variant of the task list (gpuorch_policy.variants).
+    `jobs` > 1 replays the seeds in that many processes (each seed's result is the same as in one process: a seed
+    fixes its workload and its random stream); placements are written in seed order all the same."""
+    loaded = _load(nodes_lines, pods_lines, policy_name, variant, variant_seed)
+    policy = loaded["policy"]
+    record = placements_out is not None
+    results: dict[int, ReplayResult] = {}
+
+    def finished(result: ReplayResult) -> None:
+        results[result.seed] = result
+        if log is not None:
+            log.print(f"{policy.name} seed {result.seed}: unallocated {result.unallocated_pct_at_130:.2f} % at 130 % "
+                      f"arrived, {result.seconds:.2f} s")
+
+    if jobs > 1 and len(seeds) > 1:
+        task_id = progress.add_task(f"{policy.name}: {len(seeds)} seeds in {jobs} processes", total=len(seeds)) \
+            if progress is not None else None
+        context = multiprocessing.get_context("spawn")
+        with context.Pool(min(jobs, len(seeds)), initializer=_worker_init,
+                          initargs=(nodes_lines, pods_lines, policy_name, variant, variant_seed)) as pool:
+            for result in pool.imap_unordered(_worker_seed, [(seed, tune, record) for seed in seeds]):
+                finished(result)
+                if progress is not None and task_id is not None:
+                    progress.advance(task_id)
+    else:
+        for seed in seeds:
+            task_id = progress.add_task(f"{policy.name} seed {seed}", total=None) if progress is not None else None
+
+            def on_progress(done: int, total: int, _task_id: Any = task_id) -> None:
+                if progress is not None and _task_id is not None:
+                    progress.update(_task_id, completed=done, total=total)
+
+            finished(_replay_seed(loaded, seed, tune, record, on_progress))
     per_seed = []
     for seed in seeds:
-        task_id = None
-        if progress is not None:
-            task_id = progress.add_task(f"{policy.name} seed {seed}", total=None)
-
-        def on_progress(done: int, total: int, _task_id: Any = task_id) -> None:
-            if progress is not None and _task_id is not None:
-                progress.update(_task_id, completed=done, total=total)
-
-        started = time.perf_counter()
-        result = replay_protocol(
-            nodes, tasks, policy, seed, ratio=tune, mix=mix,
-            record_outcomes=placements_out is not None, on_progress=on_progress,
-        )
-        result.seconds = time.perf_counter() - started
+        result = results[seed]
         if placements_out is not None:
             for outcome in result.outcomes:
-                placements_out.write(
-                    json.dumps(
-                        {
-                            "seed": seed,
-                            "task": outcome.task,
-                            "source": outcome.source,
-                            "node": outcome.node,
-                            "gpus": [list(g) for g in outcome.gpus],
-                        }
-                    )
-                    + "\n"
-                )
+                placements_out.write(json.dumps({"seed": seed, "task": outcome.task, "source": outcome.source,
+                                                 "node": outcome.node, "gpus": [list(g) for g in outcome.gpus]})
+                                     + "\n")
         per_seed.append(_seed_summary(result, curve_points))
-        if log is not None:
-            log.print(
-                f"{policy.name} seed {seed}: unallocated {result.unallocated_pct_at_130:.2f} % at 130 % arrived, "
-                f"{result.seconds:.2f} s"
-            )
     summary: dict[str, Any] = {"policy": policy.name, "tune": tune, "seeds": per_seed, "mean": _mean_summary(per_seed)}
     if variant:
-        summary["variant"] = {"name": variant, "seed": variant_seed, "tasks": len(tasks)}
+        summary["variant"] = {"name": variant, "seed": variant_seed, "tasks": len(loaded["tasks"])}
     if policy.name in PUBLISHED and not variant:
         alloc, unalloc = PUBLISHED[policy.name]
         summary["published"] = {"allocated_pct_at_100": alloc, "unallocated_pct_at_130": unalloc}
@@ -271,6 +310,10 @@ def replay(
     write_variant: Annotated[
         Path | None, typer.Option("--write-variant", help="with --variant: write the variant's task list CSV and exit")
     ] = None,
+    jobs: Annotated[
+        int | None, typer.Option("--jobs", help="arrivals: replay the seeds in this many processes (default: one per "
+                                               "CPU, at most one per seed; the results do not depend on it)", min=1)
+    ] = None,
 ) -> None:
     """Replay a trace through the placement core (FGD paper protocol, or a job-level queue replay)."""
     console = Console(emoji=False)
@@ -329,6 +372,7 @@ def replay(
             summary = run_arrivals(
                 nodes_lines, pods_lines, policy, seed_list, tune, out, progress,
                 log=None if err.is_terminal else err, variant=variant, variant_seed=variant_seed,
+                jobs=jobs if jobs is not None else default_jobs(len(seed_list)),
             )
     finally:
         if out is not None:
