@@ -17,6 +17,13 @@ import pytest
 # Tests connect as guest, so the senders' identities cannot be told apart: every Broker checks message types only,
 # unless a test about identity asks for Broker(identity="strict") (libs/messaging/tests/test_identity.py).
 os.environ.setdefault("GPUORCH_IDENTITY", "trust_all")
+# A developer's own gpuctl contexts (~/.config/gpuctl, left by `gpuctl demo --keep` or `gpuctl up`) must not steer a
+# test's gpuctl to their API: every process of the run reads a config file of its own that does not exist, unless
+# a test names one (services/gpuctl/tests give each test its own).
+os.environ["GPUCTL_CONFIG"] = os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"gpuorch-tests-{os.getpid()}-{uuid.uuid4().hex[:8]}", "gpuctl.yaml")
+for _name in ("GPUCTL_SERVER", "GPUCTL_TOKEN"):
+    os.environ.pop(_name, None)
 
 AMQP_HOST = os.environ.get("GPUORCH_TEST_AMQP_HOST", "127.0.0.1")
 AMQP_PORT = int(os.environ.get("GPUORCH_TEST_AMQP_PORT", "5672"))
