@@ -47,6 +47,7 @@ class TaskMix:
         self.types = tuple(types)
         self.weights = np.array(weights, dtype=np.int64)
         memory = np.zeros(len(types), dtype=np.int64) if memory_mib is None else np.array(memory_mib, np.int64)
+        self.memory_mib = memory
         # Every type seen, rare ones included (type, count, mean memory): for reserving scarce nodes.
         self.observed = (
             tuple(observed)
@@ -96,6 +97,37 @@ class TaskMix:
             [t for t, _ in chosen], [c for _, c in chosen], [memory[t] // c for t, c in chosen],
             observed=[(t, c, memory[t] // c) for t, c in ordered],
         )
+
+    def starvation(self) -> dict[int, float]:
+        """Per one-GPU share size (milli) of the mix: how little of its leftover the mix can fill, 0-1.
+
+        One share of m milli on a GPU leaves 1000 - m that only shares of at most that size can use. For every
+        task of size m the mix offers `fillers / own` such tasks (all sizes <= 1000 - m, counted like the mix's
+        weights); starvation is 1 - that ratio, floored at 0. openb: 810-milli shares (12.8 % of tasks) leave 190
+        that only the rare 160-milli shares fit, so 810 is starved (0.93); every other size is 0."""
+        shares = [(t.gpu_milli, int(w)) for t, w in zip(self.types, self.weights, strict=True)
+                  if t.num_gpu == 1 and 0 < t.gpu_milli < 1000]
+        own: Counter[int] = Counter()
+        for milli, count in shares:
+            own[milli] += count
+        return {
+            milli: max(0.0, 1.0 - sum(c for m, c in shares if m <= 1000 - milli) / count)
+            for milli, count in own.items()
+        }
+
+    def with_starved_shares(self) -> TaskMix:
+        """This mix with each one-GPU share type weighted `1 + starvation` times (at most twice).
+
+        A starved share (its leftover is seldom filled) in practice needs a GPU of its own, and every GPU that can
+        still take one (at least m free) is one it may need: weighting it up makes the fragmentation measure keep
+        such GPUs and fill partly used ones first. Weights stay integers (all scaled by 100); types and rare types
+        (`observed`) are unchanged, so the multi-GPU share and the scarce-node reservation do not move."""
+        starved = self.starvation()
+        weights = [
+            round(int(w) * 100 * (1.0 + (starved.get(t.gpu_milli, 0.0) if t.num_gpu == 1 else 0.0)))
+            for t, w in zip(self.types, self.weights, strict=True)
+        ]
+        return TaskMix(self.types, weights, self.memory_mib.tolist(), observed=self.observed)
 
     def coefficient_table(self, cluster: Cluster) -> np.ndarray:
         """[model id + 1, gpu types]: weight x GPU-milli of one task of type k on a node of that model (0: refused)."""

@@ -246,9 +246,11 @@ class GpuorchScore:
     Within a level: nodes that alone can host some rare type of the mix (`reserve_scarce`: fewer than that share
     of the GPU nodes could host it when empty, e.g. 8 GPUs with 120 cores and 720 GiB) come last; then CPU-only
     tasks go beside the busiest GPUs, GPU tasks where the most CPU per free GPU remains; then the first node by name.
-    A per-mix choice: when multi-GPU tasks carry `multi_gpu_switch` or more of the mix's GPU request, FGD's own
-    score is used instead (measured: FGD is ahead there). The other switches exist for the measurements in
-    docs/placement.md.
+    Type weights are the mix's counts, except that a starved share type (its leftover seldom fillable by the mix,
+    `TaskMix.starvation`) weighs up to twice (`starved_shares`): it keeps GPUs that can still take one and fills
+    partly used GPUs first. A per-mix choice: when multi-GPU tasks carry `multi_gpu_switch` or more of the mix's
+    GPU request, FGD's own score (with the mix's plain counts) is used instead (measured: FGD is ahead there). The
+    other switches exist for the measurements in docs/placement.md.
     """
 
     name = "gpuorch"
@@ -266,8 +268,9 @@ class GpuorchScore:
         reserve_scarce: float = 0.1,
         multi_gpu_switch: float = 0.27,
         fgd_reserve: bool = False,
+        starved_shares: bool = True,
     ) -> None:
-        self.mix = mix
+        self.mix = mix.with_starved_shares() if starved_shares else mix
         self.fgd_reserve = fgd_reserve
         self.fgd = FgdScore(mix) if mix.multi_gpu_share >= multi_gpu_switch else None
         self.reserve_scarce = reserve_scarce
