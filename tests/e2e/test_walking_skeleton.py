@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -25,7 +26,9 @@ async def test_one_gpu_job_runs_with_its_gpu_uuid_and_reports_exit(stack: LocalS
     await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
     async with nodes_online(amqp_url, pg_dsn, [registered_node("node-1", gpus=2)]) as broker:
         # the way a person submits: gpuctl submit prints the job id
-        submitted = subprocess.run(
+        # in a thread: the fake node heartbeats from this event loop, which must not block for the CLI's run
+        submitted = await asyncio.to_thread(
+            subprocess.run,
             [sys.executable, "-m", "gpuorch_gpuctl", "submit", "--gpus", "1", "--amqp-url", amqp_url, "--",
              "python", "-c", "import os; print(42, os.environ['CUDA_VISIBLE_DEVICES'])"],
             capture_output=True, text=True, check=True)

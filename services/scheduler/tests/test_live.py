@@ -3,6 +3,7 @@ node liveness, pending reasons and rejections, seen through the event log and th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -144,13 +145,16 @@ async def test_pending_reason_estimate_rejection_and_cancel_reach_gpuctl(
         # the blocker has not started (no executor), so its max runtime counts from its placement
         assert abs(pending["estimated_start"].timestamp() - (placed_at.timestamp() + 3600)) < 5
         env = {**os.environ, "GPUORCH_DATABASE_URL": pg_dsn}
-        listed = json.loads(subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "jobs", "--json"], env=env,
-                                           capture_output=True, text=True, check=True).stdout)
+        # gpuctl runs in a thread: the fake node's heartbeats come from this event loop, and a loop blocked for the
+        # CLI's run (long on a busy machine) would leave node-1 silent past the suspect deadline
+        listed = json.loads((await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "gpuorch_gpuctl", "jobs", "--json"], env=env,
+            capture_output=True, text=True, check=True)).stdout)
         shown = {j["id"]: j for j in listed}
         assert shown[str(waiting.job_id)]["pending_reason"] == "needs 2 GPUs on one node; largest free: 1"
-        described = json.loads(subprocess.run(
-            [sys.executable, "-m", "gpuorch_gpuctl", "describe", str(waiting.job_id), "--json"], env=env,
-            capture_output=True, text=True, check=True).stdout)
+        described = json.loads((await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "gpuorch_gpuctl", "describe", str(waiting.job_id), "--json"],
+            env=env, capture_output=True, text=True, check=True)).stdout)
         assert described["estimated_start"] is not None
         await broker.publish(CancelJob(job_id=waiting.job_id, reason="no longer needed"))
         cancelled = await wait_jobs_terminal(pg_dsn, [waiting.job_id])
