@@ -67,9 +67,19 @@ def checkpoint(*_):
     pathlib.Path(os.environ["GPUORCH_CHECKPOINT_FILE"]).write_text("ok")
     sys.exit(0)
 signal.signal(signal.SIGTERM, checkpoint)
+pathlib.Path(sys.argv[2]).write_text("handler installed")
 while True:
     time.sleep(0.05)
 """
+
+
+async def wait_path(path: Path, what: str, timeout_s: float = 60.0) -> None:
+    """Poll until ``path`` exists; raise after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
 
 
 @pytest.mark.timeout(200)
@@ -87,10 +97,12 @@ async def test_preemption_checkpoints_the_victim_then_requeues_it_and_holds_its_
         victim = SubmitJob(spec=JobSpec(
             name="victim", priority_class="low", preemptible=True, resources=GpuRequest(gpus=1),
             checkpoint={"signal": "SIGTERM", "grace_s": 20},  # type: ignore[arg-type]
-            run=ProcessRun(argv=["python", "-c", VICTIM, str(tmp_path / "marker")])))
+            run=ProcessRun(argv=["python", "-c", VICTIM, str(tmp_path / "marker"), str(tmp_path / "ready")])))
         await publish_when_routable(broker, victim)
         await wait_rows(pg_dsn, "SELECT state FROM jobs WHERE job_id = $1", victim.job_id,
                         until=lambda rs: rs and rs[0]["state"] == "running", what="victim running")
+        # "running" means spawned; a SIGTERM before the victim's handler is installed would kill it uncheckpointed
+        await wait_path(tmp_path / "ready", what="victim's checkpoint handler installed")
         urgent = SubmitJob(spec=JobSpec(name="urgent", priority_class="critical", resources=GpuRequest(gpus=1),
                                         run=ProcessRun(argv=["python", "-c", "import time; time.sleep(0.5)"])))
         await broker.publish(urgent)
