@@ -17,8 +17,15 @@ def test_busy_process_shows_cpu_and_a_sleeper_does_not() -> None:
         sampler = HostProcessSampler()
         first = sampler.sample([busy.pid, idle.pid])
         assert first[busy.pid].host_cpu_pct is None  # no rate before a second sample
-        time.sleep(1.0)
-        second = sampler.sample([busy.pid, idle.pid])
+        # Each sample is the average since the previous one. On a busy machine the spinner may get little CPU in
+        # one interval, so sample until it shows (a state, with a deadline), not once after a fixed sleep.
+        deadline = time.monotonic() + 60.0
+        while True:
+            time.sleep(0.5)
+            second = sampler.sample([busy.pid, idle.pid])
+            cpu = second[busy.pid].host_cpu_pct
+            if (cpu is not None and cpu > 30) or time.monotonic() > deadline:
+                break
         assert second[busy.pid].host_cpu_pct is not None and second[busy.pid].host_cpu_pct > 30
         assert second[idle.pid].host_cpu_pct is not None and second[idle.pid].host_cpu_pct < 10
         assert second[busy.pid].pgid == busy.pid  # its own session: its own group
