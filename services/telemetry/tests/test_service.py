@@ -64,18 +64,26 @@ async def test_two_instances_side_by_side_store_each_sample_once(
     messages = [*job.lifecycle(now - timedelta(minutes=5), now - timedelta(minutes=5))]
     samples = [usage_message(f"node-{n}", _node(f"node-{n}"), now - timedelta(seconds=s))
                for n in range(1, 21) for s in range(0, 100, 10)]
+    store = services[0].store
+    assert store is not None
+
+    async def job_mapped() -> bool:
+        """The allocation (JobPlaced) and the pid (JobStarted) are stored: samples after this are attributed."""
+        mapped = await store.pool.fetchval(
+            "SELECT (SELECT count(*) FROM telemetry_job_allocations WHERE job_id = $1) > 0 "
+            "AND (SELECT count(*) FROM telemetry_job_processes WHERE job_id = $1) > 0", job.job_id)
+        return bool(mapped)
+
     publisher = Broker(amqp_url, producer="test")
     await publisher.connect()
     try:
         for m in messages:
             await publisher.publish(m)
-        await asyncio.sleep(0.3)  # let the job map land first; samples before it are simply unattributed
+        await _wait_for(job_mapped)  # samples before the job map are simply unattributed
         await publisher.publish_many(samples)
         await publisher.publish_many(samples[:50])  # redelivered duplicates, consumed by either instance
     finally:
         await publisher.close()
-    store = services[0].store
-    assert store is not None
 
     async def all_in() -> bool:
         n = await store.pool.fetchval("SELECT count(*) FROM telemetry_ingested_messages")
