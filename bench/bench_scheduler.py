@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "services" / "scheduler" / "tests")]
 
 from gpuorch_contracts import GpuRequest, JobAccepted, JobSpec, ProcessRun  # noqa: E402
-from gpuorch_scheduler.domain.decide import schedule  # noqa: E402
-from gpuorch_scheduler.domain.queueing import QueuePolicy, Quota  # noqa: E402
-from gpuorch_scheduler.domain.state import SchedulerState  # noqa: E402
-from gpuorch_scheduler.testing import registered_node  # noqa: E402
+from gpuorch_scheduling import schedule  # noqa: E402
+from gpuorch_scheduling.queueing import QueuePolicy, Quota  # noqa: E402
+from gpuorch_scheduling.state import SchedulerState  # noqa: E402
+from gpuorch_scheduling.testing import registered_node  # noqa: E402
 
 RUN = ProcessRun(argv=["python", "-c", "pass"])
 SHAPES = [GpuRequest(gpus=1), GpuRequest(gpus=2), GpuRequest(gpus=4), GpuRequest(gpus=8),

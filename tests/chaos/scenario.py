@@ -16,7 +16,7 @@ import aio_pika.exceptions
 import asyncpg
 from gpuorch_contracts import COMMANDS_EXCHANGE, Checkpoint, GpuRequest, JobSpec, Message, ProcessRun, SubmitJob
 from gpuorch_messaging import Broker, QueueSpec
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling.testing import registered_node
 
 from tests.chaos.invariants import RUN_RECORDER
 from tests.e2e.harness import FakeNodes, publish_when_routable, wait_rows

@@ -22,7 +22,7 @@ from gpuorch_contracts import (
     NodeAssignment,
     ProcessRun,
 )
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling.testing import registered_node
 from gpuorch_store import NewEvent, append
 
 from tests.chaos.invariants import check_invariants

@@ -32,7 +32,7 @@ from gpuorch_contracts import (
 from gpuorch_executor.entrypoint import executor_queue
 from gpuorch_messaging import Broker, QueueSpec
 from gpuorch_scheduler.entrypoint import scheduler_queues, submission_lanes
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling.testing import registered_node
 from gpuorch_telemetry.entrypoint import queue_spec as telemetry_queue
 
 from conftest import AMQP_HOST, AMQP_PORT

@@ -32,7 +32,7 @@ from gpuorch_contracts import (
 )
 from gpuorch_gpuctl.stack import LocalStack
 from gpuorch_messaging import REASON_HEADER, Broker, QueueSpec
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling.testing import registered_node
 
 from tests.deploy.broker_users import RoleUsers
 from tests.deploy.test_forged_messages import AllRights

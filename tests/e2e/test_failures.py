@@ -12,7 +12,7 @@ from gpuorch_contracts import SUBMIT_EXCHANGE, GpuRequest, JobSpec, ProcessRun, 
 from gpuorch_gpuctl.stack import LocalStack
 from gpuorch_messaging import REASON_HEADER, Broker
 from gpuorch_messaging.testing import TcpProxy
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling.testing import registered_node
 
 from tests.e2e.harness import nodes_online, publish_when_routable, wait_jobs_terminal, wait_rows
 

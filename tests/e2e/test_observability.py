@@ -17,7 +17,7 @@ import pytest
 from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
 from gpuorch_gpuctl.stack import LocalStack
 from gpuorch_observability import configure_tracing, inject_trace, tracer
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling.testing import registered_node
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 

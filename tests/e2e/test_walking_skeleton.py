@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from gpuorch_contracts import JobSpec, ProcessRun, SubmitJob
 from gpuorch_gpuctl.stack import LocalStack
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling.testing import registered_node
 
 from tests.e2e.harness import nodes_online, publish_when_routable, wait_jobs_terminal
 

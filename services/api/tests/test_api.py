@@ -15,7 +15,7 @@ import pytest
 from gpuorch_contracts import ExecutorHeartbeat, JobPlaced, JobQueued, decode
 from gpuorch_contracts.jobs import GpuAllocation, NodeAssignment
 from gpuorch_messaging import Broker
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling.testing import registered_node
 
 from .conftest import RunningApi, auth
 

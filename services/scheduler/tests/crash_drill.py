@@ -24,7 +24,7 @@ from gpuorch_contracts import COMMANDS_EXCHANGE, GpuRequest, JobSpec, Message, P
 from gpuorch_gpuctl.stack import LocalStack
 from gpuorch_messaging import Broker, QueueSpec
 from gpuorch_scheduler.handlers import SchedulerService
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling.testing import registered_node
 
 from tests.e2e.harness import FakeNodes, publish_when_routable, wait_rows
 

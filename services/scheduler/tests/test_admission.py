@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
-from gpuorch_scheduler.domain.decide import admit
-from gpuorch_scheduler.domain.queueing import QueuePolicy, SubmissionRates
-from gpuorch_scheduler.domain.state import SchedulerState
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling import admit
+from gpuorch_scheduling.queueing import QueuePolicy, SubmissionRates
+from gpuorch_scheduling.state import SchedulerState
+from gpuorch_scheduling.testing import registered_node
 
 RUN = ProcessRun(argv=["python", "-c", "pass"])
 NOW = 1_900_000_000.0
@@ -37,7 +37,7 @@ def test_a_tenant_at_its_queued_cap_is_rejected_and_others_are_not() -> None:
     assert decide(state, submit("quiet"), policy, rates) == "job.accepted"
     # once a waiting job starts, the tenant may submit again
     state.apply(registered_node("n1", gpus=1))
-    from gpuorch_scheduler.domain.decide import schedule
+    from gpuorch_scheduling import schedule
 
     for event in schedule(state, NOW).decision.logged:
         state.apply(event)

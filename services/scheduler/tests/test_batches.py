@@ -10,10 +10,10 @@ import asyncpg
 import pytest
 from gpuorch_contracts import GpuRequest, JobPlaced, JobSpec, Message, ProcessRun, SubmitJob
 from gpuorch_scheduler import handlers
-from gpuorch_scheduler.domain.decide import CycleResult, Decision
 from gpuorch_scheduler.entrypoint import Batcher
 from gpuorch_scheduler.handlers import SchedulerService
-from gpuorch_scheduler.testing import registered_node as node
+from gpuorch_scheduling import CycleResult, Decision
+from gpuorch_scheduling.testing import registered_node as node
 
 pytestmark = pytest.mark.integration
 RUN = ProcessRun(argv=["python", "-c", "pass"])

@@ -18,9 +18,9 @@ from gpuorch_contracts import (
     StopJob,
     SubmitJob,
 )
-from gpuorch_scheduler.domain.decide import LivenessPolicy, admit, cancel, liveness, schedule
-from gpuorch_scheduler.domain.state import SchedulerState
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling import LivenessPolicy, admit, cancel, liveness, schedule
+from gpuorch_scheduling.state import SchedulerState
+from gpuorch_scheduling.testing import registered_node
 
 RUN = ProcessRun(argv=["python", "-c", "pass"])
 
@@ -226,7 +226,7 @@ def test_snapshot_round_trip_preserves_state() -> None:
 def test_a_node_whose_agent_is_silent_but_executor_renews_is_suspect_never_lost() -> None:
     """Only the node-agent died: its jobs still run under a live executor, so nothing is requeued (no job runs
     twice); once the executor is silent past its own fencing deadline the node is lost and the job moves."""
-    from gpuorch_scheduler.domain.decide import ExecutorLease
+    from gpuorch_scheduling import ExecutorLease
 
     state = SchedulerState()
     for n in ("n1", "n2", "n3"):

@@ -17,7 +17,7 @@ import pytest
 from gpuorch_contracts import COMMANDS_EXCHANGE, CancelJob, GpuRequest, JobSpec, ProcessRun, SubmitJob
 from gpuorch_gpuctl.stack import LocalStack
 from gpuorch_messaging import Broker, QueueSpec
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling.testing import registered_node
 
 from tests.e2e.harness import FakeNodes, publish_when_routable, wait_jobs_terminal, wait_rows
 

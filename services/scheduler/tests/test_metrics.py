@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncpg
 import pytest
 from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
-from gpuorch_scheduler.domain.queueing import QueuePolicy, Quota
 from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
-from gpuorch_scheduler.testing import registered_node as node
+from gpuorch_scheduling.queueing import QueuePolicy, Quota
+from gpuorch_scheduling.testing import registered_node as node
 from prometheus_client import REGISTRY
 
 pytestmark = pytest.mark.integration

@@ -30,9 +30,9 @@ from gpuorch_contracts import (
 )
 from gpuorch_policy.mig_execution import ExecutionSettings
 from gpuorch_policy.mig_planner import PlannerSettings
-from gpuorch_scheduler.domain.decide import LivenessPolicy
-from gpuorch_scheduler.domain.mig import MigControl, under_way_slices
 from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
+from gpuorch_scheduling import LivenessPolicy
+from gpuorch_scheduling.mig import MigControl, under_way_slices
 
 pytestmark = pytest.mark.integration
 RUN = ProcessRun(argv=["python", "-c", "pass"])

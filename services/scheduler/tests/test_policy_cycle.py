@@ -19,7 +19,7 @@ from gpuorch_contracts import (
     StopJob,
     SubmitJob,
 )
-from gpuorch_scheduler.domain.decide import (
+from gpuorch_scheduling import (
     CycleResult,
     admit,
     after_stop_confirmed,
@@ -28,9 +28,9 @@ from gpuorch_scheduler.domain.decide import (
     requeue_or_fail,
     schedule,
 )
-from gpuorch_scheduler.domain.queueing import QueuePolicy, Quota
-from gpuorch_scheduler.domain.state import SchedulerState
-from gpuorch_scheduler.testing import registered_node as node
+from gpuorch_scheduling.queueing import QueuePolicy, Quota
+from gpuorch_scheduling.state import SchedulerState
+from gpuorch_scheduling.testing import registered_node as node
 
 RUN = ProcessRun(argv=["python", "-c", "pass"])
 NOW = 1_000_000.0

@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 from gpuorch_contracts import GpuRequest, JobFinished, JobSpec, JobStarted, ProcessRun, SubmitJob
 from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
-from gpuorch_scheduler.testing import registered_node as node
+from gpuorch_scheduling.testing import registered_node as node
 
 pytestmark = pytest.mark.integration
 RUN = ProcessRun(argv=["python", "-c", "pass"])

@@ -29,10 +29,10 @@ from gpuorch_contracts import (
     ProcessRun,
     SubmitJob,
 )
-from gpuorch_scheduler.domain.decide import LivenessPolicy
-from gpuorch_scheduler.domain.queueing import QueuePolicy, Quota
 from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
-from gpuorch_scheduler.testing import registered_node
+from gpuorch_scheduling import LivenessPolicy
+from gpuorch_scheduling.queueing import QueuePolicy, Quota
+from gpuorch_scheduling.testing import registered_node
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule

@@ -43,8 +43,8 @@ def _accepted(jobs: int, now: float) -> list[JobAccepted]:
 
 def run_core(node_counts: list[int], jobs: int, repeats: int) -> list[dict[str, Any]]:
     """One row per fleet size: medians of cycle and engine placements per second."""
-    from gpuorch_scheduler.domain.decide import schedule
-    from gpuorch_scheduler.domain.state import SchedulerState
+    from gpuorch_scheduling import schedule
+    from gpuorch_scheduling.state import SchedulerState
 
     rows = []
     for nodes in node_counts:

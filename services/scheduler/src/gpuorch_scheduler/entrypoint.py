@@ -58,11 +58,11 @@ from gpuorch_observability import (
     keep_probing,
     start_metrics_server,
 )
+from gpuorch_scheduling import LivenessPolicy
 from gpuorch_settings import load_or_exit
 from gpuorch_store import OutboxRelay, ensure_database, migrate, outbox_backlog, save_snapshot
 
 from gpuorch_scheduler import metrics as scheduler_metrics
-from gpuorch_scheduler.domain.decide import LivenessPolicy
 from gpuorch_scheduler.handlers import STREAM, SchedulerConfig, SchedulerService
 from gpuorch_scheduler.relay import relay_process
 from gpuorch_scheduler.settings import Settings

@@ -69,6 +69,25 @@ from gpuorch_identity import IdentityMap, Rejection, acting_user, authorize_canc
 from gpuorch_messaging import handler_for
 from gpuorch_observability import get_logger, inject_trace, job_span, record_job_span, tracing_exported
 from gpuorch_policy.fleet import NO_FREE_MIG
+from gpuorch_scheduling import (
+    CycleLimits,
+    Decision,
+    ExecutorLease,
+    LivenessPolicy,
+    Waiting,
+    admit,
+    after_lost,
+    after_stop_confirmed,
+    cancel,
+    decision_id,
+    liveness,
+    mig,
+    overdue,
+    preemption_timeouts,
+    schedule,
+)
+from gpuorch_scheduling.queueing import QueuePolicy, SubmissionRates
+from gpuorch_scheduling.state import DEFAULT_RETENTION_S, JobRecord, SchedulerState
 from gpuorch_store import (
     NewEvent,
     ParkedRow,
@@ -81,25 +100,6 @@ from gpuorch_store import (
 from prometheus_client import Counter, Gauge, Histogram
 
 from gpuorch_scheduler import metrics as scheduler_metrics
-from gpuorch_scheduler.domain import mig
-from gpuorch_scheduler.domain.decide import (
-    CycleLimits,
-    Decision,
-    ExecutorLease,
-    LivenessPolicy,
-    Waiting,
-    admit,
-    after_lost,
-    after_stop_confirmed,
-    cancel,
-    decision_id,
-    liveness,
-    overdue,
-    preemption_timeouts,
-    schedule,
-)
-from gpuorch_scheduler.domain.queueing import QueuePolicy, SubmissionRates
-from gpuorch_scheduler.domain.state import DEFAULT_RETENTION_S, JobRecord, SchedulerState
 
 log = get_logger(__name__)
 

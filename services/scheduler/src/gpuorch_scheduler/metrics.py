@@ -36,11 +36,10 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from gpuorch_contracts import JobPlaced, JobPreempting, JobRequeued, Message
+from gpuorch_scheduling.queueing import QueuePolicy
+from gpuorch_scheduling.state import SchedulerState
 from gpuorch_store import OutboxBacklog
 from prometheus_client import Counter, Gauge, Histogram
-
-from gpuorch_scheduler.domain.queueing import QueuePolicy
-from gpuorch_scheduler.domain.state import SchedulerState
 
 TIERS = ("training", "inference", "batch")
 FLAVOR = "default"

@@ -15,11 +15,10 @@ from typing import Literal
 from gpuorch_identity import IdentityMap, load_identity_map
 from gpuorch_policy.mig_execution import ExecutionSettings
 from gpuorch_policy.mig_planner import PlannerSettings
+from gpuorch_scheduling.mig import MigControl
+from gpuorch_scheduling.queueing import QueuePolicy
 from gpuorch_settings import ServiceSettings, setting
 from pydantic import PrivateAttr, model_validator
-
-from gpuorch_scheduler.domain.mig import MigControl
-from gpuorch_scheduler.domain.queueing import QueuePolicy
 
 
 class Settings(ServiceSettings):

@@ -44,7 +44,6 @@ from gpuorch_contracts import (
     MigProposalView,
     MigReconfiguration,
     MigSlot,
-    StopJob,
 )
 from gpuorch_policy.mig_execution import (
     Action,
@@ -71,8 +70,8 @@ from gpuorch_policy.mig_planner import (
 )
 from gpuorch_policy.mig_profiles import mig_table_for
 
-from gpuorch_scheduler.domain.decide import Decision, at, decision_id
-from gpuorch_scheduler.domain.state import SchedulerState
+from gpuorch_scheduling.decisions import Decision, at, decision_id, stops
+from gpuorch_scheduling.state import SchedulerState
 
 GpuKey = tuple[str, int]
 UNKNOWN_END_S = 3600.0
@@ -315,8 +314,9 @@ def actions_to_decision(state: SchedulerState, execution: MigExecution, actions:
         elif isinstance(action, Alert):
             key = action.gpu
             alerts[key] = action.message
-            decision.published.append(FleetAlert(kind="mig_reconfiguration", explanation=action.message[:1000],
-                                                 node_ids=[key[0]]))
+            decision.published.append(FleetAlert(
+                message_id=decision_id("alert", "mig", key[0], key[1], now), kind="mig_reconfiguration",
+                explanation=action.message[:1000], node_ids=[key[0]]))
         else:
             key = action.gpu
         touched[key] = None
@@ -332,7 +332,7 @@ def actions_to_decision(state: SchedulerState, execution: MigExecution, actions:
         applied = bool(done and done.applied)
         reason = alerts.get(key) or (f"applied {describe(slots(before.target))}" if applied else before.reason)
         decision.logged.append(before.model_copy(update={
-            "message_id": uuid.uuid4(), "phase": "in_service", "applied": applied, "reason": reason[:1000],
+            "message_id": decision_id("mig", key[0], key[1], "in_service", now), "phase": "in_service", "applied": applied, "reason": reason[:1000],
             "occurred_at": at(now)}))
     return decision
 
@@ -340,7 +340,7 @@ def actions_to_decision(state: SchedulerState, execution: MigExecution, actions:
 def _step(reconf: Reconfiguration, phase: str, now: float) -> MigReconfiguration:
     p = reconf.proposal
     return MigReconfiguration(
-        node_id=p.node_id, gpu_index=p.gpu_index, model=p.model[:128], phase=phase,  # type: ignore[arg-type]
+        message_id=decision_id("mig", p.node_id, p.gpu_index, phase, now, reconf.command_id), node_id=p.node_id, gpu_index=p.gpu_index, model=p.model[:128], phase=phase,  # type: ignore[arg-type]
         current=mig_slots(p.current), target=mig_slots(p.target), drains=list(p.drains[:64]),
         enables=list(p.enables[:256]), preempted=sorted(reconf.preempted)[:64], command_id=reconf.command_id,
         reason=p.reason[:1000], started_at=reconf.since if phase == "draining" else None, occurred_at=at(now))
@@ -354,10 +354,7 @@ def _preempt(state: SchedulerState, action: Preempt) -> Decision:
     decision = Decision(logged=[JobPreempting(
         message_id=decision_id("mig-preempt", job.job_id, job.placement_id), job_id=job.job_id,
         placement_id=job.placement_id, reason=action.reason[:1000])])
-    decision.published.extend(
-        StopJob(node_id=a.node_id, job_id=job.job_id, placement_id=job.placement_id, reason="preempt",
-                grace_s=job.spec.checkpoint.grace_s)
-        for a in job.assignments)
+    decision.published.extend(stops(job, "preempt"))
     return decision
 
 
@@ -393,7 +390,7 @@ def answered(state: SchedulerState, control: MigControl, message: MigLayoutAppli
         if before is not None and outcome.applied and before.phase == "applying" and \
                 before.command_id in (None, message.command_id) and not layout_shown(state, before):
             waiting.append(before.model_copy(update={
-                "message_id": uuid.uuid4(), "applied": True, "occurred_at": at(now),
+                "message_id": decision_id("mig-applied", key[0], key[1], message.command_id, now), "applied": True, "occurred_at": at(now),
                 "reason": f"{before.reason}; applied ({outcome.reason}), waiting for the node's new inventory"[:1000]}))
             continue
         actions += execution.applied(key, message.command_id, outcome.applied, outcome.reason, now)

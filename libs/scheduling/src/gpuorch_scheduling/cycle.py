@@ -1,12 +1,9 @@
-"""Pure decisions: given the state (and the time), what the scheduler decides.
+"""The scheduling cycle: given the state and the time, which queued jobs start where, which jobs are preempted for
+them, and why every other job waits.
 
-Every function here returns a ``Decision``: the events to append to the log (and publish) and the commands or
-notices to publish only. None of them changes the state: the service appends the logged events, applies them with
-``SchedulerState.apply`` and commits everything in one transaction (events + outbox + read model).
-
-``schedule`` is the scheduling cycle, over the live fleet the fold keeps (``state.fleet``, never rebuilt): its
-decisions are taken inside ``Fleet.plan()`` so later jobs see earlier ones, and given back when the cycle ends; the
-service's plan applier then checks each decision against capacity before it is logged and applied::
+``schedule`` is pure (no I/O, no clock): it works over the live fleet the fold keeps (``state.fleet``, never rebuilt);
+its decisions are taken inside ``Fleet.plan()`` so later jobs see earlier ones, and given back when the cycle ends.
+The plan it returns goes through the plan applier (``gpuorch_scheduling.applier``) before anything is logged::
 
     queued jobs ──► queueing.fair_order (tiers, priority + ageing, DRF between tenants)
         for each job:
@@ -25,172 +22,14 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 
-from gpuorch_contracts import (
-    PRIORITY_VALUE,
-    TERMINAL_STATES,
-    CancelJob,
-    JobAccepted,
-    JobCancelled,
-    JobFailed,
-    JobLost,
-    JobPlaced,
-    JobPreempting,
-    JobRejected,
-    JobRequeued,
-    LaunchJob,
-    Message,
-    NodeAssignment,
-    NodeLivenessChanged,
-    StopJob,
-    SubmitJob,
-)
+from gpuorch_contracts import PRIORITY_VALUE, JobPlaced, JobPreempting, LaunchJob, NodeAssignment
 from gpuorch_policy.fleet import Ask, Fleet
 
-from gpuorch_scheduler.domain.queueing import (
-    QueuePolicy,
-    SubmissionRates,
-    TenantUsage,
-    fair_order,
-    quota_never_fits,
-)
-from gpuorch_scheduler.domain.state import JobRecord, SchedulerState
-
-NAMESPACE = uuid.UUID("6c1f4f5e-3f7e-4a51-9d0b-6a5b2f1d9e10")
-
-
-def decision_id(*parts: object) -> uuid.UUID:
-    """Deterministic message id for a decision, so the same decision made twice is deduplicated by the log."""
-    return uuid.uuid5(NAMESPACE, ":".join(str(p) for p in parts))
-
-
-def at(now: float) -> datetime:
-    return datetime.fromtimestamp(now, UTC)
-
-
-@dataclass
-class Decision:
-    logged: list[Message] = field(default_factory=list)
-    published: list[Message] = field(default_factory=list)
-    """Commands and notices: published through the outbox, not part of the log."""
-
-    def extend(self, other: Decision) -> None:
-        self.logged.extend(other.logged)
-        self.published.extend(other.published)
-
-    def __bool__(self) -> bool:
-        return bool(self.logged or self.published)
-
-
-# -- admission, cancel, requeue ---------------------------------------------------------------------------------
-
-
-def admit(state: SchedulerState, submit: SubmitJob, policy: QueuePolicy | None = None,
-          now: float | None = None, rates: SubmissionRates | None = None) -> Decision:
-    """Accept a new job into the queue, or reject one that can never fit the known fleet (or its tenant's quota),
-    whose tenant already has ``policy.max_queued_per_tenant`` jobs waiting, or (with ``rates``) that exceeds its
-    tenant's submission rate. Idempotent on job_id. With no node registered yet every job is accepted as far as
-    fit goes (nothing is known to refuse it)."""
-    if submit.job_id in state.jobs:
-        return Decision()
-    fleet = state.fleet
-    never = None
-    tenant = submit.spec.tenant
-    if policy is not None and state.queued_by_tenant.get(tenant, 0) >= policy.max_queued_per_tenant:
-        never = (f"tenant {tenant} already has {policy.max_queued_per_tenant} jobs waiting (the limit); "
-                 "submit again when some have started")
-    if never is None and policy is not None and rates is not None and now is not None:
-        never = rates.take(tenant, now, policy)
-    if never is None and submit.spec.resources.kind == "share" and submit.spec.gang.nodes > 1:
-        never = "a gang spans nodes with whole GPUs or MIG instances only; ask for gpus per node"
-    if never is None:
-        never = fleet.never_fits(fleet.ask(submit.spec))
-    if never is None and policy is not None:
-        never = quota_never_fits(submit.spec, policy, fleet.largest_gpu_memory_mib)
-    if never is not None:
-        return Decision(logged=[JobRejected(  # the tenant was authorized before admission: it sees its rejection
-            message_id=decision_id("rejected", submit.job_id), job_id=submit.job_id, reason=never[:1000],
-            tenant=submit.spec.tenant,
-        )])
-    stamp = {} if now is None else {"occurred_at": at(now)}
-    return Decision(logged=[JobAccepted(
-        message_id=decision_id("accepted", submit.job_id), job_id=submit.job_id, spec=submit.spec, **stamp,
-    )])
-
-
-def cancel(state: SchedulerState, request: CancelJob) -> Decision:
-    job = state.jobs.get(request.job_id)
-    if job is None or job.state in TERMINAL_STATES:
-        return Decision()
-    decision = Decision(logged=[JobCancelled(job_id=job.job_id, reason=request.reason)])
-    decision.published.extend(_stops(job, "cancel"))
-    return decision
-
-
-def _stops(job: JobRecord, reason: str) -> list[Message]:
-    if not job.holds_capacity or job.placement_id is None:
-        return []
-    return [
-        StopJob(node_id=a.node_id, job_id=job.job_id, placement_id=job.placement_id, reason=reason,  # type: ignore[arg-type]
-                grace_s=job.spec.checkpoint.grace_s)
-        for a in job.assignments
-    ]
-
-
-def requeue_or_fail(job: JobRecord, reason: str) -> Decision:
-    """A placement ended without the job finishing (node lost, job lost): queue it again if its requeue limit
-    allows (``spec.max_requeues``, 0 = fail at once), else fail it. A preempted job is always requeued: a
-    preemption does not count against the limit."""
-    if job.state == "preempting":
-        return requeued_after_preemption(job, reason)
-    if job.requeues >= job.spec.max_requeues:
-        return Decision(logged=[JobFailed(
-            job_id=job.job_id, placement_id=job.placement_id, cause="lost",
-            reason=f"{reason}; requeue limit {job.spec.max_requeues} reached"[:1000],
-        )])
-    return Decision(logged=[JobRequeued(job_id=job.job_id, reason=reason[:1000], requeues=job.requeues + 1)])
-
-
-def requeued_after_preemption(job: JobRecord, reason: str) -> Decision:
-    return Decision(logged=[JobRequeued(
-        message_id=decision_id("requeued-preempted", job.job_id, job.placement_id),
-        job_id=job.job_id, reason=reason[:1000], requeues=job.requeues, preempted=True,
-    )])
-
-
-def after_lost(state: SchedulerState, event: JobLost) -> Decision:
-    job = state.jobs.get(event.job_id)
-    if job is None or job.placement_id != event.placement_id or job.state not in ("placed", "running", "preempting"):
-        return Decision()
-    return requeue_or_fail(job, f"lost on {event.node_id}: {event.reason}")
-
-
-def after_stop_confirmed(state: SchedulerState, job_id: uuid.UUID) -> Decision:
-    """Requeue a preempted job once every node of its placement confirmed it ended (capacity was held until then)."""
-    job = state.jobs.get(job_id)
-    if job is None or job.state != "preempting":
-        return Decision()
-    if not {a.node_id for a in job.assignments} <= set(job.stopped_nodes):
-        return Decision()
-    how = "after a checkpoint" if job.checkpointed else "without a checkpoint"
-    return requeued_after_preemption(job, f"preempted ({job.reason}); stopped {how}")
-
-
-def preemption_timeouts(state: SchedulerState, now: float, margin_s: float) -> Decision:
-    """Requeue preempted jobs whose executors said nothing within the checkpoint grace plus ``margin_s`` (the
-    executor kills at the grace; silence that long means a dead executor, which fencing stops)."""
-    decision = Decision()
-    for job in state.active_jobs():
-        if job.state == "preempting" and job.preempting_at is not None \
-                and now - job.preempting_at > job.spec.checkpoint.grace_s + margin_s:
-            decision.extend(requeued_after_preemption(
-                job, f"preempted ({job.reason}); no stop confirmation within the grace"))
-    return decision
-
-
-# -- the scheduling cycle ---------------------------------------------------------------------------------------
+from gpuorch_scheduling.decisions import Decision, at, decision_id, stops
+from gpuorch_scheduling.queueing import QueuePolicy, TenantUsage, fair_order
+from gpuorch_scheduling.state import JobRecord, SchedulerState
 
 
 @dataclass
@@ -253,7 +92,7 @@ def _place(job: JobRecord, assignments: list[NodeAssignment], now: float, decisi
                                      occurred_at=at(now)))
     for rank, assignment in enumerate(assignments):
         decision.published.append(LaunchJob(
-            node_id=assignment.node_id, job_id=job.job_id, placement_id=placement_id, spec=job.spec,
+            message_id=decision_id("launch", placement_id, rank), node_id=assignment.node_id, job_id=job.job_id, placement_id=placement_id, spec=job.spec,
             gpus=assignment.gpus, gang_rank=rank, gang_size=len(assignments),
         ))
 
@@ -421,12 +260,9 @@ class _Cycle:
                 reason = f"reclaimed for tenant {job.spec.tenant} (within its quota) from borrowed capacity"
             assert victim.placement_id is not None
             self.decision.logged.append(JobPreempting(
-                job_id=victim.job_id, placement_id=victim.placement_id, reason=reason, occurred_at=at(self.now),
-                preempted_by=job.job_id))
-            self.decision.published.extend(
-                StopJob(node_id=a.node_id, job_id=victim.job_id, placement_id=victim.placement_id,
-                        reason="preempt", grace_s=victim.spec.checkpoint.grace_s)
-                for a in victim.assignments)
+                message_id=decision_id("preempting", victim.placement_id), job_id=victim.job_id,
+                placement_id=victim.placement_id, reason=reason, occurred_at=at(self.now), preempted_by=job.job_id))
+            self.decision.published.extend(stops(victim, "preempt"))
         self.future.take_assignments(job.spec, fit)
         self.preemptions += len(chosen)
         self.future_differs = True
@@ -490,113 +326,3 @@ class _Cycle:
                     break
         self.estimates[ask.shape] = result
         return result
-
-
-# -- liveness and runtime limits --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LivenessPolicy:
-    """Lease timings. ``lost_after_s`` must exceed the executors' fencing deadline so a job never runs twice."""
-
-    suspect_after_s: float = 15.0
-    lost_after_s: float = 90.0
-    mass_silence_fraction: float = 0.5
-    fencing_margin_s: float = 5.0
-    """Seconds past an executor's own fencing deadline before its node is declared lost."""
-
-
-@dataclass(frozen=True)
-class ExecutorLease:
-    """The executor's half of a node's lease: when it last renewed (lease clock) and its own fencing deadline."""
-
-    seen_at: float
-    fencing_deadline_s: float
-
-
-def liveness(
-    state: SchedulerState, last_seen: dict[str, float], now: float, policy: LivenessPolicy,
-    executors: dict[str, ExecutorLease] | None = None,
-) -> tuple[Decision, str | None]:
-    """Lease transitions for every node, and an alert text when most nodes went silent at once.
-
-    A node's lease has two halves: its node-agent's heartbeats (``last_seen``) and, once one was received, its
-    executor's (``executors``). A node is ``alive`` only while both are fresh (``suspect_after_s``); otherwise it is
-    ``suspect`` and gets no new work. It is declared ``lost`` (its jobs requeued) only when whatever runs its jobs
-    has been silent long enough that they are surely stopped: the executor's silence past ``lost_after_s`` and past
-    its own fencing deadline (a silent node-agent with a live executor never loses the node's jobs: they still
-    run there); for a node whose executor was never heard from, the node-agent's silence past ``lost_after_s``.
-
-    When more than ``mass_silence_fraction`` of the nodes are past the suspect deadline, no node is declared lost
-    (a broker or network fault is likelier than many dead nodes): the alert is returned instead.
-    """
-    executors = executors or {}
-    decision = Decision()
-
-    def ages(node_id: str) -> tuple[float, float | None]:
-        lease = executors.get(node_id)
-        return now - last_seen.get(node_id, now), (now - lease.seen_at if lease is not None else None)
-
-    def fresh(node_id: str) -> bool:
-        agent, executor = ages(node_id)
-        return agent <= policy.suspect_after_s and (executor is None or executor <= policy.suspect_after_s)
-
-    silent = [n for n in state.nodes if not fresh(n)]
-    mass = len(state.nodes) >= 2 and len(silent) > policy.mass_silence_fraction * len(state.nodes)
-    requeued: set[uuid.UUID] = set()
-    for node_id, node in sorted(state.nodes.items()):
-        agent_age, executor_age = ages(node_id)
-        if fresh(node_id):
-            if node.liveness != "alive":
-                decision.logged.append(NodeLivenessChanged(node_id=node_id, liveness="alive", reason="heartbeat",
-                                                           occurred_at=at(now)))
-                # back from lost: whatever of its old placements still runs there (fencing failed) must stop
-                decision.published.extend(
-                    StopJob(node_id=node_id, job_id=job_id, placement_id=placement_id, reason="drain", grace_s=0)
-                    for job_id, placement_id in node.fenced)
-            continue
-        if executor_age is None:
-            gone, why = agent_age > policy.lost_after_s, f"no heartbeat for {agent_age:.0f}s"
-        else:
-            deadline = max(policy.lost_after_s, executors[node_id].fencing_deadline_s + policy.fencing_margin_s)
-            gone, why = executor_age > deadline, f"its executor silent for {executor_age:.0f}s"
-        if gone and node.liveness != "lost" and not mass:
-            decision.logged.append(NodeLivenessChanged(
-                node_id=node_id, liveness="lost", reason=why, occurred_at=at(now)))
-            for job in state.active_jobs():
-                if job.state in TERMINAL_STATES:
-                    continue  # a cancelled placement still stopping: the lost event frees it
-                if job.job_id not in requeued and any(a.node_id == node_id for a in job.assignments):
-                    requeued.add(job.job_id)
-                    decision.extend(requeue_or_fail(job, f"node {node_id} lost"))
-                    others = [a for a in job.assignments if a.node_id != node_id]
-                    decision.published.extend(
-                        StopJob(node_id=a.node_id, job_id=job.job_id, placement_id=job.placement_id,  # type: ignore[arg-type]
-                                reason="drain", grace_s=job.spec.checkpoint.grace_s)
-                        for a in others
-                    )
-        elif node.liveness == "alive":
-            silence = f"no heartbeat for {agent_age:.0f}s" if agent_age > policy.suspect_after_s else \
-                f"its executor silent for {executor_age:.0f}s"
-            decision.logged.append(NodeLivenessChanged(
-                node_id=node_id, liveness="suspect", reason=silence, occurred_at=at(now)))
-    alert = None
-    if mass:
-        alert = f"{len(silent)} of {len(state.nodes)} nodes silent at once; not requeueing their jobs"
-    return decision, alert
-
-
-MAX_RUNTIME_MARGIN_S = 30.0
-
-
-def overdue(state: SchedulerState, now: float, already_stopped: set[uuid.UUID] | None = None) -> Decision:
-    """Stop running jobs past their max runtime (the executor enforces it too; this covers an executor that
-    missed it). Once per placement: placements in ``already_stopped`` are skipped (the caller records them)."""
-    decision = Decision()
-    for job in state.active_jobs():
-        limit = job.spec.max_runtime_s
-        if job.state == "running" and limit and job.started_at and now - job.started_at > limit + MAX_RUNTIME_MARGIN_S:
-            if already_stopped is not None and job.placement_id in already_stopped:
-                continue
-            decision.published.extend(_stops(job, "max_runtime"))
-    return decision

@@ -27,7 +27,7 @@ from typing import Any
 from gpuorch_contracts import PRIORITY_VALUE, JobSpec
 from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, demand_of, gpu_units
 
-from gpuorch_scheduler.domain.state import JobRecord, SchedulerState
+from gpuorch_scheduling.state import JobRecord, SchedulerState
 
 TIERS = ("training", "inference", "batch")
 _REQUESTED: dict[int, tuple[JobSpec, tuple[float, float, float, float]]] = {}

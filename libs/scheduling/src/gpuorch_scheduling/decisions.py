@@ -1,0 +1,170 @@
+"""Decisions outside the scheduling cycle: admission, cancel, requeue, and the ``Decision`` they all return.
+
+Every function here is pure: it reads the state (and the time it is given) and returns a ``Decision``, the events to
+log (the caller applies them with ``SchedulerState.apply``) and the commands or notices to publish only. None of them
+changes the state. Message ids of decisions are derived from what was decided (``decision_id``), so the same decision
+made twice (a retried batch, a replay through the Harness) carries the same id and receivers deduplicate it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from gpuorch_contracts import (
+    TERMINAL_STATES,
+    CancelJob,
+    JobAccepted,
+    JobCancelled,
+    JobFailed,
+    JobLost,
+    JobRejected,
+    JobRequeued,
+    Message,
+    StopJob,
+    SubmitJob,
+)
+
+from gpuorch_scheduling.queueing import QueuePolicy, SubmissionRates, quota_never_fits
+from gpuorch_scheduling.state import JobRecord, SchedulerState
+
+NAMESPACE = uuid.UUID("6c1f4f5e-3f7e-4a51-9d0b-6a5b2f1d9e10")
+
+
+def decision_id(*parts: object) -> uuid.UUID:
+    """Deterministic message id for a decision, so the same decision made twice is deduplicated by the log (and by
+    receivers), and a replay of the same inputs makes the same ids. Times among ``parts`` are written with ``repr``
+    (exact)."""
+    return uuid.uuid5(NAMESPACE, ":".join(repr(p) if isinstance(p, float) else str(p) for p in parts))
+
+
+def at(now: float) -> datetime:
+    return datetime.fromtimestamp(now, UTC)
+
+
+@dataclass
+class Decision:
+    logged: list[Message] = field(default_factory=list)
+    published: list[Message] = field(default_factory=list)
+    """Commands and notices: published through the outbox, not part of the log."""
+
+    def extend(self, other: Decision) -> None:
+        self.logged.extend(other.logged)
+        self.published.extend(other.published)
+
+    def __bool__(self) -> bool:
+        return bool(self.logged or self.published)
+
+
+# -- admission, cancel, requeue ---------------------------------------------------------------------------------
+
+
+def admit(state: SchedulerState, submit: SubmitJob, policy: QueuePolicy | None = None,
+          now: float | None = None, rates: SubmissionRates | None = None) -> Decision:
+    """Accept a new job into the queue, or reject one that can never fit the known fleet (or its tenant's quota),
+    whose tenant already has ``policy.max_queued_per_tenant`` jobs waiting, or (with ``rates``) that exceeds its
+    tenant's submission rate. Idempotent on job_id. With no node registered yet every job is accepted as far as
+    fit goes (nothing is known to refuse it)."""
+    if submit.job_id in state.jobs:
+        return Decision()
+    fleet = state.fleet
+    never = None
+    tenant = submit.spec.tenant
+    if policy is not None and state.queued_by_tenant.get(tenant, 0) >= policy.max_queued_per_tenant:
+        never = (f"tenant {tenant} already has {policy.max_queued_per_tenant} jobs waiting (the limit); "
+                 "submit again when some have started")
+    if never is None and policy is not None and rates is not None and now is not None:
+        never = rates.take(tenant, now, policy)
+    if never is None and submit.spec.resources.kind == "share" and submit.spec.gang.nodes > 1:
+        never = "a gang spans nodes with whole GPUs or MIG instances only; ask for gpus per node"
+    if never is None:
+        never = fleet.never_fits(fleet.ask(submit.spec))
+    if never is None and policy is not None:
+        never = quota_never_fits(submit.spec, policy, fleet.largest_gpu_memory_mib)
+    if never is not None:
+        return Decision(logged=[JobRejected(  # the tenant was authorized before admission: it sees its rejection
+            message_id=decision_id("rejected", submit.job_id), job_id=submit.job_id, reason=never[:1000],
+            tenant=submit.spec.tenant,
+        )])
+    stamp = {} if now is None else {"occurred_at": at(now)}
+    return Decision(logged=[JobAccepted(
+        message_id=decision_id("accepted", submit.job_id), job_id=submit.job_id, spec=submit.spec, **stamp,
+    )])
+
+
+def cancel(state: SchedulerState, request: CancelJob) -> Decision:
+    job = state.jobs.get(request.job_id)
+    if job is None or job.state in TERMINAL_STATES:
+        return Decision()
+    decision = Decision(logged=[JobCancelled(message_id=decision_id("cancelled", job.job_id), job_id=job.job_id,
+                                             reason=request.reason)])
+    decision.published.extend(stops(job, "cancel"))
+    return decision
+
+
+def stop(node_id: str, job_id: uuid.UUID, placement_id: uuid.UUID, reason: str, grace_s: float) -> StopJob:
+    """The command that stops one placement on one node (its id: the placement, the node and why)."""
+    return StopJob(message_id=decision_id("stop", placement_id, node_id, reason), node_id=node_id, job_id=job_id,
+                   placement_id=placement_id, reason=reason, grace_s=grace_s)  # type: ignore[arg-type]
+
+
+def stops(job: JobRecord, reason: str) -> list[Message]:
+    """A StopJob for each node of the job's current placement (none if it holds nothing)."""
+    if not job.holds_capacity or job.placement_id is None:
+        return []
+    return [stop(a.node_id, job.job_id, job.placement_id, reason, job.spec.checkpoint.grace_s)
+            for a in job.assignments]
+
+
+def requeue_or_fail(job: JobRecord, reason: str) -> Decision:
+    """A placement ended without the job finishing (node lost, job lost): queue it again if its requeue limit
+    allows (``spec.max_requeues``, 0 = fail at once), else fail it. A preempted job is always requeued: a
+    preemption does not count against the limit."""
+    if job.state == "preempting":
+        return requeued_after_preemption(job, reason)
+    if job.requeues >= job.spec.max_requeues:
+        return Decision(logged=[JobFailed(
+            message_id=decision_id("failed-lost", job.job_id, job.placement_id), job_id=job.job_id,
+            placement_id=job.placement_id, cause="lost",
+            reason=f"{reason}; requeue limit {job.spec.max_requeues} reached"[:1000],
+        )])
+    return Decision(logged=[JobRequeued(message_id=decision_id("requeued", job.job_id, job.requeues + 1),
+                                        job_id=job.job_id, reason=reason[:1000], requeues=job.requeues + 1)])
+
+
+def requeued_after_preemption(job: JobRecord, reason: str) -> Decision:
+    return Decision(logged=[JobRequeued(
+        message_id=decision_id("requeued-preempted", job.job_id, job.placement_id),
+        job_id=job.job_id, reason=reason[:1000], requeues=job.requeues, preempted=True,
+    )])
+
+
+def after_lost(state: SchedulerState, event: JobLost) -> Decision:
+    job = state.jobs.get(event.job_id)
+    if job is None or job.placement_id != event.placement_id or job.state not in ("placed", "running", "preempting"):
+        return Decision()
+    return requeue_or_fail(job, f"lost on {event.node_id}: {event.reason}")
+
+
+def after_stop_confirmed(state: SchedulerState, job_id: uuid.UUID) -> Decision:
+    """Requeue a preempted job once every node of its placement confirmed it ended (capacity was held until then)."""
+    job = state.jobs.get(job_id)
+    if job is None or job.state != "preempting":
+        return Decision()
+    if not {a.node_id for a in job.assignments} <= set(job.stopped_nodes):
+        return Decision()
+    how = "after a checkpoint" if job.checkpointed else "without a checkpoint"
+    return requeued_after_preemption(job, f"preempted ({job.reason}); stopped {how}")
+
+
+def preemption_timeouts(state: SchedulerState, now: float, margin_s: float) -> Decision:
+    """Requeue preempted jobs whose executors said nothing within the checkpoint grace plus ``margin_s`` (the
+    executor kills at the grace; silence that long means a dead executor, which fencing stops)."""
+    decision = Decision()
+    for job in state.active_jobs():
+        if job.state == "preempting" and job.preempting_at is not None \
+                and now - job.preempting_at > job.spec.checkpoint.grace_s + margin_s:
+            decision.extend(requeued_after_preemption(
+                job, f"preempted ({job.reason}); no stop confirmation within the grace"))
+    return decision
