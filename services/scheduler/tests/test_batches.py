@@ -9,10 +9,11 @@ import uuid
 import asyncpg
 import pytest
 from gpuorch_contracts import GpuRequest, JobPlaced, JobSpec, Message, ProcessRun, SubmitJob
-from gpuorch_scheduler import handlers
-from gpuorch_scheduler.entrypoint import Batcher
+from gpuorch_scheduler import metrics
+from gpuorch_scheduler.batcher import Batcher
 from gpuorch_scheduler.handlers import SchedulerService
 from gpuorch_scheduling import CycleResult, Decision
+from gpuorch_scheduling import scheduler as core
 from gpuorch_scheduling.testing import registered_node as node
 
 pytestmark = pytest.mark.integration
@@ -53,14 +54,14 @@ async def test_a_batch_commits_in_one_transaction(migrated_dsn: str) -> None:
 
 async def test_a_poison_message_is_isolated_from_the_rest_of_its_batch(migrated_dsn: str,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    real_admit = handlers.admit
+    real_admit = core.admit
 
     def admit(state, message, *args, **kwargs):  # type: ignore[no-untyped-def]
         if message.spec.name == "poison":
             raise ValueError("this submission always breaks the handler")
         return real_admit(state, message, *args, **kwargs)
 
-    monkeypatch.setattr(handlers, "admit", admit)
+    monkeypatch.setattr(core, "admit", admit)
     conn = await asyncpg.connect(migrated_dsn)
     try:
         service = SchedulerService(conn)
@@ -92,7 +93,7 @@ async def test_the_plan_applier_refuses_a_plan_that_would_over_allocate(migrated
         await service.handle(first)
         held = service.state.jobs[first.job_id]
         assert held.state == "placed"
-        real_schedule = handlers.schedule
+        real_schedule = core.schedule
 
         def over_allocating(state, now, *args, **kwargs):  # type: ignore[no-untyped-def]
             """A cycle that puts every queued job on the GPU the first job already holds."""
@@ -101,11 +102,11 @@ async def test_the_plan_applier_refuses_a_plan_that_would_over_allocate(migrated
                    for j in state.queued_jobs()]
             return CycleResult(Decision(logged=bad), result.pending)
 
-        monkeypatch.setattr(handlers, "schedule", over_allocating)
+        monkeypatch.setattr(core, "schedule", over_allocating)
         second = submit("second")
-        refused_before = handlers.PLANS_REFUSED._value.get()
+        refused_before = metrics.PLANS_REFUSED._value.get()
         assert await service.handle_batch([second]) == [None]
-        assert handlers.PLANS_REFUSED._value.get() == refused_before + 1
+        assert metrics.PLANS_REFUSED._value.get() == refused_before + 1
         job = service.state.jobs[second.job_id]
         assert job.state == "queued" and job.assignments == []
         assert service.state.capacity_violations() == []

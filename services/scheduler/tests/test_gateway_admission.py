@@ -7,7 +7,8 @@ import asyncpg
 import pytest
 from gpuorch_contracts import CancelJob, ProcessRun, SubmitJob
 from gpuorch_identity import Identity, IdentityMap
-from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
+from gpuorch_scheduler.handlers import SchedulerService
+from gpuorch_scheduling.scheduler import SchedulerConfig
 
 pytestmark = pytest.mark.integration
 RUN = ProcessRun(argv=["python", "-c", "pass"])

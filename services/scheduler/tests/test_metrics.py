@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncpg
 import pytest
 from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
-from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
+from gpuorch_scheduler.handlers import SchedulerService
 from gpuorch_scheduling.queueing import QueuePolicy, Quota
+from gpuorch_scheduling.scheduler import SchedulerConfig
 from gpuorch_scheduling.testing import registered_node as node
 from prometheus_client import REGISTRY
 

@@ -30,9 +30,10 @@ from gpuorch_contracts import (
 )
 from gpuorch_policy.mig_execution import ExecutionSettings
 from gpuorch_policy.mig_planner import PlannerSettings
-from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
+from gpuorch_scheduler.handlers import SchedulerService
 from gpuorch_scheduling import LivenessPolicy
 from gpuorch_scheduling.mig import MigControl, under_way_slices
+from gpuorch_scheduling.scheduler import SchedulerConfig
 
 pytestmark = pytest.mark.integration
 RUN = ProcessRun(argv=["python", "-c", "pass"])
@@ -283,4 +284,4 @@ async def test_the_plan_right_sizes_a_waiting_job_from_the_peak_its_name_used_be
     [proposal] = plan["proposals"]
     # its name's earlier peak (4000 MiB x 1.2) fits 1g.10gb: the slices planned are 1g, not its first choice 3g
     assert {s["profile"] for s in proposal["target"]} == {"1g.10gb"}
-    assert service._mig_peaks == {"infer": 4000}
+    assert service.scheduler.mig.peaks == {"infer": 4000}

@@ -7,7 +7,8 @@ import json
 import asyncpg
 import pytest
 from gpuorch_contracts import GpuRequest, JobFinished, JobSpec, JobStarted, ProcessRun, SubmitJob
-from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
+from gpuorch_scheduler.handlers import Persistence, SchedulerService
+from gpuorch_scheduling.scheduler import SchedulerConfig
 from gpuorch_scheduling.testing import registered_node as node
 
 pytestmark = pytest.mark.integration
@@ -17,7 +18,7 @@ RUN = ProcessRun(argv=["python", "-c", "pass"])
 async def test_submit_is_placed_with_commands_in_the_outbox_and_replay_matches(migrated_dsn: str) -> None:
     conn = await asyncpg.connect(migrated_dsn)
     try:
-        service = SchedulerService(conn, SchedulerConfig(snapshot_every_events=3))
+        service = SchedulerService(conn, persistence=Persistence(snapshot_every_events=3))
         await service.recover()
         await service.handle(node("n1", gpus=2))
         submits = [SubmitJob(spec=JobSpec(run=RUN, resources=GpuRequest(gpus=1))) for _ in range(3)]

@@ -29,9 +29,10 @@ from gpuorch_contracts import (
     ProcessRun,
     SubmitJob,
 )
-from gpuorch_scheduler.handlers import SchedulerConfig, SchedulerService
+from gpuorch_scheduler.handlers import Persistence, SchedulerService
 from gpuorch_scheduling import LivenessPolicy
 from gpuorch_scheduling.queueing import QueuePolicy, Quota
+from gpuorch_scheduling.scheduler import SchedulerConfig
 from gpuorch_scheduling.testing import registered_node
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -49,9 +50,9 @@ RESOURCES = st.sampled_from([
 CONFIG = SchedulerConfig(
     liveness=LivenessPolicy(suspect_after_s=15, lost_after_s=90),
     queues=QueuePolicy({"capped": Quota(gpus=2)}),
-    snapshot_every_events=7,
     preemption_margin_s=60,
 )
+PERSISTENCE = Persistence(snapshot_every_events=7)
 TABLES = "events, snapshots, outbox, jobs, nodes"
 
 
@@ -82,7 +83,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def start(self) -> None:
         self.conn = self.run(asyncpg.connect(self.dsn))
         self.run(self.conn.execute(f"TRUNCATE {TABLES} RESTART IDENTITY"))
-        self.service = SchedulerService(self.conn, CONFIG, clock=self.clock)
+        self.service = SchedulerService(self.conn, CONFIG, clock=self.clock, persistence=PERSISTENCE)
         self.run(self.service.recover())
         for node_id in NODE_IDS[:2]:  # a small fleet from the start, so that most histories place jobs
             self.registered.add(node_id)
@@ -192,7 +193,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.conn is not None
         self.conn.terminate()  # the old leader's session dies with it
         self.conn = self.run(asyncpg.connect(self.dsn))
-        self.service = SchedulerService(self.conn, CONFIG, clock=self.clock)
+        self.service = SchedulerService(self.conn, CONFIG, clock=self.clock, persistence=PERSISTENCE)
         self.run(self.service.recover())
 
     # -- invariants -------------------------------------------------------------------------------------------
@@ -217,7 +218,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def state_rebuilt_from_the_log_equals_the_live_state(self) -> None:
         if self.service is None or self.conn is None:
             return
-        rebuilt = SchedulerService(self.conn, CONFIG, clock=self.clock)
+        rebuilt = SchedulerService(self.conn, CONFIG, clock=self.clock, persistence=PERSISTENCE)
         self.run(rebuilt.recover())
         assert rebuilt.state.to_snapshot() == self.svc.state.to_snapshot()
         assert json.loads(self.svc.state.snapshot_json()) == self.svc.state.to_snapshot()  # the cached JSON is fresh

@@ -26,18 +26,27 @@ The outbox (``export_outbox``, every few seconds by the leader): ``gpuorch_outbo
 ``gpuorch_outbox_oldest_unsent_seconds`` (0 when none waits), ``gpuorch_outbox_parked_rows``,
 ``gpuorch_outbox_head_failed_attempts``: what the "outbox stuck" alert reads.
 
-Gauges are refreshed at ticks (``export_gauges``), counters and histograms when a batch commits (``observe``).
+The scheduler's own (``gpuorch_scheduler_*``): ``decision_seconds`` (one pure cycle), ``batch_seconds`` and
+``batch_size`` (one batch including its commit), ``plans_refused_total``, ``queue_depth{tier}``, ``placements_total``,
+``preemptions_total``, ``requeues_total{cause}``, ``nodes{liveness}``, ``mig_plan_seconds``.
+
+Gauges are refreshed at ticks (``export_gauges``), counters and histograms when a batch commits (``observe``);
+``StepMeter`` times the parts of a step it wraps (the core has no clock).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import Any
 
 from gpuorch_contracts import JobPlaced, JobPreempting, JobRequeued, Message
+from gpuorch_scheduling import CycleResult
 from gpuorch_scheduling.queueing import QueuePolicy
 from gpuorch_scheduling.state import SchedulerState
+from gpuorch_scheduling.step import Step
 from gpuorch_store import OutboxBacklog
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -73,7 +82,58 @@ OUTBOX_OLDEST = Gauge("gpuorch_outbox_oldest_unsent_seconds", "Age of the oldest
 OUTBOX_PARKED = Gauge("gpuorch_outbox_parked_rows", "Outbox rows set aside after repeated refusals by the broker")
 OUTBOX_HEAD_FAILURES = Gauge("gpuorch_outbox_head_failed_attempts", "Failed attempts of the row the relay retries now")
 
+BATCH_SECONDS = Histogram("gpuorch_scheduler_batch_seconds", "Time to handle one batch of messages incl. commit")
+BATCH_SIZE = Histogram("gpuorch_scheduler_batch_size", "Messages per committed batch",
+                       buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000))
+PLANS_REFUSED = Counter("gpuorch_scheduler_plans_refused_total",
+                        "Placements the plan applier refused because they would over-allocate")
+SCHEDULE_SECONDS = Histogram("gpuorch_scheduler_decision_seconds",
+                             "Time of one pure scheduling cycle (placement decisions for the whole queue)",
+                             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+PLACEMENTS = Counter("gpuorch_scheduler_placements_total", "Jobs placed")
+PREEMPTIONS = Counter("gpuorch_scheduler_preemptions_total", "Placements asked to stop for a preemption")
+REQUEUES = Counter("gpuorch_scheduler_requeues_total", "Jobs requeued", ["cause"])
+QUEUE_DEPTH = Gauge("gpuorch_scheduler_queue_depth", "Jobs waiting", ["tier"])
+NODES = Gauge("gpuorch_scheduler_nodes", "Nodes by liveness", ["liveness"])
+MIG_PLAN_SECONDS = Histogram("gpuorch_scheduler_mig_plan_seconds", "Time of one MIG plan (gpuorch_policy.plan_mig)",
+                             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+
 RESOURCES = (("nvidia.com/gpu", 0, "gpus"), ("gpu_memory_mib", 1, "gpu_memory_mib"))
+
+
+class StepMeter:
+    """The step hooks of the service: times the cycle and the MIG planner (``gpuorch_scheduling.StepHooks``) and
+    remembers when the last cycle ran (its decision spans cover that time)."""
+
+    def __init__(self) -> None:
+        self.cycle_span: tuple[float, float] | None = None
+        """(start, end) of the last cycle, wall clock."""
+
+    def cycle(self, run: Callable[[], CycleResult]) -> CycleResult:
+        wall, started = time.time(), time.perf_counter()
+        result = run()
+        took = time.perf_counter() - started
+        SCHEDULE_SECONDS.observe(took)
+        E2E_LATENCY.set(took * 1000.0)
+        self.cycle_span = (wall, wall + took)
+        return result
+
+    def mig_plan(self, run: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        try:
+            return run()
+        finally:
+            MIG_PLAN_SECONDS.observe(time.perf_counter() - started)
+
+
+def observe_step(step: Step, state: SchedulerState) -> None:
+    """Count what a committed step decided."""
+    observe((m for m, _ in step.events), state)
+    PLACEMENTS.inc(step.placed)
+    PREEMPTIONS.inc(step.preemptions)
+    PLANS_REFUSED.inc(len(step.refused))
+    for preempted in step.requeued:
+        REQUEUES.labels("preempted" if preempted else "lost").inc()
 
 
 def observe(events: Iterable[Message], state: SchedulerState) -> None:
@@ -101,7 +161,17 @@ def observe(events: Iterable[Message], state: SchedulerState) -> None:
 
 
 def export_gauges(state: SchedulerState, queues: QueuePolicy) -> None:
-    """Refresh the per-tenant gauges (O(queued + active jobs + tenants))."""
+    """Refresh the queue, node and per-tenant gauges (O(queued + active jobs + nodes + tenants))."""
+    depth: dict[str, int] = dict.fromkeys(TIERS, 0)
+    for job in state.queued.values():
+        depth[job.spec.tier] = depth.get(job.spec.tier, 0) + 1
+    for tier, count in depth.items():
+        QUEUE_DEPTH.labels(tier).set(count)
+    live: dict[str, int] = {"alive": 0, "suspect": 0, "lost": 0}
+    for node in state.nodes.values():
+        live[node.liveness] = live.get(node.liveness, 0) + 1
+    for name, count in live.items():
+        NODES.labels(name).set(count)
     pending: dict[tuple[str, str], int] = {}
     for job in state.queued.values():
         key = (job.spec.tenant, job.spec.tier)

@@ -84,6 +84,8 @@ class Settings(ServiceSettings):
                                          "that may not be preempted is abandoned after this long", gt=0)
     mig_apply_timeout_s: float = setting("GPUORCH_MIG_APPLY_TIMEOUT_S", 300.0, "no answer to ApplyMigLayout "
                                          "within this long: the GPU resumes with its old layout, and an alert", gt=0)
+    step_journal: str = setting("GPUORCH_STEP_JOURNAL", "", "append every committed step's inputs to this file "
+                                "(JSON lines; replay it through the Harness: gpuorch_scheduling.journal); empty: off")
     metrics_port: int = setting("GPUORCH_METRICS_PORT", 0, "port of /metrics, /healthz and /readyz (0 = off)",
                                 ge=0, le=65535)
 

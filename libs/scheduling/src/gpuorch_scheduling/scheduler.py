@@ -1,0 +1,444 @@
+"""The scheduler, one step at a time: what the service runs for each batch, and the Harness for each instant.
+
+    Scheduler.step(inputs, now, tick=...)                                           ──► Step (the unit of work)
+      1. fold     each input through the registry ``fold_handlers`` (message type -> its fold): a fact the log
+                  keeps is recorded; admission (identity, fit, quota, limits), cancel, requeue-or-fail and
+                  stop confirmations are decided and recorded at once
+      2. tick     (when due) lease transitions, stray placements, overdue max runtimes, silent preemptions, the MIG
+                  loop (``mig_loop``)
+      3. cycle    ``cycle.schedule`` over the queue (every tick; after a batch that changed something, at most
+                  every ``min_cycle_interval_s`` once the queue is deep)
+      4. apply    the cycle's plan through the plan applier (``applier.apply_plan``): accepted decisions are
+                  recorded, refused ones leave their job queued with the reason
+      5. notices  a ``JobQueued`` for each waiting job whose pending reason or estimate changed
+
+"Recorded" means: stamped with ``now`` (decisions), appended to the step's events with its headers, and applied to
+the state with ``SchedulerState.apply``, so what is decided later in the step sees it. Nothing is durable until the
+caller commits the step; if it cannot, it must rebuild the state from its log (``recovered``) before the next step.
+
+Memory that is not logged lives here too: node leases (heartbeats), the pending reasons last published, submission
+rates, the MIG loop. It is re-learned after a restart (every lease gets a fresh grace period).
+
+Pure: no I/O, no clock (``now`` and ``lease_now`` are given), no randomness; the same inputs give the same step,
+message ids included (``decision_id``).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuorch_contracts import (
+    CancelJob,
+    ExecutorHeartbeat,
+    FleetAlert,
+    GpuHealthChanged,
+    JobAccepted,
+    JobCheckpointed,
+    JobFailed,
+    JobFinished,
+    JobLost,
+    JobPlaced,
+    JobQueued,
+    JobRejected,
+    JobRequeued,
+    JobStarted,
+    Message,
+    MigLayoutApplied,
+    MigReconfiguration,
+    NodeRegistered,
+    SubmitJob,
+)
+from gpuorch_contracts.jobs import TenantRouted
+from gpuorch_identity import IdentityMap, Rejection, acting_user, authorize_cancel, authorize_submission
+
+from gpuorch_scheduling import mig
+from gpuorch_scheduling.applier import apply_plan
+from gpuorch_scheduling.cycle import CycleLimits, CycleResult, Waiting, schedule
+from gpuorch_scheduling.decisions import (
+    Decision,
+    admit,
+    after_lost,
+    after_stop_confirmed,
+    cancel,
+    decision_id,
+    preemption_timeouts,
+    stop,
+)
+from gpuorch_scheduling.liveness import ExecutorLease, LivenessPolicy, liveness, overdue
+from gpuorch_scheduling.mig_loop import MigLoop
+from gpuorch_scheduling.queueing import QueuePolicy, SubmissionRates
+from gpuorch_scheduling.state import DEFAULT_RETENTION_S, SchedulerState
+from gpuorch_scheduling.step import Input, Known, NoHooks, Step, StepHooks, moved
+
+LOGGED_INCOMING = (JobStarted, JobFinished, JobFailed, JobCheckpointed, JobLost, NodeRegistered, GpuHealthChanged)
+"""Incoming facts the log keeps (the fold of the log needs them)."""
+_Folded = tuple[Message | None, Decision, uuid.UUID | None]
+"""What a fold handler makes of a message: the fact to log (or None), the decision, the job whose stop it confirms
+(or None); a handler returns None when the message changes nothing."""
+
+
+@dataclass
+class SchedulerConfig:
+    """How the scheduler decides (the service's settings, the Harness's parameters)."""
+
+    liveness: LivenessPolicy = field(default_factory=LivenessPolicy)
+    queues: QueuePolicy = field(default_factory=QueuePolicy)
+    limits: CycleLimits = field(default_factory=CycleLimits)
+    retention_s: float = DEFAULT_RETENTION_S
+    """Seconds a finished job stays in the scheduler's memory (the log and the read model keep it)."""
+    identity: IdentityMap | None = None
+    """Who may submit for which tenant at which priority, and cancel which jobs (None: no checks, for tests of
+    other things; the service always has one, ``IdentityMap.development()`` when it runs with trust_all)."""
+    trust_unidentified: bool = False
+    """Local development (GPUORCH_IDENTITY=trust_all): a message without a sender counts as the identity map's
+    ``"*"`` entry instead of being refused."""
+    mix_refresh_s: float = 30.0
+    """Seconds between updates of the task mix that fragmentation scores are computed against (math.inf: never;
+    the caller sets the fleet's mix itself)."""
+    preemption_margin_s: float = 60.0
+    """Seconds past a victim's checkpoint grace after which a silent preemption is requeued anyway."""
+    inline_cycle_max_queue: int = 500
+    """With more jobs queued than this, a step runs a scheduling cycle only if the last cycle is older than
+    ``min_cycle_interval_s``; otherwise the next tick's cycle decides (bounds the cost of a deep queue)."""
+    min_cycle_interval_s: float = 0.5
+    mig: mig.MigControl = field(default_factory=mig.MigControl)
+    """The MIG planner's mode (off / advise / auto) and settings (``gpuorch_scheduling.mig``)."""
+
+
+class Scheduler:
+    """The scheduler's decisions over its state (see the module docstring). Not thread-safe."""
+
+    def __init__(self, config: SchedulerConfig | None = None, state: SchedulerState | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        self.state = state or SchedulerState(retention_s=self.config.retention_s)
+        self.last_seen: dict[str, float] = {}
+        """Node -> when its node-agent last renewed the lease (lease clock)."""
+        self.executors: dict[str, ExecutorLease] = {}
+        """Node -> the executor's half of the lease."""
+        self.pending: dict[uuid.UUID, Waiting] = {}
+        """Waiting job -> the pending reason and estimate last published."""
+        self.rates = SubmissionRates()
+        self.mig = MigLoop(self.config.mig)
+        self._strays: set[tuple[str, uuid.UUID, uuid.UUID]] = set()
+        self._stray_stopped: set[tuple[str, uuid.UUID]] = set()
+        self._overdue_stopped: set[uuid.UUID] = set()
+        self._alert_active = False
+        self._last_cycle_at = -math.inf
+        self._last_mix_at = -math.inf
+        self.fold_handlers: dict[str, Callable[[Any, Step, Input, Known], _Folded | None]] = {
+            SubmitJob.TYPE: self._fold_submit,
+            CancelJob.TYPE: self._fold_cancel,
+            JobFailed.TYPE: self._fold_job_ended,
+            JobLost.TYPE: self._fold_job_ended,
+            JobFinished.TYPE: self._fold_job_ended,
+            NodeRegistered.TYPE: self._fold_node_registered,
+            MigLayoutApplied.TYPE: self._fold_mig_answer,
+            JobStarted.TYPE: self._fold_fact,
+            JobCheckpointed.TYPE: self._fold_fact,
+            GpuHealthChanged.TYPE: self._fold_fact,
+        }
+        """The registry: message type -> its fold (see ``gpuorch_messaging.registry`` for the idiom)."""
+
+    # -- state from the log ---------------------------------------------------------------------------------------
+
+    def recovered(self, state: SchedulerState, lease_now: float) -> None:
+        """Carry on from ``state`` rebuilt from the log: every node lease gets a fresh grace period, and the memory
+        that is not logged starts over (pending reasons are published again, the MIG loop plans again)."""
+        self.state = state
+        self.last_seen = {node_id: lease_now for node_id in state.nodes}
+        self.executors = {}
+        self.pending = {}
+        self._last_mix_at = -math.inf
+        self.mig.reset()
+
+    # -- leases (memory only: heartbeats are latest-wins state) ------------------------------------------------
+
+    def node_heartbeat(self, node_id: str, lease_now: float) -> None:
+        """A node-agent renewed its node's lease."""
+        self.last_seen[node_id] = lease_now
+
+    def executor_heartbeat(self, beat: ExecutorHeartbeat, lease_now: float) -> None:
+        """An executor renewed its half of the node's lease; placements it runs that the scheduler does not assign
+        to that node are stopped at the next tick."""
+        self.executors[beat.node_id] = ExecutorLease(lease_now, beat.fencing_deadline_s)
+        for running in beat.running:
+            job = self.state.jobs.get(running.job_id)
+            current = job is not None and job.holds_capacity and job.placement_id == running.placement_id and \
+                any(a.node_id == beat.node_id for a in job.assignments)
+            if not current:
+                self._strays.add((beat.node_id, running.job_id, running.placement_id))
+
+    # -- one step -----------------------------------------------------------------------------------------------
+
+    def step(self, inputs: Sequence[Input], now: float, *, lease_now: float | None = None, tick: bool = False,
+             known: Known | None = None, hooks: StepHooks | None = None) -> Step:
+        """Fold ``inputs``, do the periodic work if ``tick``, run a cycle when due and apply its plan (see the module
+        docstring). ``known``: what the durable log already holds of these inputs. ``lease_now``: the lease
+        clock (defaults to ``now``)."""
+        step = Step(now, now if lease_now is None else lease_now)
+        known = known or Known()
+        hooks = hooks or NoHooks()
+        for item in inputs:
+            self._fold(item, step, known)
+        if tick:
+            self._tick(step, hooks)
+        if tick or (step.wants_cycle and self._cycle_due(now)):
+            self._cycle(step, hooks)
+        return step
+
+    def _fold(self, item: Input, step: Step, known: Known) -> None:
+        """One consumed message through ``fold_handlers``: log and apply it (if it is a fact the log keeps) with
+        the decisions it causes. A message already logged changes nothing."""
+        handler = self.fold_handlers.get(item.message.TYPE)
+        folded = handler(item.message, step, item, known) if handler is not None else None
+        if folded is None:
+            return
+        incoming, decision, follow_up = folded
+        if incoming is not None:
+            if incoming.message_id in known.logged_ids:
+                return  # already applied: a redelivery
+            if isinstance(incoming, JobLost):
+                decision, follow_up = after_lost(self.state, incoming), None
+            known.logged_ids.add(incoming.message_id)
+            self._record(step, incoming, item.trace, stamp=False)
+            if not isinstance(incoming, JobStarted | JobCheckpointed):
+                step.wants_cycle = True
+        if follow_up is not None:
+            decision.extend(after_stop_confirmed(self.state, follow_up))
+        if isinstance(incoming, NodeRegistered) and self.state.mig:
+            decision.extend(mig.inventory_arrived(self.state, self.config.mig, incoming.inventory.node_id, step.now))
+        self._apply(step, decision, item.trace)
+
+    def _apply(self, step: Step, decision: Decision, trace: Any = None) -> None:
+        """Record a decision's events and queue what it publishes."""
+        for event in decision.logged:
+            self._record(step, event, trace)
+        step.published += decision.published
+        if decision:
+            step.wants_cycle = True
+
+    def _record(self, step: Step, event: Message, trace: Any = None, stamp: bool = True) -> None:
+        """Log ``event`` in this step and apply it to the state. Decisions are stamped with ``now`` and carry their
+        job's tenant (so they route to that tenant's subscribers)."""
+        if stamp:
+            event = event.model_copy(update={"occurred_at": datetime.fromtimestamp(step.now, UTC),
+                                             **self._tenant_of(event)})
+        headers = self.trace_of(event, trace)
+        step.events.append((event, headers))
+        if stamp:
+            step.decided.append(event)
+        if isinstance(event, JobRejected):
+            step.rejected.append(event)
+        elif isinstance(event, MigReconfiguration):
+            step.mig_changed = True
+        elif isinstance(event, JobPlaced):
+            step.placed += 1
+        elif isinstance(event, JobRequeued):
+            step.requeued.append(event.preempted)
+        self.state.apply(event, headers)
+        job_id = getattr(event, "job_id", None)
+        if job_id is not None:
+            step.touched_jobs.add(job_id)
+        node_id = getattr(event, "node_id", None) or (
+            event.inventory.node_id if isinstance(event, NodeRegistered) else None)
+        if node_id is not None:
+            step.touched_nodes.add(node_id)
+
+    def trace_of(self, event: Message, trace: Any = None) -> dict[str, Any]:
+        """The trace (headers) a message about a job belongs to: a new job's submission delivery; else the job's
+        own trace (kept since its submission); else ``trace``, the delivery that caused it. Empty when none is
+        known (the shell may add the current span's)."""
+        if not isinstance(event, JobAccepted | JobRejected):
+            job = self.state.jobs.get(getattr(event, "job_id", None))  # type: ignore[arg-type]
+            if job is not None and job.traceparent:
+                return {"traceparent": job.traceparent}
+        return dict(trace) if trace else {}
+
+    def _tenant_of(self, event: Message) -> dict[str, Any]:
+        if not isinstance(event, TenantRouted) or event.tenant is not None:
+            return {}
+        job = self.state.jobs.get(event.job_id)  # type: ignore[attr-defined]
+        return {"tenant": job.spec.tenant} if job is not None else {}
+
+    # -- the fold handlers --------------------------------------------------------------------------------------
+
+    def _fold_submit(self, message: SubmitJob, step: Step, item: Input, known: Known) -> _Folded | None:
+        if message.job_id in known.known_jobs:
+            return None  # accepted (or rejected) long ago and forgotten from memory since: idempotent
+        step.wants_cycle = True
+        step.submitted[message.job_id] = message
+        decision = self._admit(message, item.sender, step.now)
+        step.admissions.append((item, decision))
+        return None, decision, None
+
+    def _fold_cancel(self, message: CancelJob, step: Step, item: Input, known: Known) -> _Folded | None:
+        if self._cancel_refused(message, item.sender) is not None:
+            return None
+        return None, cancel(self.state, message), None
+
+    def _fold_job_ended(self, message: JobFailed | JobLost | JobFinished, step: Step, item: Input,
+                        known: Known) -> _Folded:
+        if isinstance(message, JobFailed) and message.cause == "lost" and message.placement_id and message.node_id:
+            return JobLost(message_id=message.message_id, job_id=message.job_id, placement_id=message.placement_id,
+                           node_id=message.node_id, reason=message.reason, occurred_at=message.occurred_at,
+                           tenant=message.tenant), Decision(), None  # dated when the job ended
+        return message, Decision(), message.job_id
+
+    def _fold_node_registered(self, message: NodeRegistered, step: Step, item: Input, known: Known
+                              ) -> _Folded | None:
+        node_id = message.inventory.node_id
+        self.last_seen[node_id] = step.lease_now  # a registration renews the node-agent's half of the lease
+        current = self.state.nodes.get(node_id)
+        if current is not None and current.inventory_hash == message.inventory_hash:
+            return None  # a periodic re-registration with nothing new
+        return message, Decision(), None
+
+    def _fold_mig_answer(self, message: MigLayoutApplied, step: Step, item: Input, known: Known) -> _Folded | None:
+        """The node-agent's answer to an ``ApplyMigLayout`` (not logged: what it changes is logged as the
+        reconfiguration's next step)."""
+        decision = mig.answered(self.state, self.config.mig, message, step.now)
+        return (None, decision, None) if decision else None
+
+    def _fold_fact(self, message: Message, step: Step, item: Input, known: Known) -> _Folded:
+        return message, Decision(), None
+
+    def _admit(self, submit: SubmitJob, sender: str | None, now: float) -> Decision:
+        """Admission: tenant and priority from the publisher's identity, then fit, quota and admission limits."""
+        identity = self.config.identity
+        if identity is not None and submit.job_id not in self.state.jobs:
+            who = self._sender(sender)
+            acting = acting_user(identity, who, submit.on_behalf_of)
+            if isinstance(acting, Rejection):
+                return Decision(logged=[JobRejected(
+                    message_id=decision_id("rejected", submit.job_id), job_id=submit.job_id,
+                    reason=acting.reason[:1000], tenant=identity.default_tenant(who))])
+            verdict = authorize_submission(identity, acting, submit)
+            if isinstance(verdict, Rejection):
+                return Decision(logged=[JobRejected(
+                    message_id=decision_id("rejected", submit.job_id), job_id=submit.job_id,
+                    reason=verdict.reason[:1000], tenant=identity.default_tenant(acting))])
+            submit = submit.model_copy(update={"spec": verdict})
+        return admit(self.state, submit, self.config.queues, now, self.rates)
+
+    def _sender(self, sender: str | None) -> str | None:
+        return sender if sender or not self.config.trust_unidentified else "*"
+
+    def _cancel_refused(self, request: CancelJob, sender: str | None) -> str | None:
+        identity = self.config.identity
+        job = self.state.jobs.get(request.job_id)
+        if identity is None or job is None:
+            return None
+        acting = acting_user(identity, self._sender(sender), request.on_behalf_of)
+        if isinstance(acting, Rejection):
+            return acting.reason
+        refused = authorize_cancel(identity, acting, job.spec.tenant)
+        return refused.reason if refused is not None else None
+
+    # -- the periodic work ----------------------------------------------------------------------------------------
+
+    def _tick(self, step: Step, hooks: StepHooks) -> None:
+        now = step.now
+        if now - self._last_mix_at >= self.config.mix_refresh_s:
+            self._refresh_mix()
+            self._last_mix_at = now
+        self.state.fleet.warm()  # what the next submission would otherwise pay for: new nodes, the idle fleet
+        decision, alert = liveness(self.state, self.last_seen, step.lease_now, self.config.liveness,
+                                   self.executors)
+        decision.published.extend(self._stop_strays())
+        stops = overdue(self.state, now, self._overdue_stopped)
+        self._overdue_stopped.update(getattr(m, "placement_id", None) for m in stops.published)  # type: ignore[misc]
+        decision.extend(stops)
+        decision.extend(preemption_timeouts(self.state, now, self.config.preemption_margin_s))
+        if self.mig.tick(self.state, now, lambda d: self._apply(step, d), hooks.mig_plan):
+            step.mig_changed = True
+        if alert and not self._alert_active:
+            decision.published.append(FleetAlert(
+                message_id=decision_id("alert", "mass_silence", now), kind="mass_silence", explanation=alert,
+                node_ids=sorted(self.state.nodes)[:10000]))
+        self._alert_active = alert is not None
+        for event in decision.logged:
+            self._record(step, event)
+        step.published += decision.published
+
+    @property
+    def mass_silence(self) -> bool:
+        """Most nodes went silent at once (the last tick raised the alert and requeued nothing)."""
+        return self._alert_active
+
+    def _stop_strays(self) -> list[Message]:
+        """StopJob for each placement an executor reported that is not (or no longer) assigned to its node, once
+        per placement and only if the log still does not assign it there."""
+        stops: list[Message] = []
+        for node_id, job_id, placement_id in sorted(self._strays, key=str):
+            job = self.state.jobs.get(job_id)
+            if job is not None and job.placement_id == placement_id and job.holds_capacity and \
+                    any(a.node_id == node_id for a in job.assignments):
+                continue  # placed meanwhile (the heartbeat raced the JobPlaced): not a stray
+            if (node_id, placement_id) not in self._stray_stopped:
+                stops.append(stop(node_id, job_id, placement_id, "drain", 0))
+                self._stray_stopped.add((node_id, placement_id))
+        self._strays.clear()
+        return stops
+
+    def _refresh_mix(self) -> None:
+        """Fragmentation scores follow the task mix of a sample of the queue and the running jobs (at ticks, so
+        the index a changed mix rebuilds is never rebuilt in the path of a submission)."""
+        fleet = self.state.fleet
+        sample = [*list(self.state.queued.values())[:500], *list(self.state.active.values())[:500]]
+        if sample:
+            fleet.update_mix(fleet.ask(job.spec).request for job in sample)
+
+    # -- the cycle, its plan, the notices -------------------------------------------------------------------------
+
+    def _cycle_due(self, now: float) -> bool:
+        if now - self._last_cycle_at >= self.config.min_cycle_interval_s:
+            return True
+        return len(self.state.queued) <= self.config.inline_cycle_max_queue
+
+    def _cycle(self, step: Step, hooks: StepHooks) -> None:
+        """One scheduling cycle; its plan goes through the plan applier."""
+        now = step.now
+        result = hooks.cycle(lambda: schedule(self.state, now, self.config.queues, self.config.limits,
+                                              refresh_mix=False))
+        self.mig.note_pending(self.state, result.pending)
+        self._last_cycle_at = now
+        step.preemptions += result.preemptions
+        applied = apply_plan(self.state, result.decision, lambda e: self._record(step, e))
+        step.published += applied.published
+        step.refused = applied.refused
+        for job_id, reason in applied.refused.values():
+            result.pending[job_id] = Waiting(f"its placement was refused by the plan applier: {reason}", None)
+        step.notices += self._pending_notices(result.pending, step)
+        step.cycle = result
+
+    def _pending_notices(self, pending: dict[uuid.UUID, Waiting], step: Step) -> list[Message]:
+        """A JobQueued notice for every job whose pending reason or estimated start (by more than a minute)
+        changed; remembers them. A cycle that did not estimate a job keeps its last estimate."""
+        notices: list[Message] = []
+        for job_id, waiting in pending.items():
+            before = self.pending.get(job_id)
+            if not waiting.estimated and before is not None:
+                waiting = Waiting(waiting.reason, before.estimated_start, False)
+                pending[job_id] = waiting
+            if before is None or before.reason != waiting.reason or moved(before.estimated_start,
+                                                                          waiting.estimated_start):
+                job = self.state.jobs.get(job_id)
+                notices.append(JobQueued(
+                    message_id=decision_id("queued", job_id, step.now), job_id=job_id,
+                    pending_reason=waiting.reason[:1000], estimated_start_s=waiting.estimated_start,
+                    tenant=job.spec.tenant if job is not None else None))
+                step.touched_jobs.add(job_id)
+            elif before.estimated_start != waiting.estimated_start:
+                pending[job_id] = before  # small drift: keep what was published
+        for job_id in set(self.pending) - set(pending):
+            step.touched_jobs.add(job_id)
+        self.pending = dict(pending)
+        return notices
+
+
+__all__ = ["LOGGED_INCOMING", "CycleResult", "Scheduler", "SchedulerConfig"]

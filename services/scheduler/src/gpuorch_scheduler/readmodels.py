@@ -1,0 +1,129 @@
+"""The scheduler's read models in PostgreSQL (what the API and gpuctl read): the one module that writes them.
+
+    Step (touched jobs and nodes, rejections with their submissions) ──► jobs, nodes  (upserts, one statement each)
+    executor heartbeats' isolation (changed since last written)     ──► nodes.isolation
+    the MIG loop (``mig_plan`` due)                                  ──► mig_plan (one row)
+
+Written inside the batch's transaction, so a read model never shows a decision the log does not hold. Rows are
+rebuilt from the scheduler's state: writing a row twice is harmless.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuorch_contracts import JobRejected, MigPlanProposed, SubmitJob
+from gpuorch_scheduling import JobRecord, SchedulerState, Waiting
+
+
+async def write_jobs_and_nodes(conn: Any, state: SchedulerState, pending: dict[uuid.UUID, Waiting],
+                               job_ids: Iterable[uuid.UUID], node_ids: Iterable[str], rejected: list[JobRejected],
+                               submitted: dict[uuid.UUID, SubmitJob]) -> None:
+    """Upsert the rows of ``job_ids`` and ``node_ids`` from ``state`` (a waiting job with its pending reason), and
+    insert a row for each rejected submission."""
+    rows = [job_row(state.jobs[j], pending.get(j)) for j in job_ids if j in state.jobs]
+    if rows:
+        await conn.executemany(_UPSERT_JOB, rows)
+    if rejected:
+        await conn.executemany(_INSERT_REJECTED, [rejected_row(e, submitted.get(e.job_id)) for e in rejected])
+    node_rows = [
+        (n, state.nodes[n].liveness, json.dumps(state.nodes[n].inventory.model_dump(mode="json")),
+         state.nodes[n].inventory_hash)
+        for n in node_ids if n in state.nodes
+    ]
+    if node_rows:
+        await conn.executemany(_UPSERT_NODE, node_rows)
+
+
+async def write_isolation(conn: Any, isolation: dict[str, str]) -> None:
+    """``nodes.isolation`` (JSON) per node, for nodes whose row exists."""
+    for node_id, text in isolation.items():
+        await conn.execute("UPDATE nodes SET isolation = $2::text::jsonb WHERE node_id = $1", node_id, text)
+
+
+async def write_mig_plan(conn: Any, mode: str, plan: MigPlanProposed, state: SchedulerState) -> None:
+    """The ``mig_plan`` row: the mode, the plan shown, the reconfigurations under way and their history."""
+    await conn.execute(
+        """INSERT INTO mig_plan (id, mode, plan, under_way, history) VALUES (1, $1, $2::text::jsonb,
+               $3::text::jsonb, $4::text::jsonb)
+           ON CONFLICT (id) DO UPDATE SET mode = excluded.mode, plan = excluded.plan,
+               under_way = excluded.under_way, history = excluded.history, updated_at = now()""",
+        mode, plan.model_dump_json(), json.dumps([e.model_dump(mode="json") for e in state.mig.values()]),
+        json.dumps([[n, g, times] for (n, g), times in state.mig_history.items()]))
+
+
+async def known_submissions(conn: Any, job_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """Which of these job ids the read model already holds (accepted or rejected before)."""
+    if not job_ids:
+        return set()
+    rows = await conn.fetch("SELECT job_id FROM jobs WHERE job_id = ANY($1::uuid[])", job_ids)
+    return {r["job_id"] for r in rows}
+
+
+async def observed_peaks(conn: Any, names: list[str]) -> dict[str, int]:
+    """Job name -> the largest GPU memory (MiB) earlier jobs of that name used (telemetry's rollups). Raises
+    asyncpg's errors when telemetry's tables are missing or not readable."""
+    rows = await conn.fetch(
+        """SELECT j.name, max(r.memory_used_max) AS peak FROM jobs j
+           JOIN telemetry_job_rollups r ON r.job_id = j.job_id
+           WHERE j.name = ANY($1::text[]) GROUP BY j.name""", names)
+    return {r["name"]: int(r["peak"]) for r in rows if r["peak"] is not None}
+
+
+def _ts(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, UTC) if value is not None else None
+
+
+def rejected_row(event: JobRejected, submit: SubmitJob | None) -> tuple[Any, ...]:
+    """A rejected job's row: its spec as submitted, so that ``describe`` shows what was asked and why it was
+    refused. The row's tenant is the one the rejection names (the submitter's own, from its identity), never the
+    tenant the spec claims: a refused claim must not put rows into another tenant's view."""
+    if submit is None:
+        return event.job_id, "", event.tenant or "", "", "", "{}", event.reason, event.occurred_at
+    spec = submit.spec
+    return (event.job_id, spec.name, event.tenant or "", spec.tier, spec.priority_class,
+            spec.model_dump_json(), event.reason, event.occurred_at)
+
+
+def job_row(job: JobRecord, waiting: Waiting | None) -> tuple[Any, ...]:
+    spec = job.spec
+    queued = job.state == "queued" and waiting is not None
+    return (
+        job.job_id, spec.name, spec.tenant, spec.tier, spec.priority_class, job.state,
+        spec.model_dump_json(), job.placement_id, [a.node_id for a in job.assignments],
+        "[" + ",".join(a.model_dump_json() for a in job.assignments) + "]", job.exit_code, job.reason,
+        waiting.reason if queued else None, job.requeues, job.log_path,  # type: ignore[union-attr]
+        _ts(job.accepted_at), _ts(job.placed_at), _ts(job.started_at), _ts(job.ended_at),
+        _ts(waiting.estimated_start) if queued else None,  # type: ignore[union-attr]
+    )
+
+
+_UPSERT_JOB = """
+INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, placement_id, node_ids, assignments,
+                  exit_code, reason, pending_reason, requeues, log_path, submitted_at, placed_at, started_at, ended_at,
+                  estimated_start)
+VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10::text::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, $19,
+        $20)
+ON CONFLICT (job_id) DO UPDATE SET
+    state = excluded.state, placement_id = excluded.placement_id, node_ids = excluded.node_ids,
+    assignments = excluded.assignments, exit_code = excluded.exit_code, reason = excluded.reason,
+    pending_reason = excluded.pending_reason, requeues = excluded.requeues, log_path = excluded.log_path,
+    placed_at = excluded.placed_at, started_at = excluded.started_at, ended_at = excluded.ended_at,
+    estimated_start = excluded.estimated_start, updated_at = now()
+"""
+
+_INSERT_REJECTED = """
+INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, reason, submitted_at, ended_at)
+VALUES ($1, $2, $3, $4, $5, 'rejected', $6::text::jsonb, $7, $8, $8)
+ON CONFLICT (job_id) DO NOTHING
+"""
+
+_UPSERT_NODE = """
+INSERT INTO nodes (node_id, liveness, inventory, inventory_hash) VALUES ($1, $2, $3::text::jsonb, $4)
+ON CONFLICT (node_id) DO UPDATE SET liveness = excluded.liveness, inventory = excluded.inventory,
+    inventory_hash = excluded.inventory_hash, updated_at = now()
+"""
