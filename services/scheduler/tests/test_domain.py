@@ -18,7 +18,7 @@ from gpuorch_contracts import (
     StopJob,
     SubmitJob,
 )
-from gpuorch_scheduling import LivenessPolicy, admit, cancel, liveness, schedule
+from gpuorch_scheduling import Leases, LivenessPolicy, admit, cancel, liveness, schedule
 from gpuorch_scheduling.state import SchedulerState
 from gpuorch_scheduling.testing import registered_node
 
@@ -175,12 +175,12 @@ def test_lost_node_requeues_its_jobs_after_the_lost_deadline_only() -> None:
     policy = LivenessPolicy(suspect_after_s=10, lost_after_s=60)
     seen = {n: 100.0 for n in state.nodes}
     seen[placed_on] = 0.0
-    suspect, alert = liveness(state, seen, 50.0, policy)
+    suspect, alert = liveness(state, Leases(seen), 50.0, policy)
     assert alert is None
     assert [(e.node_id, e.liveness) for e in suspect.logged] == [(placed_on, "suspect")]  # type: ignore[attr-defined]
     for e in suspect.logged:
         state.apply(e)
-    lost, _ = liveness(state, seen, 100.0, policy)
+    lost, _ = liveness(state, Leases(seen), 100.0, policy)
     kinds = [e.TYPE for e in lost.logged]
     assert kinds == ["node.liveness_changed", "job.requeued"]
     for e in lost.logged:
@@ -192,7 +192,7 @@ def test_lost_node_requeues_its_jobs_after_the_lost_deadline_only() -> None:
 
     # the node comes back: whatever still runs there of the placement that was requeued is stopped
     seen[placed_on] = 200.0
-    back, _ = liveness(state, {n: 200.0 for n in state.nodes}, 200.0, policy)
+    back, _ = liveness(state, Leases({n: 200.0 for n in state.nodes}), 200.0, policy)
     assert [(e.node_id, e.liveness) for e in back.logged] == [(placed_on, "alive")]  # type: ignore[attr-defined]
     stops = [m for m in back.published if isinstance(m, StopJob)]
     assert [(m.node_id, m.job_id, m.reason) for m in stops] == [(placed_on, job, "drain")]
@@ -208,7 +208,7 @@ def test_most_nodes_silent_raises_an_alert_and_requeues_nothing() -> None:
         state.apply(node(n, gpus=1))
     accepted(state, JobSpec(run=RUN, resources=GpuRequest(gpus=1)))
     run_cycle(state)
-    decision, alert = liveness(state, {"n1": 0.0, "n2": 0.0, "n3": 0.0}, 1000.0, LivenessPolicy())
+    decision, alert = liveness(state, Leases({"n1": 0.0, "n2": 0.0, "n3": 0.0}), 1000.0, LivenessPolicy())
     assert alert is not None and "3 of 3 nodes silent" in alert
     assert not any(e.TYPE == "job.requeued" for e in decision.logged)
 
@@ -238,13 +238,13 @@ def test_a_node_whose_agent_is_silent_but_executor_renews_is_suspect_never_lost(
     agents = {n: 1000.0 for n in state.nodes}
     agents[on] = 0.0  # its node-agent died at t=0
     executors = {n: ExecutorLease(1000.0, fencing_deadline_s=30) for n in state.nodes}
-    decision, _ = liveness(state, agents, 1000.0, policy, executors)
+    decision, _ = liveness(state, Leases(agents, executors), 1000.0, policy)
     assert [(e.node_id, e.liveness) for e in decision.logged] == [(on, "suspect")]  # type: ignore[attr-defined]
     for e in decision.logged:
         state.apply(e)
     assert not state.fleet.cluster.schedulable[state.fleet.cluster.index_of[on]]  # no new work there
     # long past lost_after_s for the agent, but the executor keeps renewing: still suspect, job untouched
-    decision, _ = liveness(state, agents, 1000.0, policy, executors)
+    decision, _ = liveness(state, Leases(agents, executors), 1000.0, policy)
     assert decision.logged == [] and state.jobs[job].state == "placed"
     # the executor goes silent too: lost only after max(lost_after_s, its fencing deadline + margin)
     def others_fresh(t: float) -> None:
@@ -254,9 +254,9 @@ def test_a_node_whose_agent_is_silent_but_executor_renews_is_suspect_never_lost(
 
     executors[on] = ExecutorLease(1000.0, fencing_deadline_s=120)
     others_fresh(1100.0)
-    early, _ = liveness(state, agents, 1100.0, policy, executors)
+    early, _ = liveness(state, Leases(agents, executors), 1100.0, policy)
     assert early.logged == []
     others_fresh(1130.0)
-    late, _ = liveness(state, agents, 1130.0, policy, executors)
+    late, _ = liveness(state, Leases(agents, executors), 1130.0, policy)
     assert [e.TYPE for e in late.logged] == ["node.liveness_changed", "job.requeued"]
     assert "executor silent" in late.logged[0].reason  # type: ignore[attr-defined]

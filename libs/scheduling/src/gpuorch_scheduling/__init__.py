@@ -16,7 +16,7 @@ from gpuorch_scheduling.decisions import (
     preemption_timeouts,
     requeue_or_fail,
 )
-from gpuorch_scheduling.liveness import ExecutorLease, LivenessPolicy, liveness, overdue
+from gpuorch_scheduling.liveness import ExecutorLease, Leases, LivenessPolicy, liveness, overdue
 from gpuorch_scheduling.queueing import QueuePolicy, Quota, SubmissionRates, TenantUsage, fair_order
 from gpuorch_scheduling.state import DEFAULT_RETENTION_S, JobRecord, NodeRecord, SchedulerState
 
@@ -27,6 +27,7 @@ __all__ = [
     "Decision",
     "ExecutorLease",
     "JobRecord",
+    "Leases",
     "LivenessPolicy",
     "NodeRecord",
     "QueuePolicy",

@@ -88,11 +88,12 @@ def _expected_end(job: JobRecord, now: float) -> float:
 
 def _place(job: JobRecord, assignments: list[NodeAssignment], now: float, decision: Decision) -> None:
     placement_id = decision_id("placement", job.job_id, job.requeues, job.preemptions)
-    decision.logged.append(JobPlaced(job_id=job.job_id, placement_id=placement_id, assignments=assignments,
-                                     occurred_at=at(now)))
+    stamp = at(now)
+    decision.logged.append(JobPlaced(message_id=decision_id("placed", placement_id), job_id=job.job_id,
+                                     placement_id=placement_id, assignments=assignments, occurred_at=stamp))
     for rank, assignment in enumerate(assignments):
         decision.published.append(LaunchJob(
-            message_id=decision_id("launch", placement_id, rank), node_id=assignment.node_id, job_id=job.job_id, placement_id=placement_id, spec=job.spec,
+            message_id=decision_id("launch", placement_id, rank), occurred_at=stamp, node_id=assignment.node_id, job_id=job.job_id, placement_id=placement_id, spec=job.spec,
             gpus=assignment.gpus, gang_rank=rank, gang_size=len(assignments),
         ))
 
@@ -109,13 +110,12 @@ def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = Non
     pending: dict[uuid.UUID, Waiting] = {}
     if not queued:
         return CycleResult(decision, pending)
-    active = state.active_jobs()
     fleet = state.fleet
     if refresh_mix:
-        fleet.update_mix(fleet.ask(j.spec).request for j in (queued[:500] + active[:500]))
+        fleet.update_mix(fleet.ask(j.spec).request for j in (queued[:500] + state.active_jobs()[:500]))
     usage = TenantUsage.of(state)
     with fleet.plan():
-        cycle = _Cycle(state, now, policy, limits, fleet, usage, decision, active)
+        cycle = _Cycle(state, now, policy, limits, fleet, usage, decision)
         for job in fair_order(queued, now, policy, usage):
             pending_for = cycle.decide(job)
             if pending_for is not None:
@@ -127,9 +127,9 @@ class _Cycle:
     """The working memory of one scheduling cycle (a function split for reading, not an object with a life)."""
 
     def __init__(self, state: SchedulerState, now: float, policy: QueuePolicy, limits: CycleLimits,
-                 fleet: Fleet, usage: TenantUsage, decision: Decision, active: list[JobRecord]) -> None:
+                 fleet: Fleet, usage: TenantUsage, decision: Decision) -> None:
         self.state, self.now, self.policy, self.limits = state, now, policy, limits
-        self.active = active
+        self._active: list[JobRecord] | None = None
         """Jobs holding capacity at the start of the cycle (decisions of this cycle are not applied yet)."""
         self.fleet, self.usage, self.decision = fleet, usage, decision
         self._future: Fleet | None = None
@@ -144,6 +144,14 @@ class _Cycle:
         self.future_differs = bool(state.stopping)
         """Whether ``future`` may hold room that ``fleet`` lacks (jobs being preempted); else it is not asked."""
         self.future_unfit: set[object] = set()
+
+    @property
+    def active(self) -> list[JobRecord]:
+        """Jobs holding capacity at the start of the cycle (the cycle's own decisions are not applied until the
+        plan applier runs): listed the first time a blocked job needs them (most cycles never do)."""
+        if self._active is None:
+            self._active = self.state.active_jobs()
+        return self._active
 
     @property
     def future(self) -> Fleet:

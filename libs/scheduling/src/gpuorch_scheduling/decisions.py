@@ -162,7 +162,7 @@ def preemption_timeouts(state: SchedulerState, now: float, margin_s: float) -> D
     """Requeue preempted jobs whose executors said nothing within the checkpoint grace plus ``margin_s`` (the
     executor kills at the grace; silence that long means a dead executor, which fencing stops)."""
     decision = Decision()
-    for job in state.active_jobs():
+    for job in list(state.stopping.values()):
         if job.state == "preempting" and job.preempting_at is not None \
                 and now - job.preempting_at > job.spec.checkpoint.grace_s + margin_s:
             decision.extend(requeued_after_preemption(

@@ -20,7 +20,7 @@ Memory that is not logged lives here too: node leases (heartbeats), the pending 
 rates, the MIG loop. It is re-learned after a restart (every lease gets a fresh grace period).
 
 Pure: no I/O, no clock (``now`` and ``lease_now`` are given), no randomness; the same inputs give the same step,
-message ids included (``decision_id``).
+message ids and times included (``decision_id``; everything decided or published is dated ``now``).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from gpuorch_scheduling.decisions import (
     preemption_timeouts,
     stop,
 )
-from gpuorch_scheduling.liveness import ExecutorLease, LivenessPolicy, liveness, overdue
+from gpuorch_scheduling.liveness import Deadlines, ExecutorLease, Leases, LivenessPolicy, liveness, overdue
 from gpuorch_scheduling.mig_loop import MigLoop
 from gpuorch_scheduling.queueing import QueuePolicy, SubmissionRates
 from gpuorch_scheduling.state import DEFAULT_RETENTION_S, SchedulerState
@@ -116,10 +116,10 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig | None = None, state: SchedulerState | None = None) -> None:
         self.config = config or SchedulerConfig()
         self.state = state or SchedulerState(retention_s=self.config.retention_s)
-        self.last_seen: dict[str, float] = {}
-        """Node -> when its node-agent last renewed the lease (lease clock)."""
-        self.executors: dict[str, ExecutorLease] = {}
-        """Node -> the executor's half of the lease."""
+        self.leases = Leases()
+        """Both halves of every node's lease, on the lease clock (``liveness.Leases``)."""
+        self.deadlines = Deadlines()
+        """Running jobs with a max runtime, by when they overrun."""
         self.pending: dict[uuid.UUID, Waiting] = {}
         """Waiting job -> the pending reason and estimate last published."""
         self.rates = SubmissionRates()
@@ -150,8 +150,8 @@ class Scheduler:
         """Carry on from ``state`` rebuilt from the log: every node lease gets a fresh grace period, and the memory
         that is not logged starts over (pending reasons are published again, the MIG loop plans again)."""
         self.state = state
-        self.last_seen = {node_id: lease_now for node_id in state.nodes}
-        self.executors = {}
+        self.leases = Leases(dict.fromkeys(state.nodes, lease_now))
+        self.deadlines.rebuild(state)
         self.pending = {}
         self._last_mix_at = -math.inf
         self.mig.reset()
@@ -160,12 +160,12 @@ class Scheduler:
 
     def node_heartbeat(self, node_id: str, lease_now: float) -> None:
         """A node-agent renewed its node's lease."""
-        self.last_seen[node_id] = lease_now
+        self.leases.renew_agent(node_id, lease_now)
 
     def executor_heartbeat(self, beat: ExecutorHeartbeat, lease_now: float) -> None:
         """An executor renewed its half of the node's lease; placements it runs that the scheduler does not assign
         to that node are stopped at the next tick."""
-        self.executors[beat.node_id] = ExecutorLease(lease_now, beat.fencing_deadline_s)
+        self.leases.renew_executor(beat.node_id, ExecutorLease(lease_now, beat.fencing_deadline_s))
         for running in beat.running:
             job = self.state.jobs.get(running.job_id)
             current = job is not None and job.holds_capacity and job.placement_id == running.placement_id and \
@@ -189,6 +189,9 @@ class Scheduler:
             self._tick(step, hooks)
         if tick or (step.wants_cycle and self._cycle_due(now)):
             self._cycle(step, hooks)
+        stamp = datetime.fromtimestamp(now, UTC)
+        step.published = [m if m.occurred_at == stamp else m.model_copy(update={"occurred_at": stamp})
+                          for m in step.published]
         return step
 
     def _fold(self, item: Input, step: Step, known: Known) -> None:
@@ -241,6 +244,10 @@ class Scheduler:
         elif isinstance(event, JobRequeued):
             step.requeued.append(event.preempted)
         self.state.apply(event, headers)
+        if isinstance(event, JobStarted):
+            started = self.state.jobs.get(event.job_id)
+            if started is not None:
+                self.deadlines.started(started)
         job_id = getattr(event, "job_id", None)
         if job_id is not None:
             step.touched_jobs.add(job_id)
@@ -292,7 +299,7 @@ class Scheduler:
     def _fold_node_registered(self, message: NodeRegistered, step: Step, item: Input, known: Known
                               ) -> _Folded | None:
         node_id = message.inventory.node_id
-        self.last_seen[node_id] = step.lease_now  # a registration renews the node-agent's half of the lease
+        self.leases.renew_agent(node_id, step.lease_now)  # a registration renews the node-agent's half
         current = self.state.nodes.get(node_id)
         if current is not None and current.inventory_hash == message.inventory_hash:
             return None  # a periodic re-registration with nothing new
@@ -347,10 +354,9 @@ class Scheduler:
             self._refresh_mix()
             self._last_mix_at = now
         self.state.fleet.warm()  # what the next submission would otherwise pay for: new nodes, the idle fleet
-        decision, alert = liveness(self.state, self.last_seen, step.lease_now, self.config.liveness,
-                                   self.executors)
+        decision, alert = liveness(self.state, self.leases, step.lease_now, self.config.liveness)
         decision.published.extend(self._stop_strays())
-        stops = overdue(self.state, now, self._overdue_stopped)
+        stops = overdue(self.state, now, self._overdue_stopped, self.deadlines.due(self.state, now))
         self._overdue_stopped.update(getattr(m, "placement_id", None) for m in stops.published)  # type: ignore[misc]
         decision.extend(stops)
         decision.extend(preemption_timeouts(self.state, now, self.config.preemption_margin_s))
@@ -420,6 +426,7 @@ class Scheduler:
         """A JobQueued notice for every job whose pending reason or estimated start (by more than a minute)
         changed; remembers them. A cycle that did not estimate a job keeps its last estimate."""
         notices: list[Message] = []
+        stamp = datetime.fromtimestamp(step.now, UTC)
         for job_id, waiting in pending.items():
             before = self.pending.get(job_id)
             if not waiting.estimated and before is not None:
@@ -429,7 +436,7 @@ class Scheduler:
                                                                           waiting.estimated_start):
                 job = self.state.jobs.get(job_id)
                 notices.append(JobQueued(
-                    message_id=decision_id("queued", job_id, step.now), job_id=job_id,
+                    message_id=decision_id("queued", job_id, step.now), occurred_at=stamp, job_id=job_id,
                     pending_reason=waiting.reason[:1000], estimated_start_s=waiting.estimated_start,
                     tenant=job.spec.tenant if job is not None else None))
                 step.touched_jobs.add(job_id)

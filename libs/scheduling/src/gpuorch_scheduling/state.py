@@ -174,11 +174,17 @@ class SchedulerState:
     mig_history: dict[tuple[str, int], list[float]] = field(default_factory=dict)
     """(node, GPU index) -> when its last reconfigurations ended, applied or not: the planner's cap and hysteresis
     count both, so a refused, failed or abandoned change is not tried again at once."""
+    not_alive: set[str] = field(default_factory=set)
+    """Nodes whose liveness is suspect or lost (a tick looks at these and at the silent ones only)."""
     _ended: deque[tuple[float, uuid.UUID]] = field(default_factory=deque)
     _ending: set[uuid.UUID] = field(default_factory=set)
     _json: dict[object, str] = field(default_factory=dict)
     """Each record's JSON in the snapshot, dropped when the fold touches the record (snapshots cost O(changes))."""
     _held_amounts: dict[uuid.UUID, tuple[float, float, float, float]] = field(default_factory=dict)
+    _holders: dict[str, set[uuid.UUID]] = field(default_factory=dict)
+    _held_on: dict[uuid.UUID, tuple[str, ...]] = field(default_factory=dict)
+    """Node -> the jobs holding capacity there, kept by the fold apart from the fleet's own index, so that
+    ``capacity_violations(nodes)`` re-derives usage independently of the fleet."""
 
     # -- the fold ---------------------------------------------------------------------------------------------
 
@@ -212,9 +218,11 @@ class SchedulerState:
         held = job.holds_capacity
         if held and not held_before:
             self.fleet.hold(job_id, job.spec, job.assignments)
+            self._hold(job)
             self._count_held(job, +1)
         elif held_before and not held:
             self.fleet.free(job_id)
+            self._release(job)
             self._count_held(job, -1)
         if held:
             self.active[job_id] = job
@@ -341,6 +349,7 @@ class SchedulerState:
                 else:
                     node.inventory, node.inventory_hash = event.inventory, event.inventory_hash
                     node.liveness = "alive"
+                self.not_alive.discard(event.inventory.node_id)
                 record = self.nodes[event.inventory.node_id]
                 record.gpu_health = {g.index: g.health for g in event.inventory.gpus}
                 self.fleet.upsert_node(record.inventory, record.schedulable, record.gpu_health)
@@ -359,6 +368,10 @@ class SchedulerState:
                     elif event.liveness == "alive":
                         node.fenced = []
                     node.liveness = event.liveness
+                    if event.liveness == "alive":
+                        self.not_alive.discard(event.node_id)
+                    else:
+                        self.not_alive.add(event.node_id)
                     self.fleet.set_schedulable(event.node_id, node.schedulable)
                 if event.liveness == "lost":  # whatever ran there is gone (fenced) by now
                     for job in self.jobs.values():
@@ -409,10 +422,22 @@ class SchedulerState:
     def queued_jobs(self) -> list[JobRecord]:
         return list(self.queued.values())
 
+    def _hold(self, job: JobRecord) -> None:
+        nodes = self._held_on[job.job_id] = tuple({a.node_id for a in job.assignments})
+        for node_id in nodes:
+            self._holders.setdefault(node_id, set()).add(job.job_id)
+
+    def _release(self, job: JobRecord) -> None:
+        """By the nodes it held when it began to hold (a requeue clears the assignments before this runs)."""
+        for node_id in self._held_on.pop(job.job_id, ()):
+            holders = self._holders.get(node_id)
+            if holders is not None:
+                holders.discard(job.job_id)
+
     def _holding(self, nodes: set[str] | None) -> list[JobRecord]:
         if nodes is None:
             return [j for j in self.jobs.values() if j.holds_capacity]
-        found = {j for n in nodes for j, _ in self.fleet.holdings(n)}
+        found = {j for n in nodes for j in self._holders.get(n, ()) if j in self.jobs and self.jobs[j].holds_capacity}
         return [self.jobs[j] for j in sorted(found, key=str) if j in self.jobs]  # type: ignore[index]
 
     def gpu_usage(self, nodes: set[str] | None = None) -> dict[tuple[str, str], tuple[int, int]]:
@@ -491,12 +516,15 @@ class SchedulerState:
         for node in raw["nodes"]:
             record_n = NodeRecord.from_dict(node)
             state.nodes[record_n.node_id] = record_n
+            if record_n.liveness != "alive":
+                state.not_alive.add(record_n.node_id)
             state.fleet.upsert_node(record_n.inventory, record_n.schedulable, record_n.gpu_health)
         for job in raw["jobs"]:
             record = JobRecord.from_dict(job)
             state.jobs[record.job_id] = record
             if record.holds_capacity:
                 state.fleet.hold(record.job_id, record.spec, record.assignments)
+                state._hold(record)
                 state._count_held(record, +1)
                 state.active[record.job_id] = record
                 if record.state == "preempting" or record.stopping_nodes:

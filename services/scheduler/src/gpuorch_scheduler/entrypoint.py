@@ -57,8 +57,6 @@ from gpuorch_observability import (
     keep_probing,
     start_metrics_server,
 )
-from gpuorch_scheduling import LivenessPolicy
-from gpuorch_scheduling.scheduler import SchedulerConfig
 from gpuorch_settings import load_or_exit
 from gpuorch_store import OutboxRelay, ensure_database, migrate, outbox_backlog, save_snapshot
 
@@ -157,11 +155,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         log.info("scheduler.leader", instance=settings.instance)
         READINESS.mark("consuming", "leader: recovering its state")
         service = SchedulerService(
-            conn, SchedulerConfig(
-                liveness=LivenessPolicy(suspect_after_s=settings.suspect_after_s, lost_after_s=settings.lost_after_s),
-                queues=settings.queues, preemption_margin_s=settings.preemption_margin_s,
-                retention_s=settings.retention_s, identity=settings.identity_map,
-                trust_unidentified=settings.trust_all, mig=settings.mig_control),
+            conn, settings.scheduler_config,
             persistence=Persistence(snapshot_every_events=settings.snapshot_every_events,
                                     snapshot_every_s=settings.snapshot_every_s, freeze_after_recovery=True),
             snapshot_writer=snapshots_aside(settings.database_url),

@@ -15,8 +15,10 @@ from typing import Literal
 from gpuorch_identity import IdentityMap, load_identity_map
 from gpuorch_policy.mig_execution import ExecutionSettings
 from gpuorch_policy.mig_planner import PlannerSettings
+from gpuorch_scheduling import LivenessPolicy
 from gpuorch_scheduling.mig import MigControl
 from gpuorch_scheduling.queueing import QueuePolicy
+from gpuorch_scheduling.scheduler import SchedulerConfig
 from gpuorch_settings import ServiceSettings, setting
 from pydantic import PrivateAttr, model_validator
 
@@ -142,6 +144,14 @@ class Settings(ServiceSettings):
             execution=ExecutionSettings(drain_wait_s=self.mig_drain_wait_s, drain_give_up_s=self.mig_drain_give_up_s,
                                         apply_timeout_s=self.mig_apply_timeout_s),
             plan_interval_s=self.mig_plan_interval_s)
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        """How the scheduler decides, from these settings (a replay of this scheduler's journal uses the same)."""
+        return SchedulerConfig(
+            liveness=LivenessPolicy(suspect_after_s=self.suspect_after_s, lost_after_s=self.lost_after_s),
+            queues=self.queues, preemption_margin_s=self.preemption_margin_s, retention_s=self.retention_s,
+            identity=self.identity_map, trust_unidentified=self.trust_all, mig=self.mig_control)
 
     @property
     def batch_wait_s(self) -> float:

@@ -1,0 +1,156 @@
+"""The Harness: the service's scheduler on a simulated clock with simulated executors and node-agents.
+
+Each test checks, after every step, the invariants DESIGN.md names (no GPU, share, instance or host over capacity;
+a job never runs in two places at once) and, at the end, that no accepted job was lost."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun
+from gpuorch_policy.mig_planner import PlannerSettings
+from gpuorch_scheduling import LivenessPolicy, QueuePolicy
+from gpuorch_scheduling.harness import Harness
+from gpuorch_scheduling.mig import MigControl
+from gpuorch_scheduling.scheduler import SchedulerConfig
+from gpuorch_scheduling.step import Step
+from gpuorch_scheduling.testing import registered_node
+
+RUN = ProcessRun(argv=["python", "train.py"])
+
+
+def spec(**fields: object) -> JobSpec:
+    return JobSpec(run=RUN, **fields)  # type: ignore[arg-type]
+
+
+def checked(harness: Harness) -> Harness:
+    """Assert the invariants after every step."""
+    def check(step: Step, h: Harness) -> None:
+        assert h.state.capacity_violations() == [], h.now
+        running: dict[uuid.UUID, set[uuid.UUID]] = {}
+        for node in h.world.nodes.values():
+            for run in node.runs.values():
+                if run.started_at is not None:
+                    running.setdefault(run.job_id, set()).add(run.placement_id)
+        twice = {j: p for j, p in running.items() if len(p) > 1}
+        assert not twice, f"jobs running in two placements at once: {twice}"
+
+    harness.observers.append(check)
+    return harness
+
+
+def accepted_not_lost(harness: Harness) -> None:
+    for job in harness.jobs.values():
+        assert job.state in ("succeeded", "failed", "cancelled", "rejected", "queued", "placed", "running"), job
+
+
+def test_the_same_workload_gives_the_same_log_ids_included() -> None:
+    def run() -> list[object]:
+        h = Harness(keep_steps=True, seed=3)
+        for k in range(4):
+            h.add_node(registered_node(f"n{k}", gpus=4).inventory)
+        rnd = random.Random(5)
+        for _ in range(60):
+            h.submit(spec(resources=GpuRequest(gpus=rnd.choice([1, 2, 4])), priority_class=rnd.choice(
+                ["low", "normal", "high"]), preemptible=True), at=rnd.uniform(0, 300), runtime_s=rnd.uniform(10, 200))
+        h.run()
+        return [e.model_dump(mode="json") for e in h.logged()]
+
+    first, second = run(), run()
+    assert first == second and len(first) > 200
+
+
+def test_a_mixed_day_on_a_fleet_completes_every_job_within_capacity() -> None:
+    h = checked(Harness(seed=1))
+    for k in range(20):
+        h.add_node(registered_node(f"n{k:02d}", gpus=8).inventory)
+    rnd = random.Random(11)
+    shapes = [GpuRequest(gpus=1), GpuRequest(gpus=8), GpuRequest(gpu_milli=250), GpuRequest(gpu_milli=500),
+              GpuRequest()]
+    for _ in range(600):
+        h.submit(spec(resources=rnd.choice(shapes), tier=rnd.choice(["training", "inference", "batch"]),
+                      runtime_estimate_s=600), at=rnd.uniform(0, 1800), runtime_s=rnd.uniform(30, 900))
+    h.run()
+    assert h.by_state() == {"succeeded": 600}
+    waits = [j.wait_s for j in h.jobs.values()]
+    assert all(w is not None and w >= 0 for w in waits)
+
+
+def test_a_preempted_job_checkpoints_is_requeued_and_keeps_its_progress() -> None:
+    h = checked(Harness(stop_s=2.0))
+    h.add_node(registered_node("n0", gpus=1).inventory)
+    victim = h.submit(spec(priority_class="low", preemptible=True, resources=GpuRequest(gpus=1),
+                           checkpoint={"grace_s": 30}), at=0, runtime_s=100)
+    urgent = h.submit(spec(priority_class="critical", resources=GpuRequest(gpus=1)), at=40, runtime_s=50)
+    h.run()
+    assert victim.state == urgent.state == "succeeded"
+    assert victim.preemptions == 1 and victim.placements == 2
+    # it ran 40 s (+2 s of grace) before the preemption, kept that work, and needed 58 s more after the urgent job
+    assert victim.ended_at == pytest.approx(42 + 50 + 58, abs=2.5)
+    assert urgent.started_at == pytest.approx(42, abs=1.5)
+
+
+def test_a_lost_node_requeues_its_jobs_elsewhere_once_and_nothing_runs_twice() -> None:
+    config = SchedulerConfig(liveness=LivenessPolicy(suspect_after_s=10, lost_after_s=30))
+    h = checked(Harness(config, heartbeat_s=2.0))
+    for k in range(3):
+        h.add_node(registered_node(f"n{k}", gpus=2).inventory)
+    jobs = [h.submit(spec(resources=GpuRequest(gpus=1)), at=1, runtime_s=200) for _ in range(4)]
+    h.run(until=20)
+    on_n0 = [j for j in jobs if h.state.jobs[j.job_id].assignments[0].node_id == "n0"]
+    assert on_n0
+    h.lose_node("n0", at=21)
+    h.run(until=200)
+    assert h.state.nodes["n0"].liveness == "lost"
+    h.restore_node("n0", at=201)
+    h.run()
+    assert h.state.nodes["n0"].liveness == "alive"
+    assert {j.state for j in jobs} == {"succeeded"}
+    assert all(j.placements == 2 for j in on_n0)  # requeued once, placed elsewhere
+    assert all(h.state.jobs[j.job_id].requeues == 1 for j in on_n0 if j.job_id in h.state.jobs)
+
+
+def test_a_gang_spans_nodes_and_every_node_confirms_its_stop() -> None:
+    h = checked(Harness(stop_s=1.0))
+    for k in range(4):
+        h.add_node(registered_node(f"n{k}", gpus=8).inventory)
+    gang = h.submit(spec(resources=GpuRequest(gpus=8), gang={"nodes": 2}, priority_class="low", preemptible=True,
+                         checkpoint={"grace_s": 10}), at=0, runtime_s=100)
+    big = h.submit(spec(resources=GpuRequest(gpus=8), gang={"nodes": 4}, priority_class="high"), at=10,
+                   runtime_s=20)
+    h.run()
+    assert gang.state == big.state == "succeeded"
+    assert gang.preemptions == 1
+    # the gang's room was freed as soon as both of its nodes confirmed the stop, not by the preemption timeout
+    assert big.started_at == pytest.approx(11, abs=1.5)
+
+
+def test_quotas_and_cancel_through_the_harness() -> None:
+    h = checked(Harness(SchedulerConfig(queues=QueuePolicy.from_json('{"team": {"gpus": 1}}'))))
+    h.add_node(registered_node("n0", gpus=4).inventory)
+    first = h.submit(spec(tenant="team", resources=GpuRequest(gpus=1)), at=0, runtime_s=50)
+    second = h.submit(spec(tenant="team", resources=GpuRequest(gpus=1)), at=1, runtime_s=50)
+    never = h.submit(spec(tenant="team", resources=GpuRequest(gpus=2)), at=1, runtime_s=50)
+    h.run(until=10)
+    assert second.state == "queued" and never.state == "rejected"
+    assert "quota" in (h.state.jobs[second.job_id].reason or h.scheduler.pending[second.job_id].reason)
+    h.cancel(second.job_id, at=20)
+    h.run()
+    assert first.state == "succeeded" and second.state == "cancelled"
+
+
+def test_mig_auto_repartitions_an_idle_gpu_for_a_waiting_mig_job() -> None:
+    control = MigControl(planner=PlannerSettings(mode="auto", min_pending_s=0, min_interval_s=0),
+                         plan_interval_s=30)
+    h = checked(Harness(SchedulerConfig(mig=control), mig_apply_s=5))
+    node = registered_node("n0", gpus=1, model="H100-80GB").inventory
+    h.add_node(node)
+    job = h.submit(spec(tier="inference", resources=GpuRequest(mig_profiles=["1g.10gb"])), at=1, runtime_s=60)
+    h.run()
+    assert job.state == "succeeded"
+    gpu = h.state.nodes["n0"].inventory.gpus[0]
+    assert gpu.mig_enabled and gpu.mig_instances
+    assert job.started_at is not None and job.started_at > 5  # it waited for the layout
+    assert h.state.mig == {}

@@ -1,0 +1,96 @@
+"""One engine: a live scheduler's journal, played through a fresh ``gpuorch_scheduling.Scheduler`` (what the Harness
+runs), decides the very events the live scheduler logged, in order, ids included.
+
+The live run is the real thing: ``gpuorch-scheduler`` and ``gpuorch-executor`` processes (LocalStack), RabbitMQ,
+PostgreSQL, real job processes; the workload has placements, a preemption with its checkpoint handshake, a failure,
+a cancel, a rejection and a pending reason.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import asyncpg
+import pytest
+from gpuorch_contracts import MESSAGE_TYPES, CancelJob, GpuRequest, JobSpec, ProcessRun, SubmitJob
+from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_messaging import Broker
+from gpuorch_scheduler.settings import Settings
+from gpuorch_scheduling.harness import Harness
+from gpuorch_scheduling.testing import registered_node
+
+from tests.e2e.harness import FakeNodes, publish_when_routable, wait_jobs_terminal, wait_rows
+
+from .test_live import VICTIM, wait_path
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def spec(name: str, argv: list[str], **fields: object) -> JobSpec:
+    return JobSpec(name=name, run=ProcessRun(argv=argv), **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(240)
+async def test_a_live_run_replayed_through_the_harness_decides_the_same_events(
+    stack: LocalStack, amqp_url: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal.jsonl"
+    stack.start_scheduler(GPUORCH_STEP_JOURNAL=str(journal))
+    stack.start_executor()
+    await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    nodes = FakeNodes(broker, [registered_node("node-1", gpus=2)])
+    try:
+        await nodes.start()
+        victim = SubmitJob(spec=spec("victim", ["python", "-c", VICTIM, str(tmp_path / "marker"),
+                                                str(tmp_path / "ready")],
+                                     priority_class="low", preemptible=True, resources=GpuRequest(gpus=2),
+                                     checkpoint={"signal": "SIGTERM", "grace_s": 20}))
+        await publish_when_routable(broker, victim)
+        await wait_path(tmp_path / "ready", what="victim's checkpoint handler installed")
+        quick = "import time; time.sleep(0.3)"
+        urgent = SubmitJob(spec=spec("urgent", ["python", "-c", quick], priority_class="critical",
+                                     resources=GpuRequest(gpus=1)))
+        failing = SubmitJob(spec=spec("failing", ["python", "-c", "import sys; sys.exit(3)"],
+                                      resources=GpuRequest(gpu_milli=250), max_requeues=0))
+        never = SubmitJob(spec=spec("never", ["python", "-c", quick], resources=GpuRequest(gpus=8)))
+        doomed = SubmitJob(spec=spec("doomed", ["python", "-c", quick], resources=GpuRequest(gpus=2),
+                                     priority_class="low"))
+        for message in (urgent, failing, never, doomed):
+            await broker.publish(message)
+        await wait_rows(pg_dsn, "SELECT state FROM jobs WHERE job_id = $1", doomed.job_id,
+                        until=lambda rs: rs and rs[0]["state"] == "queued", what="doomed waiting")
+        await broker.publish(CancelJob(job_id=doomed.job_id, reason="changed my mind"))
+        await wait_jobs_terminal(pg_dsn, [victim.job_id, urgent.job_id, failing.job_id, doomed.job_id],
+                                 timeout_s=150)
+    finally:
+        await nodes.stop()
+        await broker.close()
+    stack.stop_all()  # the journal holds every committed step once the scheduler stopped
+
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        rows = await conn.fetch("SELECT payload::text AS payload FROM events WHERE stream = 'scheduler' "
+                                "ORDER BY position")
+        outbox = [json.loads(bytes(r["body"])) for r in await conn.fetch("SELECT body FROM outbox ORDER BY id")]
+    finally:
+        await conn.close()
+    live = [json.loads(r["payload"]) for r in rows]
+    kinds = {e["type"] for e in live}
+    assert {"job.placed", "job.preempting", "job.checkpointed", "job.requeued", "job.rejected", "job.cancelled",
+            "job.failed", "job.finished"} <= kinds, kinds  # the workload did what it was meant to
+
+    entries = [json.loads(line) for line in journal.read_text().splitlines()]
+    settings = Settings.load(env=stack.base_env())  # what the stack's scheduler ran with
+    replayed = Harness(settings.scheduler_config).replay(entries)
+    decided = [e.model_dump(mode="json") for e in replayed.logged]
+    assert len(decided) == len(live)
+    for position, (was, now) in enumerate(zip(live, decided, strict=True)):
+        assert MESSAGE_TYPES[was["type"]].model_validate(was).model_dump(mode="json") == now, position
+    # and the same commands and notices, in the order the outbox holds them
+    published = [(m.type, str(m.message_id)) for m in replayed.published]
+    assert [(m["type"], m["message_id"]) for m in outbox] == published
+    assert any(kind == "stop_job" for kind, _ in published) and any(kind == "launch_job" for kind, _ in published)
+
