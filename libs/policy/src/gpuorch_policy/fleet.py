@@ -113,13 +113,13 @@ def gpu_units(allocation: GpuAllocation, gpu_memory_total_mib: int | None = None
 
 class NvlinkLocality:
     """Scorer plugin wrapping the core's scorer: for a multi-GPU request, nodes where the request's GPUs can all be
-    NVLink-connected rank above all others; the inner score orders within each group. Node-local."""
-
-    node_local = True
+    NVLink-connected rank above all others; the inner score orders within each group. Node-local when the inner
+    scorer is."""
 
     def __init__(self, inner: object) -> None:
         self.inner = inner
         self.name = f"NvlinkLocality({inner.name})"  # type: ignore[attr-defined]
+        self.node_local = bool(getattr(inner, "node_local", False))
 
     def cache_key(self, request: Request) -> Hashable:
         return ("nvlink", self.inner.cache_key(request))  # type: ignore[attr-defined]
@@ -284,6 +284,8 @@ class Fleet:
     _on_node: dict[str, set[object]] = field(default_factory=dict)
     _plans: list[list[tuple[JobSpec, list[NodeAssignment]]]] = field(default_factory=list)
     _policy: Policy | None = None
+    _pinned: bool = False
+    _rng: np.random.Generator | None = None
     _mix_key: tuple[object, ...] = ()
     _index: PlacementIndex | None = None
     _idle: Fleet | None = None
@@ -320,7 +322,7 @@ class Fleet:
     def index(self) -> PlacementIndex:
         cluster = self.cluster
         if self._index is None or self._index.cluster is not cluster:
-            self._index = PlacementIndex(cluster, self.policy, nvlink_chooser)
+            self._index = PlacementIndex(cluster, self.policy, nvlink_chooser, rng=self._rng)
         return self._index
 
     def warm(self) -> None:
@@ -333,6 +335,8 @@ class Fleet:
     def update_mix(self, requests: Iterable[Request]) -> bool:
         """Use the task mix of ``requests`` (a sample of the queue and running jobs) for fragmentation scores.
         Scores change only if the mix really changed (types, or weights by more than 10 %); True if they did."""
+        if self._pinned:
+            return False
         mix = TaskMix.from_requests([*requests, *BASE_MIX])
         share = mix.weights / max(mix.total_weight, 1)
         key = tuple((t, round(float(w) * 10)) for t, w in zip(mix.types, share, strict=True))
@@ -343,6 +347,14 @@ class Fleet:
         self._mix_key = key
         self._index = None
         return True
+
+    def pin_policy(self, name: str, mix: TaskMix, seed: int | None = None) -> None:
+        """Score with the named policy (``gpuorch_policy.policy_names``) against ``mix`` from now on, whatever mix
+        the scheduler observes (replays and benchmarks compare policies on a trace's own mix). ``seed`` drives
+        randomised scorers. The NVLink plugin and the GPU chooser stay those of the live fleet."""
+        core = build_policy(name, mix)
+        self._policy = Policy(core.name, NvlinkLocality(core.scorer), core.filters)
+        self._pinned, self._rng, self._index = True, np.random.default_rng(seed) if seed is not None else None, None
 
     def ask(self, spec: JobSpec) -> Ask:
         return ask_for(spec, self.largest_gpu_memory_mib)
@@ -671,5 +683,5 @@ class Fleet:
         clone = Fleet(nodes=self.nodes, mig=self.mig.copy(), largest_gpu_seen_mib=self.largest_gpu_seen_mib,
                       totals=self.totals, inventory_version=self.inventory_version)
         clone._cluster = cluster.copy()
-        clone._policy, clone._mix_key = self.policy, self._mix_key
+        clone._policy, clone._mix_key, clone._pinned, clone._rng = self.policy, self._mix_key, self._pinned, self._rng
         return clone

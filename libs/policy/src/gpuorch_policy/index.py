@@ -1,18 +1,20 @@
-"""The placement index: the same decision as `place`, at a cost that does not grow with the fleet.
+"""The placement index: the same decision as `place`, at a cost that grows with what changed, not with the fleet.
 
-    request ──► its shape's heap of (score, name rank, node, node version)      one heap per distinct Request
-                  │ catch up: nodes changed since this shape last looked        (cluster.changes, read from where
-                  │   (usually the one node the previous placement took)         this heap stopped)
-                  │   ──► filters + scorer for those rows only, or a memo hit:    memo key: (request, node class,
-                  │       equal nodes in equal states have equal scores           node's dynamic state)
-                  ▼
-            top entry whose version is current and whose node is not excluded ──► Placement
-            (stale entries are dropped as they surface; excluded ones put back)
+    request ──► its shape's cache: score, GPU pick and feasibility per node, each with the node version it is for
+                  │
+                  ├─ shape asked again soon (few nodes changed since): its heap of (score, name rank, node,
+                  │    version) catches up on the changed rows only (filters + scorer for those, or a memo hit:
+                  │    equal nodes in equal states have equal scores)   ──► top current, not excluded entry
+                  │    O(changed nodes x log nodes)
+                  └─ shape asked after many changes (a trace with hundreds of shapes, a busy fleet): its cache
+                       rescores the nodes whose version moved (one vectorised pass) and the best current node is
+                       taken from the arrays; the heap is rebuilt from them only once the shape is asked often
+                       O(stale nodes) vectorised + O(nodes) in numpy
+                                                                    ──► Placement
 
 Only node-local scorers can be indexed (a node's score depends on that node alone); for any other scorer
-`PlacementIndex.place` falls back to `place`. Ties break as in `place`: highest score, then lowest node name. A heap
-(re)builds in one vectorised pass over the fleet when it is first used, after nodes are added (`cluster.epoch`) or
-when it has fallen far behind; then each decision costs O(changed nodes x log nodes).
+`PlacementIndex.place` falls back to `place` (with the index's ``rng``). Ties break as in `place`: highest score, then
+lowest node name.
 
 Reads the cluster only; the caller applies a decision with `Cluster.assign` (which bumps the node's version).
 """
@@ -38,21 +40,34 @@ LEFT_OUT = "every node it fits on is left out"
 
 
 class _ShapeHeap:
-    __slots__ = ("entries", "epoch", "seen")
+    __slots__ = ("arrays_seen", "entries", "epoch", "feasible", "picks", "scores", "seen", "version")
 
     def __init__(self) -> None:
-        self.entries: list[_Entry] = []
+        self.entries: list[_Entry] | None = None
+        """The heap (None: not built, or dropped while the shape was answered from the arrays)."""
         self.epoch = -1
         self.seen = 0
+        """Length of ``cluster.changes`` the heap has caught up with."""
+        self.arrays_seen = -1
+        """Length of ``cluster.changes`` when the arrays were last brought up to date (-1: never, or another
+        epoch)."""
+        self.version = np.zeros(0, dtype=np.int64)
+        """Per node, the node version ``scores``/``picks``/``feasible`` are for (-1: never scored)."""
+        self.scores = np.zeros(0, dtype=np.int64)
+        self.picks = np.zeros(0, dtype=np.int64)
+        self.feasible = np.zeros(0, dtype=np.bool_)
 
 
 class PlacementIndex:
     """`place` for one cluster and policy, answered from per-shape heaps kept current from the change log."""
 
-    def __init__(self, cluster: Cluster, policy: Policy, chooser: GpuChooser = choose_gpus) -> None:
+    def __init__(self, cluster: Cluster, policy: Policy, chooser: GpuChooser = choose_gpus,
+                 rng: np.random.Generator | None = None) -> None:
+        """``rng`` drives randomised (not node-local) scorers, which are not indexed."""
         self.cluster = cluster
         self.policy = policy
         self.chooser = chooser
+        self.rng = rng
         self.indexed = bool(getattr(policy.scorer, "node_local", False))
         self._heaps: dict[Hashable, _ShapeHeap] = {}
         self._memo: dict[Hashable, tuple[int, int] | None] = {}
@@ -66,6 +81,8 @@ class PlacementIndex:
             return self._place_plain(request, exclude, explain)
         heap = self._current_heap(request)
         entries = self._caught_up(request, heap)
+        if entries is None:
+            return self._place_from_arrays(request, heap, exclude, explain)
         version = cluster.version
         put_back: list[_Entry] = []
         found: _Entry | None = None
@@ -94,10 +111,10 @@ class PlacementIndex:
         return Placement(node_id=cluster.node_ids[row], gpus=gpus, score=-found[0])
 
     def fitting_rows(self, request: Request) -> list[int]:
-        """Every row the request fits on now (current entries of its heap)."""
+        """Every row the request fits on now."""
         heap = self._current_heap(request)
-        version = self.cluster.version
-        return sorted({e[2] for e in self._caught_up(request, heap) if e[3] == version[e[2]]})
+        self._refresh_arrays(request, heap)
+        return np.flatnonzero(heap.feasible).tolist()
 
     # -- keeping heaps current --------------------------------------------------------------------------------
 
@@ -107,12 +124,16 @@ class PlacementIndex:
             heap = self._heaps[request] = _ShapeHeap()
         return heap
 
-    def _caught_up(self, request: Request, heap: _ShapeHeap) -> list[_Entry]:
+    def _caught_up(self, request: Request, heap: _ShapeHeap) -> list[_Entry] | None:
+        """The shape's heap brought up to date, or None when the shape is better answered from its arrays (the
+        heap is not built, or has fallen far behind: catching it up would cost more than a vectorised pass)."""
         cluster = self.cluster
         size = cluster.size
-        if heap.epoch == cluster.epoch and heap.seen <= len(cluster.changes):
-            pending = len(cluster.changes) - heap.seen
-            if pending and pending <= size // 4 + 8:
+        limit = size // 4 + 8
+        same_epoch = heap.epoch == cluster.epoch
+        if heap.entries is not None and same_epoch and 0 <= len(cluster.changes) - heap.seen <= limit:
+            behind = len(cluster.changes) - heap.seen
+            if behind:
                 rows = np.fromiter(set(cluster.changes[heap.seen:]), dtype=np.int64)
                 heap.seen = len(cluster.changes)
                 for entry in self._entries(request, rows):
@@ -121,14 +142,65 @@ class PlacementIndex:
                     version = cluster.version
                     heap.entries = [e for e in heap.entries if e[3] == version[e[2]]]
                     heapq.heapify(heap.entries)
-                return heap.entries
-            if not pending:
-                return heap.entries
-        heap.entries = self._entries(request, np.arange(size, dtype=np.int64))
-        heapq.heapify(heap.entries)
-        heap.epoch, heap.seen = cluster.epoch, len(cluster.changes)
-        self.stats["rebuilds"] += 1
-        return heap.entries
+            return heap.entries
+        if heap.entries is None and same_epoch and 0 <= len(cluster.changes) - heap.arrays_seen <= limit:
+            # asked again after few changes: worth a heap (built from the arrays, rescoring only what moved)
+            self._refresh_arrays(request, heap)
+            rows = np.flatnonzero(heap.feasible)
+            rank, version = cluster.name_rank, cluster.version
+            heap.entries = [(-int(heap.scores[r]), int(rank[r]), int(r), int(version[r]), int(heap.picks[r]), None)
+                            for r in rows.tolist()]
+            heapq.heapify(heap.entries)
+            heap.seen = len(cluster.changes)
+            self.stats["rebuilds"] += 1
+            return heap.entries
+        heap.entries = None  # answered from the arrays this time
+        return None
+
+    def _refresh_arrays(self, request: Request, heap: _ShapeHeap) -> None:
+        """Rescore (one vectorised pass) the nodes whose version moved since the shape's arrays last saw them."""
+        cluster = self.cluster
+        size = cluster.size
+        if len(heap.version) != size:
+            grown = np.full(size, -1, dtype=np.int64)
+            keep = min(size, len(heap.version))
+            grown[:keep] = heap.version[:keep]
+            heap.version = grown
+            heap.scores = np.resize(heap.scores, size)
+            heap.picks = np.resize(heap.picks, size)
+            heap.feasible = np.resize(heap.feasible, size)
+        stale = np.flatnonzero(heap.version != cluster.version)
+        if len(stale):
+            self.stats["rescored"] += len(stale)
+            ok = np.ones(len(stale), dtype=np.bool_)
+            for flt in self.policy.filters:
+                ok &= flt.mask(request, cluster, stale)
+            heap.feasible[stale] = ok
+            feasible = stale[ok]
+            if len(feasible):
+                scores, picks = self.policy.scorer.score(request, cluster, feasible, None)
+                heap.scores[feasible] = scores
+                heap.picks[feasible] = picks
+            heap.version[stale] = cluster.version[stale]
+        if heap.epoch != cluster.epoch:
+            heap.epoch, heap.entries = cluster.epoch, None  # rows were added, or the change log restarted
+        heap.arrays_seen = len(cluster.changes)
+
+    def _place_from_arrays(self, request: Request, heap: _ShapeHeap, exclude: Collection[int],
+                           explain: bool) -> Placement | Unfit:
+        """The decision from the shape's arrays: the best feasible, not excluded node (ties: lowest name)."""
+        cluster = self.cluster
+        self._refresh_arrays(request, heap)
+        rows = np.flatnonzero(heap.feasible)
+        if exclude and len(rows):
+            rows = rows[~np.isin(rows, np.fromiter(exclude, dtype=np.int64))]
+        if len(rows) == 0:
+            return Unfit(()) if not explain else self._unfit(request, exclude)
+        n = cluster.size
+        combined = heap.scores[rows] * (n + 1) + (n - cluster.name_rank[rows])
+        row = int(rows[int(np.argmax(combined))])
+        gpus = self.chooser(request, cluster, row, int(heap.picks[row]))
+        return Placement(node_id=cluster.node_ids[row], gpus=gpus, score=int(heap.scores[row]))
 
     def _entries(self, request: Request, rows: IntArray) -> list[_Entry]:
         """Heap entries for the feasible ones among ``rows``, from the memo where the same class and state of
@@ -188,13 +260,13 @@ class PlacementIndex:
     def _place_plain(self, request: Request, exclude: Collection[int], explain: bool) -> Placement | Unfit:
         cluster = self.cluster
         if not exclude:
-            decision = place(request, cluster, self.policy)
+            decision = place(request, cluster, self.policy, self.rng)
         else:
             saved = cluster.schedulable
             cluster.schedulable = saved.copy()
             try:
                 cluster.schedulable[list(exclude)] = False
-                decision = place(request, cluster, self.policy)
+                decision = place(request, cluster, self.policy, self.rng)
             finally:
                 cluster.schedulable = saved
         if isinstance(decision, Placement) and self.chooser is not choose_gpus:

@@ -90,7 +90,7 @@ class JobReplayResult:
     tiers: dict[str, TierStats] = field(default_factory=dict)
 
 
-def _stats(waits: list[float], completions: list[float], total: int) -> TierStats:
+def tier_stats(waits: list[float], completions: list[float], total: int) -> TierStats:
     if not waits:
         return TierStats(jobs=total)
     w = np.array(waits)
@@ -199,7 +199,7 @@ def replay_jobs(
         members = [j for j in jobs if j.tier == tier]
         waits = [started_at[j.name] - j.arrival for j in members if j.name in started_at]
         completions = [finished_at[j.name] - j.arrival for j in members if j.name in finished_at]
-        tiers[tier] = _stats(waits, completions, len(members))
+        tiers[tier] = tier_stats(waits, completions, len(members))
     return JobReplayResult(
         queue_policy=queue_policy,
         placement_policy=policy.name,

@@ -59,6 +59,9 @@ class CycleLimits:
     """Running jobs a start-time simulation lets end before giving up (the start is then unknown)."""
     preemption_attempts: int = 8
     victim_candidates: int = 64
+    estimates: bool = True
+    """Estimate start times and reserve nodes for each tier's first blocked job (backfill). Off only where no job
+    ever ends (the arrival-only trace protocol): nothing to estimate from, and each cycle sees one job."""
 
 
 @dataclass
@@ -283,8 +286,9 @@ class _Cycle:
 
     def _wait(self, job: JobRecord, ask: Ask, reason: str, blocked: frozenset[str],
               blocking: list[_Reservation]) -> Waiting:
-        head = not any(r.tier == job.spec.tier for r in self.reservations)
-        estimated = head or ask.shape in self.estimates or len(self.estimates) < self.limits.estimate_shapes
+        head = self.limits.estimates and not any(r.tier == job.spec.tier for r in self.reservations)
+        estimated = head or (self.limits.estimates and (
+            ask.shape in self.estimates or len(self.estimates) < self.limits.estimate_shapes))
         start: float | None = None
         if estimated:
             start, nodes = self._estimate(ask)
@@ -307,7 +311,8 @@ class _Cycle:
         cached: list[tuple[float, JobRecord]] | None = getattr(self, "_release_list", None)
         if cached is None:
             jobs = [*self.active, *self.placed_now]
-            cached = sorted(((_expected_end(j, self.now), j) for j in jobs), key=lambda p: (p[0], str(p[1].job_id)))
+            # ties by job id (its integer orders as its text does, without formatting thousands of ids)
+            cached = sorted(((_expected_end(j, self.now), j) for j in jobs), key=lambda p: (p[0], p[1].job_id.int))
             self._release_list = cached
         return cached
 

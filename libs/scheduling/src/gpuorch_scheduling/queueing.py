@@ -4,7 +4,8 @@
                       │ effective priority = class value + ageing points (waiting time)
                       ▼
                  priority levels, highest first; within a level, tenants take turns by dominant share
-                 (lowest first, recomputed after every placement: DRF), each tenant's jobs oldest first
+                 (lowest first, recomputed after every placement: DRF), each tenant's jobs oldest first (in the
+                 order the log queued them)
                       ▼
                  the scheduling cycle (decide.schedule) walks this order
 
@@ -207,7 +208,7 @@ def fair_order(jobs: list[JobRecord], now: float, policy: QueuePolicy, usage: Te
     for job in jobs:
         levels.setdefault(-effective_priority(job, now, policy), {}).setdefault(job.spec.tenant, []).append(job)
     for level in sorted(levels):
-        queues = {t: deque(sorted(js, key=lambda j: (j.enqueued_at, str(j.job_id))))
+        queues = {t: deque(sorted(js, key=lambda j: (j.enqueued_at, j.queued_seq, j.job_id.int)))
                   for t, js in levels[level].items()}
         while queues:
             tenant = min(queues, key=lambda t: (usage.dominant_share(t), t))

@@ -70,6 +70,9 @@ class JobRecord:
     log_path: str | None = None
     checkpointed: bool = False
     enqueued_at: float = 0.0
+    queued_seq: int = 0
+    """Order of entering the queue (acceptance or requeue) in the log: first come, first served among jobs queued
+    at the same time (one batch)."""
     traceparent: str | None = None
     """W3C trace context of the submission, so every later message about the job joins the same trace."""
     preempting_at: float | None = None
@@ -91,7 +94,8 @@ class JobRecord:
             "assignments": [a.model_dump(mode="json") for a in self.assignments], "placed_at": self.placed_at,
             "started_at": self.started_at, "ended_at": self.ended_at, "exit_code": self.exit_code,
             "reason": self.reason, "requeues": self.requeues, "log_path": self.log_path,
-            "checkpointed": self.checkpointed, "enqueued_at": self.enqueued_at, "traceparent": self.traceparent,
+            "checkpointed": self.checkpointed, "enqueued_at": self.enqueued_at, "queued_seq": self.queued_seq,
+            "traceparent": self.traceparent,
             "preempting_at": self.preempting_at, "stopped_nodes": list(self.stopped_nodes),
             "preemptions": self.preemptions, "stopping_nodes": list(self.stopping_nodes),
         }
@@ -105,7 +109,8 @@ class JobRecord:
             assignments=[NodeAssignment.model_validate(a) for a in raw["assignments"]],
             placed_at=raw["placed_at"], started_at=raw["started_at"], ended_at=raw["ended_at"],
             exit_code=raw["exit_code"], reason=raw["reason"], requeues=raw["requeues"], log_path=raw["log_path"],
-            checkpointed=raw["checkpointed"], enqueued_at=raw["enqueued_at"], traceparent=raw.get("traceparent"),
+            checkpointed=raw["checkpointed"], enqueued_at=raw["enqueued_at"], queued_seq=raw.get("queued_seq", 0),
+            traceparent=raw.get("traceparent"),
             preempting_at=raw.get("preempting_at"), stopped_nodes=list(raw.get("stopped_nodes", [])),
             preemptions=raw.get("preemptions", 0), stopping_nodes=list(raw.get("stopping_nodes", [])),
         )
@@ -174,6 +179,8 @@ class SchedulerState:
     mig_history: dict[tuple[str, int], list[float]] = field(default_factory=dict)
     """(node, GPU index) -> when its last reconfigurations ended, applied or not: the planner's cap and hysteresis
     count both, so a refused, failed or abandoned change is not tried again at once."""
+    queue_seq: int = 0
+    """The last ``JobRecord.queued_seq`` given."""
     not_alive: set[str] = field(default_factory=set)
     """Nodes whose liveness is suspect or lost (a tick looks at these and at the silent ones only)."""
     _ended: deque[tuple[float, uuid.UUID]] = field(default_factory=deque)
@@ -280,6 +287,7 @@ class SchedulerState:
                 if event.job_id not in self.jobs:
                     self.jobs[event.job_id] = JobRecord(
                         job_id=event.job_id, spec=event.spec, accepted_at=at, enqueued_at=at,
+                        queued_seq=self._next_seq(),
                         traceparent=(headers or {}).get("traceparent"),
                     )
             case JobRejected():
@@ -333,6 +341,7 @@ class SchedulerState:
                     job.state, job.placement_id, job.assignments = "queued", None, []
                     job.placed_at = job.started_at = None
                     job.requeues, job.reason, job.enqueued_at = event.requeues, event.reason, at
+                    job.queued_seq = self._next_seq()
                     job.preempting_at, job.stopped_nodes = None, []
                     if event.preempted:
                         job.preemptions += 1
@@ -391,6 +400,10 @@ class SchedulerState:
         else:
             self.mig[key] = event
             self.fleet.set_gpu_draining(event.node_id, event.gpu_index, True)
+
+    def _next_seq(self) -> int:
+        self.queue_seq += 1
+        return self.queue_seq
 
     def _stop_confirmed(self, event: JobFinished | JobFailed | JobLost) -> bool:
         """Record the end of a cancelled placement on one node; True if the event was that."""
@@ -493,13 +506,13 @@ class SchedulerState:
             if text is None:
                 text = cache[("node", node_id)] = json.dumps(node.to_dict())
             nodes.append(text)
-        head = json.dumps({"version": 2, "position": self.position, "clock": self.clock,
+        head = json.dumps({"version": 2, "position": self.position, "clock": self.clock, "queue_seq": self.queue_seq,
                            "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot()})
         return f'{head[:-1]}, "jobs": [{", ".join(jobs)}], "nodes": [{", ".join(nodes)}]}}'
 
     def to_snapshot(self) -> dict[str, Any]:
         return {
-            "version": 2, "position": self.position, "clock": self.clock,
+            "version": 2, "position": self.position, "clock": self.clock, "queue_seq": self.queue_seq,
             "jobs": [j.to_dict() for j in self.jobs.values()],
             "nodes": [n.to_dict() for n in self.nodes.values()],
             "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot(),
@@ -512,7 +525,8 @@ class SchedulerState:
     @classmethod
     def from_snapshot(cls, raw: dict[str, Any], retention_s: float = DEFAULT_RETENTION_S) -> SchedulerState:
         """The state a snapshot holds, with the fleet and the indexes rebuilt from it."""
-        state = cls(position=raw["position"], retention_s=retention_s, clock=raw.get("clock", 0.0))
+        state = cls(position=raw["position"], retention_s=retention_s, clock=raw.get("clock", 0.0),
+                    queue_seq=raw.get("queue_seq", 0))
         for node in raw["nodes"]:
             record_n = NodeRecord.from_dict(node)
             state.nodes[record_n.node_id] = record_n
