@@ -26,11 +26,12 @@ from pathlib import Path
 
 import numpy as np
 from gpuorch_gpuctl.replay_cmd import parse_seeds, run_arrivals
-from gpuorch_policy import PUBLISHED, Cluster, IncrementalPlacer, Placement, TaskMix, build_policy, policy_names
+from gpuorch_policy import PUBLISHED, Cluster, Placement, TaskMix, build_policy, policy_names
+from gpuorch_policy.index import PlacementIndex
 from gpuorch_policy.model import NodeView
 from gpuorch_policy.openb import parse_nodes, parse_tasks, protocol_workload
-from gpuorch_policy.replay import replay_protocol
 from gpuorch_policy.variants import DEFAULT_VARIANT_SEED, FAMILIES, HELD_OUT, TUNED, make_variant, variant_names
+from gpuorch_scheduling.trace_replay import replay_protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -65,13 +66,13 @@ def scale_nodes(nodes: list[NodeView], factor: int) -> list[NodeView]:
 
 
 def placement_cost(nodes: list[NodeView], tasks, policy_name: str, factor: int, count: int) -> float:
-    """Microseconds per placement decision (IncrementalPlacer) over the first `count` tasks of seed 42, with the
-    fleet replicated `factor` times and the workload scaled with it."""
+    """Microseconds per placement decision (the live fleet's engine: the placement index) over the first `count`
+    tasks of seed 42, with the fleet replicated `factor` times and the workload scaled with it."""
     fleet = scale_nodes(nodes, factor)
     mix = TaskMix.from_requests(t.request for t in tasks)
     cluster = Cluster(fleet)
     workload = protocol_workload(tasks, cluster.gpu_capacity_milli, 1.3, 42)[: count * factor]
-    placer = IncrementalPlacer(cluster, build_policy(policy_name, mix), rng=np.random.default_rng(0))
+    placer = PlacementIndex(cluster, build_policy(policy_name, mix), rng=np.random.default_rng(0))
     started = time.perf_counter()
     for task in workload:
         decision = placer.place(task.request, explain=False)
@@ -118,9 +119,9 @@ def _variant_run(job: tuple[str, str, str, list[int], float, int]) -> tuple[str,
     if variant != "default":
         tasks = make_variant(tasks, nodes, variant, variant_seed)
     mix = TaskMix.from_requests(t.request for t in tasks)
-    policy = build_policy(policy_name, mix)
     started = time.perf_counter()
-    values = [replay_protocol(nodes, tasks, policy, seed, ratio=tune, mix=mix).unallocated_pct_at_130 for seed in seeds]
+    values = [replay_protocol(nodes, tasks, policy_name, seed, ratio=tune, mix=mix).unallocated_pct_at_130
+              for seed in seeds]
     return variant, policy_name, values, time.perf_counter() - started
 
 
@@ -315,7 +316,7 @@ def main() -> None:
         lines += [
             "",
             "Cost of one placement as the fleet grows (openb fleet replicated k times, first 3,000 x k tasks of "
-            "seed 42, IncrementalPlacer, microseconds per decision):",
+            "seed 42, the placement index, microseconds per decision):",
             "",
             "| policy | " + " | ".join(f"{1213 * k} nodes" for k in (1, 2, 4, 8)) + " |",
             "|---|---|---|---|---|",

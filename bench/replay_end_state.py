@@ -8,7 +8,7 @@ with others), GPUs holding other shares only, and free GPUs, each with its free 
 common share combinations and what they leave; and how the free milli splits into leftovers no task type of the
 workload fits by size, leftovers a type fits by size but not by its node's free CPU or memory, and the rest (a task
 that would fit never arrived). Used for "Why 4.0 % is not reached" in docs/placement.md. Same replay code as
-`gpuctl replay` (gpuorch_policy.replay_protocol with recorded outcomes).
+`gpuctl replay` (gpuorch_scheduling.trace_replay.replay_protocol with recorded outcomes).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import argparse
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from gpuorch_policy import TaskMix, build_policy
+from gpuorch_policy import TaskMix
 from gpuorch_policy.openb import parse_nodes, parse_tasks, protocol_workload
-from gpuorch_policy.replay import replay_protocol
 from gpuorch_policy.variants import make_variant
+from gpuorch_scheduling.trace_replay import replay_protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "traces" / "openb"
@@ -39,7 +39,7 @@ def main() -> None:
     if args.variant != "default":
         tasks = make_variant(tasks, nodes, args.variant)
     mix = TaskMix.from_requests(t.request for t in tasks)
-    result = replay_protocol(nodes, tasks, build_policy(args.policy, mix), args.seed, mix=mix, record_outcomes=True)
+    result = replay_protocol(nodes, tasks, args.policy, args.seed, mix=mix, record_outcomes=True)
     capacity = sum(len(n.gpus) for n in nodes) * 1000
     workload = protocol_workload(tasks, capacity, 1.3, args.seed)
 

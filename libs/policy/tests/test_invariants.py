@@ -1,10 +1,11 @@
 """Invariants checked on random fleets and workloads: no placement ever exceeds any node's CPU, memory or GPU;
-`place` never mutates its input; the incremental placer decides exactly like `place`."""
+`place` never mutates its input; the placement index (the live fleet's engine) decides exactly like `place`."""
 
 from __future__ import annotations
 
 import numpy as np
-from gpuorch_policy import Cluster, IncrementalPlacer, Placement, Request, TaskMix, build_policy, place, policy_names
+from gpuorch_policy import Cluster, Placement, Request, TaskMix, build_policy, place, policy_names
+from gpuorch_policy.index import PlacementIndex
 from gpuorch_policy.verify import check_placements
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -46,7 +47,7 @@ def test_placements_never_exceed_capacity(nodes, requests) -> None:
     mix = TaskMix.from_requests(requests)
     for name in policy_names():
         cluster = Cluster(views)
-        placer = IncrementalPlacer(cluster, build_policy(name, mix), rng=np.random.default_rng(0))
+        placer = PlacementIndex(cluster, build_policy(name, mix), rng=np.random.default_rng(0))
         records = []
         for k, request in enumerate(requests):
             decision = placer.place(request)
@@ -64,13 +65,13 @@ def test_placements_never_exceed_capacity(nodes, requests) -> None:
 
 @settings(max_examples=25, deadline=None)
 @given(nodes=nodes_strategy, requests=st.lists(request_strategy, min_size=1, max_size=40))
-def test_incremental_placer_decides_like_place_and_place_is_pure(nodes, requests) -> None:
+def test_the_index_decides_like_place_and_place_is_pure(nodes, requests) -> None:
     views = [make_node(f"n{i}", cpu=c, mem=m, gpus=g, model=mod) for i, (c, m, g, mod) in enumerate(nodes)]
     mix = TaskMix.from_requests(requests)
     for name in ("FGD", "gpuorch", "BestFit", "GpuPacking"):
         policy = build_policy(name, mix)
         cluster = Cluster(views)
-        placer = IncrementalPlacer(cluster, policy)
+        placer = PlacementIndex(cluster, policy)
         for request in requests:
             snapshot = cluster.copy()
             expected = place(request, cluster, policy)

@@ -1,42 +1,14 @@
-"""Job-level replay: jobs leave, FIFO blocks behind its head, priority with backfill does not."""
+"""Job-level trace workloads: arrival and runtime from the trace times, tiers by shape (the replay itself:
+libs/scheduling/tests/test_trace_replay.py)."""
 
 from __future__ import annotations
 
-from gpuorch_policy import Request, TaskMix, build_policy
-from gpuorch_policy.jobs import Job, jobs_from_tasks, replay_jobs, tier_of
+from gpuorch_policy import Request
+from gpuorch_policy.jobs import jobs_from_tasks, tier_of
 from gpuorch_policy.openb import Task
-
-from .conftest import make_node
 
 BIG = Request(cpu_milli=1000, num_gpu=2, gpu_milli=1000)
 SMALL = Request(cpu_milli=1000, num_gpu=1, gpu_milli=300)
-
-
-def _policy(jobs):
-    return build_policy("gpuorch", TaskMix.from_requests(j.request for j in jobs))
-
-
-def scenario() -> list[Job]:
-    return [
-        Job("first", Request(cpu_milli=1000, num_gpu=1, gpu_milli=1000), "training", arrival=0.0, runtime=100.0),
-        Job("big", BIG, "training", arrival=1.0, runtime=10.0),
-        Job("small", SMALL, "inference", arrival=2.0, runtime=5.0),
-    ]
-
-
-def test_fifo_head_blocks_the_small_job() -> None:
-    jobs = scenario()
-    result = replay_jobs([make_node("n", gpus=2)], jobs, _policy(jobs), queue_policy="fifo")
-    assert result.never_started == 0
-    assert result.tiers["inference"].queueing_mean == 108.0  # waits for first (t=100) and big (t=110)
-
-
-def test_priority_backfill_runs_the_small_job_at_once() -> None:
-    jobs = scenario()
-    result = replay_jobs([make_node("n", gpus=2)], jobs, _policy(jobs), queue_policy="priority-backfill")
-    assert result.tiers["inference"].queueing_mean == 0.0
-    assert result.tiers["training"].queueing_p95 > 0
-    assert result.makespan == 110.0
 
 
 def test_jobs_from_trace_times_and_tiers() -> None:

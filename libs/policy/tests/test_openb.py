@@ -1,10 +1,9 @@
-"""The openb CSV format: optional columns, every task kind, and a replay over a tiny trace."""
+"""The openb CSV format: optional columns and every task kind (replays: libs/scheduling/tests/test_trace_replay.py)."""
 
 from __future__ import annotations
 
 from gpuorch_policy import Placement, TaskMix, build_policy
 from gpuorch_policy.openb import parse_nodes, parse_tasks
-from gpuorch_policy.replay import replay_protocol
 
 NODES_CSV = """sn,cpu_milli,memory_mib,gpu,model
 node-b,32000,131072,4,V100M16
@@ -45,20 +44,6 @@ def test_gpu_spec_and_times_are_read_when_present() -> None:
 def test_cpu_only_nodes_are_kept() -> None:
     nodes = parse_nodes(NODES_CSV.splitlines())
     assert [len(n.gpus) for n in nodes] == [4, 2, 0]
-
-
-def test_replay_of_a_small_five_column_trace() -> None:
-    nodes = parse_nodes(NODES_CSV.splitlines())
-    tasks = parse_tasks(FIVE_COLUMN_PODS.splitlines())
-    mix = TaskMix.from_requests(t.request for t in tasks)
-    for name in ("gpuorch", "FGD", "Random"):
-        result = replay_protocol(nodes, tasks, build_policy(name, mix), seed=3, ratio=1.3, record_outcomes=True)
-        assert result.tasks == len(result.outcomes)
-        assert result.arrived_pct[-1] <= 130.0
-        assert result.allocated_pct[-1] <= 100.0
-        assert result.failed == sum(o.node is None for o in result.outcomes)
-        four = [o for o in result.outcomes if o.source == "p-four" and o.node is not None]
-        assert all(o.node == "node-b" for o in four)
 
 
 def test_model_constraint_is_respected() -> None:

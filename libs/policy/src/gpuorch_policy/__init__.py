@@ -1,21 +1,28 @@
-"""gpuorch placement core: pure, synchronous placement of one request on a cluster view.
+"""gpuorch placement core: pure, synchronous placement on a numpy view of the fleet. No I/O, no clock.
 
-Public API (the live scheduler and the replay both use exactly this):
+    Fleet (fleet.py)         the live fleet's engine, kept current by the scheduler's fold: a JobSpec's Ask placed
+                             through the PlacementIndex (index.py; gangs, shares, whole GPUs, CPU-only) or on free
+                             MIG instances (MigInstances); ``check`` is the plan applier's capacity test. Every replay
+                             and simulation (gpuorch_scheduling's Harness) runs this same engine.
+    PlacementIndex           ``place``'s decision at a cost that grows with what changed, not with the fleet
+    place(request, cluster, policy)   the reference decision: filters (filters.py) -> scorer (scorers.py) -> the
+                             highest score, lowest node name -> GPUs within the node; pure (never mutates)
+    build_policy(name, mix)  a named policy (policies.py): Random, DotProd, GpuClustering, GpuPacking, BestFit, FGD,
+                             gpuorch (the default: fragmentation-aware against the task mix, fragmentation.py)
+    MIG: mig_profiles (tables), mig_geometry (valid layouts), mig_planner (layouts that follow demand),
+         mig_execution (drain, apply, resume)
+    openb, variants, replay (metrics), verify, jobs: the trace formats and the replay protocol's measurements
 
-    from gpuorch_policy import Cluster, NodeView, GpuView, Request, place, build_policy, TaskMix
-    cluster = Cluster(node_views)                       # numpy-backed view; place() never mutates it
-    policy = build_policy("gpuorch", TaskMix.from_requests(recent_requests))
+    cluster = Cluster(node_views)
     decision = place(Request(cpu_milli=4000, memory_mib=8192, num_gpu=1, gpu_milli=470), cluster, policy)
-    if isinstance(decision, Placement): cluster.assign(request, decision)   # the applier's step
-    else: print(decision.reasons)                        # plain words, e.g. "needs 4 GPUs on one node; largest free: 2"
-
-No I/O, no broker, no database, no clock: time, when needed, is passed in.
+    if isinstance(decision, Placement): cluster.assign(request, decision)   # raises CapacityError on any overrun
+    else: print(decision.reasons)          # plain words, e.g. "needs 4 GPUs on one node; largest free: 2"
 """
 
 from gpuorch_policy.cluster import CapacityError, Cluster, whole_gpu_nodes
 from gpuorch_policy.filters import DEFAULT_FILTERS, Filter, GpuCapacity, GpuModel, HostCpu, HostMemory, status_of
 from gpuorch_policy.fragmentation import TaskMix, TaskType
-from gpuorch_policy.framework import IncrementalPlacer, Policy, feasible_mask, place, place_gang, unfit_reasons
+from gpuorch_policy.framework import Policy, feasible_mask, place, place_gang, unfit_reasons
 from gpuorch_policy.model import (
     GPU_MILLI,
     FilterCode,
@@ -44,7 +51,6 @@ __all__ = [
     "GpuView",
     "HostCpu",
     "HostMemory",
-    "IncrementalPlacer",
     "NodeView",
     "Placement",
     "Policy",

@@ -68,6 +68,8 @@ class Cluster:
             dtype=np.int64,
         )
         self.schedulable = np.array([node.schedulable for node in nodes], dtype=np.bool_)
+        self.linked = np.array([bool(node.nvlink_pairs) for node in nodes], dtype=np.bool_)
+        """Nodes with NVLink pairs (the NVLink plugin looks at these only)."""
         self.gpu_count = np.array([len(node.gpus) for node in nodes], dtype=np.int64)
         self.gpu_present = np.zeros((n, g), dtype=np.bool_)
         self.gpu_healthy = np.zeros((n, g), dtype=np.bool_)
@@ -189,7 +191,7 @@ class Cluster:
         return clone
 
     # ---- growing the fleet -------------------------------------------------------------------------------------
-    _PER_NODE = ("cpu_total", "mem_total", "cpu_free", "mem_free", "schedulable", "gpu_count", "node_model",
+    _PER_NODE = ("cpu_total", "mem_total", "cpu_free", "mem_free", "schedulable", "linked", "gpu_count", "node_model",
                  "version", "max_usable", "whole_usable")
     _PER_GPU = ("gpu_present", "gpu_healthy", "gpu_free", "gpu_mem_free", "gpu_mem_total", "gpu_model",
                 "gpu_usable")

@@ -129,14 +129,16 @@ class NvlinkLocality:
         scores, picks = self.inner.score(request, cluster, rows, rng)  # type: ignore[attr-defined]
         if request.num_gpu < 2:
             return scores, picks
+        linked = np.flatnonzero(cluster.linked[rows])
+        if len(linked) == 0:
+            return scores, picks  # no node here has NVLink: the inner order stands
         bonus = np.zeros(len(rows), dtype=np.int64)
-        eligible = cluster.eligible_gpus(request, rows)
+        eligible = cluster.eligible_gpus(request, rows[linked])
         weights = 1 << np.arange(eligible.shape[1], dtype=np.int64)
         masks = (eligible.astype(np.int64) * weights).sum(axis=1)
-        for k, row in enumerate(rows):
-            links = _links(cluster, int(row))
-            if links and _clique_possible(int(masks[k]), request.num_gpu, links):
-                bonus[k] = 1
+        for k, at in enumerate(linked.tolist()):
+            if _clique_possible(int(masks[k]), request.num_gpu, _links(cluster, int(rows[at]))):
+                bonus[at] = 1
         return (bonus * 1_000_000 + scores).astype(np.int64), picks
 
 

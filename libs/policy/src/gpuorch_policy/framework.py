@@ -5,13 +5,13 @@
                                  ▼                                             ▼
                         Unfit(plain reasons)           highest score, lowest node name ──► Placement
 
-`place` is pure: it reads the cluster and returns a decision. `IncrementalPlacer` gives the same decisions while
-caching node-local scores per request shape and node version, for replays and busy schedulers.
+`place` is pure: it reads the cluster and returns a decision. `gpuorch_policy.index.PlacementIndex` gives the same
+decisions at a cost that grows with what changed (the live fleet's engine, and every replay's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -120,49 +120,3 @@ def place_gang(
         trial.assign(request, decision)
         trial.schedulable[trial.index_of[decision.node_id]] = False  # one member per node
     return placed
-
-
-class _ScoreCache:
-    __slots__ = ("picks", "scores", "version")
-
-    def __init__(self, n: int) -> None:
-        self.version = np.full(n, -1, dtype=np.int64)
-        self.scores = np.zeros(n, dtype=np.int64)
-        self.picks = np.full(n, -1, dtype=np.int64)
-
-
-class IncrementalPlacer:
-    """`place` with a per-(request shape, node version) score cache; decisions are identical to `place`.
-
-    Only node-local scorers are cached. The cluster may be mutated between calls (that bumps node versions).
-    """
-
-    def __init__(self, cluster: Cluster, policy: Policy, rng: np.random.Generator | None = None) -> None:
-        self.cluster = cluster
-        self.policy = policy
-        self.rng = rng
-        self._caches: dict[Hashable, _ScoreCache] = {}
-
-    def place(self, request: Request, explain: bool = True) -> Placement | Unfit:
-        cluster, policy = self.cluster, self.policy
-        if not policy.scorer.node_local or request.invalid_reason() is not None:
-            return place(request, cluster, policy, self.rng)
-        mask = feasible_mask(request, cluster, policy.filters)
-        rows = np.flatnonzero(mask)
-        if len(rows) == 0:
-            return Unfit(unfit_reasons(request, cluster, policy.filters) if explain else ())
-        key = policy.scorer.cache_key(request)
-        cache = self._caches.get(key)
-        if cache is None:
-            cache = self._caches[key] = _ScoreCache(cluster.size)
-        stale = rows[cache.version[rows] != cluster.version[rows]]
-        if len(stale):
-            scores, picks = policy.scorer.score(request, cluster, stale, self.rng)
-            cache.scores[stale] = scores
-            cache.picks[stale] = picks
-            cache.version[stale] = cluster.version[stale]
-        scores = cache.scores[rows]
-        best = _select(cluster, rows, scores)
-        row = int(rows[best])
-        gpus = choose_gpus(request, cluster, row, int(cache.picks[row]))
-        return Placement(node_id=cluster.node_ids[row], gpus=gpus, score=int(scores[best]))

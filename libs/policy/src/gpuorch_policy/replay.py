@@ -1,25 +1,18 @@
-"""Arrival-only trace replay with the FGD paper's protocol and metrics (see shared/traces/openb/README.md).
+"""The FGD paper's replay metrics (see shared/traces/openb/README.md): what one arrival-only replay measured.
 
-    nodes, tasks ──► inflate to ratio x capacity, shuffle (seed) ──► place one by one (IncrementalPlacer)
-                                                                      │ after each task
-                                                                      ▼
-                              arrived %, allocated %, fragmentation % ──► metrics at 100 % / 130 % arrived
+    after each task: arrived %, allocated %, fragmentation % ──► allocated % at 100 % arrived, unallocated % at
+                                                                   130 % arrived, curves (the simulator's analysis)
 
-Pure: no files, no clock. The caller may time a run; `ReplayResult.seconds` is whatever it puts there.
+The replay itself runs the scheduler through its Harness (``gpuorch_scheduling.trace_replay``): one engine for the
+live fleet and every prediction. Pure: no files, no clock; ``ReplayResult.seconds`` is whatever the caller puts there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from gpuorch_policy.cluster import Cluster
-from gpuorch_policy.fragmentation import TaskMix, frag_weighted
-from gpuorch_policy.framework import IncrementalPlacer, Policy
-from gpuorch_policy.model import NodeView, Placement
-from gpuorch_policy.openb import Task, protocol_workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,85 +66,3 @@ def discrete_mean(arrived_pct: np.ndarray, values: np.ndarray, point: int) -> fl
         if not hit.any():
             return float("nan")
     return round(float(rounded[hit].mean()), 2)
-
-
-def replay_arrivals(
-    nodes: Sequence[NodeView],
-    workload: Sequence[Task],
-    policy: Policy,
-    mix: TaskMix,
-    seed: int,
-    record_outcomes: bool = False,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> ReplayResult:
-    """Place `workload` (already inflated and shuffled) in order on empty `nodes`; nothing ever leaves."""
-    cluster = Cluster(nodes)
-    placer = IncrementalPlacer(cluster, policy, rng=np.random.default_rng(seed + 1_000_003))
-    capacity = cluster.gpu_capacity_milli
-    n = len(workload)
-    arrived = np.empty(n)
-    allocated = np.empty(n)
-    frag = np.empty(n)
-    frag_point = -1
-    node_frag = np.zeros(cluster.size)
-    frag_seen = np.full(cluster.size, -1, dtype=np.int64)
-    arrived_milli = 0
-    allocated_milli = 0
-    failed = 0
-    frag_now = 0.0
-    outcomes: list[TaskOutcome] = []
-    for step, task in enumerate(workload):
-        request = task.request
-        arrived_milli += request.gpu_milli_total
-        decision = placer.place(request, explain=False)
-        if isinstance(decision, Placement):
-            cluster.assign(request, decision)
-            allocated_milli += request.gpu_milli_total
-            if record_outcomes:
-                outcomes.append(TaskOutcome(task.name, task.source or task.name, decision.node_id, decision.gpus))
-        else:
-            failed += 1
-            if record_outcomes:
-                outcomes.append(TaskOutcome(task.name, task.source or task.name, None, ()))
-        arrived[step] = arrived_milli
-        allocated[step] = allocated_milli
-        point = int(arrived_milli * 100 // capacity)
-        if point != frag_point:  # sampled once per arrived percent, recomputing only the nodes that changed
-            frag_point = point
-            changed = np.flatnonzero(frag_seen != cluster.version)
-            node_frag[changed] = frag_weighted(
-                mix, cluster.gpu_usable[changed], cluster.cpu_free[changed], cluster.node_model[changed], cluster
-            )
-            frag_seen[changed] = cluster.version[changed]
-            frag_now = float(node_frag.sum())
-        frag[step] = frag_now
-        if on_progress is not None and (step % 500 == 0 or step == n - 1):
-            on_progress(step + 1, n)
-    scale = 100.0 / capacity
-    return ReplayResult(
-        policy=policy.name,
-        seed=seed,
-        tasks=n,
-        failed=failed,
-        arrived_pct=arrived * scale,
-        allocated_pct=allocated * scale,
-        frag_pct=frag * scale / mix.total_weight,
-        outcomes=outcomes,
-    )
-
-
-def replay_protocol(
-    nodes: Sequence[NodeView],
-    tasks: Sequence[Task],
-    policy: Policy,
-    seed: int,
-    ratio: float = 1.3,
-    mix: TaskMix | None = None,
-    record_outcomes: bool = False,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> ReplayResult:
-    """The whole protocol for one seed: inflate, shuffle, replay. `mix` defaults to the original task list's."""
-    capacity = sum(len(n.gpus) for n in nodes) * 1000
-    workload = protocol_workload(tasks, capacity, ratio, seed)
-    task_mix = mix if mix is not None else TaskMix.from_requests(t.request for t in tasks)
-    return replay_arrivals(nodes, workload, policy, task_mix, seed, record_outcomes, on_progress)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from gpuorch_contracts import PRIORITY_VALUE, JobPlaced, JobPreempting, LaunchJob, NodeAssignment
 from gpuorch_policy.fleet import Ask, Fleet
 
-from gpuorch_scheduling.decisions import Decision, at, decision_id, stops
+from gpuorch_scheduling.decisions import Decision, at, decision_id, derived_id, stops
 from gpuorch_scheduling.queueing import QueuePolicy, TenantUsage, fair_order
 from gpuorch_scheduling.state import JobRecord, SchedulerState
 
@@ -90,15 +90,20 @@ def _expected_end(job: JobRecord, now: float) -> float:
 
 
 def _place(job: JobRecord, assignments: list[NodeAssignment], now: float, decision: Decision) -> None:
+    """JobPlaced and one LaunchJob per gang rank. Built without re-validation: every part is validated already (the
+    job's spec at admission, the assignments by the fleet), and this is the hottest path of a busy cycle."""
     placement_id = decision_id("placement", job.job_id, job.requeues, job.preemptions)
-    stamp = at(now)
-    decision.logged.append(JobPlaced(message_id=decision_id("placed", placement_id), job_id=job.job_id,
-                                     placement_id=placement_id, assignments=assignments, occurred_at=stamp))
+    stamp, tenant = at(now), job.spec.tenant
+    decision.logged.append(JobPlaced.model_construct(
+        message_id=derived_id(placement_id, 0), type=JobPlaced.TYPE, schema_version=1, occurred_at=stamp,
+        producer="unknown", labels={}, tenant=tenant, job_id=job.job_id, placement_id=placement_id,
+        assignments=assignments))
     for rank, assignment in enumerate(assignments):
-        decision.published.append(LaunchJob(
-            message_id=decision_id("launch", placement_id, rank), occurred_at=stamp, node_id=assignment.node_id, job_id=job.job_id, placement_id=placement_id, spec=job.spec,
-            gpus=assignment.gpus, gang_rank=rank, gang_size=len(assignments),
-        ))
+        decision.published.append(LaunchJob.model_construct(
+            message_id=derived_id(placement_id, 1 + rank), type=LaunchJob.TYPE, schema_version=1,
+            occurred_at=stamp, producer="unknown", labels={}, node_id=assignment.node_id, job_id=job.job_id,
+            placement_id=placement_id, spec=job.spec, gpus=assignment.gpus, gang_rank=rank,
+            gang_size=len(assignments)))
 
 
 def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = None,
@@ -224,9 +229,8 @@ class _Cycle:
                 if excess > 1e-9:
                     over[tenant] = excess
         candidates = []
-        for victim in self.active:
-            if victim.state not in ("placed", "running") or not victim.spec.preemptible \
-                    or victim.job_id in self.victims:
+        for victim in self.state.preemptible.values():  # held at the start of the cycle, as ``active``
+            if victim.state not in ("placed", "running") or victim.job_id in self.victims:
                 continue
             lower = PRIORITY_VALUE[victim.spec.priority_class] < mine
             reclaim = victim.spec.tenant in over

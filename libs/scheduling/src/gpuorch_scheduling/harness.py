@@ -45,7 +45,7 @@ from gpuorch_contracts import (
 
 from gpuorch_scheduling import journal
 from gpuorch_scheduling.scheduler import Scheduler, SchedulerConfig
-from gpuorch_scheduling.step import Input, Known, Step
+from gpuorch_scheduling.step import Input, Known, Step, StepHooks
 from gpuorch_scheduling.world import Behaviour, World
 
 _NAMESPACE = uuid.UUID("9d3e54a2-7c1b-4e6f-8a90-1f2e3d4c5b6a")
@@ -95,12 +95,12 @@ class Harness:
     def __init__(self, config: SchedulerConfig | None = None, *, start: float = 0.0, tick_s: float = 1.0,
                  heartbeat_s: float = 5.0, batch_max: int = 500, launch_s: float | None = 0.0,
                  stop_s: float = 1.0, mig_apply_s: float = 5.0, keep_steps: bool = False, seed: int = 0,
-                 settle_s: float = 3600.0) -> None:
+                 settle_s: float = 3600.0, hooks: StepHooks | None = None) -> None:
         self.scheduler = Scheduler(config)
         self.world = World(launch_s=launch_s, stop_s=stop_s, mig_apply_s=mig_apply_s)
         self.now = start
         self.tick_s, self.heartbeat_s, self.batch_max = tick_s, heartbeat_s, batch_max
-        self.keep_steps, self.settle_s = keep_steps, settle_s
+        self.keep_steps, self.settle_s, self.hooks = keep_steps, settle_s, hooks
         self._changed_at = start
         self.steps: list[Step] = []
         self.jobs: dict[uuid.UUID, SimJob] = {}
@@ -210,7 +210,7 @@ class Harness:
             self._renew(now)
         if not inputs and not tick:
             return
-        step = self.scheduler.step(inputs, now, lease_now=now, tick=tick, known=Known())
+        step = self.scheduler.step(inputs, now, lease_now=now, tick=tick, known=Known(), hooks=self.hooks)
         if step.events:
             self._changed_at = now
         self._observe(step, now)

@@ -229,8 +229,9 @@ class Scheduler:
         """Log ``event`` in this step and apply it to the state. Decisions are stamped with ``now`` and carry their
         job's tenant (so they route to that tenant's subscribers)."""
         if stamp:
-            event = event.model_copy(update={"occurred_at": datetime.fromtimestamp(step.now, UTC),
-                                             **self._tenant_of(event)})
+            when, tenant = datetime.fromtimestamp(step.now, UTC), self._tenant_of(event)
+            if tenant or event.occurred_at != when:
+                event = event.model_copy(update={"occurred_at": when, **tenant})
         headers = self.trace_of(event, trace)
         step.events.append((event, headers))
         if stamp:
@@ -414,7 +415,7 @@ class Scheduler:
         self.mig.note_pending(self.state, result.pending)
         self._last_cycle_at = now
         step.preemptions += result.preemptions
-        applied = apply_plan(self.state, result.decision, lambda e: self._record(step, e))
+        applied = hooks.apply(lambda: apply_plan(self.state, result.decision, lambda e: self._record(step, e)))
         step.published += applied.published
         step.refused = applied.refused
         for job_id, reason in applied.refused.values():

@@ -167,6 +167,8 @@ class SchedulerState:
     queued: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
     active: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
     queued_by_tenant: dict[str, int] = field(default_factory=dict)
+    preemptible: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
+    """The preemptible jobs among ``active`` (preemption looks for victims here only)."""
     stopping: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
     """Active jobs being stopped (preempted, or cancelled while running): their room frees once confirmed."""
     tenant_held: dict[str, list[float]] = field(default_factory=dict)
@@ -235,6 +237,10 @@ class SchedulerState:
             self.active[job_id] = job
         else:
             self.active.pop(job_id, None)
+        if held and job.spec.preemptible:
+            self.preemptible[job_id] = job
+        else:
+            self.preemptible.pop(job_id, None)
         if held and (job.state == "preempting" or job.stopping_nodes):
             self.stopping[job_id] = job
         else:
@@ -541,6 +547,8 @@ class SchedulerState:
                 state._hold(record)
                 state._count_held(record, +1)
                 state.active[record.job_id] = record
+                if record.spec.preemptible:
+                    state.preemptible[record.job_id] = record
                 if record.state == "preempting" or record.stopping_nodes:
                     state.stopping[record.job_id] = record
             elif record.state == "queued":

@@ -84,17 +84,23 @@ class Step:
 
 
 class StepHooks(Protocol):
-    """What a shell wraps around the parts of a step that it measures or traces (the core has no clock)."""
+    """What a shell wraps around the parts of a step that it measures or traces (the core has no clock): each hook
+    must call ``run`` once and return what it returned."""
 
     def cycle(self, run: Callable[[], CycleResult]) -> CycleResult: ...
+
+    def apply(self, run: Callable[[], Any]) -> Any: ...
 
     def mig_plan(self, run: Callable[[], Any]) -> Any: ...
 
 
 class NoHooks:
-    """Runs each part as it is (the Harness, tests)."""
+    """Runs each part as it is (tests; the Harness unless given hooks)."""
 
     def cycle(self, run: Callable[[], CycleResult]) -> CycleResult:
+        return run()
+
+    def apply(self, run: Callable[[], Any]) -> Any:
         return run()
 
     def mig_plan(self, run: Callable[[], Any]) -> Any:

@@ -29,7 +29,7 @@ from gpuorch_contracts import GpuInfo, GpuRequest, JobPlaced, JobSpec, NodeInven
 from gpuorch_policy.fragmentation import TaskMix, frag_weighted
 from gpuorch_policy.jobs import TIERS, Job, TierStats, tier_stats
 from gpuorch_policy.model import GPU_MILLI, NodeView, Request
-from gpuorch_policy.openb import Task
+from gpuorch_policy.openb import Task, protocol_workload
 from gpuorch_policy.replay import ReplayResult, TaskOutcome
 
 from gpuorch_scheduling.cycle import CycleLimits
@@ -150,6 +150,16 @@ def replay_arrivals(nodes: Sequence[NodeView], workload: Sequence[Task], policy:
     return ReplayResult(policy=harness.state.fleet.policy.name, seed=seed, tasks=n, failed=failed,
                         arrived_pct=arrived * scale, allocated_pct=allocated * scale,
                         frag_pct=frag * scale / mix.total_weight, outcomes=outcomes)
+
+
+def replay_protocol(nodes: Sequence[NodeView], tasks: Sequence[Task], policy: str, seed: int, ratio: float = 1.3,
+                    mix: TaskMix | None = None, record_outcomes: bool = False,
+                    on_progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+    """The whole protocol for one seed: inflate, shuffle, replay. ``mix`` defaults to the task list's own."""
+    capacity = sum(len(n.gpus) for n in nodes) * GPU_MILLI
+    workload = protocol_workload(tasks, capacity, ratio, seed)
+    task_mix = mix if mix is not None else TaskMix.from_requests(t.request for t in tasks)
+    return replay_arrivals(nodes, workload, policy, task_mix, seed, record_outcomes, on_progress)
 
 
 @dataclass

@@ -881,9 +881,10 @@ def core(
     repeats: Annotated[int, typer.Option(min=1, help="runs per fleet size; medians are reported")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
 ) -> None:
-    """The placement core in process (no broker, no database): one-GPU jobs onto N x 8 GPUs, the shape of
-    Armada's scheduler benchmark. Keys per fleet size: placements_per_s (one scheduling cycle of the scheduler's
-    own state and fold deciding every job) and engine_placements_per_s (the placement index alone)."""
+    """The scheduler's step in process, on its Harness (no broker, no database): one-GPU jobs onto N x 8 GPUs, the
+    shape of Armada's scheduler benchmark. Keys per fleet size: placements_per_s (one cycle and the plan applier
+    deciding every job), step_placements_per_s (the whole step, admission included) and engine_placements_per_s
+    (the placement engine alone)."""
     from gpuorch_gpuctl.bench_core import run_core
 
     sizes = [int(n) for n in nodes.split(",") if n.strip()]
@@ -895,5 +896,5 @@ def core(
     if as_json:
         print(json.dumps(result))
         return
-    _print_table(rows, ["nodes", "gpus", "jobs", "placed", "placements_per_s", "engine_placements_per_s", "repeats"],
-                 "Placement core in process (medians)")
+    _print_table(rows, ["nodes", "gpus", "jobs", "placed", "placements_per_s", "step_placements_per_s",
+                        "engine_placements_per_s", "repeats"], "The scheduler's step in process (medians)")

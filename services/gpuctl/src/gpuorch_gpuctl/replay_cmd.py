@@ -1,11 +1,13 @@
-"""`gpuctl replay`: replay a GPU-cluster trace (openb format) through the placement core, offline.
+"""`gpuctl replay`: replay a GPU-cluster trace (openb format) through the scheduler, offline.
 
-Two modes:
+Both modes run the scheduler the service runs, on its Harness (``gpuorch_scheduling.trace_replay``): admission, the
+queue, the cycle, the plan applier and the live fleet's placement engine, with the placement policy pinned.
   arrivals (default): the FGD paper's protocol (shared/traces/openb/README.md): inflate the task list to `--tune` x
-      the cluster's GPU capacity, shuffle per seed, place one by one, nothing leaves. Reports allocated % at 100 %
+      the cluster's GPU capacity, shuffle per seed, submit one by one, nothing leaves. Reports allocated % at 100 %
       arrived, unallocated % at 130 % arrived, the fragmentation curve, failed tasks and seconds per run.
-  jobs: tasks arrive at their creation time and leave at their deletion time (time-compressed); a queue in front of
-      the placer (FIFO, or priority with backfill). Reports queueing delay and completion time per tier.
+  jobs: tasks arrive at their creation time and run for their trace runtime (time-compressed) on simulated
+      executors; the scheduler's queue (tiers, priorities, ageing, fair share, backfill). Reports queueing delay and
+      completion time per tier.
 
 `--json` prints exactly one JSON object on stdout; progress goes to stderr. `--placements FILE` writes one JSON line
 per task in arrival order so the result can be checked independently (`--verify FILE` does that check).
@@ -23,11 +25,12 @@ from typing import Annotated, Any
 
 import typer
 from gpuorch_policy import DEFAULT_POLICY, PUBLISHED, TaskMix, build_policy, policy_names
-from gpuorch_policy.jobs import QUEUE_POLICIES, jobs_from_tasks, replay_jobs
+from gpuorch_policy.jobs import jobs_from_tasks
 from gpuorch_policy.openb import Task, inflate_seeded, parse_nodes, parse_tasks
-from gpuorch_policy.replay import ReplayResult, replay_protocol
+from gpuorch_policy.replay import ReplayResult
 from gpuorch_policy.variants import DEFAULT_VARIANT_SEED, make_variant, parse_variant, to_csv_lines
 from gpuorch_policy.verify import check_placements
+from gpuorch_scheduling.trace_replay import replay_jobs, replay_protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -105,7 +108,7 @@ def _load(nodes_lines: list[str], pods_lines: list[str], policy_name: str, varia
     if variant:
         tasks = make_variant(tasks, nodes, variant, variant_seed)
     mix = TaskMix.from_requests(t.request for t in tasks)
-    return {"nodes": nodes, "tasks": tasks, "mix": mix, "policy": build_policy(policy_name, mix)}
+    return {"nodes": nodes, "tasks": tasks, "mix": mix, "policy": build_policy(policy_name, mix).name}
 
 
 def _worker_init(nodes_lines: list[str], pods_lines: list[str], policy_name: str, variant: str | None,
@@ -118,6 +121,7 @@ def _replay_seed(loaded: dict[str, Any], seed: int, tune: float, record: bool,
     started = time.perf_counter()
     result = replay_protocol(loaded["nodes"], loaded["tasks"], loaded["policy"], seed, ratio=tune,
                              mix=loaded["mix"], record_outcomes=record, on_progress=on_progress)
+    result.policy = loaded["policy"]
     result.seconds = time.perf_counter() - started
     return result
 
@@ -150,18 +154,18 @@ def run_arrivals(
     `jobs` > 1 replays the seeds in that many processes (each seed's result is the same as in one process: a seed
     fixes its workload and its random stream); placements are written in seed order all the same."""
     loaded = _load(nodes_lines, pods_lines, policy_name, variant, variant_seed)
-    policy = loaded["policy"]
+    policy: str = loaded["policy"]
     record = placements_out is not None
     results: dict[int, ReplayResult] = {}
 
     def finished(result: ReplayResult) -> None:
         results[result.seed] = result
         if log is not None:
-            log.print(f"{policy.name} seed {result.seed}: unallocated {result.unallocated_pct_at_130:.2f} % at 130 % "
+            log.print(f"{policy} seed {result.seed}: unallocated {result.unallocated_pct_at_130:.2f} % at 130 % "
                       f"arrived, {result.seconds:.2f} s")
 
     if jobs > 1 and len(seeds) > 1:
-        task_id = progress.add_task(f"{policy.name}: {len(seeds)} seeds in {jobs} processes", total=len(seeds)) \
+        task_id = progress.add_task(f"{policy}: {len(seeds)} seeds in {jobs} processes", total=len(seeds)) \
             if progress is not None else None
         context = multiprocessing.get_context("spawn")
         with context.Pool(min(jobs, len(seeds)), initializer=_worker_init,
@@ -172,7 +176,7 @@ def run_arrivals(
                     progress.advance(task_id)
     else:
         for seed in seeds:
-            task_id = progress.add_task(f"{policy.name} seed {seed}", total=None) if progress is not None else None
+            task_id = progress.add_task(f"{policy} seed {seed}", total=None) if progress is not None else None
 
             def on_progress(done: int, total: int, _task_id: Any = task_id) -> None:
                 if progress is not None and _task_id is not None:
@@ -188,11 +192,11 @@ def run_arrivals(
                                                  "node": outcome.node, "gpus": [list(g) for g in outcome.gpus]})
                                      + "\n")
         per_seed.append(_seed_summary(result, curve_points))
-    summary: dict[str, Any] = {"policy": policy.name, "tune": tune, "seeds": per_seed, "mean": _mean_summary(per_seed)}
+    summary: dict[str, Any] = {"policy": policy, "tune": tune, "seeds": per_seed, "mean": _mean_summary(per_seed)}
     if variant:
         summary["variant"] = {"name": variant, "seed": variant_seed, "tasks": len(loaded["tasks"])}
-    if policy.name in PUBLISHED and not variant:
-        alloc, unalloc = PUBLISHED[policy.name]
+    if policy in PUBLISHED and not variant:
+        alloc, unalloc = PUBLISHED[policy]
         summary["published"] = {"allocated_pct_at_100": alloc, "unallocated_pct_at_130": unalloc}
     return summary
 
@@ -228,32 +232,27 @@ def run_jobs(
     nodes_lines: list[str],
     pods_lines: list[str],
     policy_name: str,
-    queues: list[str],
     compression: float,
     load: float,
     tune: float = 0.0,
     seed: int = 42,
 ) -> dict[str, Any]:
-    """The job-level replay for each queue policy; `tune` > 0 first inflates the task list like the arrivals
+    """The job-level replay through the scheduler; `tune` > 0 first inflates the task list like the arrivals
     protocol (copies keep their source's times), so that demand can exceed the fleet."""
     nodes = parse_nodes(nodes_lines)
     tasks = parse_tasks(pods_lines)
     mix = TaskMix.from_requests(t.request for t in tasks)
-    policy = build_policy(policy_name, mix)
+    policy = build_policy(policy_name, mix).name
     if tune > 0:
         capacity = sum(len(n.gpus) for n in nodes) * 1000
         tasks = inflate_seeded(tasks, capacity, tune, seed)
     jobs = jobs_from_tasks(tasks, compression=compression, load=load)
-    runs = []
-    for queue in queues:
-        started = time.perf_counter()
-        result = replay_jobs(nodes, jobs, policy, queue_policy=queue)
-        record = asdict(result)
-        record["seconds"] = round(time.perf_counter() - started, 3)
-        runs.append(record)
+    started = time.perf_counter()
+    record = asdict(replay_jobs(nodes, jobs, policy, mix, seed))
+    record["seconds"] = round(time.perf_counter() - started, 3)
     return {
-        "mode": "jobs", "policy": policy.name, "compression": compression, "load": load, "tune": tune, "seed": seed,
-        "jobs": len(jobs), "runs": runs,
+        "mode": "jobs", "policy": policy, "compression": compression, "load": load, "tune": tune, "seed": seed,
+        "jobs": len(jobs), "runs": [record],
     }
 
 
@@ -262,12 +261,12 @@ def _print_jobs(console: Console, summary: dict[str, Any]) -> None:
         title=f"jobs replay ({summary['jobs']} jobs, tune {summary['tune']}, seed {summary['seed']}), placement "
         f"{summary['policy']}, compression {summary['compression']}, load {summary['load']}"
     )
-    for column in ("queue", "tier", "jobs", "started", "wait mean", "wait p95", "completion mean", "completion p95"):
+    for column in ("tier", "jobs", "started", "wait mean", "wait p95", "completion mean", "completion p95"):
         table.add_column(column, justify="right")
     for run in summary["runs"]:
         for tier, s in run["tiers"].items():
             table.add_row(
-                cell(run["queue_policy"]), cell(tier), str(s["jobs"]), str(s["started"]), f"{s['queueing_mean']:.1f}",
+                cell(tier), str(s["jobs"]), str(s["started"]), f"{s['queueing_mean']:.1f}",
                 f"{s['queueing_p95']:.1f}", f"{s['completion_mean']:.1f}", f"{s['completion_p95']:.1f}",
             )
     console.print(table)
@@ -285,10 +284,8 @@ def replay(
     placements: Annotated[
         Path | None, typer.Option("--placements", help="write one JSON line per task (arrival order) to FILE")
     ] = None,
-    mode: Annotated[str, typer.Option("--mode", help="arrivals (paper protocol) or jobs (queue, jobs leave)")] = "arrivals",
-    queue: Annotated[
-        str, typer.Option("--queue", help=f"jobs mode: {', '.join(QUEUE_POLICIES)} or all")
-    ] = "all",
+    mode: Annotated[str, typer.Option("--mode", help="arrivals (paper protocol) or jobs (the scheduler's queue, jobs "
+                                                     "leave)")] = "arrivals",
     compression: Annotated[float, typer.Option("--compression", help="jobs mode: divide trace times by this")] = 1.0,
     load: Annotated[
         float, typer.Option("--load", help="jobs mode: pack arrivals this much closer (the openb trace needs ~1e4+)")
@@ -315,7 +312,7 @@ def replay(
                                                "CPU, at most one per seed; the results do not depend on it)", min=1)
     ] = None,
 ) -> None:
-    """Replay a trace through the placement core (FGD paper protocol, or a job-level queue replay)."""
+    """Replay a trace through the scheduler on its Harness (FGD paper protocol, or a job-level replay)."""
     console = Console(emoji=False)
     err = Console(stderr=True, emoji=False)
     nodes_lines, pods_lines = _read_csv(nodes), _read_csv(pods)
@@ -347,14 +344,8 @@ def replay(
                 console.print(f"  {line}")
         raise typer.Exit(1 if problems else 0)
     if mode == "jobs":
-        queues = list(QUEUE_POLICIES) if queue == "all" else [queue]
-        for q in queues:
-            if q not in QUEUE_POLICIES:
-                raise typer.BadParameter(f"unknown queue policy {q!r}")
-        with err.status("replaying jobs ..."):
-            summary = run_jobs(
-                nodes_lines, pods_lines, policy, queues, compression, load, tune, parse_seeds(seeds)[0]
-            )
+        with err.status("replaying jobs through the scheduler ..."):
+            summary = run_jobs(nodes_lines, pods_lines, policy, compression, load, tune, parse_seeds(seeds)[0])
         if json_output:
             print(json.dumps(summary))
         else:

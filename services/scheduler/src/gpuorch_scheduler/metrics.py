@@ -118,6 +118,9 @@ class StepMeter:
         self.cycle_span = (wall, wall + took)
         return result
 
+    def apply(self, run: Callable[[], Any]) -> Any:
+        return run()
+
     def mig_plan(self, run: Callable[[], Any]) -> Any:
         started = time.perf_counter()
         try:
