@@ -9,6 +9,7 @@ the real ``gpuorch-executor`` through the real broker and sees the refusal, with
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from pathlib import Path
 
@@ -136,6 +137,15 @@ def test_code_running_modules_need_inline_code_in_the_allow_list_itself(modules:
     allowed = load_allow_list(json.dumps({"tenants": {"t": {"commands": ["python3"], "modules": modules,
                                                               "inline_code": True}}}))
     assert allowed.policy_for("t") is not None
+
+
+def test_an_allowed_command_that_links_to_an_interpreter_is_read_as_that_interpreter(tmp_path: Path) -> None:
+    link = tmp_path / "train"
+    link.symlink_to(sys.executable)
+    allow = load_allow_list(json.dumps({"tenants": {"t": {"commands": [str(link)]}}}))
+    refused = allow.check_process("t", ProcessRun(argv=[str(link), "-c", "import os"]), str(link))
+    assert refused is not None and "inline code" in refused.reason
+    assert allow.check_process("t", ProcessRun(argv=[str(link), "job.py"]), str(link)) is None
 
 
 def test_a_package_wildcard_does_not_reach_a_code_running_module() -> None:

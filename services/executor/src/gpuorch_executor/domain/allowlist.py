@@ -130,7 +130,8 @@ class AllowList:
             return Refusal(f"command {argv0!r} is not allowed for tenant {tenant!r}")
         if policy.inline_code:
             return None
-        return _inline_refusal(tenant, policy, read_command_line(run.argv, run.workdir))
+        executable = os.path.realpath(resolved_executable) if resolved_executable is not None else None
+        return _inline_refusal(tenant, policy, read_command_line(run.argv, run.workdir, executable))
 
     def check_container(self, tenant: str, run: ContainerRun) -> Refusal | None:
         """Refusal for ``run`` by ``tenant``, or ``None`` when its image repository is allowed."""

@@ -211,13 +211,17 @@ def script_refusal(path: str, cwd: str | None) -> str | None:
     return None
 
 
-def read_command_line(argv: Sequence[str], cwd: str | None = None) -> CommandLine:
-    """What ``argv`` runs (module docstring); ``cwd`` is the job's working directory when the spec names one."""
+def read_command_line(argv: Sequence[str], cwd: str | None = None, executable: str | None = None) -> CommandLine:
+    """What ``argv`` runs (module docstring); ``cwd`` is the job's working directory when the spec names one,
+    ``executable`` the file ``argv[0]`` resolved to, symlinks followed (an allowed ``/opt/bin/train`` that is a
+    link to python is read as python)."""
     program = os.path.basename(argv[0]) if argv else ""
-    if program in RUNS_ANOTHER_PROGRAM:
+    names = [program] + ([os.path.basename(executable)] if executable else [])
+    runner = next((n for n in names if n in RUNS_ANOTHER_PROGRAM), None)
+    if runner is not None:
         return CommandLine(program, inline=f"{program} runs the program named on its command line, which the "
                                            "allow-list does not judge")
-    syntax = next((s for pattern, s in INTERPRETERS if pattern.match(program)), None)
+    syntax = next((s for name in names for pattern, s in INTERPRETERS if pattern.match(name)), None)
     if syntax is None:
         return CommandLine(program)
     return _Reader(program, syntax, list(argv[1:]), cwd).read()
