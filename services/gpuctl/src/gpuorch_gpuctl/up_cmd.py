@@ -68,8 +68,8 @@ def sandbox_env(root: Path, *, unsandboxed: bool, job_uids: str) -> dict[str, st
                                  "executor runs as root: run `sudo gpuctl up`, or pass --unsandboxed to run every "
                                  "job as your own user (it can then read the services' credentials and every other "
                                  "job's files)", param_hint="--unsandboxed")
-    for directory in root.resolve().parents:
-        if not directory.stat().st_mode & 0o001:
+    for directory in [root, *root.parents]:
+        if directory.exists() and not directory.stat().st_mode & 0o001:
             raise typer.BadParameter(f"{directory} does not let other users pass (chmod o+x it): jobs run as uids "
                                      "of their own and must reach their directories under the root",
                                      param_hint="--root")
