@@ -100,6 +100,7 @@ def test_a_200_mb_body_is_refused_before_it_is_read_and_memory_stays_flat(api_pr
     assert status == "" or status.startswith("HTTP/1.1 413"), status
     assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
     grown = _settled_rss(pid) - before
+    print(f"API RSS {before / 2**20:.0f} MiB -> {(before + grown) / 2**20:.0f} MiB; streamed {sent / 2**20:.0f} MiB")
     assert grown < 48 * 1024 * 1024, f"RSS grew by {grown / 2**20:.0f} MiB"
 
 
