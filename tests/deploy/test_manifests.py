@@ -71,7 +71,15 @@ def test_gpu_images_ask_the_nvidia_toolkit_for_the_right_driver_parts() -> None:
     assert "AS container" in executor and "/usr/local/bin/docker" in executor
 
 
+def compose_url(url: str) -> str:
+    """A compose URL whose password is ``${VAR:?why}`` (deploy/compose-secrets.py), with the variable's name as
+    its password; a literal password is left as it is (and fails the caller's check)."""
+    return re.sub(r":\$\{(\w+):\?[^}]*\}@", r":\1@", url)
+
+
 def test_compose_services_log_in_as_users_of_the_definitions_with_their_own_queues() -> None:
+    from tests.deploy.broker_users import gen
+
     definitions = json.loads((DEPLOY / "rabbitmq" / "definitions.json").read_text())
     users = {u["name"] for u in definitions["users"]}
     permissions = {p["user"]: p for p in definitions["permissions"]}
@@ -80,17 +88,17 @@ def test_compose_services_log_in_as_users_of_the_definitions_with_their_own_queu
         url = service.get("environment", {}).get("GPUORCH_AMQP_URL")
         if url is None:
             continue
-        parts = urlsplit(url)
+        parts = urlsplit(compose_url(url))
         assert parts.username in users, f"{name} logs in as unknown user {parts.username}"
-        assert parts.password == f"{parts.username}-dev", f"{name}: not the generator's development password"
+        assert parts.password == gen.password_variable(parts.username), f"{name}: not a generated password"
         assert parts.path == "/" + definitions["vhosts"][0]["name"]
         assert parts.username not in ("admin", "guest"), f"{name} must use its own least-privilege user"
     executor = services["executor"]["environment"]
-    read = permissions[urlsplit(executor["GPUORCH_AMQP_URL"]).username]["read"]
+    read = permissions[urlsplit(compose_url(executor["GPUORCH_AMQP_URL"])).username]["read"]
     for node in executor["GPUORCH_NODE_IDS"].split(","):
         assert re.search(read, f"executor.{node}"), f"executor user may not consume executor.{node}"
     agent = services["node-agent"]["environment"]
-    read = permissions[urlsplit(agent["GPUORCH_AMQP_URL"]).username]["read"]
+    read = permissions[urlsplit(compose_url(agent["GPUORCH_AMQP_URL"])).username]["read"]
     assert re.search(read, f"node-agent.fleet.{agent['GPUORCH_FLEET_NAME']}")
 
 
@@ -124,7 +132,7 @@ def test_kubernetes_workloads_run_on_gpu_nodes_and_as_non_root() -> None:
     assert scheduler["spec"]["replicas"] == 2
     metrics_services = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"].endswith("-metrics")]
     assert {o["metadata"]["labels"]["app.kubernetes.io/name"] for o in metrics_services} == {
-        "scheduler", "telemetry", "executor", "node-agent"}, "every service's metrics port has a Service"
+        "scheduler", "telemetry", "executor", "node-agent", "api"}, "every service's metrics port has a Service"
     for service in metrics_services:
         annotations = service["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true"

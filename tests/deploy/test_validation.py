@@ -142,7 +142,7 @@ def test_the_cluster_overlay_has_the_servicemonitor_and_the_scheduler_pair_its_b
     [expression] = monitor["selector"]["matchExpressions"]
     metrics_services = [o for (kind, name), o in objects.items() if kind == "Service" and name.endswith("-metrics")]
     assert all(p["name"] == "metrics" for s in metrics_services for p in s["spec"]["ports"])
-    scraped = [*metrics_services, objects[("Service", "api")]]  # the api serves /metrics on its http port
+    scraped = metrics_services  # the api too: /metrics on its internal metrics port, never on its http port
     assert set(expression["values"]) == {s["metadata"]["labels"]["app.kubernetes.io/name"] for s in scraped}
     ports = {endpoint["port"] for endpoint in monitor["endpoints"]}
     assert all(any(p["name"] in ports for p in s["spec"]["ports"]) for s in scraped)

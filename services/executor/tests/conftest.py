@@ -70,7 +70,8 @@ class Harness:
             backends["container"] = ContainerBackend(docker)
         self.executor = NodeExecutor(NodeSettings(**{
             "node_id": NODE, "state_dir": state_dir, "backends": backends, "allow_list": TEST_ALLOW,
-            "executor_env": dict(os.environ), "poll_interval_s": 0.02, **settings,
+            "executor_env": dict(os.environ), "poll_interval_s": 0.02,
+            "unsandboxed": settings.get("job_users") is None, **settings,  # tests' jobs run as their own user
         }), self.publisher)
 
     async def until(self, predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:

@@ -14,7 +14,6 @@ from gpuorch_executor.domain.allowlist import (
     DEFAULT_ALLOW_LIST,
     AllowListError,
     image_repository,
-    inline_code_flag,
     load_allow_list,
 )
 from gpuorch_executor.domain.environment import job_environment
@@ -108,13 +107,19 @@ def test_inline_interpreter_code_is_refused_by_default_and_allowed_by_a_tenants_
 
 
 @pytest.mark.parametrize("argv", [
-    ["python", "train.py", "-c", "config.yaml"], ["python3", "-m", "pkg", "-c", "x"], ["python", "-u", "run.py"],
-    ["python3", "-W", "error", "script.py"], ["node", "server.js"], ["perl", "script.pl"],
+    ["python", "train.py", "-c", "config.yaml"], ["python", "-u", "run.py"], ["python3", "-W", "error", "script.py"],
+    ["node", "server.js"], ["perl", "script.pl"],
 ])
-def test_scripts_and_modules_are_not_inline_code(argv: list[str]) -> None:
+def test_scripts_are_not_inline_code(argv: list[str]) -> None:
     denied = load_allow_list(json.dumps({"tenants": {"t": {"commands": INTERPRETERS}}}))
-    assert inline_code_flag(argv) is None
     assert denied.check_process("t", ProcessRun(argv=argv), f"/usr/bin/{argv[0]}") is None
+
+
+def test_modules_run_only_when_listed() -> None:
+    allow = load_allow_list(json.dumps({"tenants": {"t": {"commands": INTERPRETERS, "modules": ["pkg"]}}}))
+    assert allow.check_process("t", ProcessRun(argv=["python3", "-m", "pkg", "-c", "x"]), "/usr/bin/python3") is None
+    refused = allow.check_process("t", ProcessRun(argv=["python3", "-m", "other"]), "/usr/bin/python3")
+    assert refused is not None and "not in tenant 't'" in refused.reason
 
 
 def test_container_network_and_user_come_from_the_tenants_entry() -> None:

@@ -83,7 +83,8 @@ class ExecutorProcess:
         self.env = {**os.environ, "GPUORCH_AMQP_URL": url, "GPUORCH_NODE_IDS": nodes,
                     "GPUORCH_EXECUTOR_STATE_DIR": str(state_root), "GPUORCH_EXECUTOR_POLL_S": "0.05",
                     # jobs are `python -c` with this checkout's interpreter, as the executor's own user
-                    "GPUORCH_EXECUTOR_JOB_UIDS": "off", "GPUORCH_EXECUTOR_ALLOW": LOCAL_ALLOW_LIST, **extra}
+                    "GPUORCH_EXECUTOR_JOB_UIDS": "off", "GPUORCH_EXECUTOR_UNSANDBOXED": "1",
+                    "GPUORCH_EXECUTOR_ALLOW": LOCAL_ALLOW_LIST, **extra}
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
 

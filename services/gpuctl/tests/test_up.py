@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,10 +29,14 @@ def test_up_starts_this_host_and_down_stops_it(tmp_path: Path) -> None:
     vhost, database = make_vhost(), make_database()
     env = {**{k: v for k, v in os.environ.items() if k not in ("GPUORCH_DATABASE_URL", "GPUCTL_SERVER")},
            "GPUCTL_CONFIG": str(tmp_path / "gpuctl.yaml")}
-    root = tmp_path / "up"
+    root = Path(tempfile.mkdtemp(prefix="gpuorch-up-", dir="/tmp"))  # jobs' uids pass through it (tmp_path: 0700)
+    root.chmod(0o711)
+    sandbox = (["--job-uids", f"{(first := random.randrange(200_000, 2_000_000, 64))}-{first + 7}"]
+               if os.geteuid() == 0 else ["--unsandboxed"])
     try:
         started = gpuctl(env, "up", "--nvml", "sim", "--sim-profile", "l4x2", "--api-port", "0", "--root", str(root),
-                         "--vhost", vhost, "--database-url", f"{PG_ADMIN.rsplit('/', 1)[0]}/{database}", "--json")
+                         "--vhost", vhost, "--database-url", f"{PG_ADMIN.rsplit('/', 1)[0]}/{database}", "--json",
+                         *sandbox)
         assert started.returncode == 0, started.stderr[-3000:]
         node = json.loads(started.stdout)["node"]
         nodes: list[dict[str, object]] = []
@@ -45,6 +52,7 @@ def test_up_starts_this_host_and_down_stops_it(tmp_path: Path) -> None:
         stopped = gpuctl(env, "down", "--json")
         drop_vhost(vhost)
         drop_database(database)
+        shutil.rmtree(root, ignore_errors=True)
     assert stopped.returncode == 0, stopped.stderr
     assert set(json.loads(stopped.stdout)["stopped"]) == {"api", "executor", "node-agent", "scheduler-1",
                                                           "telemetry"}

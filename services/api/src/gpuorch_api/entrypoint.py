@@ -1,6 +1,8 @@
 """gpuorch-api: the HTTP API and dashboard (FastAPI on uvicorn).
 
     environment -> Settings -> create_app(settings): FastAPI
+        RequestGuard (limits.py, outermost): NUL in the path -> 400, body over the limit -> 413 before it is read,
+                     a caller over its rate limit -> 429, before any route parses or authenticates anything
         lifespan: migrate the database (0300_api: the API's role and table), open_backends (pool, broker, streams)
         routes.router (handlers) -> readmodels / gateway / live -> domain.views
         errors: ApiError -> {"error": message} with its status; a bad query or body -> 422 {"error": "where: what"};
@@ -22,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from gpuorch_identity import IdentityMap, configured_identity_map
 from gpuorch_messaging import PublishError
-from gpuorch_observability import configure, get_logger
+from gpuorch_observability import configure, get_logger, start_metrics_server
 from gpuorch_settings import ServiceSettings, load_or_exit, setting
 from pydantic import PrivateAttr, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -30,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gpuorch_api import metrics, schemas
 from gpuorch_api.auth import ApiError
 from gpuorch_api.backends import Backends, open_backends
+from gpuorch_api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_RATE_LIMIT, RateLimits, RequestGuard
 from gpuorch_api.node_logs import LogsUnavailable
 from gpuorch_api.routes import router
 
@@ -59,6 +62,15 @@ class Settings(ServiceSettings):
     dlq_amqp_url: str | None = setting("GPUORCH_DLQ_AMQP_URL", None, "RabbitMQ URL of an operator broker user "
                                        "(gpuctl-operator) for the dead-letter routes (unset: GPUORCH_AMQP_URL, "
                                        "whose user then needs read on *.dlq)")
+    max_body_bytes: int = setting("GPUORCH_API_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, "largest request body "
+                                  "accepted (413 above it, before the body is read or the caller authenticated)",
+                                  ge=1024)
+    rate_limit: str = setting("GPUORCH_API_RATE_LIMIT", DEFAULT_RATE_LIMIT, "requests per caller (token, else "
+                              "client address) to /api/, as 'limits' items: '50/second;1500/minute' ('' : none)")
+    rate_limit_storage: str = setting("GPUORCH_API_RATE_LIMIT_STORAGE", "memory://", "where the rate limits count: "
+                                      "memory:// (this process) or a shared limits storage, e.g. redis://host:6379")
+    metrics_port: int = setting("GPUORCH_METRICS_PORT", 0, "internal port of /metrics (and /healthz, /readyz) for "
+                                "Prometheus; the API's port serves no /metrics (0: off)", ge=0, le=65535)
     logs_token: str | None = setting("GPUORCH_LOGS_TOKEN", None, "the service token the executors' log endpoints "
                                      "accept (unset: no job logs)")
 
@@ -67,6 +79,7 @@ class Settings(ServiceSettings):
 
     @model_validator(mode="after")
     def _derive(self) -> Settings:
+        RateLimits(self.rate_limit, self.rate_limit_storage)  # a malformed limit or storage fails at start
         self._identity_map = configured_identity_map(self.identity_map_path, self.identity)
         self._quotas = _quotas(self.quotas, self.quotas_file)
         return self
@@ -97,8 +110,10 @@ def _quotas(text: str, path: str) -> dict[str, dict[str, Any]]:
     return quotas
 
 
-def create_app(settings: Settings | None = None, *, backends: Backends | None = None) -> FastAPI:
-    """The ASGI app. With ``settings`` it migrates and connects at start; tests may pass ready ``backends``."""
+def create_app(settings: Settings | None = None, *, backends: Backends | None = None,
+               max_body_bytes: int | None = None, rate_limits: RateLimits | None = None) -> FastAPI:
+    """The ASGI app. With ``settings`` it migrates and connects at start; tests may pass ready ``backends`` (and
+    their own ``max_body_bytes`` and ``rate_limits``; else the settings', else the defaults)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -126,6 +141,12 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
     app.include_router(router, responses=schemas.ERRORS)
     _install_error_handlers(app)
     app.middleware("http")(metrics.record_request)
+    if rate_limits is None:
+        rate_limits = (RateLimits(settings.rate_limit, settings.rate_limit_storage) if settings is not None
+                       else RateLimits())
+    if max_body_bytes is None:
+        max_body_bytes = settings.max_body_bytes if settings is not None else DEFAULT_MAX_BODY_BYTES
+    app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes, rate_limits=rate_limits)  # outermost
     _mount_dashboard(app)
     return app
 
@@ -176,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
 
     settings, _ = load_or_exit(Settings, argv, prog="gpuorch-api", description="gpuorch's HTTP API and dashboard.")
     configure("gpuorch-api", log_level=settings.log_level, otlp_endpoint=settings.otlp_endpoint)
+    start_metrics_server(settings.metrics_port)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
                 access_log=False, lifespan="on")
 

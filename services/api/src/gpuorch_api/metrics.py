@@ -1,5 +1,5 @@
-"""The API's Prometheus metrics, served at ``/metrics`` (``routes``) on the API port (no token: like every service's metrics
-port, it is for the cluster's Prometheus, not for people).
+"""The API's Prometheus metrics, served at ``/metrics`` on ``GPUORCH_METRICS_PORT`` (an internal port, as every
+service's: for the cluster's Prometheus, never on the API's public port).
 
     gpuorch_api_requests_total{method, route, code}       requests answered, by route template (not raw path)
     gpuorch_api_request_duration_seconds{method, route}   time to the response's start (a stream's start, for

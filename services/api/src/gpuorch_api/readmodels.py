@@ -40,6 +40,29 @@ def _job(row: asyncpg.Record) -> dict[str, Any]:
     return out
 
 
+RESOLVE_SQL = """SELECT job_id FROM jobs j LEFT JOIN api_submissions s USING (job_id)
+   WHERE j.job_id BETWEEN $1::uuid AND $2::uuid
+     AND ($3::text[] IS NULL OR j.tenant = ANY($3) OR (j.tenant = '' AND s.spec->>'tenant' = ANY($3)))
+   LIMIT 2"""
+"""A job-id prefix as a range of the primary key (its index answers it; a ``LIKE`` on ``job_id::text`` would
+read every row): UUIDs compare byte by byte, as their hex digits do."""
+
+UUID_SHAPE = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+
+
+def job_id_range(prefix: str) -> tuple[uuid.UUID, uuid.UUID] | None:
+    """The lowest and highest job ids starting with ``prefix`` (a start of the canonical form, any case), or None
+    when ``prefix`` cannot start one (too long, a character other than a hex digit, a dash out of place)."""
+    prefix = prefix.lower()
+    if not prefix or len(prefix) > len(UUID_SHAPE):
+        return None
+    for char, shape in zip(prefix, UUID_SHAPE, strict=False):
+        if (shape == "-") != (char == "-") or (shape == "x" and char not in "0123456789abcdef"):
+            return None
+    digits = prefix.replace("-", "")
+    return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
+
+
 class ReadModels:
     """Reads over a connection pool (``asyncpg.Pool``); each call uses one pooled connection."""
 
@@ -66,14 +89,13 @@ class ReadModels:
         return [_with_submitted_spec(r) for r in rows]
 
     async def resolve(self, prefix: str, *, tenants: Collection[str] | None) -> uuid.UUID | None:
-        """The job id an id or unique prefix names among the caller's jobs; None when none or several."""
+        """The job id an id or unique prefix names among the caller's jobs; None when none, several, or ``prefix``
+        is not the start of a job id (anything but hex digits and dashes where a UUID has them)."""
+        bounds = job_id_range(prefix)
+        if bounds is None:
+            return None
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                """SELECT job_id FROM jobs j LEFT JOIN api_submissions s USING (job_id)
-                   WHERE job_id::text LIKE $1 || '%'
-                     AND ($2::text[] IS NULL OR j.tenant = ANY($2) OR (j.tenant = '' AND s.spec->>'tenant' = ANY($2)))
-                   LIMIT 2""",
-                prefix.lower(), _tenant_list(tenants))
+            rows = await conn.fetch(RESOLVE_SQL, *bounds, _tenant_list(tenants))
         return rows[0]["job_id"] if len(rows) == 1 else None
 
     async def job(self, job_id: uuid.UUID) -> dict[str, Any] | None:

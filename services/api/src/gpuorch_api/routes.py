@@ -1,7 +1,7 @@
 """HTTP handlers: each parses a request, asks ``auth`` who calls, reads (``readmodels``) or publishes (``gateway``),
 and shapes the answer with ``domain.views``. Errors are one line of JSON: ``{"error": "..."}``.
 
-    GET  /healthz, /readyz, /metrics              no token
+    GET  /healthz, /readyz                        no token (/metrics: on GPUORCH_METRICS_PORT, an internal port)
     GET  /api/v1/whoami                           the caller: identity, role, tenants
     GET  /api/v1/jobs?state=&tenant=&tier=&limit= jobs of the caller's tenants (operator: all)
     POST /api/v1/jobs                             {"spec": JobSpec, "job_id"?: uuid} -> 202 {"job_id"}
@@ -15,8 +15,9 @@ and shapes the answer with ``domain.views``. Errors are one line of JSON: ``{"er
     POST /api/v1/dlq/{queue}/replay?limit=        publish them back where they were going      (operators only)
     GET  /api/v1/events                           Server-Sent Events (``live``)
 
-A job of a tenant the caller does not see answers 404 on reads (its existence is not disclosed); a cancel or a
-log read of such a job answers 403 with the reason from the identity map when it exists.
+A job of a tenant the caller does not see answers 404, exactly as a job that does not exist, on reads, cancels and
+log reads alike (its existence is not disclosed). A job reference is a job id or a unique prefix of one, found
+through the primary key's index (``readmodels.resolve``).
 """
 
 from __future__ import annotations
@@ -33,14 +34,13 @@ from urllib.parse import quote, urlencode
 
 import aiormq.exceptions
 from fastapi import APIRouter, Depends, Path, Query, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from gpuorch_contracts import JobSpec
 from gpuorch_contracts.jobs import JobState, Tier
 from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
 from gpuorch_messaging import dead_letters
 from gpuorch_report import WeeklyReport, resolve_period
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict
 
 from gpuorch_api import schemas
@@ -96,13 +96,6 @@ async def readyz(svc: BackendsDep) -> JSONResponse:
     if problems:
         return JSONResponse({"status": "not ready", "error": "; ".join(problems)}, status_code=503)
     return JSONResponse({"status": "ready"})
-
-
-@router.get("/metrics", tags=["health"], include_in_schema=False)
-async def prometheus_metrics() -> Response:
-    """Prometheus text (``metrics``): requests by route template and their latency. No token, like every
-    service's metrics port."""
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/api/v1/whoami", tags=["auth"], response_model=schemas.Caller)
@@ -188,14 +181,9 @@ async def cancel_job(job_ref: str, who: CallerDep, svc: BackendsDep,
 
 
 async def _job_for_action(svc: Backends, who: Caller, job_ref: str) -> dict[str, Any]:
-    """The job a cancel or a log read names: 403 (with the reason) for another tenant's job, 404 for none."""
-    job_id = await svc.read.resolve(job_ref, tenants=None)
-    job = await svc.read.job(job_id) if job_id is not None else None
-    if job is None:
-        raise ApiError(404, f"no job {job_ref!r} (or several match: give more characters)")
-    if not who.sees(job["tenant"]):
-        raise Forbidden(f"{who.name} may not act on jobs of another tenant")
-    return job
+    """The job a cancel or a log read names: the same 404 for another tenant's job as for none (``_visible_job``),
+    so that a caller cannot learn that a job id exists."""
+    return await _visible_job(svc, who, job_ref)
 
 
 @router.get("/api/v1/jobs/{job_ref}/logs", tags=["jobs"], response_class=StreamingResponse)

@@ -32,6 +32,9 @@ class ExecutorConfig(ServiceSettings):
     job_uids: str = setting("GPUORCH_EXECUTOR_JOB_UIDS", "auto", "uids process jobs run as, one per job: "
                             "first-last, 'off' (jobs run as the executor's user: reported in gpuctl nodes) or "
                             "'auto' (61000-61063 when the executor may switch users, i.e. runs as root; else off)")
+    unsandboxed: bool = setting("GPUORCH_EXECUTOR_UNSANDBOXED", False, "operator's opt-out: without a job uid "
+                                "pool, run process jobs as the executor's own user (or root) instead of refusing to "
+                                "start; logged at start and at every launch. For demos and tests only")
     device_cgroup_root: str = setting("GPUORCH_EXECUTOR_DEVICE_CGROUP_ROOT", "auto", "where process jobs get the "
                                       "cgroup that confines them to their GPUs: 'auto' (cgroup v2 eBPF device "
                                       "filter, else cgroup v1 devices), a directory, or 'off' (devices env_only)")

@@ -69,12 +69,34 @@ def build_job_users(config: ExecutorConfig) -> JobUserPool | None:
     if pool is not None and not can_switch_users():
         raise ConfigError("GPUORCH_EXECUTOR_JOB_UIDS needs an executor that may switch users (root, or "
                           "CAP_SETUID+CAP_SETGID); set it to 'off' to run jobs as the executor's user")
+    if pool is not None and (os.getuid() in pool or os.geteuid() in pool):
+        raise ConfigError(f"GPUORCH_EXECUTOR_JOB_UIDS {pool.first}-{pool.last} holds the executor's own uid "
+                          f"{os.geteuid()}: a job must never run as the executor")
     if pool is not None:
         named = named_uids(range(pool.first, pool.last + 1))
         if named:
             log.warning("job_users.named", uids=named[:8], effect="these uids belong to host users: their "
                         "processes are killed and their files in /tmp removed whenever a job lent one ends")
     return pool
+
+
+def refuse_unsandboxed(config: ExecutorConfig, job_users: JobUserPool | None) -> None:
+    """Process jobs never run as the executor's own user (root included) without the operator's explicit opt-out
+    (``GPUORCH_EXECUTOR_UNSANDBOXED``): a ``ConfigError`` saying what to do, or with the opt-out a warning now
+    (and one at every launch, ``handlers``)."""
+    if job_users is not None or "process" not in config.runtimes:
+        return
+    who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+    why = (f"GPUORCH_EXECUTOR_JOB_UIDS is {config.job_uids!r}" if can_switch_users()
+           else "this process may not switch users (not root, no CAP_SETUID+CAP_SETGID)")
+    if not config.unsandboxed:
+        raise ConfigError(f"process jobs would run as the executor's own user ({who}): {why}. Run the executor as "
+                          "root (or with CAP_SETUID and CAP_SETGID) with a job uid pool (GPUORCH_EXECUTOR_JOB_UIDS, "
+                          "default 61000-61063), or set GPUORCH_EXECUTOR_UNSANDBOXED=1 to run jobs unsandboxed "
+                          "(demos and tests only)")
+    log.warning("executor.unsandboxed", user=who, reason=why, opt_out="GPUORCH_EXECUTOR_UNSANDBOXED=1",
+                effect="process jobs run as the executor's own user: they can read its environment (the broker "
+                "password), its state and each other's files, and signal each other")
 
 
 def prepare_state_root(root: Path, job_users: JobUserPool | None) -> None:
@@ -159,12 +181,14 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     broker = Broker(config.amqp_url, producer=producer, connection_name=f"executor {producer}")
     allow_list = load_allow_list(config.allow)
     job_users = build_job_users(config)
+    refuse_unsandboxed(config, job_users)
     prepare_state_root(config.state_root, job_users)
     backends, isolation = build_backends(config, job_users)
     executors = [
         NodeExecutor(NodeSettings(node_id=node_id, state_dir=config.state_dir(node_id), backends=backends,
                                   allow_list=allow_list, producer=f"executor/{node_id}",
-                                  poll_interval_s=config.poll_interval_s, job_users=job_users), broker)
+                                  poll_interval_s=config.poll_interval_s, job_users=job_users,
+                                  unsandboxed=config.unsandboxed), broker)
         for node_id in config.node_ids
     ]
     for executor in executors:

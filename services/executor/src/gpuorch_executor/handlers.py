@@ -150,6 +150,12 @@ class NodeExecutor:
         if run.runtime not in self.settings.backends:
             return Refusal(f"runtime {run.runtime!r} is not enabled on node {self.node_id}")
         if isinstance(run, ProcessRun):
+            if self.settings.job_users is None:
+                if not self.settings.unsandboxed:
+                    return Refusal(f"node {self.node_id} has no job uid pool and runs no job as the executor's own "
+                                   "user (the operator has not set GPUORCH_EXECUTOR_UNSANDBOXED)")
+                log.warning("launch.unsandboxed", placement_id=str(command.placement_id), uid=os.geteuid(),
+                            effect="runs as the executor's own user (GPUORCH_EXECUTOR_UNSANDBOXED)")
             return self.settings.allow_list.check_process(tenant, run, self._resolve(run.argv[0]))
         return self.settings.allow_list.check_container(tenant, run)
 

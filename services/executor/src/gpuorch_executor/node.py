@@ -35,7 +35,10 @@ class NodeSettings:
     Must exceed the longest time a command can wait in the broker before being redelivered."""
     job_users: JobUserPool | None = None
     """The uids process jobs run as, one per job (shared by every node of this process); ``None``: jobs run as
-    the executor's own user (reported in ``ExecutorHeartbeat.isolation``)."""
+    the executor's own user (reported in ``ExecutorHeartbeat.isolation``), and only with ``unsandboxed``."""
+    unsandboxed: bool = False
+    """The operator's opt-out (``GPUORCH_EXECUTOR_UNSANDBOXED``): without ``job_users``, process jobs run as the
+    executor's own user; unset, every process job is refused instead."""
 
     def __post_init__(self) -> None:
         if not self.producer:

@@ -258,6 +258,8 @@ def demo(
     outcome: dict[str, Any] = {}
     with stack:
         console.print(f"[bold]starting services[/bold] (logs in {root / 'logs'})")
+        console.print("[yellow]unsandboxed:[/yellow] the demo's jobs run as your own user "
+                      "(GPUORCH_EXECUTOR_UNSANDBOXED=1, logged by the executor); gpuctl up sandboxes them")
         stack.start_all()
         try:
             asyncio.run(_wait_for_scheduler(database_url, len(DEMO_NODES), 45))

@@ -98,6 +98,7 @@ class LocalStack:
             # users cannot enter) and lets them write where the tests read: jobs run as the stack's own user, which
             # the executor reports (gpuctl nodes: job_users executor_uid). Production keeps the uid pool.
             "GPUORCH_EXECUTOR_JOB_UIDS": env.get("GPUORCH_EXECUTOR_JOB_UIDS", "off"),
+            "GPUORCH_EXECUTOR_UNSANDBOXED": env.get("GPUORCH_EXECUTOR_UNSANDBOXED", "1"),  # the opt-out, logged
             # Simulated nodes share this one host and their jobs' host CPU and memory are fictional (chaos jobs ask
             # for 16 MiB): no host limits here, as the executor reports (limits: none).
             "GPUORCH_EXECUTOR_CGROUP_ROOT": env.get("GPUORCH_EXECUTOR_CGROUP_ROOT", "off"),

@@ -4,7 +4,7 @@ Format (``GPUORCH_EXECUTOR_ALLOW``: inline JSON, or the path of a JSON file)::
 
     {"tenants": {
         "default":  {"commands": ["python", "python3"]},
-        "research": {"commands": ["python3", "/opt/train/bin/train"],
+        "research": {"commands": ["python3", "/opt/train/bin/train"], "modules": ["train", "mylab.*"],
                      "images": ["ghcr.io/acme/trainer", "registry.local:5000/team/"],
                      "mounts": [{"source": "/data/datasets", "target": "/datasets", "read_only": true}]},
         "ops":      {"commands": ["bash"], "inline_code": true},
@@ -16,12 +16,17 @@ Rules:
 - ``commands``: an entry without ``/`` allows that bare name only when ``argv[0]`` is the same bare name; it is
   resolved on the *executor's* PATH (never the job's ``PATH``, which the tenant controls). An entry with ``/``
   allows exactly that absolute path (after resolving symlinks on both sides).
-- ``argv`` is an array and runs without a shell. Inline code is refused unless the tenant has
-  ``"inline_code": true`` (``"allow_shell"`` is the older name of the same switch): a shell given a command string
-  (``sh -c``, ``bash -lc`` ... any shell with a short option containing ``c``, or ``--command``), and interpreters
-  given code on the command line (``python -c`` / ``-Bc``, ``node -e``/``-p``/``--eval``, ``perl -e``/``-E``,
-  ``ruby -e``, ``php -r``, ``Rscript -e``, ``julia -e``, ``lua -e``). ``argv[0]`` containing whitespace is refused
-  as a shell string in disguise.
+- ``argv`` is an array and runs without a shell. The whole argv is judged (``domain.command_line``): unless the
+  tenant has ``"inline_code": true`` (``"allow_shell"`` is the older name of the same switch), an interpreter must
+  run a script file or an allowed module, with only options known to run no code: a command string or code
+  option (``sh -c``, ``python -c``, ``node -e``, ``perl -e``/``-M``, ``php -r`` ...), a prompt (``-i``), a program
+  read from standard input (``python`` alone, ``python -``, ``bash -s``, ``/dev/stdin``, ``/dev/fd/N``,
+  ``/proc/self/fd/N``), an option not on the interpreter's known-harmless list, and programs that run another
+  program named in their argv (``env``, ``timeout``, ``xargs``, ``busybox`` ...) are refused. ``argv[0]``
+  containing whitespace is refused as a shell string in disguise.
+- ``modules``: what ``python -m`` may run (``"pkg"`` exactly, ``"pkg.*"``: the package and everything under it);
+  none unless listed. Modules that take code on their own command line (``timeit``, ``pdb``, ``code``,
+  ``cProfile``, ``pip`` ... ``CODE_RUNNING_MODULES``) only with ``"inline_code": true``.
 - ``images``: an entry ending in ``/`` allows every repository under that prefix; otherwise the repository must be
   equal (the image itself must be pinned ``repo@sha256:<digest>``, which the contract enforces; a tag next to the
   digest is ignored for matching).
@@ -31,8 +36,8 @@ Rules:
 - ``mounts``: the only host paths a tenant's containers get (read-only unless said otherwise); a few host paths are
   never allowed (``/``, ``/etc``, ``/proc``, ``/sys``, ``/dev``, ``/root``, ``/var/run/docker.sock`` ...).
 - A tenant not listed falls back to ``"*"``; without ``"*"`` it is refused.
-- Default when the variable is unset: tenant ``default`` may run ``python`` and ``python3`` scripts (no inline
-  code); nothing else.
+- Default when the variable is unset: tenant ``default`` may run ``python`` and ``python3`` script files (no
+  modules, no inline code); nothing else.
 """
 
 from __future__ import annotations
@@ -47,25 +52,16 @@ from typing import Any
 
 from gpuorch_contracts import ContainerRun, ProcessRun
 
-SHELLS: frozenset[str] = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "csh", "tcsh", "ash",
-                                    "busybox"})
-_SHELL_COMMAND_FLAG = re.compile(r"^-[A-Za-z]*c[A-Za-z]*$")
-_PYTHON = re.compile(r"^(python|pypy)[0-9.]*$")
-_PYTHON_CODE_FLAG = re.compile(r"^-[bBdEhiIOqsSuvVxRP]*c")
-_PYTHON_VALUE_OPTIONS = frozenset({"-W", "-X"})
-INLINE_CODE_FLAGS: dict[str, re.Pattern[str]] = {
-    "node": re.compile(r"^(-[A-Za-z]*[ep][A-Za-z]*|--eval(=.*)?|--print(=.*)?)$"),
-    "nodejs": re.compile(r"^(-[A-Za-z]*[ep][A-Za-z]*|--eval(=.*)?|--print(=.*)?)$"),
-    "deno": re.compile(r"^eval$"),
-    "bun": re.compile(r"^(-e|--eval(=.*)?|-p|--print(=.*)?)$"),
-    "perl": re.compile(r"^-[A-Za-z]*[eE]"),
-    "ruby": re.compile(r"^-[A-Za-z]*e"),
-    "php": re.compile(r"^-[A-Za-z]*r"),
-    "Rscript": re.compile(r"^(-e|--expr(=.*)?)$"),
-    "julia": re.compile(r"^(-[A-Za-z]*[eE]|--eval(=.*)?|--print(=.*)?)$"),
-    "lua": re.compile(r"^-[A-Za-z]*e"),
-    "luajit": re.compile(r"^-[A-Za-z]*e"),
-}
+from gpuorch_executor.domain.command_line import CommandLine, read_command_line
+
+CODE_RUNNING_MODULES: frozenset[str] = frozenset({
+    "timeit", "pdb", "code", "codeop", "runpy", "cProfile", "profile", "trace", "pip", "ensurepip", "IPython",
+    "ipykernel", "jupyter", "jupyter_core", "asyncio", "idlelib", "pydoc", "doctest", "unittest", "pickle", "site",
+    "venv", "zipapp", "pytest", "_pytest", "ptpython", "bpython", "pudb", "ipdb", "debugpy", "torch.distributed.run",
+})
+"""Modules whose command line takes code (``-m timeit -s CODE``, ``-m pdb -c CMD``), a prompt or another program to
+run: a tenant's ``modules`` may name them only together with ``"inline_code": true``."""
+_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(\.\*)?$")
 FORBIDDEN_NETWORKS: frozenset[str] = frozenset({"host"})
 FORBIDDEN_MOUNT_SOURCES: frozenset[str] = frozenset({
     "/", "/etc", "/proc", "/sys", "/dev", "/root", "/boot", "/var/run", "/run", "/var/run/docker.sock",
@@ -89,7 +85,9 @@ class TenantPolicy:
     commands: frozenset[str] = frozenset()
     images: tuple[str, ...] = ()
     inline_code: bool = False
-    """Whether shells with a command string and interpreters with code on the command line may run."""
+    """Whether interpreters may run code that is not a script file on the node (``domain.command_line``)."""
+    modules: frozenset[str] = frozenset()
+    """Modules an interpreter may run with ``-m`` (``pkg`` exactly; ``pkg.*``: ``pkg`` and everything under it)."""
     mounts: tuple[Mount, ...] = ()
     network: str = "none"
     """Containers' ``--network``: ``none`` unless the tenant's entry allows one."""
@@ -123,20 +121,17 @@ class AllowList:
         argv0 = run.argv[0]
         if not argv0 or any(ch.isspace() for ch in argv0):
             return Refusal(f"argv[0] {argv0!r} looks like a shell string; give an argv array")
-        name = os.path.basename(argv0)
-        if not policy.inline_code:
-            inline = inline_code_flag(run.argv)
-            if inline is not None:
-                return Refusal(f"{name} {inline} runs inline code, which tenant {tenant!r} may not run "
-                               '(its allow-list entry has no "inline_code": true); give a script or module')
         if "/" not in argv0:
-            if argv0 in policy.commands:
-                return None
-        elif resolved_executable is not None:
+            allowed = argv0 in policy.commands
+        else:
             allowed_paths = {os.path.realpath(entry) for entry in policy.commands if "/" in entry}
-            if os.path.realpath(resolved_executable) in allowed_paths:
-                return None
-        return Refusal(f"command {argv0!r} is not allowed for tenant {tenant!r}")
+            allowed = resolved_executable is not None and os.path.realpath(resolved_executable) in allowed_paths
+        if not allowed:
+            return Refusal(f"command {argv0!r} is not allowed for tenant {tenant!r}")
+        if policy.inline_code:
+            return None
+        executable = os.path.realpath(resolved_executable) if resolved_executable is not None else None
+        return _inline_refusal(tenant, policy, read_command_line(run.argv, run.workdir, executable))
 
     def check_container(self, tenant: str, run: ContainerRun) -> Refusal | None:
         """Refusal for ``run`` by ``tenant``, or ``None`` when its image repository is allowed."""
@@ -154,34 +149,31 @@ class AllowList:
         return policy.mounts if policy is not None else ()
 
 
-def inline_code_flag(argv: list[str] | tuple[str, ...]) -> str | None:
-    """The option of ``argv`` that makes its program run code given on the command line, or ``None``.
+def _inline_refusal(tenant: str, policy: TenantPolicy, command: CommandLine) -> Refusal | None:
+    """Why ``command`` may not run for a tenant without ``inline_code``: code that is not a script file on the
+    node, or a module its entry does not list."""
+    if command.inline is not None:
+        return Refusal(f"{command.inline}: that is inline code, which tenant {tenant!r} may not run (its allow-list "
+                       'entry has no "inline_code": true); give a script file or an allowed module')
+    if command.module is not None and _runs_code(command.module):
+        return Refusal(f"{command.program} -m {command.module}: that module runs code given on its command line, "
+                       f"which tenant {tenant!r} may not run (its allow-list entry has no \"inline_code\": true)")
+    if command.module is not None and not module_allowed(policy.modules, command.module):
+        listed = ", ".join(sorted(policy.modules)) or "none"
+        return Refusal(f"{command.program} -m {command.module}: module {command.module!r} is not in tenant "
+                       f"{tenant!r}'s allow-list (modules: {listed}); give a script file")
+    return None
 
-    Shells: a short option containing ``c`` or ``--command`` anywhere. Python: ``-c`` (alone or ending a cluster of
-    flags, ``-Bc``) among the options before the script or ``-m``. Other interpreters: ``INLINE_CODE_FLAGS``.
-    """
-    name = os.path.basename(argv[0]) if argv else ""
-    args = list(argv[1:])
-    if name in SHELLS:
-        return next((a for a in args if _SHELL_COMMAND_FLAG.match(a) or a == "--command"), None)
-    if _PYTHON.match(name):
-        skip = False
-        for arg in args:
-            if skip:
-                skip = False
-                continue
-            if arg in _PYTHON_VALUE_OPTIONS:
-                skip = True
-                continue
-            if arg == "--" or arg == "-m" or not arg.startswith("-") or arg.startswith("-m"):
-                return None
-            if _PYTHON_CODE_FLAG.match(arg):
-                return arg
-        return None
-    pattern = INLINE_CODE_FLAGS.get(name)
-    if pattern is None:
-        return None
-    return next((a for a in args if pattern.match(a)), None)
+
+def _runs_code(module: str) -> bool:
+    return module in CODE_RUNNING_MODULES or module.split(".")[0] in CODE_RUNNING_MODULES
+
+
+def module_allowed(entries: frozenset[str], module: str) -> bool:
+    """``module`` is an entry, or under an entry ``pkg.*`` (``pkg`` itself included)."""
+    if module in entries:
+        return True
+    return any(e.endswith(".*") and (module == e[:-2] or module.startswith(e[:-1])) for e in entries)
 
 
 def image_repository(image: str) -> str:
@@ -206,7 +198,7 @@ def parse_allow_list(document: Mapping[str, Any]) -> AllowList:
     for tenant, raw in tenants_raw.items():
         if not isinstance(raw, Mapping):
             raise AllowListError(f"tenant {tenant!r}: expected an object")
-        unknown = set(raw) - {"commands", "images", "allow_shell", "inline_code", "mounts", "network",
+        unknown = set(raw) - {"commands", "images", "allow_shell", "inline_code", "modules", "mounts", "network",
                               "container_user"}
         if unknown:
             raise AllowListError(f"tenant {tenant!r}: unknown keys {sorted(unknown)}")
@@ -228,12 +220,24 @@ def parse_allow_list(document: Mapping[str, Any]) -> AllowList:
             match = re.fullmatch(r"([0-9]+):([0-9]+)", str(container_user))
             if match is None or int(match.group(1)) == 0 or int(match.group(2)) == 0:
                 raise AllowListError(f"tenant {tenant!r}: container_user must be 'uid:gid', numeric, never root")
+        inline_code = bool(raw.get("inline_code", False) or raw.get("allow_shell", False))
         tenants[str(tenant)] = TenantPolicy(
-            commands=frozenset(commands), images=tuple(images),
-            inline_code=bool(raw.get("inline_code", False) or raw.get("allow_shell", False)),
+            commands=frozenset(commands), images=tuple(images), inline_code=inline_code,
+            modules=_parse_modules(tenant, raw.get("modules", []), inline_code),
             mounts=mounts, network=network, container_user=container_user,
         )
     return AllowList(tenants)
+
+
+def _parse_modules(tenant: str, raw: Any, inline_code: bool) -> frozenset[str]:
+    if not isinstance(raw, list) or not all(isinstance(m, str) and _MODULE_NAME.match(m) for m in raw):
+        raise AllowListError(f"tenant {tenant!r}: modules must be a list of module names ('pkg', 'pkg.sub', 'pkg.*')")
+    if not inline_code:
+        runners = sorted(m for m in raw if _runs_code(m.removesuffix(".*")))
+        if runners:
+            raise AllowListError(f"tenant {tenant!r}: module {runners[0]!r} runs code given on its command line; "
+                                 'list it only with "inline_code": true')
+    return frozenset(raw)
 
 
 def _parse_mount(tenant: str, raw: Any) -> Mount:
