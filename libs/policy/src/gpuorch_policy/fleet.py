@@ -4,10 +4,12 @@
     a MIG reconfiguration drains a GPU      ──► Fleet.set_gpu_draining (neither it nor its instances are offered)
     a job starts / stops holding capacity   ──► Fleet.hold(job_id, spec, assignments) / Fleet.free(job_id)
                                                   (the fold calls these; nothing else writes the Cluster)
-    JobSpec ──► Ask (MemoryShares: a memory-only share becomes GPU-milli of the largest GPU)
+    JobSpec ──► Ask (``ask_for``: a memory-only share becomes GPU-milli of the largest GPU, memory kept per GPU)
             ──► Fleet.find(ask, blocked):
-                  whole GPUs / shares / CPU-only: PlacementIndex (filters + NvlinkLocality(scorer)), one rank per
-                                                  node for gangs (GangDistinctNodes), GPUs on the node NVLink-first
+                  whole GPUs / shares / CPU-only: PlacementIndex (the policy's filters, its scorer wrapped by the
+                                                  NvlinkLocality plugin), a gang's ranks each on a node of their own
+                                                  (all or nothing, in ``find``), GPUs on the node NVLink-first
+                                                  (``nvlink_chooser``)
                   MIG profiles:                   MigInstances (free instances per node, lowest node name first)
             ──► list[NodeAssignment]  or  a plain-words reason
 
@@ -65,7 +67,7 @@ class Ask:
 
 
 def ask_for(spec: JobSpec, largest_gpu_memory_mib: int = DEFAULT_GPU_MEMORY_MIB) -> Ask:
-    """The Ask for a job spec. MemoryShares: a memory-only share becomes the GPU-milli that memory is of the
+    """The Ask for a job spec. A memory-only share becomes the GPU-milli that memory is of the
     largest GPU (and keeps the memory as a per-GPU requirement)."""
     res = spec.resources
     models = tuple(res.gpu_models)
@@ -371,7 +373,7 @@ class Fleet:
             return self.mig.find(ask, cluster, blocked)
         exclude = {cluster.index_of[n] for n in blocked if n in cluster.index_of}
         result: list[NodeAssignment] = []
-        for rank in range(ask.nodes):  # GangDistinctNodes: every rank on its own node, all or nothing
+        for rank in range(ask.nodes):  # a gang: every rank on its own node, all or nothing
             decision = self.index.place(ask.request, exclude)
             if not isinstance(decision, Placement):
                 reason = decision.reasons[0] if decision.reasons else "does not fit"
