@@ -209,9 +209,11 @@ def test_lifecycle_refuses_going_back() -> None:
 
 def test_event_ids_are_deterministic_per_placement() -> None:
     placement = uuid.uuid4()
-    assert event_id(placement, "outcome") == event_id(placement, "outcome")
-    assert event_id(placement, "outcome") != event_id(placement, "started")
-    assert event_id(placement, "outcome") != event_id(uuid.uuid4(), "outcome")
+    assert event_id(placement, "outcome", "n1") == event_id(placement, "outcome", "n1")
+    assert event_id(placement, "outcome", "n1") != event_id(placement, "started", "n1")
+    assert event_id(placement, "outcome", "n1") != event_id(uuid.uuid4(), "outcome", "n1")
+    # a gang's ranks are one placement on several nodes: each node's outcome is an event of its own
+    assert event_id(placement, "outcome", "n1") != event_id(placement, "outcome", "n2")
 
 
 def test_environment_reserved_variables_win_and_only_basics_are_inherited() -> None:

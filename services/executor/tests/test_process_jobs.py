@@ -64,11 +64,11 @@ async def test_launch_runs_the_job_with_its_gpus_and_reports_its_exit(harness: H
     [started] = harness.publisher.of_type(JobStarted)
     assert started.placement_id == command.placement_id and started.node_id == NODE
     assert started.pid is not None and started.pid > 0
-    assert started.message_id == event_id(command.placement_id, "started")
+    assert started.message_id == event_id(command.placement_id, "started", command.node_id)
     outcome = await harness.until_ended(command.placement_id)
     assert isinstance(outcome, JobFinished)
     assert outcome.exit_code == 0 and outcome.duration_s > 0
-    assert outcome.message_id == event_id(command.placement_id, "outcome")
+    assert outcome.message_id == event_id(command.placement_id, "outcome", command.node_id)
     seen = json.loads(log_text(started).strip().splitlines()[-1])
     assert seen["CUDA_VISIBLE_DEVICES"] == ",".join(gpus)  # the spec's env cannot widen GPU visibility
     assert seen["NVIDIA_VISIBLE_DEVICES"] == ",".join(gpus)

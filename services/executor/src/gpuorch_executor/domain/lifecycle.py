@@ -12,10 +12,12 @@ States::
 - ``ended``: the outcome is decided and stored in the record's outbox; nothing about this placement changes again.
   A record stays on disk after it ended so that a redelivered LaunchJob for it starts nothing.
 
-Each event a placement produces has a message id derived from the placement id (``event_id``): if the executor
-crashes after publishing and before recording that it did, the re-publication carries the same id and consumers,
-who dedupe by ``message_id``, apply it once. All terminal events (finished, failed, lost) share the id
-``event_id(placement, "outcome")``, so a placement has exactly one outcome downstream.
+Each event a placement produces has a message id derived from the placement id and the node (``event_id``): if the
+executor crashes after publishing and before recording that it did, the re-publication carries the same id and
+consumers, who dedupe by ``message_id``, apply it once. All terminal events (finished, failed, lost) of one node
+share the id ``event_id(placement, "outcome", node)``, so a placement has exactly one outcome per node downstream;
+the node is part of the id because a gang's ranks are one placement on several nodes, and the scheduler holds a
+stopped gang's capacity until every node confirmed its own stop.
 """
 
 from __future__ import annotations
@@ -46,6 +48,6 @@ def check_transition(current: str, target: str) -> None:
         raise IllegalTransition(f"a placement cannot go from {current!r} to {target!r}")
 
 
-def event_id(placement_id: uuid.UUID, kind: EventKind) -> uuid.UUID:
-    """Deterministic message id of a placement's event of ``kind`` (the same after any restart)."""
-    return uuid.uuid5(placement_id, kind)
+def event_id(placement_id: uuid.UUID, kind: EventKind, node_id: str) -> uuid.UUID:
+    """Deterministic message id of a placement's event of ``kind`` on ``node_id`` (the same after any restart)."""
+    return uuid.uuid5(placement_id, f"{kind}@{node_id}")

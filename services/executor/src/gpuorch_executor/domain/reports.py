@@ -22,7 +22,7 @@ def tenant_of(record: PlacementRecord) -> str | None:
 
 def started_event(record: PlacementRecord, producer: str, container_id: str | None = None) -> JobStarted:
     return JobStarted(
-        message_id=event_id(record.placement_id, "started"), producer=producer, job_id=record.job_id,
+        message_id=event_id(record.placement_id, "started", record.node_id), producer=producer, job_id=record.job_id,
         placement_id=record.placement_id, node_id=record.node_id, pid=record.job_pid,
         container_id=container_id, log_path=record.log_path, tenant=tenant_of(record),
     )
@@ -30,7 +30,7 @@ def started_event(record: PlacementRecord, producer: str, container_id: str | No
 
 def checkpointed_event(record: PlacementRecord, producer: str) -> JobCheckpointed:
     return JobCheckpointed(
-        message_id=event_id(record.placement_id, "checkpointed"), producer=producer, job_id=record.job_id,
+        message_id=event_id(record.placement_id, "checkpointed", record.node_id), producer=producer, job_id=record.job_id,
         placement_id=record.placement_id, node_id=record.node_id, tenant=tenant_of(record),
     )
 
@@ -43,7 +43,7 @@ def outcome_event(record: PlacementRecord, outcome: Outcome, producer: str,
     executor that reads the exit later (after its own restart) must not date the end later than it was, or the
     log would show the placement outliving its successor."""
     common: dict[str, Any] = {
-        "message_id": event_id(record.placement_id, "outcome"), "producer": producer, "job_id": record.job_id,
+        "message_id": event_id(record.placement_id, "outcome", record.node_id), "producer": producer, "job_id": record.job_id,
         "placement_id": record.placement_id, "node_id": record.node_id,
         "tenant": tenant_of(record),
     }
@@ -60,7 +60,7 @@ def outcome_event(record: PlacementRecord, outcome: Outcome, producer: str,
 
 def lost_event(record: PlacementRecord, reason: str, producer: str) -> JobLost:
     return JobLost(
-        message_id=event_id(record.placement_id, "outcome"), producer=producer, job_id=record.job_id,
+        message_id=event_id(record.placement_id, "outcome", record.node_id), producer=producer, job_id=record.job_id,
         placement_id=record.placement_id, node_id=record.node_id, reason=reason_text(reason),
         tenant=tenant_of(record),
     )
