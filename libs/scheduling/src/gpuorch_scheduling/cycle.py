@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from gpuorch_contracts import PRIORITY_VALUE, JobPlaced, JobPreempting, LaunchJob, NodeAssignment
 from gpuorch_policy.fleet import Ask, Fleet
 
-from gpuorch_scheduling.decisions import Decision, at, decision_id, derived_id, stops
+from gpuorch_scheduling.decisions import PLACEMENT, Decision, at, decision_id, derived_id, stops
 from gpuorch_scheduling.queueing import QueuePolicy, TenantUsage, fair_order
 from gpuorch_scheduling.state import JobRecord, SchedulerState
 
@@ -92,7 +92,7 @@ def _expected_end(job: JobRecord, now: float) -> float:
 def _place(job: JobRecord, assignments: list[NodeAssignment], now: float, decision: Decision) -> None:
     """JobPlaced and one LaunchJob per gang rank. Built without re-validation: every part is validated already (the
     job's spec at admission, the assignments by the fleet), and this is the hottest path of a busy cycle."""
-    placement_id = decision_id("placement", job.job_id, job.requeues, job.preemptions)
+    placement_id = derived_id(job.job_id, PLACEMENT + 128 * job.preemptions + job.requeues)
     stamp, tenant = at(now), job.spec.tenant
     decision.logged.append(JobPlaced.model_construct(
         message_id=derived_id(placement_id, 0), type=JobPlaced.TYPE, schema_version=1, occurred_at=stamp,

@@ -39,6 +39,11 @@ def decision_id(*parts: object) -> uuid.UUID:
     return uuid.uuid5(NAMESPACE, ":".join(repr(p) if isinstance(p, float) else str(p) for p in parts))
 
 
+ACCEPTED, PLACEMENT = 1 << 20, 2 << 20
+"""Kinds of ids derived from a job's id (``derived_id``): its acceptance; its placements (``PLACEMENT`` + 128 x
+preemptions + requeues: requeues are at most 100, so every placement of a job has an id of its own)."""
+
+
 def derived_id(base: uuid.UUID, k: int) -> uuid.UUID:
     """The ``k``-th id derived from a decision's id (a placement's JobPlaced and its LaunchJobs): distinct for
     distinct ``k``, the same every time, and far cheaper than hashing (a bijection of the base id)."""
@@ -95,7 +100,7 @@ def admit(state: SchedulerState, submit: SubmitJob, policy: QueuePolicy | None =
         )])
     stamp = {} if now is None else {"occurred_at": at(now)}
     return Decision(logged=[JobAccepted(
-        message_id=decision_id("accepted", submit.job_id), job_id=submit.job_id, spec=submit.spec, **stamp,
+        message_id=derived_id(submit.job_id, ACCEPTED), job_id=submit.job_id, spec=submit.spec, **stamp,
     )])
 
 

@@ -45,6 +45,7 @@ from gpuorch_contracts import (
 
 from gpuorch_scheduling import journal
 from gpuorch_scheduling.scheduler import Scheduler, SchedulerConfig
+from gpuorch_scheduling.state import field_of
 from gpuorch_scheduling.step import Input, Known, Step, StepHooks
 from gpuorch_scheduling.world import Behaviour, World
 
@@ -232,7 +233,7 @@ class Harness:
         """Keep each job's story, and let the world answer the step's commands."""
         jobs = self.jobs
         for event, _ in step.events:
-            job = jobs.get(getattr(event, "job_id", None))  # type: ignore[arg-type]
+            job = jobs.get(field_of(event, "job_id"))  # type: ignore[arg-type]
             if job is None:
                 continue
             if isinstance(event, JobAccepted):

@@ -72,7 +72,7 @@ from gpuorch_scheduling.decisions import (
 from gpuorch_scheduling.liveness import Deadlines, ExecutorLease, Leases, LivenessPolicy, liveness, overdue
 from gpuorch_scheduling.mig_loop import MigLoop
 from gpuorch_scheduling.queueing import QueuePolicy, SubmissionRates
-from gpuorch_scheduling.state import DEFAULT_RETENTION_S, SchedulerState
+from gpuorch_scheduling.state import DEFAULT_RETENTION_S, SchedulerState, field_of
 from gpuorch_scheduling.step import Input, Known, NoHooks, Step, StepHooks, moved
 
 LOGGED_INCOMING = (JobStarted, JobFinished, JobFailed, JobCheckpointed, JobLost, NodeRegistered, GpuHealthChanged)
@@ -249,10 +249,10 @@ class Scheduler:
             started = self.state.jobs.get(event.job_id)
             if started is not None:
                 self.deadlines.started(started)
-        job_id = getattr(event, "job_id", None)
+        job_id = field_of(event, "job_id")
         if job_id is not None:
             step.touched_jobs.add(job_id)
-        node_id = getattr(event, "node_id", None) or (
+        node_id = field_of(event, "node_id") or (
             event.inventory.node_id if isinstance(event, NodeRegistered) else None)
         if node_id is not None:
             step.touched_nodes.add(node_id)
@@ -262,7 +262,7 @@ class Scheduler:
         own trace (kept since its submission); else ``trace``, the delivery that caused it. Empty when none is
         known (the shell may add the current span's)."""
         if not isinstance(event, JobAccepted | JobRejected):
-            job = self.state.jobs.get(getattr(event, "job_id", None))  # type: ignore[arg-type]
+            job = self.state.jobs.get(field_of(event, "job_id"))  # type: ignore[arg-type]
             if job is not None and job.traceparent:
                 return {"traceparent": job.traceparent}
         return dict(trace) if trace else {}

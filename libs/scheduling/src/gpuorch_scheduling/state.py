@@ -49,6 +49,20 @@ from gpuorch_contracts import (
 )
 from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, Fleet, gpu_units
 
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def field_of(message: Message, name: str) -> Any:
+    """The value of ``message``'s contract field ``name``, or None when its type has no such field (a plain
+    ``getattr`` with a default costs a pydantic lookup that raises for every missing name: this is the fold's
+    hottest line)."""
+    kind = type(message)
+    fields = _FIELDS.get(kind)
+    if fields is None:
+        fields = _FIELDS[kind] = frozenset(kind.model_fields)
+    return getattr(message, name) if name in fields else None
+
+
 ACTIVE_STATES = frozenset({"placed", "running", "preempting"})
 """States in which a job holds capacity."""
 
@@ -202,12 +216,12 @@ class SchedulerState:
         headers (the event's ``occurred_at`` is the time)."""
         at = event.occurred_at.timestamp()
         self.clock = max(self.clock, at)
-        job_id = getattr(event, "job_id", None)
-        job = self.jobs.get(job_id) if job_id is not None else None  # type: ignore[arg-type]
+        job_id = field_of(event, "job_id")
+        job = self.jobs.get(job_id) if job_id is not None else None
         held_before = job is not None and job.holds_capacity
         self._fold(event, at, headers)
         self._json.pop(job_id, None)
-        node_id = event.inventory.node_id if isinstance(event, NodeRegistered) else getattr(event, "node_id", None)
+        node_id = event.inventory.node_id if isinstance(event, NodeRegistered) else field_of(event, "node_id")
         if node_id is not None and not isinstance(event, JobStarted | JobFinished | JobFailed | JobCheckpointed):
             self._json.pop(("node", node_id), None)
         if isinstance(event, NodeLivenessChanged) and event.liveness == "lost":
