@@ -278,17 +278,25 @@ async def test_the_report_shows_a_submitter_its_tenants_and_an_operator_everythi
 
 async def test_dead_letters_are_listed_and_replayed_by_operators_only(api: RunningApi, amqp_url: str) -> None:
     from gpuorch_contracts import SUBMIT_EXCHANGE
-    from gpuorch_messaging import EXCHANGE_HEADER, QUEUE_HEADER, REASON_HEADER, ROUTING_KEY_HEADER
+    from gpuorch_messaging import (
+        EXCHANGE_HEADER,
+        ORIGINAL_PUBLISHER_HEADER,
+        QUEUE_HEADER,
+        REASON_HEADER,
+        ROUTING_KEY_HEADER,
+    )
 
     lane = f"test.lane.{uuid.uuid4().hex[:8]}"
     connection = await aio_pika.connect(amqp_url)
     try:
         channel = await connection.channel()
         await channel.declare_queue(f"{lane}.dlq")
-        await channel.default_exchange.publish(aio_pika.Message(
-            b'{"refused": true}', message_id="dead-1",
-            headers={REASON_HEADER: "invalid: spec.resources", QUEUE_HEADER: lane, EXCHANGE_HEADER: SUBMIT_EXCHANGE,
-                     ROUTING_KEY_HEADER: "job.submit.acme"}), routing_key=f"{lane}.dlq")
+        headers = {REASON_HEADER: "invalid: spec.resources", QUEUE_HEADER: lane, EXCHANGE_HEADER: SUBMIT_EXCHANGE,
+                   ROUTING_KEY_HEADER: "job.submit.acme"}
+        await channel.default_exchange.publish(aio_pika.Message(  # as RabbitMQ dead-letters: the publisher's user_id
+            b'{"refused": true}', message_id="dead-1", user_id="guest", headers=headers), routing_key=f"{lane}.dlq")
+        await channel.default_exchange.publish(aio_pika.Message(  # published without a user_id: never replayed
+            b'{"anonymous": true}', message_id="dead-2", headers=headers), routing_key=f"{lane}.dlq")
     finally:
         await connection.close()
     async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
@@ -297,8 +305,9 @@ async def test_dead_letters_are_listed_and_replayed_by_operators_only(api: Runni
             assert refused.status_code == 403 and "operator" in refused.json()["error"]
         for _ in range(2):  # listing removes nothing
             listed = (await http.get("/api/v1/dlq", params={"queue": lane}, headers=auth("ops"))).json()
-            assert [(d["message_id"], d["reason"], d["routing_key"]) for d in listed] == [
-                ("dead-1", "invalid: spec.resources", "job.submit.acme")]
+            assert [(d["message_id"], d["reason"], d["routing_key"], d["publisher"]) for d in listed] == [
+                ("dead-1", "invalid: spec.resources", "job.submit.acme", "guest"),
+                ("dead-2", "invalid: spec.resources", "job.submit.acme", "")]
         assert (await http.get("/api/v1/dlq", headers=auth("ops"))).json() == []  # the known queues have none
         assert (await http.get("/api/v1/dlq", params={"queue": "no such/queue"},
                                headers=auth("ops"))).status_code == 422
@@ -306,11 +315,15 @@ async def test_dead_letters_are_listed_and_replayed_by_operators_only(api: Runni
         replayed = await http.post(f"/api/v1/dlq/{lane}/replay", headers=auth("ops"))
         assert replayed.status_code == 200, replayed.text
         assert (replayed.json()["replayed"], replayed.json()["stopped"]) == (1, None)
+        [skipped] = replayed.json()["skipped"]
+        assert skipped["letter"]["message_id"] == "dead-2" and "without a user_id" in skipped["why"]
         incoming = await asyncio.wait_for(api.submissions.get(), 10)
         assert (incoming.body, incoming.routing_key, incoming.message_id) == (
             b'{"refused": true}', "job.submit.acme", "dead-1")
         assert (incoming.headers or {}).get("x-gpuorch-replayed") == 1
-        assert (await http.get("/api/v1/dlq", params={"queue": lane}, headers=auth("ops"))).json() == []
+        assert (incoming.headers or {}).get(ORIGINAL_PUBLISHER_HEADER) == "guest"
+        left = (await http.get("/api/v1/dlq", params={"queue": lane}, headers=auth("ops"))).json()
+        assert [d["message_id"] for d in left] == ["dead-2"]  # kept for an operator to look at
         missing = await http.post("/api/v1/dlq/no-such-queue/replay", headers=auth("ops"))
         assert missing.status_code == 404 and "no-such-queue.dlq" in missing.json()["error"]
         api.backends.dlq_amqp_url = "amqp://guest:guest@127.0.0.1:9/"  # the broker out of reach: 503, one line

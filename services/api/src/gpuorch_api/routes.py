@@ -337,8 +337,9 @@ async def replay_dead_letters(
     queue: QueueName, who: CallerDep, svc: BackendsDep,
     limit: Annotated[int, Query(ge=1, le=10_000, description="at most N messages")] = 1000,
 ) -> dict[str, Any]:
-    """Publish the queue's dead letters back to their original exchange and routing key (each confirmed before
-    it leaves the dead-letter queue). Operators only; 404 when the queue has no dead-letter queue."""
+    """Publish the queue's dead letters back to their original exchange and routing key, each as its first
+    publisher (confirmed before it leaves the dead-letter queue); one that cannot be replayed is skipped with the
+    reason and stays. Operators only; 404 when the queue has no dead-letter queue."""
     url = _operator(who, svc)
     try:
         async with _broker_says():
@@ -346,7 +347,8 @@ async def replay_dead_letters(
     except dead_letters.DeadLetterQueueMissing as exc:
         raise ApiError(404, str(exc)) from exc
     return {"queue": done.queue, "replayed": len(done.replayed), "stopped": done.stopped,
-            "messages": [asdict(letter) for letter in done.replayed]}
+            "messages": [asdict(letter) for letter in done.replayed],
+            "skipped": [asdict(skipped) for skipped in done.skipped]}
 
 
 @router.get("/api/v1/events", tags=["live"], response_class=StreamingResponse)

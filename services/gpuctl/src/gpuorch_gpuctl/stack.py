@@ -92,6 +92,8 @@ class LocalStack:
             "PYTHONUNBUFFERED": "1",
             # every process of a local stack connects as one user (guest): senders cannot be told apart
             "GPUORCH_IDENTITY": env.get("GPUORCH_IDENTITY", "trust_all"),
+            # ... with every right, so each service declares the queues it consumes (no setup step needed here)
+            "GPUORCH_BROKER_TOPOLOGY": env.get("GPUORCH_BROKER_TOPOLOGY", "declare"),
             # simulated GPUs of this stack differ from those of any other stack on the machine (same node names)
             "GPUORCH_SIM_NAMESPACE": self._namespace,
             # A local stack runs jobs with the interpreter of this checkout (often under a home directory other
