@@ -18,7 +18,7 @@ of dead letters trust a dead letter's recorded publisher only when that role wro
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpuorch_contracts import (
@@ -35,6 +35,7 @@ from gpuorch_contracts import (
 from gpuorch_contracts.jobs import DEFAULT_TENANT
 from gpuorch_contracts.routing import command_routing_key
 
+from gpuorch_messaging.connection import BrokerConnection
 from gpuorch_messaging.rejections import InvalidHook
 from gpuorch_messaging.senders import (
     Accepts,
@@ -43,7 +44,7 @@ from gpuorch_messaging.senders import (
     scheduler_accepts,
     telemetry_accepts,
 )
-from gpuorch_messaging.topology import QueueSpec
+from gpuorch_messaging.topology import QueueSpec, declare_exchanges, declare_queue, unbind
 
 SCHEDULER_QUEUE = "scheduler"
 SUBMIT_QUEUE = "scheduler.submit"
@@ -147,3 +148,28 @@ class Installation:
         if self.telemetry:
             specs.append(telemetry_queue())
         return specs
+
+
+async def install(amqp_url: str, installation: Installation,
+                  on_declared: Callable[[str], None] | None = None) -> list[str]:
+    """The setup step: declare the exchanges and every queue of ``installation`` with its dead-letter queue and
+    bindings, and remove the bindings releases dropped; idempotent. ``amqp_url`` logs in as the setup identity
+    (configure, write and read on gpuorch's names). Returns the queues declared; ``on_declared(name)`` after each
+    (progress)."""
+    link = BrokerConnection(amqp_url, "gpuorch-setup")
+    await link.connect(timeout_s=10)
+    declared: list[str] = []
+    try:
+        channel = await link.channel()
+        await declare_exchanges(channel)
+        for spec in installation.queues():
+            await declare_queue(channel, spec)
+            declared.append(spec.name)
+            if on_declared is not None:
+                on_declared(spec.name)
+        await channel.close()
+        for queue, bindings in DROPPED_BINDINGS.items():
+            await unbind(link, queue, bindings)
+    finally:
+        await link.close()
+    return declared

@@ -36,6 +36,7 @@ from gpuorch_gpuctl.dlq_cmd import dlq_app
 from gpuorch_gpuctl.output import Column, Format, JsonOpt, NoHeadersOpt, OutputOpt, chosen, dump, emit
 from gpuorch_gpuctl.output import console as output_console
 from gpuorch_gpuctl.schema_cmd import schema_app
+from gpuorch_gpuctl.setup_cmd import setup_app
 from gpuorch_gpuctl.terminal_text import cell, log_output, markup
 from gpuorch_gpuctl.top_cmd import top
 from gpuorch_gpuctl.up_cmd import up
@@ -45,6 +46,7 @@ app = typer.Typer(help="gpuctl: submit, watch, inspect and cancel gpuorch jobs (
                   no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(config_app, name="config")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(setup_app, name="setup")
 app.add_typer(schema_app, name="schema")
 app.command("demo")(demo)
 app.command("down")(down)

@@ -202,8 +202,9 @@ class LocalStack:
 
         asyncio.run(self.queues_declared(names, timeout_s))
 
-    async def queues_declared(self, names: list[str], timeout_s: float = 60.0) -> None:
-        """Return once each named queue is declared on the broker; ``TimeoutError`` otherwise."""
+    async def queues_declared(self, names: list[str], timeout_s: float = 60.0, *, consumed: bool = False) -> None:
+        """Return once each named queue is declared on the broker (``consumed``: and has a consumer, what tells a
+        service started where the setup step declared its queues); ``TimeoutError`` otherwise."""
         import asyncio
 
         import aio_pika
@@ -215,14 +216,16 @@ class LocalStack:
                 while True:
                     channel = await connection.channel()
                     try:
-                        await channel.declare_queue(name, passive=True)
+                        queue = await channel.declare_queue(name, passive=True)
                         await channel.close()
-                        break
+                        if not consumed or (queue.declaration_result.consumer_count or 0) > 0:
+                            break
                     except aio_pika.exceptions.ChannelClosed:
-                        if time.monotonic() > deadline:
-                            raise TimeoutError(f"queue {name} was not declared within {timeout_s:.0f}s; "
-                                               f"dead services: {self.dead()}") from None
-                        await asyncio.sleep(0.3)
+                        pass
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"queue {name} was not {'consumed' if consumed else 'declared'} within "
+                                           f"{timeout_s:.0f}s; dead services: {self.dead()}") from None
+                    await asyncio.sleep(0.3)
         finally:
             await connection.close()
 
