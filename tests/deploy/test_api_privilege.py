@@ -50,7 +50,7 @@ async def test_the_api_user_submits_for_any_tenant_and_streams_events(users: Bro
         await api.publish(CancelJob(job_id=uuid.uuid4(), tenant="acme", on_behalf_of="acme-ci"))
 
         await streams.connect()
-        endpoints = NodeLogEndpoints("token")
+        endpoints = NodeLogEndpoints("issuing-secret")
         await endpoints.watch(streams.connection)  # its heartbeat queue: bound with the api user's rights
         acme = Caller("acme-ci", Identity(role="submitter", tenants=["acme"], default_tenant="acme"))
         ops = Caller("ops", Identity(role="operator", tenants=["*"]))

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from gpuorch_contracts import ExecutorHeartbeat, JobPlaced, JobQueued, decode
 from gpuorch_contracts.jobs import GpuAllocation, NodeAssignment
+from gpuorch_identity import log_credential
 from gpuorch_messaging import Broker
 from gpuorch_scheduler.testing import registered_node
 
@@ -194,7 +195,7 @@ async def test_logs_come_from_the_executor_of_the_jobs_node(api: RunningApi, mig
         return PlainTextResponse("hello from n1\n")
 
     ids = await seed(migrated_dsn)
-    api.backends.logs.token = "service-token"
+    api.backends.logs.secret = "issuing-secret"
     publisher = Broker(amqp_url, producer="executor")
     await publisher.connect()
     try:
@@ -214,7 +215,8 @@ async def test_logs_come_from_the_executor_of_the_jobs_node(api: RunningApi, mig
                                                       logs_url=node_url))
             answer = await waiting
             assert (answer.status_code, answer.text) == (200, "hello from n1\n")
-            assert asked == [(str(ids["acme_running"]), "Bearer service-token", "1")]
+            # the credential of the identity that announced the endpoint (guest here), never a shared token
+            assert asked == [(str(ids["acme_running"]), f"Bearer {log_credential('issuing-secret', 'guest')}", "1")]
             assert (await http.get(f"/api/v1/jobs/{ids['acme_running']}/logs",
                                    headers=auth("research"))).status_code == 403
             never_ran = await http.get(f"/api/v1/jobs/{ids['research_queued']}/logs", headers=auth("research"))

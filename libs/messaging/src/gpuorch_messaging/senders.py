@@ -162,6 +162,12 @@ def node_agent_accepts() -> dict[str, tuple[Sender, ...]]:
     return {"apply_mig_layout": SCHEDULER}
 
 
+def log_endpoint_accepts() -> dict[str, tuple[Sender, ...]]:
+    """The API's node-log directory (``api.nodes.*``): where a node serves its jobs' logs is said only by that
+    node's executor (its ``ExecutorHeartbeat.logs_url``); the API sends that executor's own credential there."""
+    return {"executor.heartbeat": (EXECUTOR_OF_NODE,)}
+
+
 def telemetry_accepts() -> dict[str, tuple[Sender, ...]]:
     """``telemetry.samples``: usage and health from the node's agent; job lifecycle from whoever may publish it; the
     MIG plan from the scheduler."""

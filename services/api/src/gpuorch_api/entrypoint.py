@@ -59,8 +59,8 @@ class Settings(ServiceSettings):
     dlq_amqp_url: str | None = setting("GPUORCH_DLQ_AMQP_URL", None, "RabbitMQ URL of an operator broker user "
                                        "(gpuctl-operator) for the dead-letter routes (unset: GPUORCH_AMQP_URL, "
                                        "whose user then needs read on *.dlq)")
-    logs_token: str | None = setting("GPUORCH_LOGS_TOKEN", None, "the service token the executors' log endpoints "
-                                     "accept (unset: no job logs)")
+    logs_secret: str | None = setting("GPUORCH_LOGS_SECRET", None, "the secret each executor's log credential is "
+                                      "derived from (gpuctl setup logs-credential; unset: no job logs)")
 
     _identity_map: IdentityMap | None = PrivateAttr(default=None)
     _quotas: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
@@ -112,7 +112,8 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
         await migrate(settings.database_url)
         app.state.backends = await open_backends(
             amqp_url=settings.amqp_url, database_url=settings.database_url, identity_map=settings.identity_map,
-            quotas=settings.quotas_by_tenant, jaeger_url=settings.jaeger_url, logs_token=settings.logs_token,
+            quotas=settings.quotas_by_tenant, jaeger_url=settings.jaeger_url, logs_secret=settings.logs_secret,
+            identity=settings.identity,
             dlq_amqp_url=settings.dlq_amqp_url)
         log.info("api.ready", port=settings.port)
         try:

@@ -11,6 +11,9 @@ have no configure right (deploy/rabbitmq/make_definitions.py), so nothing shared
 by them. Run it again after adding a node or a tenant (idempotent). Compose needs no run: RabbitMQ imports the same
 topology from deploy/rabbitmq/definitions.json at boot. Progress (one line per queue) goes to stderr; ``--json``
 prints one document on stdout. Exit 1 when the broker refuses or cannot be reached.
+
+``gpuctl setup logs-credential IDENTITY`` prints the log credential of one executor (``GPUORCH_LOGS_TOKEN`` on that
+node), derived from the API's issuing secret ``GPUORCH_LOGS_SECRET`` (``gpuorch_identity.log_credential``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Annotated
 import aiormq.exceptions
 import typer
 
-setup_app = typer.Typer(help="Install-time setup: declare the broker topology as the setup identity.",
+setup_app = typer.Typer(help="Install-time setup: the broker topology, node log credentials.",
                         no_args_is_help=True)
 
 
@@ -81,3 +84,21 @@ def setup_broker(
         print(json.dumps({"queues": declared, "tenants": sorted(tenants)}))
     else:
         print(f"declared the exchanges and {len(declared)} queues")
+
+
+@setup_app.command("logs-credential")
+def logs_credential(
+    identity: Annotated[str, typer.Argument(help="the executor's broker user (executor-<node>, or a rack's user)")],
+    secret: Annotated[str, typer.Option(
+        "--secret", envvar="GPUORCH_LOGS_SECRET", help="the API's issuing secret (GPUORCH_LOGS_SECRET)")] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
+) -> None:
+    """Print the log credential of one executor: its GPUORCH_LOGS_TOKEN. The API derives the same from the identity
+    that announced the node's endpoint; it reads that node's logs and no other's."""
+    from gpuorch_identity import log_credential
+
+    if not secret:
+        raise typer.BadParameter("the issuing secret is required (--secret or GPUORCH_LOGS_SECRET)",
+                                 param_hint="--secret")
+    credential = log_credential(secret, identity)
+    print(json.dumps({"identity": identity, "GPUORCH_LOGS_TOKEN": credential}) if as_json else credential)

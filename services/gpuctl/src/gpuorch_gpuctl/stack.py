@@ -8,8 +8,9 @@ stack later (``gpuctl down``).
 
 With ``identity_map`` (a document like deploy/identity.json, tokens included) every service reads it from
 ``<root>/identity.json`` (``GPUORCH_IDENTITY_MAP``): the scheduler judges submissions by it and the API
-(``start_api``) authenticates tokens by it. Executors serve their jobs' logs on a free port of 127.0.0.1 with a
-token of this stack (``logs_token``), which the API presents.
+(``start_api``) authenticates tokens by it. Executors serve their jobs' logs on a free port of 127.0.0.1, each with
+its own credential derived from this stack's ``logs_secret`` and its broker user (``gpuorch_identity.
+log_credential``), which the API derives the same way from the identity that announced the endpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpuorch_identity import log_credential
+from gpuorch_messaging.connection import user_of
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ class LocalStack:
     extra_env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
     identity_map: dict[str, object] | None = None
-    logs_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    logs_secret: str = field(default_factory=lambda: secrets.token_hex(16))
     api_url: str | None = None
     _namespace: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     _kept: bool = False
@@ -106,8 +110,8 @@ class LocalStack:
             # The demo's and tests' jobs are `python -c ...`: inline code is allowed here explicitly, never by the
             # executor's default allow-list.
             "GPUORCH_EXECUTOR_ALLOW": env.get("GPUORCH_EXECUTOR_ALLOW", LOCAL_ALLOW_LIST),
-            # the executor serves its jobs' logs (any free port here); the API fetches them with this token
-            "GPUORCH_LOGS_PORT": "0", "GPUORCH_LOGS_HOST": "127.0.0.1", "GPUORCH_LOGS_TOKEN": self.logs_token,
+            # the executor serves its jobs' logs (any free port here) to its own credential (``_spawn``)
+            "GPUORCH_LOGS_PORT": "0", "GPUORCH_LOGS_HOST": "127.0.0.1",
         })
         if self.identity_map is not None:
             path = self.root / "identity.json"
@@ -125,6 +129,10 @@ class LocalStack:
         log_dir.mkdir(parents=True, exist_ok=True)
         env = self.base_env()
         env.update(env_overrides)
+        if script == "gpuorch-executor":  # its own log credential; only the API holds the issuing secret
+            env.setdefault("GPUORCH_LOGS_TOKEN", log_credential(self.logs_secret, user_of(env["GPUORCH_AMQP_URL"])))
+        elif script == "gpuorch-api":
+            env.setdefault("GPUORCH_LOGS_SECRET", self.logs_secret)
         process = ServiceProcess(name, [_script(script)], env, log_dir / f"{name}.log")
         log_file = process.log_path.open("ab")
         process.popen = subprocess.Popen(
