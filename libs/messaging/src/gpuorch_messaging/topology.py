@@ -61,6 +61,13 @@ FANOUT_EXCHANGES = (UNROUTED, SUBMIT_SHARED_EXCHANGE)
 DEAD_LETTER_MAX_LENGTH = 100_000
 """Default bound of every ``Q.dlq``: past it the oldest dead letters are dropped (``drop-head``), so a poison
 flood cannot fill the broker's disk; ``gpuctl dlq`` shows what is kept."""
+BROKER_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""RabbitMQ's ``max_message_size`` in every gpuorch deployment (deploy/rabbitmq/rabbitmq.conf, the k8s
+RabbitmqCluster): a larger publish is refused by the broker itself, which closes the publisher's channel with
+``PRECONDITION_FAILED`` and says why (the answer to the sender). It is 16 times ``MAX_MESSAGE_BYTES`` (a dead letter
+carries its body plus our headers): what gets through and is still too large for gpuorch is dead-lettered by its
+consumer with the reason, answered when it names a job, and kept out of replays (``dead_letters``). RabbitMQ's
+default (128 MiB) let a 60 MB dead letter stall every replay of its queue."""
 DEFAULT_WAIT_S = 60.0
 """How long a runtime user waits for a name the setup step has not declared yet (they may start together)."""
 Overflow = Literal["drop-head", "reject-publish"]
