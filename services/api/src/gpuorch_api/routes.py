@@ -38,7 +38,7 @@ from gpuorch_contracts import JobSpec
 from gpuorch_contracts.jobs import JobState, Tier
 from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
-from gpuorch_messaging import dead_letters
+from gpuorch_messaging import TopologyMissing, dead_letters
 from gpuorch_report import WeeklyReport, resolve_period
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict
@@ -304,6 +304,8 @@ async def _broker_says() -> AsyncIterator[None]:
                             f"operator user's URL ({exc})") from exc
     except (OSError, aiormq.exceptions.AMQPConnectionError) as exc:
         raise ApiError(503, f"broker unreachable for dead letters: {exc!r}") from exc
+    except TopologyMissing as exc:
+        raise ApiError(503, str(exc)) from exc
 
 
 def _operator(who: Caller, svc: Backends) -> str:

@@ -215,19 +215,19 @@ def _submit_direct(spec: Any, amqp_url: str, dsn: str | None, wait: bool, as_jso
 
 async def _publish(amqp_url: str, message: Any) -> None:
     """Publish with confirms inside a ``gpuctl <type>`` span: the root of the job's trace in Jaeger."""
-    from gpuorch_messaging import Broker, PublishError
+    from gpuorch_messaging import Broker, PublishError, TopologyMissing
     from gpuorch_observability import configure_tracing, tracer
     from opentelemetry import trace
 
     configure_tracing("gpuctl", os.environ.get("GPUORCH_OTLP_ENDPOINT"))
     # a submit-only broker user (gpuctl-submit) may not declare exchanges: look them up only
-    broker = Broker(amqp_url, producer="gpuctl", publish_timeout_s=15, declare_topology=False)
+    broker = Broker(amqp_url, producer="gpuctl", publish_timeout_s=15, declare_topology=False, topology_wait_s=5)
     try:
         await broker.connect(timeout_s=10)
         with tracer("gpuctl").start_as_current_span(f"gpuctl {message.TYPE}", kind=trace.SpanKind.PRODUCER,
                                                       attributes={"gpuorch.job_id": str(message.job_id)}):
             await broker.publish(message)
-    except (PublishError, ConnectionError) as exc:
+    except (PublishError, ConnectionError, TopologyMissing) as exc:
         fail(f"not submitted: {exc} (is the scheduler running?)")
     finally:
         await broker.close()
