@@ -151,13 +151,13 @@ class Installation:
 
 
 async def install(amqp_url: str, installation: Installation,
-                  on_declared: Callable[[str], None] | None = None) -> list[str]:
+                  on_declared: Callable[[str], None] | None = None, *, connect_timeout_s: float = 10.0) -> list[str]:
     """The setup step: declare the exchanges and every queue of ``installation`` with its dead-letter queue and
     bindings, and remove the bindings releases dropped; idempotent. ``amqp_url`` logs in as the setup identity
-    (configure, write and read on gpuorch's names). Returns the queues declared; ``on_declared(name)`` after each
-    (progress)."""
+    (configure, write and read on gpuorch's names), retrying to reach the broker for ``connect_timeout_s``. Returns
+    the queues declared; ``on_declared(name)`` after each (progress)."""
     link = BrokerConnection(amqp_url, "gpuorch-setup")
-    await link.connect(timeout_s=10)
+    await link.connect(timeout_s=connect_timeout_s)
     declared: list[str] = []
     try:
         channel = await link.channel()

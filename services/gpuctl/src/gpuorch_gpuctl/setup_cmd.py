@@ -55,6 +55,8 @@ def setup_broker(
                                                                  "(repeatable)")] = None,
     node_agent: Annotated[list[str] | None, typer.Option(
         help="a node-agent queue and its nodes, QUEUE=NODE[,NODE...] (a simulated fleet; repeatable)")] = None,
+    wait_s: Annotated[float, typer.Option(help="seconds to keep trying to reach the broker (it may be starting)")
+                      ] = 30.0,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
 ) -> None:
     """Declare the exchanges, every queue with its dead-letter queue, and their bindings (idempotent)."""
@@ -76,7 +78,7 @@ def setup_broker(
         print(f"declared {name} (and {name}.dlq)", file=sys.stderr, flush=True)
 
     try:
-        declared = asyncio.run(install(amqp_url, installation, on_declared=progress))
+        declared = asyncio.run(install(amqp_url, installation, on_declared=progress, connect_timeout_s=wait_s))
     except (ConnectionError, OSError, aiormq.exceptions.AMQPError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(code=1) from exc
