@@ -17,6 +17,9 @@ import pytest
 # Tests connect as guest, so the senders' identities cannot be told apart: every Broker checks message types only,
 # unless a test about identity asks for Broker(identity="strict") (libs/messaging/tests/test_identity.py).
 os.environ.setdefault("GPUORCH_IDENTITY", "trust_all")
+# ... and may declare what it consumes (production services only look their queues up: the setup step declares
+# them, tests/deploy and tests/security run that way with least-privilege users).
+os.environ.setdefault("GPUORCH_BROKER_TOPOLOGY", "declare")
 # A developer's own gpuctl contexts (~/.config/gpuctl, left by `gpuctl demo --keep` or `gpuctl up`) must not steer a
 # test's gpuctl to their API: every process of the run reads a config file of its own that does not exist, unless
 # a test names one (services/gpuctl/tests give each test its own).

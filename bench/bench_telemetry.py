@@ -127,7 +127,7 @@ async def bench(
         await migrate(dsn)
         env = {**os.environ, "GPUORCH_AMQP_URL": url, "GPUORCH_DATABASE_URL": dsn, "GPUORCH_METRICS_PORT": str(port),
                "GPUORCH_LOG_LEVEL": "WARNING", "GPUORCH_TELEMETRY_INSTANCE": "telemetry/bench",
-               "GPUORCH_TELEMETRY_WINDOW_S": str(window_s)}
+               "GPUORCH_TELEMETRY_WINDOW_S": str(window_s), "GPUORCH_BROKER_TOPOLOGY": "declare"}
         child = subprocess.Popen([sys.executable, "-m", "gpuorch_telemetry.entrypoint"], env=env)
         process = psutil.Process(child.pid)
         deadline = time.monotonic() + 60

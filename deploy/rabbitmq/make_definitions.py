@@ -14,30 +14,39 @@ Pipeline::
 
 RabbitMQ's rules (access-control guide, AMQP 0-9-1 table), which the regexes below follow exactly:
 
-- ``exchange.declare`` / ``queue.declare`` (not passive): configure on the entity. Passive declares need nothing.
+- ``exchange.declare`` / ``queue.declare`` / ``*.delete`` (not passive): configure on the entity. Passive declares
+  need nothing.
 - ``exchange.declare`` with an alternate exchange: also write on the AE and read on the exchange being declared.
 - ``queue.declare`` with ``x-dead-letter-exchange``: also write on the DLX and read on the queue.
-- ``queue.bind``: write on the queue, read on the exchange; on a topic exchange the binding key must also match
-  the user's topic *read* regex for that exchange, if the user has topic permissions there.
+- ``queue.bind`` / ``queue.unbind``: write on the queue, read on the exchange; on a topic exchange the binding key
+  must also match the user's topic *read* regex for that exchange, if the user has topic permissions there.
 - ``basic.publish``: write on the exchange; on a topic exchange the routing key must also match the topic *write*
   regex, if the user has topic permissions for that exchange (none defined = every key allowed).
 - ``basic.consume`` / ``basic.get``: read on the queue.
 - Regexes match names only: an exchange and a queue with the same name (``gpuorch.unrouted``) share the rights.
 
-What every ``gpuorch_messaging.Broker`` does on connect (and again per consumer channel), hence every service user
-needs it: declare ``gpuorch.unrouted`` (fanout exchange and bounded queue) and bind them; declare the four topic
-exchanges, ``gpuorch.events`` with ``gpuorch.unrouted`` as alternate exchange. For each consumer queue ``Q``:
-declare ``Q.dlq`` and bind it to ``gpuorch.dlx`` with key ``Q``; declare ``Q`` with ``gpuorch.dlx`` as DLX; bind
-``Q``; consume ``Q``; dead-letter invalid messages by publishing to ``gpuorch.dlx`` with key ``Q``.
+Rights by function (decision 39): the topology (exchanges, every gpuorch queue and its ``.dlq``, their bindings) is
+declared once by the setup identity: RabbitMQ's own import of this document at boot (``exchanges``, ``queues``,
+``bindings`` below, generated from ``gpuorch_messaging.queues.Installation``, the catalogue the services consume
+from) or ``gpuctl setup broker`` as ``gpuorch-setup``. A runtime service user (scheduler, telemetry,
+executor-<node>, node-agent-<node>) has **no configure right**, **no write on any queue** (so it cannot bind) and
+**no read on any exchange**: it writes only to the exchanges it publishes to, each pinned by an anchored topic
+regex to its own routing keys (its dead letters: ``gpuorch.dlx`` with its own queue names), and reads only its own
+queues. Every topic exchange carries a topic permission for every runtime user (``^$`` where it may do nothing),
+so a key can never fall through to "no topic permission = any key". Its services run with
+``GPUORCH_BROKER_TOPOLOGY=passive`` (the default) and look their names up.
 
 Submitters (other systems, ``gpuctl-submit``) use no ``Broker``: they publish ``job.submit``/``job.cancel`` to the
 existing ``gpuorch.submit`` (a passive declare at most), and read answers from their own queues
 ``client.<tenant>.<anything>``, which they may declare and bind to ``gpuorch.events`` only with keys of their own
 tenants' job events (``job.*.<tenant>``, ``job.accepted.<tenant>`` ...): routing keys of job lifecycle events are
-``<type>.<tenant>`` (gpuorch_contracts.routing). One submitter grant per identity of role ``submitter`` in
-``deploy/identity.json``. ``gpuctl-operator`` lists and replays dead letters and may submit/cancel for any tenant;
-it may not publish events or commands. No user but the scheduler may publish to ``gpuorch.commands``. Passwords: ``--passwords-from-env`` reads ``GPUORCH_RABBITMQ_PASSWORD_<USER>``
-(upper case, ``-``/``.`` as ``_``) for every user; without it every password is ``<user>-dev`` (development only).
+``<type>.<tenant>`` (gpuorch_contracts.routing). The API likewise declares only its own exclusive stream queues
+``api.live.*``/``api.nodes.*``. One submitter grant per identity of role ``submitter`` in ``deploy/identity.json``.
+``gpuctl-operator`` lists and replays dead letters and may submit/cancel for any tenant; it may not publish events
+or commands (a replay carries the first publisher's identity, ``gpuorch_messaging.provenance``). No user but the
+scheduler may publish to ``gpuorch.commands``. Passwords: ``--passwords-from-env`` reads
+``GPUORCH_RABBITMQ_PASSWORD_<USER>`` (upper case, ``-``/``.`` as ``_``) for every user; without it every password is
+``<user>-dev`` (development only).
 """
 
 from __future__ import annotations
@@ -53,6 +62,17 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from gpuorch_identity import load_identity_map
+from gpuorch_messaging.queues import (
+    HEARTBEAT_QUEUE,
+    SCHEDULER_QUEUE,
+    SUBMIT_QUEUE,
+    TELEMETRY_QUEUE,
+    Installation,
+)
+from gpuorch_messaging.topology import EXCHANGE_ARGUMENTS, FANOUT_EXCHANGES, unrouted_arguments
 
 SUBMIT = "gpuorch.submit"
 SUBMIT_SHARED = "gpuorch.submit.shared"
@@ -63,7 +83,7 @@ DLX = "gpuorch.dlx"
 UNROUTED = "gpuorch.unrouted"
 TOPOLOGY_EXCHANGES = (SUBMIT, EVENTS, COMMANDS, DLX)
 
-SCHEDULER_QUEUES = ("scheduler", "scheduler.heartbeats", "scheduler.submit")
+SCHEDULER_QUEUES = (SCHEDULER_QUEUE, HEARTBEAT_QUEUE, SUBMIT_QUEUE)
 SCHEDULER_LANES = r"scheduler\.submit\.[a-z0-9][a-z0-9_-]*"
 """The scheduler's per-tenant submission lanes ``scheduler.submit.<tenant>`` (one per tenant of the identity map or
 the quotas, so a pattern rather than a list) and their ``.dlq``."""
@@ -76,25 +96,15 @@ TENANT_ROUTED_EVENTS = (
 TENANT_WORD = r"[a-z0-9][a-z0-9_-]*"
 HTTP_API_SUBMITTERS = ("submitter",)
 """Submitters that get the ``management`` tag (HTTP API): the generic user of examples/submit_job.sh."""
-SCHEDULER_JOB_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed")
-SCHEDULER_EVENT_BINDINGS = (
-    *SCHEDULER_JOB_EVENTS, *(f"{e}.#" for e in SCHEDULER_JOB_EVENTS),  # bare keys: until the scheduler binds .#
-    "node.registered", "gpu.health_changed", "node.heartbeat", "executor.heartbeat", "node.mig_layout_applied",
-)
 SCHEDULER_EVENTS = (
     "job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting", "job.requeued", "job.cancelled",
     "job.failed", "node.liveness_changed", "alert.fleet", "gpu.mig_reconfiguration", "mig.plan_proposed",
 )
 SCHEDULER_COMMANDS = ("launch_job", "stop_job", "apply_mig_layout")
-EXECUTOR_COMMANDS = ("launch_job", "stop_job")
 EXECUTOR_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed", "executor.heartbeat")
-NODE_AGENT_COMMANDS = ("apply_mig_layout",)
 NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", "gpu.usage_sampled",
                      "node.mig_layout_applied")
-TELEMETRY_QUEUE = "telemetry.samples"
-TELEMETRY_EVENT_BINDINGS = ("gpu.usage_sampled", "gpu.health_changed", "job.#", "mig.plan_proposed")
 TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made", "fleet.scale_requested")
-SUBMIT_KEYS = ("job.submit", "job.cancel")
 SUBMIT_KEY_PATTERN = r"job\.(submit|cancel)"
 NOTHING = "^$"
 
@@ -114,10 +124,6 @@ def event_keys(events: Iterable[str]) -> str:
     return "^(" + "|".join(parts) + ")$" if parts else NOTHING
 
 
-def command_keys(node_ids: Iterable[str], commands: Iterable[str]) -> list[str]:
-    return [f"node.{node}.{command}" for node in node_ids for command in commands]
-
-
 @dataclass(frozen=True)
 class Grant:
     """One user's rights in the vhost: resource regexes plus topic regexes per topic exchange (write, read)."""
@@ -131,58 +137,41 @@ class Grant:
     purpose: str = ""
 
 
-def broker_user(user: str, *, queues: Sequence[str], bindings: Mapping[str, Sequence[str]],
-                publishes: Mapping[str, Sequence[str]], key_patterns: Mapping[str, str] | None = None,
-                binding_patterns: Mapping[str, str] | None = None, queue_pattern: str | None = None,
+def broker_user(user: str, *, queues: Sequence[str], publishes: Mapping[str, Sequence[str]],
+                key_patterns: Mapping[str, str] | None = None, queue_pattern: str | None = None,
                 purpose: str) -> Grant:
-    """A service that connects with ``gpuorch_messaging.Broker``, owns ``queues`` and publishes ``publishes``.
+    """A runtime service user (``gpuorch_messaging.Broker`` with ``declare_topology=False``): consumes ``queues``
+    (and the queues ``queue_pattern`` names) and publishes ``publishes`` (exchange -> routing keys; ``key_patterns``
+    replaces a list by a regex where keys cannot be listed, e.g. every node id).
 
-    ``bindings``: exchange -> binding keys of its queues; ``publishes``: exchange -> routing keys it publishes
-    (``key_patterns`` / ``binding_patterns`` replace a list by a regex where the keys cannot be listed, e.g.
-    every node id or tenant; ``queue_pattern`` adds queues named by a regex, each with its ``.dlq``). Topic
-    permissions pin every topic exchange it touches to exactly those keys (dead letters: its queue names);
-    exchanges it may neither write nor read get none (the resource permissions refuse them already). Declaring
-    ``gpuorch.events`` and ``gpuorch.submit`` with their alternate exchanges needs write on the alternates and
-    read on the exchanges themselves.
+    configure: nothing. write: the exchanges it publishes to and ``gpuorch.dlx`` (its dead letters), never a queue
+    (no bind). read: its own queues only (no exchange: no bind). Topic permissions on every topic exchange: write
+    its own keys (on ``gpuorch.dlx`` its own queue names), read (binding keys) nothing.
     """
-    dead_letter_queues = [f"{q}.dlq" for q in queues]
-    own = [*queues, *dead_letter_queues]
-
-    def with_pattern(names: list[str], *, dlq: bool = True) -> str:
+    def with_pattern(names: Sequence[str]) -> str:
         listed = exactly(names)
         if queue_pattern is None:
             return listed
-        extra = rf"{queue_pattern}(\.dlq)?" if dlq else queue_pattern
-        return listed[:-2] + "|" + extra + ")$"
+        return (listed[:-2] + "|" if listed != NOTHING else "^(") + queue_pattern + ")$"
 
-    configure = with_pattern([*TOPOLOGY_EXCHANGES, UNROUTED, SUBMIT_SHARED, *own])
-    write = with_pattern([UNROUTED, SUBMIT_SHARED, DLX, *own, *publishes])
-    read = with_pattern([UNROUTED, EVENTS, SUBMIT, DLX, *queues, *bindings], dlq=False)
+    published = [exchange for exchange in TOPOLOGY_EXCHANGES
+                 if publishes.get(exchange) or (key_patterns or {}).get(exchange)]
     topics: dict[str, tuple[str, str]] = {}
     for exchange in TOPOLOGY_EXCHANGES:
-        written = list(publishes.get(exchange, ()))
-        bound = list(bindings.get(exchange, ()))
+        written = (key_patterns or {}).get(exchange) or exactly(publishes.get(exchange, ()))
         if exchange == DLX:
-            written, bound = list(queues), list(queues)
-        pattern = (key_patterns or {}).get(exchange)
-        bound_pattern = (binding_patterns or {}).get(exchange)
-        if exchange == DLX and queue_pattern is not None:
-            pattern = bound_pattern = with_pattern(list(queues), dlq=False)
-        if written or bound or pattern or bound_pattern:
-            topics[exchange] = (pattern or exactly(written), bound_pattern or exactly(bound))
-    return Grant(user, configure, write, read, topics, purpose=purpose)
+            written = with_pattern(queues)
+        topics[exchange] = (written, NOTHING)
+    return Grant(user, configure=NOTHING, write=exactly([*published, DLX]), read=with_pattern(queues),
+                 topics=topics, purpose=purpose)
 
 
 def scheduler(user: str = "scheduler") -> Grant:
     """The scheduler addresses every node: launch/stop and MIG layout commands for ``node.<any node id>``."""
     any_node = r"^node\..+\.(" + "|".join(re.escape(c) for c in SCHEDULER_COMMANDS) + r")$"
     return broker_user(
-        user, queues=SCHEDULER_QUEUES,
-        bindings={SUBMIT: SUBMIT_KEYS, EVENTS: SCHEDULER_EVENT_BINDINGS, SUBMIT_SHARED: ("",)},
-        publishes={EVENTS: SCHEDULER_EVENTS, COMMANDS: ()},
-        key_patterns={COMMANDS: any_node, EVENTS: event_keys(SCHEDULER_EVENTS)},
-        binding_patterns={SUBMIT: rf"^{SUBMIT_KEY_PATTERN}(\.{TENANT_WORD})?$"},  # lanes; unbinding the bare keys
-        queue_pattern=SCHEDULER_LANES,
+        user, queues=SCHEDULER_QUEUES, publishes={EVENTS: SCHEDULER_EVENTS},
+        key_patterns={COMMANDS: any_node, EVENTS: event_keys(SCHEDULER_EVENTS)}, queue_pattern=SCHEDULER_LANES,
         purpose="consumes scheduler, scheduler.heartbeats and the submission lanes scheduler.submit[.<tenant>]; "
                 "publishes job decisions, launch/stop commands and MIG layouts",
     )
@@ -191,9 +180,8 @@ def scheduler(user: str = "scheduler") -> Grant:
 def executor(user: str, node_ids: Sequence[str]) -> Grant:
     """One executor process serving ``node_ids`` (queues ``executor.<node id>``)."""
     return broker_user(
-        user, queues=[f"executor.{n}" for n in node_ids],
-        bindings={COMMANDS: command_keys(node_ids, EXECUTOR_COMMANDS)},
-        publishes={EVENTS: EXECUTOR_EVENTS}, key_patterns={EVENTS: event_keys(EXECUTOR_EVENTS)},
+        user, queues=[f"executor.{n}" for n in node_ids], publishes={EVENTS: EXECUTOR_EVENTS},
+        key_patterns={EVENTS: event_keys(EXECUTOR_EVENTS)},
         purpose=f"consumes executor.<node> for {', '.join(node_ids)}; publishes job.started/finished/failed/lost/checkpointed",
     )
 
@@ -201,18 +189,23 @@ def executor(user: str, node_ids: Sequence[str]) -> Grant:
 def node_agent(user: str, queue: str, node_ids: Sequence[str]) -> Grant:
     """One node-agent process: queue ``node-agent.<node id>`` (single node) or ``node-agent.fleet.<fleet>``."""
     return broker_user(
-        user, queues=[queue], bindings={COMMANDS: command_keys(node_ids, NODE_AGENT_COMMANDS)},
-        publishes={EVENTS: NODE_AGENT_EVENTS},
+        user, queues=[queue], publishes={EVENTS: NODE_AGENT_EVENTS},
         purpose=f"consumes {queue} (MIG layouts for {', '.join(node_ids)}); publishes node.registered/heartbeat, gpu.*",
     )
 
 
 def telemetry(user: str = "telemetry") -> Grant:
     return broker_user(
-        user, queues=[TELEMETRY_QUEUE], bindings={EVENTS: TELEMETRY_EVENT_BINDINGS},
-        publishes={EVENTS: TELEMETRY_EVENTS},
+        user, queues=[TELEMETRY_QUEUE], publishes={EVENTS: TELEMETRY_EVENTS},
         purpose="consumes telemetry.samples (competing consumers); publishes alert.raised/resolved, recommendation.made, fleet.scale_requested",
     )
+
+
+def setup(user: str = "gpuorch-setup") -> Grant:
+    """The setup identity: declares, binds and deletes the topology at install (``gpuctl setup broker``). No
+    service runs as it; keep its password with the installer."""
+    return Grant(user, ".*", ".*", ".*", purpose="install: declares exchanges, queues and bindings (gpuctl setup "
+                                                  "broker); no service runs as it")
 
 
 def submitter(user: str = "submitter", tenants: Sequence[str] = ("default",), *, http_api: bool = False) -> Grant:
@@ -240,13 +233,12 @@ def submitter(user: str = "submitter", tenants: Sequence[str] = ("default",), *,
 
 def operator(user: str = "gpuctl-operator") -> Grant:
     """``gpuctl-operator``: submit/cancel (any tenant: the identity map says so), list dead letters (basic.get on
-    ``*.dlq``) and replay dead submissions. It may not publish events or commands: a replayed event or command
-    would carry the operator's user_id and be refused by its consumer anyway."""
+    ``*.dlq``) and replay dead submissions, each judged as its first publisher. It declares nothing and may not
+    publish events or commands."""
     return Grant(
-        user, configure=exactly([*TOPOLOGY_EXCHANGES, UNROUTED, SUBMIT_SHARED]),
-        write=exactly([SUBMIT, UNROUTED, SUBMIT_SHARED]),
-        read=r"^(gpuorch\.events|gpuorch\.submit|gpuorch\.unrouted|.+\.dlq)$",
-        topics={SUBMIT: (rf"^{SUBMIT_KEY_PATTERN}(\.{TENANT_WORD})?$", NOTHING)},
+        user, configure=NOTHING, write=exactly([SUBMIT]), read=r"^.+\.dlq$",
+        topics={SUBMIT: (rf"^{SUBMIT_KEY_PATTERN}(\.{TENANT_WORD})?$", NOTHING), EVENTS: (NOTHING, NOTHING),
+                COMMANDS: (NOTHING, NOTHING), DLX: (NOTHING, NOTHING)},
         purpose="gpuctl operator: submit/cancel for any tenant, dlq list and replay of submissions",
     )
 
@@ -306,10 +298,48 @@ COMPOSE_FLEET = Fleet(
 
 def grants(fleet: Fleet = COMPOSE_FLEET) -> list[Grant]:
     return [
-        administrator(), scheduler(), telemetry(), operator(), api(), *submitters_of(),
+        administrator(), setup(), scheduler(), telemetry(), operator(), api(), *submitters_of(),
         *(executor(user, nodes) for user, nodes in fleet.executors),
         *(node_agent(user, queue, nodes) for user, queue, nodes in fleet.node_agents),
     ]
+
+
+def installation(fleet: Fleet = COMPOSE_FLEET, identity_map: Path = IDENTITY_MAP,
+                 tenants: Sequence[str] = ()) -> Installation:
+    """Every queue of this deployment: a lane per tenant the identity map names (and ``tenants``: those with a
+    quota only), a queue per executor node and per node-agent."""
+    named = load_identity_map(identity_map).named_tenants
+    return Installation(tenants=sorted({*named, *tenants}),
+                        executor_nodes=[node for _, nodes in fleet.executors for node in nodes],
+                        node_agents=[(queue, list(nodes)) for _, queue, nodes in fleet.node_agents])
+
+
+def topology(install: Installation, vhost: str) -> dict[str, list[dict[str, Any]]]:
+    """The ``exchanges``, ``queues`` and ``bindings`` of a definitions document: what ``gpuctl setup broker``
+    declares (``gpuorch_messaging.queues.install``), so RabbitMQ creates the topology itself when it imports the
+    document and no runtime user needs a configure right."""
+    def exchange(name: str, kind: str) -> dict[str, Any]:
+        return {"name": name, "vhost": vhost, "type": kind, "durable": True, "auto_delete": False,
+                "internal": False, "arguments": EXCHANGE_ARGUMENTS.get(name, {})}
+
+    def queue(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        return {"name": name, "vhost": vhost, "durable": True, "auto_delete": False, "arguments": dict(arguments)}
+
+    def binding(source: str, destination: str, key: str) -> dict[str, Any]:
+        return {"source": source, "vhost": vhost, "destination": destination, "destination_type": "queue",
+                "routing_key": key, "arguments": {}}
+
+    exchanges = [exchange(name, "fanout") for name in FANOUT_EXCHANGES]
+    exchanges += [exchange(name, "topic") for name in TOPOLOGY_EXCHANGES]
+    queues = [queue(UNROUTED, unrouted_arguments())]
+    bindings = [binding(UNROUTED, UNROUTED, "")]
+    for spec in install.queues():
+        if spec.dead_letter:
+            queues.append(queue(spec.dead_letter_queue, spec.dead_letter_arguments()))
+            bindings.append(binding(DLX, spec.dead_letter_queue, spec.name))
+        queues.append(queue(spec.name, spec.arguments()))
+        bindings += [binding(source, spec.name, key) for source, key in spec.bindings]
+    return {"exchanges": exchanges, "queues": queues, "bindings": bindings}
 
 
 def password_hash(user: str, password: str) -> str:
@@ -330,8 +360,10 @@ def dev_password(user: str) -> str:
 
 
 def definitions(all_grants: Sequence[Grant], vhost: str = "gpuorch",
-                passwords: Mapping[str, str] | None = None) -> dict[str, object]:
-    """The definitions document (``load_definitions`` / ``POST /api/definitions``) for ``all_grants``."""
+                passwords: Mapping[str, str] | None = None,
+                install: Installation | None = None) -> dict[str, object]:
+    """The definitions document (``load_definitions`` / ``POST /api/definitions``) for ``all_grants`` and, with
+    ``install``, its topology."""
     passwords = passwords or {}
     users, permissions, topic_permissions = [], [], []
     for grant in all_grants:
@@ -346,7 +378,7 @@ def definitions(all_grants: Sequence[Grant], vhost: str = "gpuorch",
     return {
         "users": users, "vhosts": [{"name": vhost}], "permissions": permissions,
         "topic_permissions": topic_permissions, "parameters": [], "global_parameters": [], "policies": [],
-        "queues": [], "exchanges": [], "bindings": [],
+        **(topology(install, vhost) if install is not None else {"queues": [], "exchanges": [], "bindings": []}),
     }
 
 
@@ -400,6 +432,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="also write Secrets gpuorch-amqp and gpuorch-node-credentials with these passwords")
     parser.add_argument("--amqp-host", default="gpuorch-rabbitmq", help="broker host in the Secrets' URLs")
     parser.add_argument("--amqp-port", type=int, default=5672)
+    parser.add_argument("--tenant", action="append", default=[], metavar="TENANT",
+                        help="a tenant with a quota but not in deploy/identity.json: its submission lane too "
+                             "(repeatable)")
     parser.add_argument("--output", metavar="PATH", help="write the definitions here instead of stdout")
     args = parser.parse_args(argv)
     executors = [*args.executor, *((f"executor-{n}", [n]) for n in args.gpu_node)]
@@ -414,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         passwords = {g.user: os.environ[password_variable(g.user)] for g in all_grants}
     elif args.generate_passwords:
         passwords = {g.user: secrets.token_hex(24) for g in all_grants}
-    document = json.dumps(definitions(all_grants, args.vhost, passwords), indent=2) + "\n"
+    document = json.dumps(definitions(all_grants, args.vhost, passwords, installation(fleet, tenants=args.tenant)),
+                          indent=2) + "\n"
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(document)

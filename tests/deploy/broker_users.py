@@ -2,6 +2,8 @@
 
 ``BrokerUsers(vhost, grants)`` creates each grant's user (password: the generator's development password), its
 permissions and topic permissions; ``delete()`` removes the users again (users are global, not per vhost).
+``install(installation)`` declares the topology as the setup step does (``gpuctl setup broker``), logged in as the
+test vhost's administrator (guest): runtime users may not declare it themselves.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+from gpuorch_messaging.queues import Installation, install
 
 from conftest import AMQP_HOST, AMQP_MGMT, AMQP_PORT
 
@@ -75,6 +78,15 @@ class BrokerUsers:
 
     def url(self, user: str) -> str:
         return f"amqp://{user}:{gen.dev_password(user)}@{AMQP_HOST}:{AMQP_PORT}/{quote(self.vhost, safe='')}"
+
+    @property
+    def admin_url(self) -> str:
+        """The test vhost's administrator (guest, every right): the setup identity of these tests."""
+        return f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}/{quote(self.vhost, safe='')}"
+
+    async def install(self, installation: Installation | None = None) -> list[str]:
+        """Declare the exchanges and ``installation``'s queues (default: the scheduler's and telemetry's)."""
+        return await install(self.admin_url, installation or Installation())
 
 
 class RoleUsers(BrokerUsers):

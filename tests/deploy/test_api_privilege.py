@@ -17,7 +17,7 @@ from gpuorch_contracts import CancelJob, JobPlaced, SubmitJob
 from gpuorch_contracts.jobs import NodeAssignment
 from gpuorch_identity import Identity
 from gpuorch_messaging import Broker
-from gpuorch_scheduler.entrypoint import scheduler_queues, submission_lanes
+from gpuorch_messaging.queues import Installation
 
 from tests.deploy.broker_users import BrokerUsers, gen
 from tests.deploy.test_least_privilege import SPEC, assert_refused, publish
@@ -38,21 +38,19 @@ def users(amqp_vhost: str) -> Iterator[BrokerUsers]:
 
 async def test_the_api_user_submits_for_any_tenant_and_streams_events(users: BrokerUsers) -> None:
     api_user, scheduler_user = (g.user for g in users.grants)
-    scheduler = Broker(users.url(scheduler_user), producer="scheduler", publish_timeout_s=5)
+    await users.install(Installation(tenants=["acme"]))
+    scheduler = Broker(users.url(scheduler_user), producer="scheduler", publish_timeout_s=5, declare_topology=False)
     await scheduler.connect(timeout_s=5)
     api = Broker(users.url(api_user), producer="gpuorch-api", declare_topology=False, publish_timeout_s=5)
     streams = EventStreams(users.url(api_user))
     try:
-        await scheduler.declare_queue(scheduler_queues()[0])
-        for lane in submission_lanes(["acme"]):
-            await scheduler.declare_queue(lane)
         await api.connect(timeout_s=5)
         await api.publish(SubmitJob(spec=SPEC.model_copy(update={"tenant": "acme"}), on_behalf_of="acme-ci"))
         await api.publish(SubmitJob(spec=SPEC, on_behalf_of="acme-ci"))  # the shared lane
         await api.publish(CancelJob(job_id=uuid.uuid4(), tenant="acme", on_behalf_of="acme-ci"))
 
         await streams.connect()
-        endpoints = NodeLogEndpoints("token")
+        endpoints = NodeLogEndpoints("issuing-secret")
         await endpoints.watch(streams.connection)  # its heartbeat queue: bound with the api user's rights
         acme = Caller("acme-ci", Identity(role="submitter", tenants=["acme"], default_tenant="acme"))
         ops = Caller("ops", Identity(role="operator", tenants=["*"]))

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from gpuorch_contracts import JobSpec, ProcessRun, SubmitJob
 from gpuorch_gpuctl.stack import LocalStack, SimNode
+from gpuorch_messaging.queues import Installation, install
 
 from tests.deploy.broker_users import BrokerUsers, gen
 from tests.e2e.harness import wait_jobs_terminal, wait_rows
@@ -41,7 +42,7 @@ def users(amqp_vhost: str) -> Iterator[dict[str, str]]:
         gen.submitter(names["research-team"], ["research"]), gen.operator(names["operator"]),
     ]).create()
     try:
-        yield names | {f"{role}-url": created.url(name) for role, name in names.items()}
+        yield names | {f"{role}-url": created.url(name) for role, name in names.items()} | {"admin": created.admin_url}
     finally:
         created.delete()
 
@@ -69,7 +70,8 @@ def stack(tmp_path: Path, amqp_url: str, pg_dsn: str, users: dict[str, str]) -> 
     allow = {"tenants": {t: {"commands": ["python"], "inline_code": True} for t in ("acme", "research")}}
     local = LocalStack(root=tmp_path, amqp_url=amqp_url, database_url=pg_dsn, nodes=[SimNode(NODE, "a100-80", 2)],
                        identity_map=identity_map(users),
-                       extra_env={"GPUORCH_IDENTITY": "strict", "GPUORCH_HEARTBEAT_S": "1", "GPUORCH_TICK_S": "0.5",
+                       extra_env={"GPUORCH_IDENTITY": "strict", "GPUORCH_BROKER_TOPOLOGY": "passive",
+                                  "GPUORCH_HEARTBEAT_S": "1", "GPUORCH_TICK_S": "0.5",
                                   "GPUORCH_EXECUTOR_ALLOW": json.dumps(allow)})
     try:
         yield local
@@ -80,11 +82,14 @@ def stack(tmp_path: Path, amqp_url: str, pg_dsn: str, users: dict[str, str]) -> 
 
 async def test_a_token_holder_submits_reads_logs_and_cancels_only_its_own_jobs(
         stack: LocalStack, users: dict[str, str], pg_dsn: str) -> None:
+    await install(users["admin"], Installation(tenants=["acme", "research"], executor_nodes=[NODE],
+                                               node_agents=[("node-agent.fleet.local", [NODE])]))
     stack.start_scheduler(GPUORCH_AMQP_URL=users["scheduler-url"])
     stack.start_executor(GPUORCH_AMQP_URL=users["executor-url"])
-    await stack.queues_declared(["scheduler", "scheduler.heartbeats", f"executor.{NODE}"], timeout_s=60)
+    await stack.queues_declared(["scheduler", "scheduler.heartbeats", f"executor.{NODE}"], timeout_s=60,
+                                consumed=True)
     stack.start_telemetry(GPUORCH_AMQP_URL=users["telemetry-url"])
-    await stack.queues_declared(["telemetry.samples"], timeout_s=60)
+    await stack.queues_declared(["telemetry.samples"], timeout_s=60, consumed=True)
     stack.start_node_agents(GPUORCH_AMQP_URL=users["node-agent-url"])
     await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rows: len(rows) == 1, what="node registered")
     url = await asyncio.to_thread(stack.start_api, GPUORCH_AMQP_URL=users["api-url"],

@@ -9,10 +9,12 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aio_pika
 import httpx
 import pytest
-from gpuorch_contracts import SUBMIT_EXCHANGE, JobAccepted, JobRejected, Message, SubmitJob
-from gpuorch_messaging import Broker, QueueSpec
+from gpuorch_contracts import JobAccepted, JobRejected, Message, SubmitJob
+from gpuorch_messaging import Broker, submission_lanes
+from gpuorch_messaging.topology import declare_exchanges
 
 from conftest import AMQP_MGMT
 from tests.deploy.broker_users import RoleUsers, gen
@@ -32,15 +34,25 @@ def users(amqp_vhost: str) -> Iterator[RoleUsers]:
 
 @pytest.fixture
 async def topology(users: RoleUsers) -> None:
-    broker = Broker(users.url("scheduler"), producer="scheduler/stand-in")
-    await broker.connect()  # the exchanges exist; nothing is bound to job.submit yet
-    await broker.close()
+    await users.install()  # the setup step: exchanges and the scheduler's queues, nobody consuming yet
+
+
+@pytest.fixture
+async def exchanges_only(users: RoleUsers) -> None:
+    """The exchanges without any queue: a submission has no route."""
+    connection = await aio_pika.connect(users.admin_url)
+    try:
+        await declare_exchanges(await connection.channel())
+    finally:
+        await connection.close()
 
 
 @pytest.fixture
 async def scheduler(users: RoleUsers, topology: None) -> AsyncIterator[list[SubmitJob]]:
-    """Stand-in scheduler: rejects a job named ``bad``, accepts the rest, answering on the submitter's tenant."""
-    broker = Broker(users.url("scheduler"), producer="scheduler/stand-in")
+    """Stand-in scheduler on the shared submission lane: rejects a job named ``bad``, accepts the rest, answering
+    on the submitter's tenant."""
+    broker = Broker(users.url("scheduler"), producer="scheduler/stand-in", declare_topology=False,
+                    identity="trust_all")
     await broker.connect()
     received: list[SubmitJob] = []
 
@@ -52,7 +64,7 @@ async def scheduler(users: RoleUsers, topology: None) -> AsyncIterator[list[Subm
         else:
             await broker.publish(JobAccepted(job_id=message.job_id, spec=message.spec))
 
-    await broker.consume(QueueSpec("scheduler", [(SUBMIT_EXCHANGE, "job.submit")]), answer)
+    await broker.consume(submission_lanes([])[0], answer)
     yield received
     await broker.close()
 
@@ -84,7 +96,7 @@ async def test_the_shell_example_exits_2_on_rejection(
     assert done.stdout.split()[1] == "job.rejected"
 
 
-async def test_the_shell_example_exits_3_on_no_route(users: RoleUsers, topology: None) -> None:
+async def test_the_shell_example_exits_3_on_no_route(users: RoleUsers, exchanges_only: None) -> None:
     done = await asyncio.to_thread(run_script, users, "submitter")
     assert done.returncode == 3 and "NO_ROUTE" in done.stderr and done.stdout == ""
 

@@ -1,9 +1,10 @@
 """The least-privilege broker users of deploy/rabbitmq/make_definitions.py, against the real RabbitMQ.
 
 Each test gets a fresh vhost (root conftest ``amqp_vhost``) and its own users (unique names, deleted afterwards),
-loaded through the management API from the generator's grants. Allowed work goes through the real
-``gpuorch_messaging.Broker`` with the services' own queue specs; refused work must close the channel with
-ACCESS_REFUSED (403).
+loaded through the management API from the generator's grants, and the topology declared by the setup identity
+(``gpuorch_messaging.queues.install``, what ``gpuctl setup broker`` runs). Allowed work goes through the real
+``gpuorch_messaging.Broker`` as the services run it (``declare_topology=False``: names looked up, nothing
+declared) with the services' own queue specs; refused work must close the channel with ACCESS_REFUSED (403).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from gpuorch_contracts import (
     SubmitJob,
 )
 from gpuorch_executor.entrypoint import executor_queue
-from gpuorch_messaging import Broker, QueueSpec
+from gpuorch_messaging import Broker, Installation, QueueSpec, TopologyMissing
+from gpuorch_messaging.queues import install
 from gpuorch_scheduler.entrypoint import scheduler_queues, submission_lanes
 from gpuorch_scheduling.testing import registered_node
 from gpuorch_telemetry.entrypoint import queue_spec as telemetry_queue
@@ -50,9 +52,10 @@ class Users(BrokerUsers):
     def __init__(self, vhost: str) -> None:
         suffix = uuid.uuid4().hex[:8]
         self.names = {role: f"{role}-{suffix}" for role in (
-            "scheduler", "telemetry", "submitter", "gpuctl", "executor-1", "executor-2", "node-agent-1")}
+            "scheduler", "telemetry", "submitter", "gpuctl", "executor-1", "executor-2", "node-agent-1", "setup")}
         n = self.names
         super().__init__(vhost, [
+            gen.setup(n["setup"]),
             gen.scheduler(n["scheduler"]), gen.telemetry(n["telemetry"]), gen.submitter(n["submitter"]),
             gen.operator(n["gpuctl"]), gen.executor(n["executor-1"], ["node-1"]),
             gen.executor(n["executor-2"], ["node-2"]),
@@ -61,6 +64,14 @@ class Users(BrokerUsers):
 
     def url(self, role: str) -> str:  # type: ignore[override]
         return super().url(self.names[role])
+
+    async def install(self) -> list[str]:
+        """The setup step, as the setup user: the topology of this vhost's fleet (two executors, one node agent)."""
+        return await install(self.url("setup"), INSTALLATION)
+
+
+INSTALLATION = Installation(tenants=["acme", "research"], executor_nodes=["node-1", "node-2"],
+                            node_agents=[("node-agent.node-1", ["node-1"])])
 
 
 @pytest.fixture
@@ -103,8 +114,11 @@ async def brokers() -> AsyncIterator[list[Broker]]:
         await broker.close()
 
 
-async def connect(brokers: list[Broker], url: str, producer: str) -> Broker:
-    broker = Broker(url, producer=producer, publish_timeout_s=5)
+async def connect(brokers: list[Broker], url: str, producer: str, *, declare: bool = False) -> Broker:
+    """A Broker as a runtime service runs it: it looks its names up (the setup step declared them). Identity checks
+    are off: the broker's permissions are the point here (tests/security and libs/messaging test identity)."""
+    broker = Broker(url, producer=producer, publish_timeout_s=5, declare_topology=declare, topology_wait_s=5,
+                    identity="trust_all")
     await broker.connect(timeout_s=5)
     brokers.append(broker)
     return broker
@@ -144,6 +158,7 @@ def submit_body() -> bytes:
 
 
 async def test_each_service_user_does_its_services_work(users: Users, brokers: list[Broker]) -> None:
+    await users.install()
     scheduler = await connect(brokers, users.url("scheduler"), "scheduler/lp")
     telemetry = await connect(brokers, users.url("telemetry"), "telemetry/lp")
     executor = await connect(brokers, users.url("executor-1"), "executor/node-1")
@@ -210,7 +225,6 @@ async def test_each_service_user_does_its_services_work(users: Users, brokers: l
 
 FIRST_QUEUES = {
     "scheduler": lambda: scheduler_queues()[0],
-    "scheduler-lane": lambda: submission_lanes(["acme"])[-1],
     "telemetry": lambda: telemetry_queue(),
     "executor-1": lambda: executor_queue("node-1"),
     "node-agent-1": lambda: QueueSpec("node-agent.node-1", [("gpuorch.commands", "node.node-1.apply_mig_layout")]),
@@ -218,21 +232,34 @@ FIRST_QUEUES = {
 
 
 @pytest.mark.parametrize("role", sorted(FIRST_QUEUES))
-async def test_any_service_user_can_start_first_on_an_empty_vhost(
+async def test_a_service_user_declares_nothing_and_waits_for_the_setup_step(
     role: str, users: Users, brokers: list[Broker]
 ) -> None:
-    """Whoever starts first creates the exchanges (``gpuorch.events`` with its alternate exchange) and its queue
-    with its dead-letter exchange: RabbitMQ checks the AE/DLX rights only when it creates the entity."""
-    broker = await connect(brokers, users.url(role.removesuffix("-lane")), role)
-    await broker.declare_queue(FIRST_QUEUES[role]())
+    """On an empty vhost a runtime user may not declare the topology (no configure right), and a service that
+    looks its names up waits for them: once the setup identity declared them, it consumes."""
+    with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+        await connect(brokers, users.url(role), role, declare=True)
+    broker = Broker(users.url(role), producer=role, publish_timeout_s=5, declare_topology=False, topology_wait_s=30)
+    brokers.append(broker)
+    starting = asyncio.ensure_future(_start(broker, FIRST_QUEUES[role]()))
+    await asyncio.sleep(0.5)
+    assert not starting.done()  # waiting for the setup step, not failing
+    await users.install()
+    await asyncio.wait_for(starting, timeout=30)
+    late = Broker(users.url(role), producer=role, declare_topology=False, topology_wait_s=0.5)
+    brokers.append(late)
+    await late.connect(timeout_s=5)
+    with pytest.raises(TopologyMissing, match="gpuctl setup broker"):
+        await late.consume(QueueSpec("never-declared", []), _ignore)
+
+
+async def _start(broker: Broker, spec: QueueSpec) -> None:
+    await broker.connect(timeout_s=5)
+    await broker.consume(spec, _ignore)
 
 
 async def test_submitter_may_only_publish_submit_and_cancel(users: Users, brokers: list[Broker]) -> None:
-    scheduler = await connect(brokers, users.url("scheduler"), "scheduler/lp")
-    await scheduler.declare_queue(scheduler_queues()[0])
-    for lane in submission_lanes(["acme"]):
-        await scheduler.declare_queue(lane)
-    await (await connect(brokers, users.url("executor-1"), "executor/node-1")).declare_queue(executor_queue("node-1"))
+    await users.install()
     url = users.url("submitter")
 
     connection = await aio_pika.connect(url)
@@ -257,10 +284,11 @@ async def test_submitter_may_only_publish_submit_and_cancel(users: Users, broker
     await assert_refused(url, lambda channel: channel.declare_queue("submitter-own", durable=True))
     await assert_refused(url, lambda channel: channel.declare_exchange("gpuorch.submit", "topic", durable=True))
     with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
-        await connect(brokers, url, "submitter")  # a Broker declares the topology: not for submitters
+        await connect(brokers, url, "submitter", declare=True)  # declaring the topology is not for submitters
 
 
 async def test_executor_of_one_node_cannot_touch_another_nodes_queue(users: Users, brokers: list[Broker]) -> None:
+    await users.install()
     other = await connect(brokers, users.url("executor-2"), "executor/node-2")
     await other.consume(executor_queue("node-2"), Inbox())
     url = users.url("executor-1")
@@ -283,10 +311,7 @@ async def test_executor_of_one_node_cannot_touch_another_nodes_queue(users: User
 
 
 async def test_other_services_stay_in_their_lanes(users: Users, brokers: list[Broker]) -> None:
-    scheduler = await connect(brokers, users.url("scheduler"), "scheduler/lp")
-    for spec in scheduler_queues():
-        await scheduler.declare_queue(spec)
-    await (await connect(brokers, users.url("telemetry"), "telemetry/lp")).declare_queue(telemetry_queue())
+    await users.install()
 
     telemetry, node_agent, scheduler_url = users.url("telemetry"), users.url("node-agent-1"), users.url("scheduler")
     await assert_refused(telemetry, publish("gpuorch.events", "job.placed"))
@@ -326,7 +351,7 @@ async def test_definitions_document_imports_and_its_password_hashes_log_in(amqp_
 
 def test_committed_definitions_match_the_generator() -> None:
     committed = json.loads((DEPLOY / "rabbitmq" / "definitions.json").read_text())
-    assert committed == gen.definitions(gen.grants())
+    assert committed == gen.definitions(gen.grants(), install=gen.installation())
 
 
 def test_every_regex_compiles_and_admits_only_the_named_queues() -> None:

@@ -1,8 +1,9 @@
 """The real services, each logged in as its own least-privilege user, run a job submitted by the ``submitter``.
 
-This is what the compose file and the Kubernetes manifests do: if any service needed a right the generator does
-not grant (a queue, an exchange, a routing key), the broker would close its channel with ACCESS_REFUSED and the
-job would not finish, or the refusal would show in that service's log.
+This is what the compose file and the Kubernetes manifests do: the setup step declares the topology, the services
+only look it up (``GPUORCH_BROKER_TOPOLOGY=passive``). If any service needed a right the generator does not grant
+(a queue, an exchange, a routing key), the broker would close its channel with ACCESS_REFUSED and the job would
+not finish, or the refusal would show in that service's log.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import aio_pika
 import pytest
 from gpuorch_contracts import JobSpec, ProcessRun, SubmitJob
 from gpuorch_gpuctl.stack import LocalStack, SimNode
+from gpuorch_messaging.queues import Installation, install
 
 from tests.deploy.broker_users import BrokerUsers, gen
 from tests.e2e.harness import wait_jobs_terminal, wait_rows
@@ -34,7 +36,7 @@ def users(amqp_vhost: str) -> Iterator[dict[str, str]]:
         gen.node_agent(names["node-agent"], "node-agent.fleet.local", [NODE]),  # LocalStack's fleet name
     ]).create()
     try:
-        yield {role: created.url(name) for role, name in names.items()}
+        yield {role: created.url(name) for role, name in names.items()} | {"admin": created.admin_url}
     finally:
         created.delete()
 
@@ -43,7 +45,8 @@ def users(amqp_vhost: str) -> Iterator[dict[str, str]]:
 def stack(tmp_path: Path, amqp_url: str, pg_dsn: str) -> Iterator[LocalStack]:
     local = LocalStack(root=tmp_path, amqp_url=amqp_url, database_url=pg_dsn,
                        nodes=[SimNode(NODE, "a100-80", 2)],
-                       extra_env={"GPUORCH_HEARTBEAT_S": "1", "GPUORCH_TICK_S": "0.5"})
+                       extra_env={"GPUORCH_HEARTBEAT_S": "1", "GPUORCH_TICK_S": "0.5",
+                                  "GPUORCH_BROKER_TOPOLOGY": "passive"})
     try:
         yield local
     finally:
@@ -53,11 +56,13 @@ def stack(tmp_path: Path, amqp_url: str, pg_dsn: str) -> Iterator[LocalStack]:
 async def test_services_run_a_job_with_least_privilege_users(
     stack: LocalStack, users: dict[str, str], pg_dsn: str
 ) -> None:
+    await install(users["admin"], Installation(executor_nodes=[NODE], node_agents=[("node-agent.fleet.local", [NODE])]))
     stack.start_scheduler(GPUORCH_AMQP_URL=users["scheduler"])
     stack.start_executor(GPUORCH_AMQP_URL=users["executor"])
-    await stack.queues_declared(["scheduler", "scheduler.heartbeats", f"executor.{NODE}"], timeout_s=60)
+    await stack.queues_declared(["scheduler", "scheduler.heartbeats", f"executor.{NODE}"], timeout_s=60,
+                                consumed=True)
     stack.start_telemetry(GPUORCH_AMQP_URL=users["telemetry"])
-    await stack.queues_declared(["telemetry.samples"], timeout_s=60)
+    await stack.queues_declared(["telemetry.samples"], timeout_s=60, consumed=True)
     stack.start_node_agents(GPUORCH_AMQP_URL=users["node-agent"])
     await wait_rows(pg_dsn, "SELECT * FROM nodes", until=lambda rows: len(rows) == 1, what="node registered")
 
@@ -75,6 +80,6 @@ async def test_services_run_a_job_with_least_privilege_users(
     rows = await wait_jobs_terminal(pg_dsn, [job.job_id], timeout_s=60)
     logs = {name: stack.tail(name, 400) for name in stack.processes}
     assert rows[job.job_id]["state"] == "succeeded", logs
-    assert stack.dead() == []
+    assert stack.dead() == [], {name: stack.tail(name, 30) for name in stack.processes}
     for name, text in logs.items():
         assert "ACCESS_REFUSED" not in text, f"{name} was refused something:\n{text}"

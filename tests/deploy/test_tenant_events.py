@@ -16,7 +16,6 @@ import pytest
 from gpuorch_client import GpuorchClient
 from gpuorch_contracts import JobAccepted, JobRejected, JobSpec, JobStarted, SubmitJob
 from gpuorch_messaging import Broker
-from gpuorch_scheduler.entrypoint import submission_lanes
 
 from tests.deploy.broker_users import RoleUsers, gen
 from tests.deploy.test_least_privilege import assert_refused, publish
@@ -43,11 +42,12 @@ def users(amqp_vhost: str) -> Iterator[RoleUsers]:
 
 
 async def test_a_submitter_gets_its_own_tenants_events_and_cannot_read_anothers(users: RoleUsers) -> None:
-    scheduler = Broker(users.url("scheduler"), producer="scheduler/te", publish_timeout_s=5)
-    executor = Broker(users.url("executor"), producer=f"executor/{NODE}", publish_timeout_s=5)
+    await users.install()  # the shared lane takes every submission
+    scheduler = Broker(users.url("scheduler"), producer="scheduler/te", publish_timeout_s=5, declare_topology=False)
+    executor = Broker(users.url("executor"), producer=f"executor/{NODE}", publish_timeout_s=5,
+                      declare_topology=False)
     await scheduler.connect()
     await executor.connect()
-    await scheduler.declare_queue(submission_lanes([])[0])  # the shared lane takes every submission
     try:
         async with GpuorchClient(users.url("acme-ci"), "acme") as acme, \
                 GpuorchClient(users.url("beta-ci"), "beta") as beta:
@@ -109,15 +109,14 @@ ROLES = ("scheduler", "telemetry", "acme-ci", "gpuctl-operator", "executor", "no
 
 @pytest.mark.parametrize("role", [r for r in ROLES if r != "scheduler"])
 async def test_no_user_but_the_scheduler_may_publish_commands(role: str, users: RoleUsers) -> None:
-    scheduler = Broker(users.url("scheduler"), producer="scheduler/te", publish_timeout_s=5)
-    await scheduler.connect()  # the exchanges exist
-    await scheduler.close()
+    await users.install()  # the exchanges exist
     await assert_refused(users.url(role), publish("gpuorch.commands", f"node.{NODE}.launch_job"))
     await assert_refused(users.url(role), publish("gpuorch.commands", f"node.{NODE}.apply_mig_layout"))
 
 
 async def test_the_scheduler_may_and_the_operator_may_not_publish_events(users: RoleUsers) -> None:
-    scheduler = Broker(users.url("scheduler"), producer="scheduler/te", publish_timeout_s=5)
+    await users.install()
+    scheduler = Broker(users.url("scheduler"), producer="scheduler/te", publish_timeout_s=5, declare_topology=False)
     await scheduler.connect()
     try:  # an event nobody subscribes to goes to the alternate exchange: confirmed, so the right is there
         await scheduler.publish(JobRejected(job_id=uuid.uuid4(), reason="no", tenant="acme"))
@@ -125,11 +124,10 @@ async def test_the_scheduler_may_and_the_operator_may_not_publish_events(users: 
         await scheduler.close()
     for key in ("job.failed", "job.failed.acme", "node.registered"):
         await assert_refused(users.url("gpuctl-operator"), publish("gpuorch.events", key))
-    operator = Broker(users.url("gpuctl-operator"), producer="gpuctl", publish_timeout_s=5)
+    operator = Broker(users.url("gpuctl-operator"), producer="gpuctl", publish_timeout_s=5, declare_topology=False)
     await operator.connect()
-    try:  # the operator's own work: submit for any tenant (admission decides), which needs a bound queue
-        with pytest.raises(Exception, match="unroutable"):
-            await operator.publish(SubmitJob(spec=SPEC))
+    try:  # the operator's own work: submit for any tenant (admission decides): confirmed by the shared lane
+        await operator.publish(SubmitJob(spec=SPEC))
     finally:
         await operator.close()
 
@@ -137,7 +135,7 @@ async def test_the_scheduler_may_and_the_operator_may_not_publish_events(users: 
 def test_every_generated_grant_keeps_commands_to_the_scheduler() -> None:
     for grant in gen.grants():
         may_write_commands = re.search(grant.write, "gpuorch.commands") is not None
-        assert may_write_commands == (grant.user in ("scheduler", "admin")), grant.user
+        assert may_write_commands == (grant.user in ("scheduler", "admin", "gpuorch-setup")), grant.user
         if may_write_commands and grant.user == "scheduler":
             write_keys, _ = grant.topics["gpuorch.commands"]
             assert re.search(write_keys, "node.n1.launch_job") and not re.search(write_keys, "node.n1.apply_x")
@@ -145,9 +143,7 @@ def test_every_generated_grant_keeps_commands_to_the_scheduler() -> None:
 
 async def test_submit_only_gpuctl_can_submit_without_declaring_anything(users: RoleUsers) -> None:
     """``gpuctl submit`` as a submit-only user: ``Broker(declare_topology=False)`` looks exchanges up only."""
-    scheduler = Broker(users.url("scheduler"), producer="scheduler/te", publish_timeout_s=5)
-    await scheduler.connect()
-    await scheduler.declare_queue(submission_lanes([])[0])  # the shared lane takes every submission
+    await users.install()  # the shared lane takes every submission
     submit_only = Broker(users.url("acme-ci"), producer="gpuctl", publish_timeout_s=5, declare_topology=False)
     try:
         await submit_only.connect(timeout_s=5)
@@ -162,7 +158,6 @@ async def test_submit_only_gpuctl_can_submit_without_declaring_anything(users: R
             await connection.close()
     finally:
         await submit_only.close()
-        await scheduler.close()
 
 
 async def _ignore(message: Any) -> None:

@@ -23,8 +23,8 @@ from gpuorch_contracts import (
     decode,
 )
 from gpuorch_messaging import REASON_HEADER, Broker, PublishError, PublishRefused, QueueSpec
-from gpuorch_messaging.broker import DEAD_LETTER_MAX_LENGTH, UNROUTED
 from gpuorch_messaging.testing import TcpProxy
+from gpuorch_messaging.topology import DEAD_LETTER_MAX_LENGTH, UNROUTED
 
 pytestmark = pytest.mark.integration
 

@@ -34,6 +34,7 @@ from gpuorch_messaging import (
     REASON_HEADER,
     USER_ID_HEADER,
     Broker,
+    BrokerSettings,
     QueueSpec,
     Sender,
     answer_invalid_submission,
@@ -42,6 +43,7 @@ from gpuorch_messaging import (
     scheduler_accepts,
     speaker_of,
 )
+from gpuorch_settings import SettingsError
 
 from conftest import AMQP_HOST, AMQP_MGMT, AMQP_PORT
 
@@ -310,9 +312,14 @@ def test_node_scopes_override_the_suffix_and_refusals_name_the_rule() -> None:
     assert "does not take" in str(refusal({}, heartbeat, "scheduler", queue="q", mode="trust_all"))
 
 
-def test_production_default_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("GPUORCH_IDENTITY", raising=False)
+def test_production_default_is_strict_and_only_settings_read_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUORCH_IDENTITY", "trust_all")  # the library reads no environment
     assert Broker("amqp://scheduler:pw@broker/").identity == "strict"
     assert Broker("amqp://scheduler:pw@broker/").user_id == "scheduler" and Broker("amqp://broker/").user_id == "guest"
-    monkeypatch.setenv("GPUORCH_IDENTITY", "trust_all")
-    assert Broker("amqp://broker/").identity == "trust_all"
+    assert BrokerSettings.load({}).broker_options() == {
+        "identity": "strict", "declare_topology": False, "topology_wait_s": 60.0}
+    options = BrokerSettings.load({"GPUORCH_IDENTITY": "trust_all", "GPUORCH_BROKER_TOPOLOGY": "declare"}).broker_options()
+    assert Broker("amqp://broker/", **options).identity == "trust_all" and options["declare_topology"] is True
+    with pytest.raises(SettingsError, match="GPUORCH_BROKER_TOPOLOGY"):
+        BrokerSettings.load({"GPUORCH_BROKER_TOPOLOGY": "maybe"})

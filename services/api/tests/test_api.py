@@ -14,6 +14,7 @@ import httpx
 import pytest
 from gpuorch_contracts import ExecutorHeartbeat, JobPlaced, JobQueued, decode
 from gpuorch_contracts.jobs import GpuAllocation, NodeAssignment
+from gpuorch_identity import log_credential
 from gpuorch_messaging import Broker
 from gpuorch_scheduling.testing import registered_node
 from prometheus_client import generate_latest
@@ -195,7 +196,7 @@ async def test_logs_come_from_the_executor_of_the_jobs_node(api: RunningApi, mig
         return PlainTextResponse("hello from n1\n")
 
     ids = await seed(migrated_dsn)
-    api.backends.logs.token = "service-token"
+    api.backends.logs.secret = "issuing-secret"
     publisher = Broker(amqp_url, producer="executor")
     await publisher.connect()
     try:
@@ -215,7 +216,8 @@ async def test_logs_come_from_the_executor_of_the_jobs_node(api: RunningApi, mig
                                                       logs_url=node_url))
             answer = await waiting
             assert (answer.status_code, answer.text) == (200, "hello from n1\n")
-            assert asked == [(str(ids["acme_running"]), "Bearer service-token", "1")]
+            # the credential of the identity that announced the endpoint (guest here), never a shared token
+            assert asked == [(str(ids["acme_running"]), f"Bearer {log_credential('issuing-secret', 'guest')}", "1")]
             assert (await http.get(f"/api/v1/jobs/{ids['acme_running']}/logs",
                                    headers=auth("research"))).status_code == 404  # not disclosed
             never_ran = await http.get(f"/api/v1/jobs/{ids['research_queued']}/logs", headers=auth("research"))
@@ -280,17 +282,25 @@ async def test_the_report_shows_a_submitter_its_tenants_and_an_operator_everythi
 
 async def test_dead_letters_are_listed_and_replayed_by_operators_only(api: RunningApi, amqp_url: str) -> None:
     from gpuorch_contracts import SUBMIT_EXCHANGE
-    from gpuorch_messaging import EXCHANGE_HEADER, QUEUE_HEADER, REASON_HEADER, ROUTING_KEY_HEADER
+    from gpuorch_messaging import (
+        EXCHANGE_HEADER,
+        ORIGINAL_PUBLISHER_HEADER,
+        QUEUE_HEADER,
+        REASON_HEADER,
+        ROUTING_KEY_HEADER,
+    )
 
     lane = f"test.lane.{uuid.uuid4().hex[:8]}"
     connection = await aio_pika.connect(amqp_url)
     try:
         channel = await connection.channel()
         await channel.declare_queue(f"{lane}.dlq")
-        await channel.default_exchange.publish(aio_pika.Message(
-            b'{"refused": true}', message_id="dead-1",
-            headers={REASON_HEADER: "invalid: spec.resources", QUEUE_HEADER: lane, EXCHANGE_HEADER: SUBMIT_EXCHANGE,
-                     ROUTING_KEY_HEADER: "job.submit.acme"}), routing_key=f"{lane}.dlq")
+        headers = {REASON_HEADER: "invalid: spec.resources", QUEUE_HEADER: lane, EXCHANGE_HEADER: SUBMIT_EXCHANGE,
+                   ROUTING_KEY_HEADER: "job.submit.acme"}
+        await channel.default_exchange.publish(aio_pika.Message(  # as RabbitMQ dead-letters: the publisher's user_id
+            b'{"refused": true}', message_id="dead-1", user_id="guest", headers=headers), routing_key=f"{lane}.dlq")
+        await channel.default_exchange.publish(aio_pika.Message(  # published without a user_id: never replayed
+            b'{"anonymous": true}', message_id="dead-2", headers=headers), routing_key=f"{lane}.dlq")
     finally:
         await connection.close()
     async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
@@ -299,8 +309,9 @@ async def test_dead_letters_are_listed_and_replayed_by_operators_only(api: Runni
             assert refused.status_code == 403 and "operator" in refused.json()["error"]
         for _ in range(2):  # listing removes nothing
             listed = (await http.get("/api/v1/dlq", params={"queue": lane}, headers=auth("ops"))).json()
-            assert [(d["message_id"], d["reason"], d["routing_key"]) for d in listed] == [
-                ("dead-1", "invalid: spec.resources", "job.submit.acme")]
+            assert [(d["message_id"], d["reason"], d["routing_key"], d["publisher"]) for d in listed] == [
+                ("dead-1", "invalid: spec.resources", "job.submit.acme", "guest"),
+                ("dead-2", "invalid: spec.resources", "job.submit.acme", "")]
         assert (await http.get("/api/v1/dlq", headers=auth("ops"))).json() == []  # the known queues have none
         assert (await http.get("/api/v1/dlq", params={"queue": "no such/queue"},
                                headers=auth("ops"))).status_code == 422
@@ -308,11 +319,15 @@ async def test_dead_letters_are_listed_and_replayed_by_operators_only(api: Runni
         replayed = await http.post(f"/api/v1/dlq/{lane}/replay", headers=auth("ops"))
         assert replayed.status_code == 200, replayed.text
         assert (replayed.json()["replayed"], replayed.json()["stopped"]) == (1, None)
+        [skipped] = replayed.json()["skipped"]
+        assert skipped["letter"]["message_id"] == "dead-2" and "without a user_id" in skipped["why"]
         incoming = await asyncio.wait_for(api.submissions.get(), 10)
         assert (incoming.body, incoming.routing_key, incoming.message_id) == (
             b'{"refused": true}', "job.submit.acme", "dead-1")
         assert (incoming.headers or {}).get("x-gpuorch-replayed") == 1
-        assert (await http.get("/api/v1/dlq", params={"queue": lane}, headers=auth("ops"))).json() == []
+        assert (incoming.headers or {}).get(ORIGINAL_PUBLISHER_HEADER) == "guest"
+        left = (await http.get("/api/v1/dlq", params={"queue": lane}, headers=auth("ops"))).json()
+        assert [d["message_id"] for d in left] == ["dead-2"]  # kept for an operator to look at
         missing = await http.post("/api/v1/dlq/no-such-queue/replay", headers=auth("ops"))
         assert missing.status_code == 404 and "no-such-queue.dlq" in missing.json()["error"]
         api.backends.dlq_amqp_url = "amqp://guest:guest@127.0.0.1:9/"  # the broker out of reach: 503, one line

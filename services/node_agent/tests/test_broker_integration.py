@@ -44,7 +44,7 @@ async def test_fleet_heartbeats_and_mig_command_through_rabbitmq(amqp_url):
     config = parse_config(["--nvml", "sim", "--fleet-nodes", "h100x8:2,l4x4:1", "--fleet-name", "itest"], {})
     agents = build_simulated_agents(parse_profile_mix("h100x8:2,l4x4:1", prefix="itest"), seed=1,
                                     inventory_s=60, processes=StaticProcessTable())
-    broker = Broker(amqp_url, producer="node-agent/itest")
+    broker = Broker(amqp_url, producer="node-agent/itest", identity="trust_all")  # everyone is guest here
     await broker.connect()
     runner = FleetRunner(agents, broker, heartbeat_s=0.5, usage_s=1.0, seed=1)
     await runner.start()

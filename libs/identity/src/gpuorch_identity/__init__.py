@@ -4,6 +4,7 @@
     (SubmitJob as received, AMQP user_id) --authorize_submission--> JobSpec (tenant, priority filled) | Rejection
     (user_id, the job's tenant)           --authorize_job_access--> None (allowed) | Rejection   (cancel, logs)
     (AMQP user_id, message.on_behalf_of)  --acting_user--> the identity to judge the message as | Rejection
+    (GPUORCH_LOGS_SECRET, executor's broker user) --log_credential--> that executor's log endpoint credential
 
 Pure: no I/O besides ``load_identity_map``; the scheduler calls these at admission with the delivery's
 ``user_id`` (which RabbitMQ guarantees is the publisher's broker user). An API token is first turned into the name
@@ -25,6 +26,7 @@ Rules:
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = [
     "ANY_TENANT", "Identity", "IdentityMap", "Rejection", "acting_user", "authorize_cancel", "authorize_job_access",
     "configured_identity_map",
-    "authorize_submission", "load_identity_map", "token_digest",
+    "authorize_submission", "load_identity_map", "log_credential", "token_digest",
 ]
 
 ANY_TENANT = "*"
@@ -123,6 +125,17 @@ class Rejection:
 
 def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def log_credential(secret: str, identity: str) -> str:
+    """The bearer credential of the log endpoint of the executor that publishes as broker user ``identity``:
+    HMAC-SHA256 of ``identity`` under ``secret``, hex. The control plane (the API) holds ``secret``
+    (``GPUORCH_LOGS_SECRET``) and derives a node's credential from the identity that announced the node's endpoint;
+    each executor holds only its own (``GPUORCH_LOGS_TOKEN``, issued with ``gpuctl setup logs-credential``), so a
+    node's credential reads that node's logs and nothing else."""
+    if not secret:
+        raise ValueError("a log credential needs a secret (GPUORCH_LOGS_SECRET)")
+    return hmac.new(secret.encode(), f"gpuorch-logs:{identity}".encode(), hashlib.sha256).hexdigest()
 
 
 def load_identity_map(path: str | Path) -> IdentityMap:

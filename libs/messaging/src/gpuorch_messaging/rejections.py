@@ -25,8 +25,9 @@ from gpuorch_messaging.abc import Publisher
 
 log = get_logger(__name__)
 
-MAX_SCANNED_BYTES = 1024 * 1024
-"""A body larger than this is not parsed for its ``job_id`` (the broker's frame limit stops much larger ones)."""
+MAX_SCANNED_BYTES = 4 * 1024 * 1024
+"""A body larger than this is not parsed for its ``job_id``: ``topology.BROKER_MAX_MESSAGE_BYTES``, the largest body
+the broker lets through, so every submission that reaches a consumer can be answered."""
 
 
 @dataclass(frozen=True)

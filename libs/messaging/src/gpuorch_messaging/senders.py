@@ -3,7 +3,8 @@
 Pipeline of one delivery (``Broker`` runs it before the handler)::
 
     AMQP user_id (set by every gpuorch publisher; RabbitMQ refuses a user_id that is not the connection's user)
-        -> speaker_of(user_id)          role + the nodes it may speak for, from the naming convention below
+        -> provenance.judged_publisher  the first publisher of an operator's replay; a forged claim is refused
+        -> speaker_of(publisher)        role + the nodes it may speak for, from the naming convention below
         -> refusal(accepts, message, speaker)
              type not in the queue's table  -> "queue Q does not take T"        (even with identity off)
              no Sender rule for the role    -> "T from U (role R) refused ..."
@@ -160,6 +161,12 @@ def executor_accepts() -> dict[str, tuple[Sender, ...]]:
 def node_agent_accepts() -> dict[str, tuple[Sender, ...]]:
     """``node-agent.<node>``: MIG layouts, from the scheduler only."""
     return {"apply_mig_layout": SCHEDULER}
+
+
+def log_endpoint_accepts() -> dict[str, tuple[Sender, ...]]:
+    """The API's node-log directory (``api.nodes.*``): where a node serves its jobs' logs is said only by that
+    node's executor (its ``ExecutorHeartbeat.logs_url``); the API sends that executor's own credential there."""
+    return {"executor.heartbeat": (EXECUTOR_OF_NODE,)}
 
 
 def telemetry_accepts() -> dict[str, tuple[Sender, ...]]:

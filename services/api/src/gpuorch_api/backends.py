@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 from gpuorch_identity import IdentityMap
 from gpuorch_messaging import Broker
+from gpuorch_messaging.senders import IdentityMode
 
 from gpuorch_api.gateway import Gateway
 from gpuorch_api.live import EventStreams
@@ -54,7 +55,8 @@ class Backends:
 
 async def open_backends(*, amqp_url: str, database_url: str, identity_map: IdentityMap,
                         quotas: dict[str, dict[str, Any]] | None = None, jaeger_url: str | None = None,
-                        logs_token: str | None = None, dlq_amqp_url: str | None = None,
+                        logs_secret: str | None = None, identity: IdentityMode = "strict",
+                        dlq_amqp_url: str | None = None,
                         timeout_s: float = 60.0) -> Backends:
     """Connect the pool, the publishing broker and the live-stream connection (retrying until ``timeout_s``), and
     start following where each node serves its logs."""
@@ -71,7 +73,7 @@ async def open_backends(*, amqp_url: str, database_url: str, identity_map: Ident
     await broker.connect(timeout_s=max(1.0, deadline - time.monotonic()))
     streams = EventStreams(amqp_url)
     await streams.connect()
-    logs = NodeLogEndpoints(logs_token)
+    logs = NodeLogEndpoints(logs_secret, identity=identity, node_scopes=identity_map.node_scopes)
     await logs.watch(streams.connection)
     return Backends(identity_map=identity_map, read=ReadModels(pool), gateway=Gateway(broker, identity_map),
                     streams=streams, broker=broker, pool=pool, logs=logs, quotas=quotas or {},

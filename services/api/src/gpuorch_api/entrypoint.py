@@ -71,8 +71,8 @@ class Settings(ServiceSettings):
                                       "memory:// (this process) or a shared limits storage, e.g. redis://host:6379")
     metrics_port: int = setting("GPUORCH_METRICS_PORT", 0, "internal port of /metrics (and /healthz, /readyz) for "
                                 "Prometheus; the API's port serves no /metrics (0: off)", ge=0, le=65535)
-    logs_token: str | None = setting("GPUORCH_LOGS_TOKEN", None, "the service token the executors' log endpoints "
-                                     "accept (unset: no job logs)")
+    logs_secret: str | None = setting("GPUORCH_LOGS_SECRET", None, "the secret each executor's log credential is "
+                                      "derived from (gpuctl setup logs-credential; unset: no job logs)")
 
     _identity_map: IdentityMap | None = PrivateAttr(default=None)
     _quotas: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
@@ -127,7 +127,8 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
         await migrate(settings.database_url)
         app.state.backends = await open_backends(
             amqp_url=settings.amqp_url, database_url=settings.database_url, identity_map=settings.identity_map,
-            quotas=settings.quotas_by_tenant, jaeger_url=settings.jaeger_url, logs_token=settings.logs_token,
+            quotas=settings.quotas_by_tenant, jaeger_url=settings.jaeger_url, logs_secret=settings.logs_secret,
+            identity=settings.identity,
             dlq_amqp_url=settings.dlq_amqp_url)
         log.info("api.ready", port=settings.port)
         try:

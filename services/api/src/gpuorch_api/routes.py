@@ -39,7 +39,7 @@ from gpuorch_contracts import JobSpec
 from gpuorch_contracts.jobs import JobState, Tier
 from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
-from gpuorch_messaging import dead_letters
+from gpuorch_messaging import TopologyMissing, dead_letters
 from gpuorch_report import WeeklyReport, resolve_period
 from pydantic import BaseModel, ConfigDict
 
@@ -292,6 +292,8 @@ async def _broker_says() -> AsyncIterator[None]:
                             f"operator user's URL ({exc})") from exc
     except (OSError, aiormq.exceptions.AMQPConnectionError) as exc:
         raise ApiError(503, f"broker unreachable for dead letters: {exc!r}") from exc
+    except TopologyMissing as exc:
+        raise ApiError(503, str(exc)) from exc
 
 
 def _operator(who: Caller, svc: Backends) -> str:
@@ -325,8 +327,9 @@ async def replay_dead_letters(
     queue: QueueName, who: CallerDep, svc: BackendsDep,
     limit: Annotated[int, Query(ge=1, le=10_000, description="at most N messages")] = 1000,
 ) -> dict[str, Any]:
-    """Publish the queue's dead letters back to their original exchange and routing key (each confirmed before
-    it leaves the dead-letter queue). Operators only; 404 when the queue has no dead-letter queue."""
+    """Publish the queue's dead letters back to their original exchange and routing key, each as its first
+    publisher (confirmed before it leaves the dead-letter queue); one that cannot be replayed is skipped with the
+    reason and stays. Operators only; 404 when the queue has no dead-letter queue."""
     url = _operator(who, svc)
     try:
         async with _broker_says():
@@ -334,7 +337,8 @@ async def replay_dead_letters(
     except dead_letters.DeadLetterQueueMissing as exc:
         raise ApiError(404, str(exc)) from exc
     return {"queue": done.queue, "replayed": len(done.replayed), "stopped": done.stopped,
-            "messages": [asdict(letter) for letter in done.replayed]}
+            "messages": [asdict(letter) for letter in done.replayed],
+            "skipped": [asdict(skipped) for skipped in done.skipped]}
 
 
 @router.get("/api/v1/events", tags=["live"], response_class=StreamingResponse)

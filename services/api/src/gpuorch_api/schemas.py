@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Any
 
-from gpuorch_messaging.dead_letters import DeadLetter
+from gpuorch_messaging.dead_letters import DeadLetter, SkippedDeadLetter
 from pydantic import BaseModel
 
 
@@ -198,6 +198,8 @@ class Replayed(BaseModel):
     """Why the replay stopped before the queue was empty or the limit reached (None: it did not)."""
     messages: list[DeadLetter]
     """What was published back, in order (``gpuorch_messaging.dead_letters.DeadLetter``)."""
+    skipped: list[SkippedDeadLetter] = []
+    """What was not replayed and why (no first publisher to replay it as, too large ...): still dead-lettered."""
 
 
 class MigPlan(BaseModel):

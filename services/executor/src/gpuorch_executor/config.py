@@ -8,7 +8,8 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpuorch_settings import ServiceSettings, SettingsError, setting
+from gpuorch_messaging import BrokerSettings
+from gpuorch_settings import SettingsError, setting
 from pydantic import PrivateAttr, model_validator
 
 
@@ -16,7 +17,7 @@ class ConfigError(ValueError):
     pass
 
 
-class ExecutorConfig(ServiceSettings):
+class ExecutorConfig(BrokerSettings):
     amqp_url: str = setting("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
     node_ids_text: str = setting("GPUORCH_NODE_IDS", "", "comma-separated node ids served by this process "
                                  "(fleet/simulation mode)")

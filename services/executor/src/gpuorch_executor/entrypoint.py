@@ -1,7 +1,8 @@
 """``gpuorch-executor``: the broker adapter. Builds one ``NodeExecutor`` per node id, reconciles, consumes.
 
-Per node it declares queue ``executor.<node_id>`` bound to ``gpuorch.commands`` with ``node.<node_id>.launch_job``
-and ``node.<node_id>.stop_job``, and hands each decoded command to that node's executor. ``lease.LeaseRenewer``
+Per node it consumes queue ``executor.<node_id>`` (``gpuorch_messaging.executor_queue``: bound to ``gpuorch.commands``
+with ``node.<node_id>.launch_job`` and ``node.<node_id>.stop_job``; declared at install, or here with
+``GPUORCH_BROKER_TOPOLOGY=declare``), and hands each decoded command to that node's executor. ``lease.LeaseRenewer``
 renews each node's lease (``ExecutorHeartbeat`` on ``gpuorch.events``, key ``executor.heartbeat``) and, when
 renewals have failed for the fencing deadline minus the grace, stops every job itself (``domain.fencing``).
 """
@@ -15,9 +16,8 @@ import signal
 import sys
 from pathlib import Path
 
-from gpuorch_contracts import COMMANDS_EXCHANGE, JobIsolation, LaunchJob, StopJob
-from gpuorch_contracts.routing import command_routing_key
-from gpuorch_messaging import Broker, QueueSpec, executor_accepts
+from gpuorch_contracts import JobIsolation
+from gpuorch_messaging import Broker, executor_queue
 from gpuorch_observability import READINESS, configure, connected, get_logger, start_metrics_server
 from gpuorch_settings import load_or_exit
 
@@ -37,16 +37,6 @@ from gpuorch_executor.placement_store import StateDirectoryInUse
 
 log = get_logger("gpuorch_executor")
 CLOSE_TIMEOUT_S = 2.0
-
-
-def executor_queue(node_id: str) -> QueueSpec:
-    return QueueSpec(
-        name=f"executor.{node_id}",
-        bindings=[(COMMANDS_EXCHANGE, command_routing_key(node_id, LaunchJob.TYPE)),
-                  (COMMANDS_EXCHANGE, command_routing_key(node_id, StopJob.TYPE))],
-        prefetch=16,
-        accepts=executor_accepts(),
-    )
 
 
 DEFAULT_JOB_UIDS = "61000-61063"
@@ -178,7 +168,8 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
 
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     producer = "executor/" + ",".join(config.node_ids)
-    broker = Broker(config.amqp_url, producer=producer, connection_name=f"executor {producer}")
+    broker = Broker(config.amqp_url, producer=producer, connection_name=f"executor {producer}",
+                    **config.broker_options())
     allow_list = load_allow_list(config.allow)
     job_users = build_job_users(config)
     refuse_unsandboxed(config, job_users)

@@ -1,6 +1,6 @@
 """The executor's log endpoint: its jobs' output over HTTP, the way the kubelet serves ``kubectl logs``.
 
-    GET /jobs/<job_id>/logs[?follow=1]      Authorization: Bearer <GPUORCH_LOGS_TOKEN>
+    GET /jobs/<job_id>/logs[?follow=1]      Authorization: Bearer <GPUORCH_LOGS_TOKEN> (this executor's own)
         401  no or another token;  400  a job id that is not a UUID;  404  no log of that job on this executor
         200  text/plain, the body ends when the connection closes: the job's newest placement log from its start;
              with follow=1 it goes on sending what the job writes until that placement is no longer active here
@@ -11,7 +11,9 @@ Configured by environment (read here, so the executor's own configuration is unt
     GPUORCH_LOGS_PORT    port to serve on (unset or empty: no endpoint; 0: any free port)
     GPUORCH_LOGS_HOST    address to listen on (default 0.0.0.0)
     GPUORCH_LOGS_URL     the URL to announce (default http://<hostname>:<port>); sent as ``ExecutorHeartbeat.logs_url``
-    GPUORCH_LOGS_TOKEN   the shared service token the API presents (required when the port is set)
+    GPUORCH_LOGS_TOKEN   this executor's log credential, which the API presents (required when the port is set):
+                         ``gpuorch_identity.log_credential(GPUORCH_LOGS_SECRET, its broker user)``, printed by
+                         ``gpuctl setup logs-credential``; one node's credential opens no other node's endpoint
 
 Only the job id from the request reaches the file system, and only after it parsed as a UUID: no path, no listing.
 A log is ``<node state dir>/logs/<job_id>/<placement_id>.log`` (``placement_store``); the newest one is served.
@@ -46,7 +48,8 @@ class LogEndpointSettings(ServiceSettings):
     port: int | None = setting("GPUORCH_LOGS_PORT", None, "port of the jobs' logs endpoint (0: any free port; "
                                "unset: not served)", ge=0, le=65535)
     host: str = setting("GPUORCH_LOGS_HOST", "0.0.0.0", "address the logs endpoint listens on")
-    token: str = setting("GPUORCH_LOGS_TOKEN", "", "bearer token the API presents (required with the port)")
+    token: str = setting("GPUORCH_LOGS_TOKEN", "", "this executor's log credential, which the API presents "
+                         "(gpuctl setup logs-credential; required with the port)")
     url: str | None = setting("GPUORCH_LOGS_URL", None, "URL the API reaches this endpoint at (default: derived)")
 
     @model_validator(mode="after")

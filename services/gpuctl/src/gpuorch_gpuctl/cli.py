@@ -36,6 +36,7 @@ from gpuorch_gpuctl.dlq_cmd import dlq_app
 from gpuorch_gpuctl.output import Column, Format, JsonOpt, NoHeadersOpt, OutputOpt, chosen, dump, emit
 from gpuorch_gpuctl.output import console as output_console
 from gpuorch_gpuctl.schema_cmd import schema_app
+from gpuorch_gpuctl.setup_cmd import setup_app
 from gpuorch_gpuctl.terminal_text import cell, log_output, markup
 from gpuorch_gpuctl.top_cmd import top
 from gpuorch_gpuctl.up_cmd import up
@@ -45,6 +46,7 @@ app = typer.Typer(help="gpuctl: submit, watch, inspect and cancel gpuorch jobs (
                   no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(config_app, name="config")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(setup_app, name="setup")
 app.add_typer(schema_app, name="schema")
 app.command("demo")(demo)
 app.command("down")(down)
@@ -213,19 +215,19 @@ def _submit_direct(spec: Any, amqp_url: str, dsn: str | None, wait: bool, as_jso
 
 async def _publish(amqp_url: str, message: Any) -> None:
     """Publish with confirms inside a ``gpuctl <type>`` span: the root of the job's trace in Jaeger."""
-    from gpuorch_messaging import Broker, PublishError
+    from gpuorch_messaging import Broker, PublishError, TopologyMissing
     from gpuorch_observability import configure_tracing, tracer
     from opentelemetry import trace
 
     configure_tracing("gpuctl", os.environ.get("GPUORCH_OTLP_ENDPOINT"))
     # a submit-only broker user (gpuctl-submit) may not declare exchanges: look them up only
-    broker = Broker(amqp_url, producer="gpuctl", publish_timeout_s=15, declare_topology=False)
+    broker = Broker(amqp_url, producer="gpuctl", publish_timeout_s=15, declare_topology=False, topology_wait_s=5)
     try:
         await broker.connect(timeout_s=10)
         with tracer("gpuctl").start_as_current_span(f"gpuctl {message.TYPE}", kind=trace.SpanKind.PRODUCER,
                                                       attributes={"gpuorch.job_id": str(message.job_id)}):
             await broker.publish(message)
-    except (PublishError, ConnectionError) as exc:
+    except (PublishError, ConnectionError, TopologyMissing) as exc:
         fail(f"not submitted: {exc} (is the scheduler running?)")
     finally:
         await broker.close()

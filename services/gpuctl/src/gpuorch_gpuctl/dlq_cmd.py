@@ -5,8 +5,8 @@
         --amqp-url / GPUORCH_OPERATOR_AMQP_URL, no API named: RabbitMQ directly as the operator's broker user
         (decision 31: scripts, stacks without an API)
 
-Listing removes nothing; replay publishes each message with confirms before acking it off ``Q.dlq``
-(``gpuorch_messaging.dead_letters`` says what is guaranteed).
+Listing removes nothing; replay publishes each message with confirms before acking it off ``Q.dlq``, as its first
+publisher, and keeps those it may not replay (``gpuorch_messaging.dead_letters`` says what is guaranteed).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def _direct_replay(amqp_url: str, queue: str, limit: int) -> dict[str, Any]:
     except dead_letters.DeadLetterQueueMissing as exc:
         fail(str(exc))
     return {"queue": done.queue, "replayed": len(done.replayed), "stopped": done.stopped,
-            "messages": [asdict(letter) for letter in done.replayed]}
+            "messages": [asdict(letter) for letter in done.replayed],
+            "skipped": [asdict(skipped) for skipped in done.skipped]}
 
 
 @dlq_app.command("list")
@@ -70,9 +71,10 @@ def list_dead_letters(
     if as_json:
         print(json.dumps(rows))
         return
-    table = Table("queue", "message id", "reason", "bytes")
+    table = Table("queue", "message id", "first publisher", "reason", "bytes")
     for r in rows:
-        table.add_row(cell(r["queue"]), cell(r["message_id"]), cell(r["reason"][:100]), str(r["bytes"]))
+        table.add_row(cell(r["queue"]), cell(r["message_id"]), cell(r.get("publisher") or "(none)"),
+                      cell(r["reason"][:100]), str(r["bytes"]))
     console.print(table)
 
 
@@ -83,8 +85,9 @@ def replay_dead_letters(
     amqp_url: AmqpOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Publish dead letters back to their original exchange/routing key, after you fixed the cause (through the
-    API: operators only)."""
+    """Publish dead letters back to their original exchange/routing key, after you fixed the cause, each judged as
+    its first publisher; those that cannot be (none recorded, too large) stay and are listed (through the API:
+    operators only)."""
     target = api_or_dsn(amqp_url)
     if isinstance(target, str):
         done = _direct_replay(target, queue, limit)
@@ -96,6 +99,8 @@ def replay_dead_letters(
         return
     for letter in done["messages"]:
         err.print(f"replayed {cell(letter['message_id'])} -> {cell(letter['exchange'])}/{cell(letter['routing_key'])}")
+    for skipped in done.get("skipped", []):
+        err.print(f"kept {cell(skipped['letter']['message_id'])}: {cell(skipped['why'])}")
     if done.get("stopped"):
         err.print(cell(done["stopped"]))
     print(f"replayed {done['replayed']} message(s)")

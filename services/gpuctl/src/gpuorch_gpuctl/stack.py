@@ -8,8 +8,9 @@ stack later (``gpuctl down``).
 
 With ``identity_map`` (a document like deploy/identity.json, tokens included) every service reads it from
 ``<root>/identity.json`` (``GPUORCH_IDENTITY_MAP``): the scheduler judges submissions by it and the API
-(``start_api``) authenticates tokens by it. Executors serve their jobs' logs on a free port of 127.0.0.1 with a
-token of this stack (``logs_token``), which the API presents.
+(``start_api``) authenticates tokens by it. Executors serve their jobs' logs on a free port of 127.0.0.1, each with
+its own credential derived from this stack's ``logs_secret`` and its broker user (``gpuorch_identity.
+log_credential``), which the API derives the same way from the identity that announced the endpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpuorch_identity import log_credential
+from gpuorch_messaging.connection import user_of
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ class LocalStack:
     extra_env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
     identity_map: dict[str, object] | None = None
-    logs_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    logs_secret: str = field(default_factory=lambda: secrets.token_hex(16))
     api_url: str | None = None
     _namespace: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     _kept: bool = False
@@ -92,6 +96,8 @@ class LocalStack:
             "PYTHONUNBUFFERED": "1",
             # every process of a local stack connects as one user (guest): senders cannot be told apart
             "GPUORCH_IDENTITY": env.get("GPUORCH_IDENTITY", "trust_all"),
+            # ... with every right, so each service declares the queues it consumes (no setup step needed here)
+            "GPUORCH_BROKER_TOPOLOGY": env.get("GPUORCH_BROKER_TOPOLOGY", "declare"),
             # simulated GPUs of this stack differ from those of any other stack on the machine (same node names)
             "GPUORCH_SIM_NAMESPACE": self._namespace,
             # A local stack runs jobs with the interpreter of this checkout (often under a home directory other
@@ -105,8 +111,8 @@ class LocalStack:
             # The demo's and tests' jobs are `python -c ...`: inline code is allowed here explicitly, never by the
             # executor's default allow-list.
             "GPUORCH_EXECUTOR_ALLOW": env.get("GPUORCH_EXECUTOR_ALLOW", LOCAL_ALLOW_LIST),
-            # the executor serves its jobs' logs (any free port here); the API fetches them with this token
-            "GPUORCH_LOGS_PORT": "0", "GPUORCH_LOGS_HOST": "127.0.0.1", "GPUORCH_LOGS_TOKEN": self.logs_token,
+            # the executor serves its jobs' logs (any free port here) to its own credential (``_spawn``)
+            "GPUORCH_LOGS_PORT": "0", "GPUORCH_LOGS_HOST": "127.0.0.1",
         })
         if self.identity_map is not None:
             path = self.root / "identity.json"
@@ -124,6 +130,10 @@ class LocalStack:
         log_dir.mkdir(parents=True, exist_ok=True)
         env = self.base_env()
         env.update(env_overrides)
+        if script == "gpuorch-executor":  # its own log credential; only the API holds the issuing secret
+            env.setdefault("GPUORCH_LOGS_TOKEN", log_credential(self.logs_secret, user_of(env["GPUORCH_AMQP_URL"])))
+        elif script == "gpuorch-api":
+            env.setdefault("GPUORCH_LOGS_SECRET", self.logs_secret)
         process = ServiceProcess(name, [_script(script)], env, log_dir / f"{name}.log")
         log_file = process.log_path.open("ab")
         process.popen = subprocess.Popen(
@@ -201,8 +211,9 @@ class LocalStack:
 
         asyncio.run(self.queues_declared(names, timeout_s))
 
-    async def queues_declared(self, names: list[str], timeout_s: float = 60.0) -> None:
-        """Return once each named queue is declared on the broker; ``TimeoutError`` otherwise."""
+    async def queues_declared(self, names: list[str], timeout_s: float = 60.0, *, consumed: bool = False) -> None:
+        """Return once each named queue is declared on the broker (``consumed``: and has a consumer, what tells a
+        service started where the setup step declared its queues); ``TimeoutError`` otherwise."""
         import asyncio
 
         import aio_pika
@@ -214,14 +225,16 @@ class LocalStack:
                 while True:
                     channel = await connection.channel()
                     try:
-                        await channel.declare_queue(name, passive=True)
+                        queue = await channel.declare_queue(name, passive=True)
                         await channel.close()
-                        break
+                        if not consumed or (queue.declaration_result.consumer_count or 0) > 0:
+                            break
                     except aio_pika.exceptions.ChannelClosed:
-                        if time.monotonic() > deadline:
-                            raise TimeoutError(f"queue {name} was not declared within {timeout_s:.0f}s; "
-                                               f"dead services: {self.dead()}") from None
-                        await asyncio.sleep(0.3)
+                        pass
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"queue {name} was not {'consumed' if consumed else 'declared'} within "
+                                           f"{timeout_s:.0f}s; dead services: {self.dead()}") from None
+                    await asyncio.sleep(0.3)
         finally:
             await connection.close()
 

@@ -5,7 +5,8 @@ Every setting has an environment variable (``AgentConfig``, ``gpuorch_settings``
 Single node: NVML is the real ``pynvml`` (``--nvml real``) or one simulated node (``--nvml sim``).
 Fleet: ``--fleet-nodes h100x8:2,a100x8:1`` or ``--fleet-csv nodes.csv`` runs many simulated nodes in this process.
 
-Commands: a single node consumes queue ``node-agent.<node id>`` bound to ``gpuorch.commands`` with
+Commands (``gpuorch_messaging.node_agent_queue``; declared at install, or here with
+``GPUORCH_BROKER_TOPOLOGY=declare``): a single node consumes queue ``node-agent.<node id>`` bound to ``gpuorch.commands`` with
 ``node.<node id>.apply_mig_layout``. A fleet consumes one queue ``node-agent.fleet.<fleet name>`` bound once per
 node (``node.<node id>.apply_mig_layout``), not ``node.*.apply_mig_layout``: a command for a node no process runs
 stays unroutable (the scheduler's ``mandatory`` publish fails loudly) and two fleets never see each other's
@@ -24,10 +25,10 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from gpuorch_contracts import COMMANDS_EXCHANGE, ApplyMigLayout, Message, encode
-from gpuorch_contracts.routing import command_routing_key
+from gpuorch_contracts import Message, encode
+from gpuorch_messaging.settings import BrokerSettings
 from gpuorch_observability import configure, get_logger
-from gpuorch_settings import ServiceSettings, load_or_exit, setting, variable_of
+from gpuorch_settings import load_or_exit, setting, variable_of
 
 from gpuorch_node_agent.agent import NodeAgent
 from gpuorch_node_agent.fleet import FleetRunner, publish_batch
@@ -38,7 +39,7 @@ from gpuorch_node_agent.sim.profiles import NodeSpec, parse_node_csv, parse_node
 
 log = get_logger(__name__)
 
-class AgentConfig(ServiceSettings):
+class AgentConfig(BrokerSettings):
     """The node agent's settings (``gpuorch_settings``); each has a command-line flag too, which wins."""
 
     amqp_url: str = setting("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
@@ -146,11 +147,10 @@ class JsonLinesPublisher:
 
 
 def command_queue(config: AgentConfig, node_ids: Sequence[str]) -> Any:
-    from gpuorch_messaging import QueueSpec, node_agent_accepts
+    from gpuorch_messaging import node_agent_queue
 
-    bindings = [(COMMANDS_EXCHANGE, command_routing_key(n, ApplyMigLayout.TYPE)) for n in node_ids]
     name = f"node-agent.fleet.{config.fleet_name}" if config.is_fleet else f"node-agent.{config.node_id}"
-    return QueueSpec(name=name, bindings=bindings, prefetch=8, accepts=node_agent_accepts())
+    return node_agent_queue(name, node_ids)
 
 
 async def run(config: AgentConfig) -> FleetRunner:
@@ -162,7 +162,7 @@ async def run(config: AgentConfig) -> FleetRunner:
         from gpuorch_messaging import Broker, dispatch
 
         producer = f"node-agent/{config.fleet_name if config.is_fleet else config.node_id}"
-        broker = Broker(config.amqp_url, producer=producer)
+        broker = Broker(config.amqp_url, producer=producer, **config.broker_options())
         await broker.connect()
         publisher = broker
     runner = FleetRunner(agents, publisher, heartbeat_s=config.heartbeat_s, usage_s=config.usage_s,

@@ -37,18 +37,13 @@ from typing import Any
 
 import asyncpg
 from gpuorch_contracts import (
-    EVENTS_EXCHANGE,
-    SUBMIT_EXCHANGE,
-    SUBMIT_SHARED_EXCHANGE,
     ExecutorHeartbeat,
     Message,
     NodeHeartbeat,
-    event_binding,
-    submit_routing_key,
 )
 from gpuorch_contracts.jobs import DEFAULT_TENANT
 from gpuorch_identity import IdentityMap
-from gpuorch_messaging import Broker, QueueSpec, answer_invalid_submission, scheduler_accepts
+from gpuorch_messaging import Broker, QueueSpec, answer_invalid_submission, queues
 from gpuorch_observability import (
     READINESS,
     configure,
@@ -70,14 +65,8 @@ from gpuorch_scheduler.settings import Settings
 log = get_logger(__name__)
 
 LEADER_LOCK_KEY = 0x67707552_5343_4844
-SCHEDULER_QUEUE = "scheduler"
-SUBMIT_QUEUE = "scheduler.submit"
-DELIVERY_LIMIT = 50
-"""Deliveries before a message of the scheduler's queues is dead-lettered. RabbitMQ counts every return of an
-unacked message, and a leader that dies returns all of its prefetch: with 10, 20 PostgreSQL terminations under
-1,000 submissions (12 scheduler restarts) dead-lettered 164 valid submissions. A message that fails on its own (the
-Batcher retries a failed batch message by message) still reaches its dead-letter queue, after 50 tries alone."""
-HEARTBEAT_QUEUE = "scheduler.heartbeats"
+SCHEDULER_QUEUE, SUBMIT_QUEUE, HEARTBEAT_QUEUE = queues.SCHEDULER_QUEUE, queues.SUBMIT_QUEUE, queues.HEARTBEAT_QUEUE
+DELIVERY_LIMIT = queues.SCHEDULER_DELIVERY_LIMIT
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
     """The settings (``gpuorch_scheduler.settings``) from the environment and ``--config``; exits 2 naming each
@@ -88,44 +77,18 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
 
 
 def scheduler_queues(identity_map: IdentityMap | None = None) -> tuple[QueueSpec, QueueSpec]:
-    """The scheduler's event and heartbeat queues, each taking only its message types from the publishers allowed
-    to send them (``scheduler_accepts``). Submissions arrive on ``submission_lanes``."""
-    main = QueueSpec(
-        SCHEDULER_QUEUE,
-        [(EVENTS_EXCHANGE, event_binding(key)) for key in (  # job events route as <type>.<tenant>
-            "job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed",
-            "node.registered", "gpu.health_changed", "node.mig_layout_applied",
-        )],
-        prefetch=1000, delivery_limit=DELIVERY_LIMIT, single_active_consumer=True,
-        max_length=1_000_000, overflow="reject-publish",  # a safety bound: publishers are told (nack), not dropped
-        accepts=scheduler_accepts(),
-    )
-    heartbeats = QueueSpec(HEARTBEAT_QUEUE, [(EVENTS_EXCHANGE, "node.heartbeat"), (EVENTS_EXCHANGE, "executor.heartbeat")],
-                           prefetch=500,
-                           max_length=20000, overflow="drop-head", delivery_limit=3, accepts=scheduler_accepts())
-    return main, heartbeats
+    """The scheduler's event and heartbeat queues (``gpuorch_messaging.queues``), each taking only its message
+    types from the publishers allowed to send them. Submissions arrive on ``submission_lanes``."""
+    return queues.scheduler_queues()
 
 
 def submission_lanes(tenants: list[str], identity_map: IdentityMap | None = None) -> list[QueueSpec]:
-    """One queue per known tenant (``scheduler.submit.<tenant>``, bound to ``job.submit.<tenant>`` and
-    ``job.cancel.<tenant>``) and the shared
-    lane (``scheduler.submit``, bound to ``gpuorch.submit``'s alternate exchange: plain ``job.submit`` /
-    ``job.cancel`` and tenants without a lane). The scheduler consumes each on its own channel and takes from
-    them in turn (``Batcher``), so a tenant's backlog waits behind nothing but its own. Each is bounded
-    (``reject-publish``: a flooding publisher is told); with an identity map, an identifiable invalid submission
-    is answered with a ``job.rejected`` routed to its publisher's default tenant."""
+    """The shared lane and one lane per tenant (``gpuorch_messaging.queues.submission_lanes``), consumed each on
+    its own channel and taken in turn (``Batcher``), so a tenant's backlog waits behind nothing but its own. With
+    an identity map, an identifiable invalid submission is answered with a ``job.rejected`` routed to its
+    publisher's default tenant."""
     on_invalid = answer_invalid_submission(identity_map.default_tenant) if identity_map is not None else None
-
-    def lane(name: str, bindings: list[tuple[str, str]]) -> QueueSpec:
-        return QueueSpec(name, bindings, prefetch=1000, delivery_limit=DELIVERY_LIMIT, single_active_consumer=True,
-                         max_length=200_000, overflow="reject-publish", accepts=scheduler_accepts(),
-                         on_invalid=on_invalid)
-
-    lanes = [lane(SUBMIT_QUEUE, [(SUBMIT_SHARED_EXCHANGE, "")])]
-    for tenant in sorted(set(tenants) - {DEFAULT_TENANT}):
-        lanes.append(lane(f"{SUBMIT_QUEUE}.{tenant}", [(SUBMIT_EXCHANGE, submit_routing_key(tenant)),
-                                                         (SUBMIT_EXCHANGE, submit_routing_key(tenant, "job.cancel"))]))
-    return lanes
+    return queues.submission_lanes(tenants, on_invalid)
 
 
 def lane_tenants(settings: Settings) -> list[str]:
@@ -162,7 +125,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             journal=JournalFile(Path(settings.step_journal)) if settings.step_journal else None)
         await service.recover()
         broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}",
-                        node_scopes=settings.identity_map.node_scopes)
+                        node_scopes=settings.identity_map.node_scopes, **settings.broker_options())
         await broker.connect()
         READINESS.add("broker", connected(broker))
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
@@ -187,8 +150,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         # every submission is routable.
         for lane in submission_lanes(lane_tenants(settings), settings.identity_map):
             await broker.consume(lane, batcher.lane(lane.name), with_sender=True)
-        await broker.unbind(SCHEDULER_QUEUE,  # submissions left this queue for the lanes
-                             [(SUBMIT_EXCHANGE, "job.submit"), (SUBMIT_EXCHANGE, "job.cancel")])
+        await broker.unbind(SCHEDULER_QUEUE, queues.DROPPED_BINDINGS[SCHEDULER_QUEUE])  # declare mode only
         await broker.consume(main_queue, batcher.lane(main_queue.name, submissions=False), with_sender=True)
         await broker.consume(heartbeat_queue, on_heartbeat)
         READINESS.mark("consuming", None)
@@ -253,7 +215,8 @@ async def _relay_elsewhere(settings: Settings, answers: OutboxRelay) -> None:
                 process = context.Process(
                     target=relay_process, name="gpuorch-outbox-relay", daemon=True,
                     args=(settings.amqp_url, settings.database_url, f"scheduler/{settings.instance}/relay",
-                          dict(settings.identity_map.node_scopes), os.getpid(), settings.log_level))
+                          dict(settings.identity_map.node_scopes), os.getpid(), settings.log_level,
+                          settings.broker_options()))
                 process.start()
             await answers.report_parked()
             await asyncio.sleep(1.0)

@@ -18,6 +18,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Collection, Mapping
+from typing import Any
 
 import asyncpg
 from gpuorch_messaging import Broker
@@ -28,18 +29,19 @@ log = get_logger(__name__)
 
 
 def relay_process(amqp_url: str, database_url: str, producer: str, node_scopes: Mapping[str, Collection[str]],
-                  parent_pid: int, log_level: str = "INFO") -> None:
-    """Entry point of the relay process (a ``multiprocessing`` target): relay until SIGTERM or orphaned."""
+                  parent_pid: int, log_level: str = "INFO", broker_options: Mapping[str, Any] | None = None) -> None:
+    """Entry point of the relay process (a ``multiprocessing`` target): relay until SIGTERM or orphaned.
+    ``broker_options``: the scheduler's ``BrokerSettings.broker_options()``."""
     configure("scheduler", log_level=log_level, instance=producer.removeprefix("scheduler/"))
     try:
-        asyncio.run(_relay(amqp_url, database_url, producer, node_scopes, parent_pid))
+        asyncio.run(_relay(amqp_url, database_url, producer, node_scopes, parent_pid, broker_options or {}))
     finally:
         shutdown_tracing()
 
 
 async def _relay(amqp_url: str, database_url: str, producer: str, node_scopes: Mapping[str, Collection[str]],
-                 parent_pid: int) -> None:
-    broker = Broker(amqp_url, producer=producer, node_scopes=node_scopes)
+                 parent_pid: int, broker_options: Mapping[str, Any]) -> None:
+    broker = Broker(amqp_url, producer=producer, node_scopes=node_scopes, **broker_options)
     await broker.connect()
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     relay = OutboxRelay(pool, broker, poll_interval=0.5, batch_size=1000, pipeline=True)

@@ -13,17 +13,20 @@ from pathlib import Path
 from typing import Literal
 
 from gpuorch_identity import IdentityMap, load_identity_map
+from gpuorch_messaging import BrokerSettings
 from gpuorch_policy.mig_execution import ExecutionSettings
 from gpuorch_policy.mig_planner import PlannerSettings
 from gpuorch_scheduling import LivenessPolicy
 from gpuorch_scheduling.mig import MigControl
 from gpuorch_scheduling.queueing import QueuePolicy
 from gpuorch_scheduling.scheduler import SchedulerConfig
-from gpuorch_settings import ServiceSettings, setting
+from gpuorch_settings import setting
 from pydantic import PrivateAttr, model_validator
 
 
-class Settings(ServiceSettings):
+class Settings(BrokerSettings):
+    """``GPUORCH_IDENTITY`` and the broker's topology mode come with ``BrokerSettings``."""
+
     amqp_url: str = setting("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
     database_url: str = setting("GPUORCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/gpuorch",
                                 "PostgreSQL DSN")
@@ -44,8 +47,6 @@ class Settings(ServiceSettings):
                                  "memory (the read model keeps it)", ge=0)
     identity_map_path: str = setting("GPUORCH_IDENTITY_MAP", "", "identity map (JSON): broker users -> tenants, "
                                      "default tenant, highest priority, role")
-    identity: Literal["strict", "trust_all"] = setting("GPUORCH_IDENTITY", "strict", "strict, or trust_all for "
-                                                       "local development (everyone an operator; no identity map)")
     quotas: str = setting("GPUORCH_QUOTAS", "", 'tenant quotas as JSON: {"team-a": {"gpus": 8, '
                           '"gpu_memory_mib": 655360}, "*": {"gpus": 2}}')
     quotas_file: str = setting("GPUORCH_QUOTAS_FILE", "", "path of a JSON file with the quotas (GPUORCH_QUOTAS "

@@ -23,11 +23,12 @@ from typing import Any
 import asyncpg
 from gpuorch_capacity import Mode
 from gpuorch_capacity.observe import pools_from_json
-from gpuorch_contracts import EVENTS_EXCHANGE, utc_now
+from gpuorch_contracts import utc_now
 from gpuorch_identity import load_identity_map
-from gpuorch_messaging import Broker, QueueSpec, telemetry_accepts
+from gpuorch_messaging import Broker, BrokerSettings, QueueSpec, telemetry_queue
+from gpuorch_messaging.queues import TELEMETRY_QUEUE
 from gpuorch_observability import READINESS, configure, connected, get_logger, keep_probing
-from gpuorch_settings import ServiceSettings, load_or_exit, setting
+from gpuorch_settings import load_or_exit, setting
 from pydantic import create_model, model_validator
 
 from gpuorch_telemetry import metrics
@@ -38,15 +39,12 @@ from gpuorch_telemetry.store import RetentionPolicy, TelemetryStore
 
 log = get_logger(__name__)
 
-QUEUE_NAME = "telemetry.samples"
-BINDINGS = ((EVENTS_EXCHANGE, "gpu.usage_sampled"), (EVENTS_EXCHANGE, "gpu.health_changed"),
-            (EVENTS_EXCHANGE, "job.#"), (EVENTS_EXCHANGE, "mig.plan_proposed"))
+QUEUE_NAME = TELEMETRY_QUEUE
 METRICS_LOCK = "gpuorch.telemetry.metrics"
 
 
 def queue_spec(prefetch: int = 1024) -> QueueSpec:
-    return QueueSpec(name=QUEUE_NAME, bindings=BINDINGS, prefetch=prefetch, delivery_limit=5,
-                     accepts=telemetry_accepts())
+    return telemetry_queue(prefetch)
 
 
 _DETECTION_FIELDS: dict[str, Any] = {
@@ -55,7 +53,7 @@ _DETECTION_FIELDS: dict[str, Any] = {
     for f in dataclasses.fields(DetectionConfig)
 }
 _DetectionSettings: Any = create_model(  # one setting per DetectionConfig threshold: GPUORCH_TELEMETRY_<FIELD>
-    "_DetectionSettings", __base__=ServiceSettings, **_DETECTION_FIELDS)
+    "_DetectionSettings", __base__=BrokerSettings, **_DETECTION_FIELDS)
 
 
 class Settings(_DetectionSettings):  # type: ignore[misc]
@@ -129,7 +127,8 @@ class TelemetryService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         node_scopes = load_identity_map(settings.identity_map).node_scopes if settings.identity_map else {}
-        self.broker = Broker(settings.amqp_url, producer=settings.instance, node_scopes=node_scopes)
+        self.broker = Broker(settings.amqp_url, producer=settings.instance, node_scopes=node_scopes,
+                             **settings.broker_options())
         self.store: TelemetryStore | None = None
         self.handlers: TelemetryHandlers | None = None
         self._tasks: list[asyncio.Task[None]] = []

@@ -1,0 +1,298 @@
+"""Consuming: each delivery is decoded, judged (type and sender), handled, then acked; anything else is a dead
+letter that says why.
+
+    delivery ──> body > MAX_MESSAGE_BYTES / bad JSON / unknown type / invalid / whatever the decoder raises
+            │         ──> Q.dlq with "invalid message: <why>", then on_invalid (an answer), then ack
+            ├─> judged_publisher(user_id, headers): a forged original-publisher header ──> Q.dlq "refused: ..."
+            ├─> refusal(accepts, message, publisher): type or sender not allowed ──> Q.dlq "refused: <why>"
+            └─> handler(message[, publisher]) in a span ──> returned: ack (the effect is durable by then)
+                                                      ├─> raised: nack+requeue; on the last allowed delivery
+                                                      │   Q.dlq "handler failed N times: <error>"
+                                                      └─> connection dropped meanwhile: the handler finishes
+                                                          (shielded); its delivery comes again (handlers dedupe)
+
+Every delivery ends acked or nacked: nothing raised on the way leaves it holding a prefetch slot. A dead letter is
+published with confirms to ``gpuorch.dlx`` (key Q) carrying the body, the original headers and ``REASON_HEADER``,
+``QUEUE_HEADER``, ``EXCHANGE_HEADER``, ``ROUTING_KEY_HEADER`` and the original publisher
+(``provenance.ORIGINAL_PUBLISHER_HEADER``: the identity the delivery was judged by, never the consumer's); only
+then is the delivery acked (a plain reject would record only ``rejected``, not our reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel
+from gpuorch_contracts import DEAD_LETTER_EXCHANGE, MAX_MESSAGE_BYTES, Message, decode
+from gpuorch_observability import bind_context, extract_trace, get_logger, tracer
+from opentelemetry import trace
+from prometheus_client import Counter
+
+from gpuorch_messaging.connection import BrokerConnection
+from gpuorch_messaging.provenance import ORIGINAL_PUBLISHER_HEADER, judged_publisher
+from gpuorch_messaging.publishing import ConfirmedPublisher
+from gpuorch_messaging.rejections import InvalidDelivery
+from gpuorch_messaging.senders import IdentityMode, refusal
+from gpuorch_messaging.topology import QueueSpec, declare_queue, look_up
+
+log = get_logger(__name__)
+
+REASON_HEADER = "x-gpuorch-dead-letter-reason"
+QUEUE_HEADER = "x-gpuorch-original-queue"
+ROUTING_KEY_HEADER = "x-gpuorch-original-routing-key"
+EXCHANGE_HEADER = "x-gpuorch-original-exchange"
+USER_ID_HEADER = ORIGINAL_PUBLISHER_HEADER
+"""The dead letter's original publisher (the AMQP ``user_id`` of a republished message must be our own)."""
+
+_LIFECYCLE_LOGGED = frozenset({
+    "job.submit", "job.cancel", "job.accepted", "job.rejected", "job.placed", "job.started", "job.finished",
+    "job.failed", "job.lost", "job.checkpointed", "job.preempting", "job.requeued", "job.cancelled",
+    "launch_job", "stop_job", "apply_mig_layout", "node.registered", "node.liveness_changed", "gpu.health_changed",
+})
+"""Message types logged at info when handled (one line per job event, with trace and job ids); others at no level."""
+UNTRACED = frozenset({"node.heartbeat", "executor.heartbeat", "gpu.usage_sampled"})
+"""Periodic messages consumed without a span: a trace per heartbeat or usage sample would bury the traces of jobs
+(80 of 95 traces of a demo were heartbeats). Their counters and the services' metrics show them instead."""
+MESSAGES_CONSUMED = Counter("gpuorch_messages_consumed_total", "Messages handled and acked", ["queue", "type"])
+MESSAGES_DEAD_LETTERED = Counter("gpuorch_messages_dead_lettered_total", "Messages dead-lettered", ["queue", "cause"])
+
+Handler = Callable[[Message], Awaitable[None]]
+SenderAwareHandler = Callable[[Message, str | None], Awaitable[None]]
+"""A handler that also gets the delivery's original publisher: the AMQP ``user_id`` RabbitMQ verified, or for a
+replay by an operator the first publisher's (``provenance``); None when it set none, which a strict queue with
+``accepts`` never lets through."""
+Decoder = Callable[[bytes], Message]
+
+
+@dataclass(frozen=True)
+class ConsumerPolicy:
+    """How this process judges and declares: ``identity`` (``strict``/``trust_all``), ``node_scopes`` (users that
+    speak for several nodes), ``declare`` its queues or look them up (waiting ``wait_s`` for the setup step)."""
+
+    identity: IdentityMode
+    node_scopes: Mapping[str, Collection[str]]
+    declare: bool
+    wait_s: float
+
+
+@dataclass
+class _Consumer:
+    spec: QueueSpec
+    handler: Handler | SenderAwareHandler
+    decoder: Decoder
+    with_sender: bool = False
+    tag: str | None = None
+    channel: AbstractRobustChannel | None = None
+    queue: Any = None
+
+
+class Consumers:
+    """The consumers of one process: one channel each, dead letters published through ``publisher``."""
+
+    def __init__(self, connection: BrokerConnection, publisher: ConfirmedPublisher, policy: ConsumerPolicy) -> None:
+        self.connection = connection
+        self.publisher = publisher
+        self.policy = policy
+        self._consumers: list[_Consumer] = []
+        self._running_handlers: set[asyncio.Future[None]] = set()
+        """Handlers still running after their delivery was cancelled by a connection drop (``close`` cancels them)."""
+
+    async def consume(self, spec: QueueSpec, handler: Handler | SenderAwareHandler, *, decoder: Decoder = decode,
+                      with_sender: bool = False) -> None:
+        """Declare (or look up) the queue and start delivering to ``handler``; returns once consuming started."""
+        if not self.policy.declare:
+            await look_up(self.connection, queues=[spec.name], wait_s=self.policy.wait_s)
+        channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        await channel.set_qos(prefetch_count=spec.prefetch)
+        if self.policy.declare:
+            queue = await declare_queue(channel, spec)
+        else:
+            queue = await channel.declare_queue(spec.name, passive=True)
+        consumer = _Consumer(spec=spec, handler=handler, decoder=decoder, channel=channel, queue=queue,
+                             with_sender=with_sender)
+
+        async def on_message(incoming: AbstractIncomingMessage) -> None:
+            await self._deliver(consumer, incoming)
+
+        consumer.tag = await queue.consume(on_message, no_ack=False)
+        self._consumers.append(consumer)
+
+    async def close(self) -> None:
+        for consumer in self._consumers:
+            if consumer.queue is not None and consumer.tag is not None:
+                try:  # after a reconnect the broker may never answer the cancel: don't wait for it long
+                    await asyncio.wait_for(consumer.queue.cancel(consumer.tag), timeout=2)
+                except Exception:  # noqa: BLE001 - closing anyway
+                    pass
+        for handling in list(self._running_handlers):
+            handling.cancel()
+
+    async def _deliver(self, consumer: _Consumer, incoming: AbstractIncomingMessage) -> None:
+        """Decode, judge, handle, then ack; whatever is raised on the way, the delivery ends acked or nacked."""
+        spec = consumer.spec
+        judged = judged_publisher(incoming.user_id, incoming.headers, mode=self.policy.identity,
+                                  node_scopes=self.policy.node_scopes)
+        publisher = judged.publisher
+        recorded = incoming.user_id if judged.refused is not None else publisher  # a forger is recorded as itself
+        try:
+            try:
+                if len(incoming.body) > MAX_MESSAGE_BYTES:
+                    raise ValueError(f"body of {len(incoming.body)} bytes exceeds {MAX_MESSAGE_BYTES}")
+                message = consumer.decoder(incoming.body)
+            except Exception as exc:  # noqa: BLE001 - RecursionError, UnicodeDecodeError, ValidationError, any
+                reason = f"invalid message: {_describe(exc)}"
+                if await self._dead_letter(consumer, incoming, recorded, reason, cause="invalid", ack=False):
+                    if judged.refused is None:
+                        await self._answer_invalid(consumer, incoming, publisher, reason)
+                    await _quiet(incoming.ack())
+                return
+            if judged.refused is not None:
+                await self._dead_letter(consumer, incoming, recorded, f"refused: {judged.refused}", cause="refused")
+                return
+            if spec.accepts is not None:
+                refused = refusal(spec.accepts, message, publisher, queue=spec.name, mode=self.policy.identity,
+                                  node_scopes=self.policy.node_scopes)
+                if refused is not None:
+                    await self._dead_letter(consumer, incoming, publisher, f"refused: {refused}", cause="refused")
+                    return
+            await self._handle(consumer, incoming, message, publisher)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - our own bookkeeping failed (tracing, logging, metrics)
+            log.error("consume.delivery_failed", queue=spec.name, error=repr(exc))
+            await _quiet(incoming.nack(requeue=True))
+
+    async def _handle(self, consumer: _Consumer, incoming: AbstractIncomingMessage, message: Message,
+                      publisher: str | None) -> None:
+        spec = consumer.spec
+        with _consumer_span(spec, incoming, message), bind_context(
+            job_id=getattr(message, "job_id", None), node_id=getattr(message, "node_id", None),
+            message_type=message.TYPE,
+        ):
+            # The handler runs as its own task: when the connection drops, aiormq cancels this delivery's task,
+            # and the handler must not stop half way through its effect (its redelivery is deduped instead).
+            if consumer.with_sender:
+                handling = asyncio.ensure_future(consumer.handler(message, publisher))  # type: ignore[call-arg]
+            else:
+                handling = asyncio.ensure_future(consumer.handler(message))  # type: ignore[call-arg]
+            try:
+                await asyncio.shield(handling)
+            except asyncio.CancelledError:
+                if not handling.done():
+                    self._running_handlers.add(handling)
+                    handling.add_done_callback(self._handler_outlived_delivery)
+                await _quiet(incoming.nack(requeue=True))
+                raise
+            except Exception as exc:
+                attempts = _delivery_count(incoming) + 1
+                if attempts >= spec.delivery_limit:
+                    await self._dead_letter(consumer, incoming, publisher,
+                                            f"handler failed {attempts} times: {_describe(exc)}", cause="failed")
+                else:
+                    log.warning("consume.handler_failed", queue=spec.name, attempt=attempts, error=repr(exc))
+                    await _quiet(incoming.nack(requeue=True))
+                return
+            try:
+                await incoming.ack()
+            except Exception as exc:
+                log.warning("consume.ack_failed", queue=spec.name, error=repr(exc))
+                return
+            MESSAGES_CONSUMED.labels(spec.name, message.TYPE).inc()
+            if message.TYPE in _LIFECYCLE_LOGGED:
+                log.info("message.handled", queue=spec.name)
+
+    def _handler_outlived_delivery(self, handling: asyncio.Future[None]) -> None:
+        self._running_handlers.discard(handling)
+        if handling.cancelled():
+            return
+        error = handling.exception()
+        if error is not None:
+            log.warning("consume.handler_failed_after_disconnect", error=repr(error),
+                        note="its delivery was returned to the queue and comes again")
+
+    async def _answer_invalid(self, consumer: _Consumer, incoming: AbstractIncomingMessage, publisher: str | None,
+                              reason: str) -> None:
+        hook = consumer.spec.on_invalid
+        if hook is None:
+            return
+        invalid = InvalidDelivery(body=incoming.body, reason=reason, user_id=publisher,
+                                  queue=consumer.spec.name, routing_key=incoming.routing_key or "")
+        try:
+            await hook(self.publisher, invalid)
+        except Exception as exc:  # noqa: BLE001 - the dead letter holds the message; the answer is best effort
+            log.error("consume.on_invalid_failed", queue=consumer.spec.name, error=repr(exc))
+
+    async def _dead_letter(
+        self, consumer: _Consumer, incoming: AbstractIncomingMessage, publisher: str | None, reason: str, *,
+        cause: str, ack: bool = True,
+    ) -> bool:
+        """Publish the original body to the DLX with ``reason`` and its original ``publisher`` in headers, then ack
+        (unless ``ack=False``, when the caller acks); nack and return False if that fails."""
+        spec = consumer.spec
+        headers = dict(incoming.headers or {})
+        headers.update({
+            REASON_HEADER: reason[:1000], QUEUE_HEADER: spec.name,
+            ROUTING_KEY_HEADER: incoming.routing_key or "", EXCHANGE_HEADER: incoming.exchange or "",
+            ORIGINAL_PUBLISHER_HEADER: publisher or "",
+        })
+        try:
+            await self.publisher.publish_confirmed(
+                DEAD_LETTER_EXCHANGE, spec.name, incoming.body, message_id=incoming.message_id or "",
+                headers=headers)
+        except Exception as exc:
+            log.error("consume.dead_letter_failed", queue=spec.name, error=repr(exc))
+            await _quiet(incoming.nack(requeue=True))
+            return False
+        log.warning("consume.dead_lettered", queue=spec.name, reason=reason[:300], user_id=incoming.user_id,
+                    publisher=publisher)
+        MESSAGES_DEAD_LETTERED.labels(spec.name, cause).inc()
+        if ack:
+            await _quiet(incoming.ack())
+        return True
+
+
+def _consumer_span(spec: QueueSpec, incoming: AbstractIncomingMessage,
+                   message: Message) -> contextlib.AbstractContextManager[object]:
+    """The span of one delivery (a child of the publisher's, carrying ``job_id`` when the message is about a job);
+    none for the periodic ``UNTRACED`` types."""
+    if message.TYPE in UNTRACED:
+        return contextlib.nullcontext()
+    attributes = {"messaging.system": "rabbitmq", "messaging.operation": "process",
+                  "messaging.destination.name": spec.name, "messaging.message.id": str(message.message_id)}
+    job_id = getattr(message, "job_id", None)
+    if job_id is not None:
+        attributes["job_id"] = str(job_id)
+    return tracer("gpuorch.messaging").start_as_current_span(
+        f"consume {message.TYPE}", context=extract_trace(incoming.headers), kind=trace.SpanKind.CONSUMER,
+        attributes=attributes)
+
+
+def _delivery_count(incoming: AbstractIncomingMessage) -> int:
+    value = (incoming.headers or {}).get("x-delivery-count", 0)
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, pydantic.ValidationError):
+        parts = []
+        for error in exc.errors()[:5]:
+            loc = ".".join(str(p) for p in error.get("loc", ())) or "(body)"
+            parts.append(f"{loc}: {error.get('msg')}")
+        more = f" (+{exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
+        return "; ".join(parts) + more
+    return f"{type(exc).__name__}: {exc}"
+
+
+async def _quiet(awaitable: Awaitable[Any]) -> None:
+    try:
+        await awaitable
+    except Exception:
+        pass

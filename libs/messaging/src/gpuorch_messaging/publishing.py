@@ -1,0 +1,153 @@
+"""Confirmed publishing: a message is published once the broker took responsibility for it, or the caller knows.
+
+    publish(message) ──> route() ──> publish_raw ──> confirmed channel (publisher confirms + mandatory,
+                                                      on_return_raises), AMQP user_id = the connection's user
+        body > MAX_MESSAGE_BYTES            ──> PublishRefused before sending
+        returned (unroutable) / nacked      ──> PublishRefused at once
+        connection lost before the confirm  ──> wait for the robust reconnect, publish again until
+                                                ``publish_timeout_s``, then PublishError (at-least-once:
+                                                receivers dedupe by ``message_id``, the AMQP property equals the
+                                                envelope's)
+
+While spans are exported, a raw publish whose headers carry a ``traceparent`` (an outbox row) is published under a
+producer span in that trace; otherwise the current span's context is injected. A message about a job keeps the
+job's ``traceparent``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import aio_pika
+import aio_pika.exceptions
+import aiormq.exceptions
+from aio_pika.abc import AbstractExchange, AbstractRobustChannel
+from gpuorch_contracts import MAX_MESSAGE_BYTES, Message, encode, route
+from gpuorch_observability import extract_trace, get_logger, inject_trace, tracer, tracing_exported
+from opentelemetry import trace
+from prometheus_client import Counter
+
+from gpuorch_messaging.abc import PublishError, PublishRefused
+from gpuorch_messaging.connection import BrokerConnection
+from gpuorch_messaging.topology import EXCHANGES, declare_exchanges, look_up
+
+log = get_logger(__name__)
+
+MESSAGES_PUBLISHED = Counter("gpuorch_messages_published_total", "Messages confirmed by the broker", ["type"])
+
+
+class ConfirmedPublisher:
+    """Publishes on one confirmed channel of ``connection`` as ``producer`` (see the module doc)."""
+
+    def __init__(self, connection: BrokerConnection, *, producer: str, publish_timeout_s: float) -> None:
+        self.connection = connection
+        self.producer = producer
+        self.publish_timeout_s = publish_timeout_s
+        self._channel: AbstractRobustChannel | None = None
+        self._exchanges: dict[str, AbstractExchange] = {}
+
+    async def open(self, *, declare: bool, wait_s: float) -> None:
+        """Open the publishing channel; ``declare`` the exchanges, or look them up (waiting up to ``wait_s`` for
+        the setup step)."""
+        if not declare:
+            await look_up(self.connection, exchanges=EXCHANGES, wait_s=wait_s)
+        channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        if declare:
+            self._exchanges.update(await declare_exchanges(channel))
+        else:
+            self._exchanges.update({name: await channel.get_exchange(name) for name in EXCHANGES})
+        self._channel = channel
+
+    async def publish(self, message: Message, *, headers: Mapping[str, Any] | None = None) -> None:
+        """Publish with confirms and ``mandatory``; raises ``PublishError`` unless the broker took it."""
+        if message.producer == "unknown":
+            message = message.model_copy(update={"producer": self.producer})
+        exchange, routing_key = route(message)
+        merged = dict(headers or {})
+        merged.setdefault("type", message.TYPE)
+        await self.publish_raw(exchange, routing_key, encode(message), message_id=str(message.message_id),
+                               headers=merged)
+        MESSAGES_PUBLISHED.labels(message.TYPE).inc()
+
+    async def publish_many(self, messages: Iterable[Message]) -> None:
+        """Publish concurrently; returns when every one is confirmed, raises if any was not."""
+        results = await asyncio.gather(*(self.publish(m) for m in messages), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise PublishError(f"{len(errors)} of {len(results)} messages not confirmed: {errors[0]}") from errors[0]
+
+    async def publish_raw(
+        self, exchange: str, routing_key: str, body: bytes, *, message_id: str,
+        headers: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Publish bytes (the outbox relay, dead-letter replays) with the guarantees of ``publish``."""
+        if len(body) > MAX_MESSAGE_BYTES:
+            raise PublishRefused(f"message {message_id} is {len(body)} bytes; the limit is {MAX_MESSAGE_BYTES}")
+        if not (tracing_exported() and headers and headers.get("traceparent")):
+            await self.publish_confirmed(exchange, routing_key, body, message_id=message_id, headers=headers)
+            return
+        attributes = {"messaging.system": "rabbitmq", "messaging.operation": "publish",
+                      "messaging.destination.name": exchange, "messaging.rabbitmq.destination.routing_key": routing_key,
+                      "messaging.message.id": message_id}
+        with contextlib.suppress(ValueError, AttributeError):
+            attributes["job_id"] = str(json.loads(body).get("job_id") or "")
+        with tracer("gpuorch.messaging").start_as_current_span(
+                f"outbox publish {routing_key}", context=extract_trace(headers), kind=trace.SpanKind.PRODUCER,
+                attributes={k: v for k, v in attributes.items() if v}):
+            own = {k: v for k, v in headers.items() if k not in ("traceparent", "tracestate")}
+            await self.publish_confirmed(exchange, routing_key, body, message_id=message_id, headers=own)
+
+    async def publish_confirmed(
+        self, exchange: str, routing_key: str, body: bytes, *, message_id: str,
+        headers: Mapping[str, Any] | None = None,
+    ) -> None:
+        """The publish itself, without the size check (a dead letter keeps the body it was given)."""
+        merged: dict[str, Any] = dict(headers or {})
+        if "traceparent" not in merged:  # a message about a job carries the job's trace, not the publisher's span
+            inject_trace(merged)
+        amqp_message = aio_pika.Message(
+            body, message_id=message_id, content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT, headers=merged, app_id=self.producer,
+            user_id=self.connection.user_id,
+        )
+        deadline = time.monotonic() + self.publish_timeout_s
+        while True:
+            try:
+                if not self.connection.opened:
+                    raise PublishError("broker not connected: call connect() first")
+                target = self._exchanges.get(exchange)
+                if target is None:
+                    raise PublishRefused(f"unknown exchange {exchange!r}")
+                await target.publish(amqp_message, routing_key, mandatory=True, timeout=10)
+                return
+            except aio_pika.exceptions.PublishError as exc:
+                raise PublishRefused(f"unroutable: no queue bound for {exchange}/{routing_key}") from exc
+            except aio_pika.exceptions.DeliveryError as exc:
+                raise PublishRefused(f"broker refused {message_id} on {exchange}/{routing_key} (nack: a full "
+                                     f"reject-publish queue, or a broker error): {exc}") from exc
+            except (asyncio.CancelledError, TimeoutError, aiormq.exceptions.AMQPConnectionError,
+                    aiormq.exceptions.ChannelInvalidStateError, ConnectionError, RuntimeError) as exc:
+                if isinstance(exc, PublishError):
+                    raise
+                if isinstance(exc, asyncio.CancelledError) and _cancelling():
+                    raise  # our own task is being cancelled
+                # otherwise a CancelledError is the pending confirm of a channel closed by a connection drop
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise PublishError(f"not confirmed within {self.publish_timeout_s}s: {exc!r}") from exc
+                log.warning("broker.publish_retry", error=repr(exc), routing_key=routing_key)
+                try:
+                    await asyncio.wait_for(self.connection.connected_event.wait(), timeout=min(remaining, 5.0))
+                except TimeoutError:
+                    pass
+                await asyncio.sleep(0.2)
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
