@@ -77,6 +77,7 @@ from gpuorch_scheduling.step import Input, Known, NoHooks, Step, StepHooks, move
 
 LOGGED_INCOMING = (JobStarted, JobFinished, JobFailed, JobCheckpointed, JobLost, NodeRegistered, GpuHealthChanged)
 """Incoming facts the log keeps (the fold of the log needs them)."""
+NOT_ITS_NODE = "a job fact from a node its placement is not on (or naming no placement)"
 _Folded = tuple[Message | None, Decision, uuid.UUID | None]
 """What a fold handler makes of a message: the fact to log (or None), the decision, the job whose stop it confirms
 (or None); a handler returns None when the message changes nothing."""
@@ -138,8 +139,8 @@ class Scheduler:
             JobFinished.TYPE: self._fold_job_ended,
             NodeRegistered.TYPE: self._fold_node_registered,
             MigLayoutApplied.TYPE: self._fold_mig_answer,
-            JobStarted.TYPE: self._fold_fact,
-            JobCheckpointed.TYPE: self._fold_fact,
+            JobStarted.TYPE: self._fold_job_fact,
+            JobCheckpointed.TYPE: self._fold_job_fact,
             GpuHealthChanged.TYPE: self._fold_fact,
         }
         """The registry: message type -> its fold (see ``gpuorch_messaging.registry`` for the idiom)."""
@@ -285,12 +286,17 @@ class Scheduler:
         return None, decision, None
 
     def _fold_cancel(self, message: CancelJob, step: Step, item: Input, known: Known) -> _Folded | None:
-        if self._cancel_refused(message, item.sender) is not None:
+        refused = self._cancel_refused(message, item.sender)
+        if refused is not None:
+            step.ignored.append((message, refused))
             return None
         return None, cancel(self.state, message), None
 
     def _fold_job_ended(self, message: JobFailed | JobLost | JobFinished, step: Step, item: Input,
-                        known: Known) -> _Folded:
+                        known: Known) -> _Folded | None:
+        if self._not_from_its_node(message):
+            step.ignored.append((message, NOT_ITS_NODE))
+            return None
         if isinstance(message, JobFailed) and message.cause == "lost" and message.placement_id and message.node_id:
             return JobLost(message_id=message.message_id, job_id=message.job_id, placement_id=message.placement_id,
                            node_id=message.node_id, reason=message.reason, occurred_at=message.occurred_at,
@@ -314,6 +320,24 @@ class Scheduler:
 
     def _fold_fact(self, message: Message, step: Step, item: Input, known: Known) -> _Folded:
         return message, Decision(), None
+
+    def _fold_job_fact(self, message: JobStarted | JobCheckpointed, step: Step, item: Input,
+                       known: Known) -> _Folded | None:
+        if self._not_from_its_node(message):
+            step.ignored.append((message, NOT_ITS_NODE))
+            return None
+        return message, Decision(), None
+
+    def _not_from_its_node(self, message: JobStarted | JobCheckpointed | JobFinished | JobFailed | JobLost) -> bool:
+        """A job fact that names no placement, or names the job's current placement with a node that placement is
+        not on: not a fact about it. The broker verified who sent it and for which node, not that the job runs
+        there: without this, one node's executor could end, start or confirm the stop of another node's job."""
+        if message.placement_id is None:
+            return True
+        job = self.state.jobs.get(message.job_id)
+        if job is None or job.placement_id != message.placement_id:
+            return False  # an unknown job or an older placement: history, which the fold ignores
+        return all(a.node_id != message.node_id for a in job.assignments)
 
     def _admit(self, submit: SubmitJob, sender: str | None, now: float) -> Decision:
         """Admission: tenant and priority from the publisher's identity, then fit, quota and admission limits."""

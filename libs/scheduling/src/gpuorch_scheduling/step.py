@@ -63,6 +63,9 @@ class Step:
     rejected: list[JobRejected] = field(default_factory=list)
     submitted: dict[uuid.UUID, SubmitJob] = field(default_factory=dict)
     """This step's submissions as received (a rejected job's read-model row shows what was asked)."""
+    ignored: list[tuple[Message, str]] = field(default_factory=list)
+    """Messages that changed nothing because they were refused (a cancel its sender may not make, a job fact from
+    another node), with why: the shell logs them."""
     admissions: list[tuple[Input, Decision]] = field(default_factory=list)
     """Each submission and what admission made of it (the service traces them)."""
     cycle: CycleResult | None = None

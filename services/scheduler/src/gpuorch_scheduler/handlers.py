@@ -329,6 +329,9 @@ class SchedulerService:
 
     def _after_commit(self, step: Step, tick: bool) -> None:
         metrics.observe_step(step, self.state)
+        for message, why in step.ignored:
+            log.warning("scheduler.message_refused", type=message.TYPE, job_id=str(getattr(message, "job_id", "")),
+                        reason=why)
         for placement_id, (job_id, reason) in step.refused.items():
             log.error("scheduler.plan_refused", job_id=str(job_id), placement_id=str(placement_id), reason=reason)
         for message in step.published:
