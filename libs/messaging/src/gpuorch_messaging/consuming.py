@@ -11,7 +11,9 @@ letter that says why.
                                                       └─> connection dropped meanwhile: the handler finishes
                                                           (shielded); its delivery comes again (handlers dedupe)
 
-Every delivery ends acked or nacked: nothing raised on the way leaves it holding a prefetch slot. A dead letter is
+Every delivery ends acked or nacked: nothing raised on the way leaves it holding a prefetch slot. A latest-wins queue
+(``QueueSpec.acknowledged`` False: heartbeats) is consumed without acknowledgements and its handler runs inline; a
+delivery it loses is replaced by the next. A dead letter is
 published with confirms to ``gpuorch.dlx`` (key Q) carrying the body, the original headers and ``REASON_HEADER``,
 ``QUEUE_HEADER``, ``EXCHANGE_HEADER``, ``ROUTING_KEY_HEADER`` and the original publisher
 (``provenance.ORIGINAL_PUBLISHER_HEADER``: the identity the delivery was judged by, never the consumer's); only
@@ -119,7 +121,7 @@ class Consumers:
         async def on_message(incoming: AbstractIncomingMessage) -> None:
             await self._deliver(consumer, incoming)
 
-        consumer.tag = await queue.consume(on_message, no_ack=False)
+        consumer.tag = await queue.consume(on_message, no_ack=not spec.acknowledged)
         self._consumers.append(consumer)
 
     async def close(self) -> None:
@@ -149,7 +151,8 @@ class Consumers:
                 if await self._dead_letter(consumer, incoming, recorded, reason, cause="invalid", ack=False):
                     if judged.refused is None:
                         await self._answer_invalid(consumer, incoming, publisher, reason)
-                    await _quiet(incoming.ack())
+                    if spec.acknowledged:
+                        await _quiet(incoming.ack())
                 return
             if judged.refused is not None:
                 await self._dead_letter(consumer, incoming, recorded, f"refused: {judged.refused}", cause="refused")
@@ -165,14 +168,17 @@ class Consumers:
             raise
         except Exception as exc:  # noqa: BLE001 - our own bookkeeping failed (tracing, logging, metrics)
             log.error("consume.delivery_failed", queue=spec.name, error=repr(exc))
-            await _quiet(incoming.nack(requeue=True))
+            if spec.acknowledged:
+                await _quiet(incoming.nack(requeue=True))
 
     async def _handle(self, consumer: _Consumer, incoming: AbstractIncomingMessage, message: Message,
                       publisher: str | None) -> None:
         spec = consumer.spec
+        if not spec.acknowledged:
+            await self._handle_unacknowledged(consumer, message, publisher)
+            return
         with _consumer_span(spec, incoming, message), bind_context(
-            job_id=getattr(message, "job_id", None), node_id=getattr(message, "node_id", None),
-            message_type=message.TYPE,
+            job_id=_field(message, "job_id"), node_id=_field(message, "node_id"), message_type=message.TYPE,
         ):
             # The handler runs as its own task: when the connection drops, aiormq cancels this delivery's task,
             # and the handler must not stop half way through its effect (its redelivery is deduped instead).
@@ -205,6 +211,19 @@ class Consumers:
             MESSAGES_CONSUMED.labels(spec.name, message.TYPE).inc()
             if message.TYPE in _LIFECYCLE_LOGGED:
                 log.info("message.handled", queue=spec.name)
+
+    async def _handle_unacknowledged(self, consumer: _Consumer, message: Message, publisher: str | None) -> None:
+        """Latest-wins state (``QueueSpec.acknowledged`` False): the handler inline, nothing to ack or retry."""
+        spec = consumer.spec
+        try:
+            if consumer.with_sender:
+                await consumer.handler(message, publisher)  # type: ignore[call-arg]
+            else:
+                await consumer.handler(message)  # type: ignore[call-arg]
+        except Exception as exc:  # noqa: BLE001 - the next delivery of the same state replaces this one
+            log.warning("consume.handler_failed", queue=spec.name, error=repr(exc), note="not retried: latest wins")
+            return
+        MESSAGES_CONSUMED.labels(spec.name, message.TYPE).inc()
 
     def _handler_outlived_delivery(self, handling: asyncio.Future[None]) -> None:
         self._running_handlers.discard(handling)
@@ -246,12 +265,13 @@ class Consumers:
                 headers=headers)
         except Exception as exc:
             log.error("consume.dead_letter_failed", queue=spec.name, error=repr(exc))
-            await _quiet(incoming.nack(requeue=True))
+            if spec.acknowledged:
+                await _quiet(incoming.nack(requeue=True))
             return False
         log.warning("consume.dead_lettered", queue=spec.name, reason=reason[:300], user_id=incoming.user_id,
                     publisher=publisher)
         MESSAGES_DEAD_LETTERED.labels(spec.name, cause).inc()
-        if ack:
+        if ack and consumer.spec.acknowledged:
             await _quiet(incoming.ack())
         return True
 
@@ -264,12 +284,25 @@ def _consumer_span(spec: QueueSpec, incoming: AbstractIncomingMessage,
         return contextlib.nullcontext()
     attributes = {"messaging.system": "rabbitmq", "messaging.operation": "process",
                   "messaging.destination.name": spec.name, "messaging.message.id": str(message.message_id)}
-    job_id = getattr(message, "job_id", None)
+    job_id = _field(message, "job_id")
     if job_id is not None:
         attributes["job_id"] = str(job_id)
     return tracer("gpuorch.messaging").start_as_current_span(
         f"consume {message.TYPE}", context=extract_trace(incoming.headers), kind=trace.SpanKind.CONSUMER,
         attributes=attributes)
+
+
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def _field(message: Message, name: str) -> Any:
+    """``message``'s field ``name``, or None when its type has none (``getattr`` with a default raises inside
+    pydantic for each missing name: a cost per delivery)."""
+    kind = type(message)
+    fields = _FIELDS.get(kind)
+    if fields is None:
+        fields = _FIELDS[kind] = frozenset(kind.model_fields)
+    return getattr(message, name) if name in fields else None
 
 
 def _delivery_count(incoming: AbstractIncomingMessage) -> int:

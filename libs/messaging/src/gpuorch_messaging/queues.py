@@ -74,7 +74,7 @@ def scheduler_queues() -> tuple[QueueSpec, QueueSpec]:
     heartbeats = QueueSpec(HEARTBEAT_QUEUE, [(EVENTS_EXCHANGE, "node.heartbeat"),
                                              (EVENTS_EXCHANGE, "executor.heartbeat")],
                            prefetch=500, max_length=20000, overflow="drop-head", delivery_limit=3,
-                           accepts=scheduler_accepts())
+                           accepts=scheduler_accepts(), acknowledged=False)
     return main, heartbeats
 
 

@@ -92,6 +92,11 @@ class QueueSpec:
     ``accepts`` (message type -> allowed ``Sender``s, see ``senders.py``) is the queue's allow-list: None takes
     every type from anyone (a queue not yet given one). ``on_invalid`` is awaited after an undecodable body was
     dead-lettered (see ``rejections.py``). ``prefetch`` is the consumer's, not the queue's.
+
+    ``acknowledged=False`` is for latest-wins state only (heartbeats): the consumer takes deliveries without
+    acknowledgements (no ack frame per message, no prefetch window) and runs its handler inline; a delivery lost to
+    a crash or a handler error is simply replaced by the next one. Invalid or refused deliveries are still
+    dead-lettered with their reason. The handler must be cheap and idempotent.
     """
 
     name: str
@@ -106,6 +111,7 @@ class QueueSpec:
     dead_letter_overflow: Overflow = "drop-head"
     accepts: Accepts | None = None
     on_invalid: InvalidHook | None = None
+    acknowledged: bool = True
 
     def __post_init__(self) -> None:
         for name, overflow in (("overflow", self.overflow), ("dead_letter_overflow", self.dead_letter_overflow)):
