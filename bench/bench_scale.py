@@ -28,8 +28,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 E2E_COLUMNS = ["nodes", "offered_per_s", "jobs", "placed", "placements_per_s", "p50_ms", "p99_ms", "raw_p50_ms",
                "raw_p99_ms", "overhead_ratio_p50", "floor_placements_per_s", "floor_p50_ms", "floor_p99_ms",
                "floor_ratio", "cpu_ms_per_message", "cpu_ms_per_message_net", "floor_cpu_ms_per_message",
-               "scheduler_idle_cpu_pct", "idle_cpu_ms_per_node_s", "scheduler_rss_mib", "registration_s",
-               "load_avg_1m_start"]
+               "relay_cpu_ms_per_message", "scheduler_idle_cpu_pct", "idle_cpu_ms_per_node_s", "fleet_idle_cpu_pct",
+               "fleet_cpu_pct", "scheduler_rss_mib", "registration_s", "load_avg_1m_start"]
 CURVE_COLUMNS = ["nodes", "jobs", "placed", "offered_per_s", "placements_per_s", "cpu_ms_per_message",
                  "cpu_ms_per_message_net", "scheduler_idle_cpu_pct", "p50_ms", "p99_ms", "raw_p50_ms",
                  "scheduler_rss_mib", "load_avg_1m_start"]

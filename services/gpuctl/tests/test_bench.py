@@ -17,7 +17,7 @@ from gpuorch_gpuctl.bench_recovery import read_restart
 E2E_KEYS = {"nodes", "offered_per_s", "jobs", "placed", "placements_per_s", "p50_ms", "p99_ms", "raw_p50_ms",
             "raw_p99_ms", "overhead_ratio_p50", "scheduler_cpu_s", "cpu_ms_per_message", "scheduler_rss_mib",
             "floor_placements_per_s", "floor_p50_ms", "floor_p99_ms", "floor_ratio", "floor_cpu_ms_per_message",
-            "idle_cpu_ms_per_node_s"}
+            "idle_cpu_ms_per_node_s", "relay_cpu_ms_per_message", "fleet_idle_cpu_pct", "fleet_cpu_pct"}
 REPO = Path(__file__).resolve().parents[3]
 
 

@@ -95,7 +95,9 @@ def e2e(
     commit one event row and one outbox row per message, publish with confirms, receive); the scheduler's CPU
     seconds over the submit window and cpu_ms_per_message (that CPU / jobs; includes the heartbeats and ticks of
     the window; cpu_ms_per_message_net subtracts the idle rate, scheduler_idle_cpu_pct, measured over --idle-s
-    before submitting; idle_cpu_ms_per_node_s is that idle rate per node), and its peak RSS (MiB).
+    before submitting; idle_cpu_ms_per_node_s is that idle rate per node; relay_cpu_ms_per_message is the part of
+    its outbox-relay child), its peak RSS (MiB), and the simulated fleet's own CPU (fleet_idle_cpu_pct over
+    --idle-s, fleet_cpu_pct over the submit window; % of one core).
     """
     from gpuorch_gpuctl.bench_e2e import E2eParameters, run_e2e
 

@@ -128,9 +128,12 @@ async def _e2e(stack: Any, params: E2eParameters, amqp_url: str, dsn: str, floor
         await launches.consume(arrivals.on_message, no_ack=True)
 
         registration_s = await _fleet_registered(stack, params, dsn)
-        idle_cpu0, idle_t0 = meter.cpu_s(), time.monotonic()
+        fleet = ProcessMeter(stack.processes["node-agent"].popen.pid)
+        idle_cpu0, fleet_cpu0, idle_t0 = meter.cpu_s(), fleet.cpu_s(), time.monotonic()
         await asyncio.sleep(params.idle_s)
-        idle_cpu_pct = 100 * (meter.cpu_s() - idle_cpu0) / max(time.monotonic() - idle_t0, 1e-9)
+        idle_elapsed = max(time.monotonic() - idle_t0, 1e-9)
+        idle_cpu_pct = 100 * (meter.cpu_s() - idle_cpu0) / idle_elapsed
+        fleet_idle_cpu_pct = 100 * (fleet.cpu_s() - fleet_cpu0) / idle_elapsed
 
         bodies = submit_bodies(params.jobs)
         references: dict[str, Any] = {}
@@ -148,7 +151,7 @@ async def _e2e(stack: Any, params: E2eParameters, amqp_url: str, dsn: str, floor
         progress(f"e2e: submitting {params.jobs} jobs at {params.rate:g}/s")
         publishing = await connection.channel(publisher_confirms=True, on_return_raises=True)
         submit = await publishing.get_exchange(SUBMIT_EXCHANGE)  # declared by the scheduler's broker
-        cpu0 = meter.cpu_s()
+        cpu0, main_cpu0, fleet_cpu0 = meter.cpu_s(), meter.cpu_s(children=False), fleet.cpu_s()
         meter.start_sampling()
         first_submit = time.perf_counter()
         watcher = asyncio.create_task(_report_progress(arrivals, params.jobs))
@@ -159,7 +162,8 @@ async def _e2e(stack: Any, params: E2eParameters, amqp_url: str, dsn: str, floor
                 await asyncio.wait_for(arrivals.all_in.wait(), timeout=max(remaining, 1.0))
         finally:
             watcher.cancel()
-        cpu_s = meter.cpu_s() - cpu0
+        cpu_s, main_cpu_s = meter.cpu_s() - cpu0, meter.cpu_s(children=False) - main_cpu0
+        fleet_cpu_s = fleet.cpu_s() - fleet_cpu0
         window_s = time.perf_counter() - first_submit
         await meter.stop_sampling()
         high_water = meter.high_water_rss()
@@ -186,7 +190,10 @@ async def _e2e(stack: Any, params: E2eParameters, amqp_url: str, dsn: str, floor
         "idle_cpu_ms_per_node_s": round(10 * idle_cpu_pct / params.nodes, 4),
         "scheduler_cpu_s": round(cpu_s, 2), "window_s": round(window_s, 2),
         "cpu_ms_per_message": round(1000 * cpu_s / params.jobs, 3),
+        "relay_cpu_ms_per_message": round(1000 * max(cpu_s - main_cpu_s, 0.0) / params.jobs, 3),
         "cpu_ms_per_message_net": round(1000 * max(cpu_s - idle_cpu_pct / 100 * window_s, 0.0) / params.jobs, 3),
+        "fleet_idle_cpu_pct": round(fleet_idle_cpu_pct, 1),
+        "fleet_cpu_pct": round(100 * fleet_cpu_s / max(window_s, 1e-9), 1),
         "scheduler_rss_mib": round(meter.peak_rss / 2**20, 1),
         "scheduler_rss_hwm_mib": round(high_water / 2**20, 1) if high_water else None,
     }

@@ -98,11 +98,12 @@ class ProcessMeter:
         process = psutil.Process(self.pid)
         return [process, *process.children(recursive=True)]
 
-    def cpu_s(self) -> float:
+    def cpu_s(self, *, children: bool = True) -> float:
+        """User + system CPU seconds of the process, and of its children unless ``children=False``."""
         import psutil
 
         total = 0.0
-        for each in self._tree():
+        for each in self._tree() if children else self._tree()[:1]:
             with contextlib.suppress(psutil.Error):
                 times = each.cpu_times()
                 total += times.user + times.system

@@ -9,7 +9,8 @@ from typing import Any
 
 E2E_COLUMNS = ("nodes", "offered_per_s", "jobs", "placed", "placements_per_s", "p50_ms", "p99_ms", "raw_p50_ms",
                "raw_p99_ms", "overhead_ratio_p50", "floor_placements_per_s", "floor_p50_ms", "floor_p99_ms",
-               "floor_ratio", "cpu_ms_per_message", "scheduler_idle_cpu_pct", "scheduler_rss_mib", "load_avg_1m_start")
+               "floor_ratio", "cpu_ms_per_message", "relay_cpu_ms_per_message", "scheduler_idle_cpu_pct", "fleet_cpu_pct",
+               "scheduler_rss_mib", "load_avg_1m_start")
 CURVE_COLUMNS = ("nodes", "jobs", "offered_per_s", "placements_per_s", "cpu_ms_per_message", "cpu_ms_per_message_net",
                  "scheduler_idle_cpu_pct", "p50_ms", "p99_ms", "raw_p50_ms", "scheduler_rss_mib", "load_avg_1m_start")
 RECOVERY_COLUMNS = ("events", "nodes", "jobs_in_log", "recover_no_snapshot_s", "recover_snapshot_s",
