@@ -26,15 +26,18 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 E2E_COLUMNS = ["nodes", "offered_per_s", "jobs", "placed", "placements_per_s", "p50_ms", "p99_ms", "raw_p50_ms",
-               "raw_p99_ms", "overhead_ratio_p50", "cpu_ms_per_message", "cpu_ms_per_message_net",
-               "scheduler_idle_cpu_pct", "scheduler_rss_mib", "registration_s", "load_avg_1m_start"]
+               "raw_p99_ms", "overhead_ratio_p50", "floor_placements_per_s", "floor_p50_ms", "floor_p99_ms",
+               "floor_ratio", "cpu_ms_per_message", "cpu_ms_per_message_net", "floor_cpu_ms_per_message",
+               "relay_cpu_ms_per_message", "scheduler_idle_cpu_pct", "idle_cpu_ms_per_node_s", "fleet_idle_cpu_pct",
+               "fleet_cpu_pct", "scheduler_rss_mib", "registration_s", "load_avg_1m_start"]
 CURVE_COLUMNS = ["nodes", "jobs", "placed", "offered_per_s", "placements_per_s", "cpu_ms_per_message",
                  "cpu_ms_per_message_net", "scheduler_idle_cpu_pct", "p50_ms", "p99_ms", "raw_p50_ms",
                  "scheduler_rss_mib", "load_avg_1m_start"]
 CORE_COLUMNS = ["nodes", "gpus", "jobs", "placed", "placements_per_s", "engine_placements_per_s", "repeats"]
 RECOVERY_COLUMNS = ["events", "nodes", "recover_no_snapshot_s", "recover_no_snapshot_runs_s", "recover_snapshot_s",
-                    "recover_snapshot_runs_s", "jobs_in_log", "state_jobs_without_snapshot", "state_jobs", "state_nodes",
-                    "snapshot_mib_stored", "snapshot_error", "fill_s", "load_avg_1m_start"]
+                    "recover_snapshot_runs_s", "restart_no_snapshot_s", "restart_snapshot_s", "recovery_timed_by",
+                    "jobs_in_log", "state_jobs_without_snapshot", "state_jobs", "state_nodes", "snapshot_mib_stored",
+                    "snapshot_error", "fill_s", "load_avg_1m_start"]
 
 
 def gpuctl_bench(part: str, args: list[str], timeout_s: float) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import pytest
@@ -158,3 +159,54 @@ async def test_follower_sees_every_event_under_concurrent_appends(pool: asyncpg.
     all_positions = [e.position for e in await read(pool, limit=10_000)]
     assert len(all_positions) == sum(len(ids) for ids in written)
     assert followed == all_positions  # nothing skipped, nothing twice, in order
+
+
+async def test_an_append_and_an_outbox_insert_are_one_statement_each_whatever_the_batch(pool: asyncpg.Pool) -> None:
+    from gpuorch_store.outbox import add_to_outbox
+
+    statements: list[str] = []
+
+    def log(record: Any) -> None:
+        statements.append(record.query)
+
+    messages = [JobQueued(job_id=uuid.uuid4(), pending_reason=f"r{n}", producer="scheduler/test") for n in range(301)]
+    async with pool.acquire() as conn:
+        async with conn.transaction():  # the connection's first use of each statement also reads type information
+            await append(conn, [NewEvent.from_message("scheduler", messages[0])])
+            await add_to_outbox(conn, messages[:1])
+        messages = messages[1:]
+        async with conn.transaction():
+            conn.add_query_logger(log)
+            positions = await append_reporting_duplicates(conn, [NewEvent.from_message("scheduler", m)
+                                                                 for m in messages])
+            ids = await add_to_outbox(conn, messages)
+            conn.remove_query_logger(log)
+    assert len(positions) == len(ids) == 300 and None not in positions
+    assert len(statements) == 2, statements
+    assert statements[0].lstrip().startswith("INSERT INTO events")
+    assert statements[1].lstrip().startswith("INSERT INTO outbox")
+
+
+async def test_an_outbox_insert_waits_for_an_earlier_uncommitted_append(pool: asyncpg.Pool) -> None:
+    """The write-order lock is taken inside the outbox's one statement: a writer whose events are not committed
+    yet holds back another writer's outbox rows, so outbox ids follow commit order too."""
+    from gpuorch_store.outbox import add_to_outbox
+
+    async with pool.acquire() as conn_a, pool.acquire() as conn_b:
+        tx_a = conn_a.transaction()
+        await tx_a.start()
+        await append(conn_a, [event(n=1)])
+
+        async def writer_b() -> list[int]:
+            async with conn_b.transaction():
+                return await add_to_outbox(conn_b, [JobQueued(job_id=uuid.uuid4(), pending_reason="b",
+                                                              producer="scheduler/test")])
+
+        task_b = asyncio.create_task(writer_b())
+        await wait_until_blocked_or_done(pool, conn_b.get_server_pid(), task_b)
+        assert not task_b.done()  # B waits on A's lock
+        first_id = await add_to_outbox(conn_a, [JobQueued(job_id=uuid.uuid4(), pending_reason="a",
+                                                          producer="scheduler/test")])
+        await tx_a.commit()
+        second_id = await task_b
+    assert first_id[0] < second_id[0]

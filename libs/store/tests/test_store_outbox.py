@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -15,6 +15,7 @@ from gpuorch_store.events import NewEvent, append, read
 from gpuorch_store.outbox import (
     RELAY_LOCK_KEY,
     OutboxRelay,
+    OutgoingMessage,
     ParkedRow,
     add_to_outbox,
     is_refusal,
@@ -262,3 +263,63 @@ def test_what_counts_as_a_refusal() -> None:
 
     assert is_refusal(Answered()) and is_refusal(LookupError())
     assert not is_refusal(Unanswered()) and not is_refusal(ConnectionError()) and not is_refusal(TimeoutError())
+
+
+class BatchingPublisher(FlakyPublisher):
+    """A ``BatchPublisher``: takes a whole pipelined batch per call; ``refuse`` message ids get a refusal."""
+
+    def __init__(self, refuse: set[str]) -> None:
+        super().__init__()
+        self.refuse = refuse
+        self.batches: list[list[str]] = []
+
+    async def publish_raw_batch(self, messages: Sequence[OutgoingMessage]) -> list[BaseException | None]:
+        self.batches.append([m.message_id for m in messages])
+        outcomes: list[BaseException | None] = []
+        for m in messages:
+            if m.message_id in self.refuse:
+                outcomes.append(LookupError(f"refused {m.message_id}"))
+                continue
+            self.confirmed.append((m.exchange, m.routing_key, m.message_id, m.body, m.headers))
+            outcomes.append(None)
+        return outcomes
+
+
+async def test_a_pipelined_relay_hands_a_batch_publisher_each_batch_in_one_call(pool: asyncpg.Pool) -> None:
+    """One ``publish_raw_batch`` per batch, in id order, no ``publish_raw``; the outcomes mark exactly the
+    confirmed rows sent, and a refused row is counted, parked after ``park_after`` refusals and reported."""
+    messages = [queued(n) for n in range(7)]
+    refused = messages[2]
+    async with pool.acquire() as conn, conn.transaction():
+        await add_to_outbox(conn, messages, headers={"traceparent": "00-t"})
+    publisher = BatchingPublisher(refuse={str(refused.message_id)})
+    reported: list[uuid.UUID] = []
+
+    async def on_parked(row: ParkedRow) -> None:
+        reported.append(row.message_id)
+
+    relay = OutboxRelay(pool, publisher, batch_size=5, pipeline=True, park_after=2, on_parked=on_parked)
+    first = await relay.relay_once()
+    assert (first.sent, first.parked) == (4, 0) and first.error is not None and "refused" in first.error
+    assert publisher.batches == [[str(m.message_id) for m in messages[:5]]] and publisher.calls == 0
+    assert await unsent_ids(pool) == [str(m.message_id) for m in (refused, *messages[5:])]
+    second = await relay.relay_once()  # the refused row again (parked now), then the rest of the outbox
+    assert (second.sent, second.parked, second.error) == (2, 1, None)
+    assert publisher.batches[1] == [str(m.message_id) for m in (refused, *messages[5:])]
+    assert [c[2] for c in publisher.confirmed] == [str(m.message_id) for m in messages if m is not refused]
+    assert publisher.confirmed[0][4] == {"traceparent": "00-t", "type": "job.queued"}
+    assert await unsent_ids(pool) == [str(refused.message_id)] and reported == [refused.message_id]
+
+
+async def test_a_batch_publisher_that_loses_outcomes_marks_nothing(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await add_to_outbox(conn, [queued(1), queued(2)])
+
+    class Forgetful(BatchingPublisher):
+        async def publish_raw_batch(self, messages: Sequence[OutgoingMessage]) -> list[BaseException | None]:
+            return (await super().publish_raw_batch(messages))[:1]
+
+    relay = OutboxRelay(pool, Forgetful(refuse=set()), pipeline=True)
+    with pytest.raises(RuntimeError, match="1 outcomes for 2 messages"):
+        await relay.relay_once()
+    assert len(await unsent_ids(pool)) == 2

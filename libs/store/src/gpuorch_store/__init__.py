@@ -16,9 +16,11 @@ from gpuorch_store.events import (
 from gpuorch_store.migrations import MigrationError, ensure_database, migrate, pending_migrations, status
 from gpuorch_store.outbox import (
     OUTBOX_CHANNEL,
+    BatchPublisher,
     OnParked,
     OutboxBacklog,
     OutboxRelay,
+    OutgoingMessage,
     ParkedRow,
     RawPublisher,
     RelayBatch,
@@ -34,6 +36,7 @@ append_events = append
 read_events = read
 
 __all__ = [
+    "BatchPublisher",
     "EVENT_WRITE_LOCK_KEY",
     "OUTBOX_CHANNEL",
     "MigrationError",
@@ -41,6 +44,7 @@ __all__ = [
     "OutboxBacklog",
     "OnParked",
     "OutboxRelay",
+    "OutgoingMessage",
     "ParkedRow",
     "RawPublisher",
     "RelayBatch",

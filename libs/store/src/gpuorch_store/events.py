@@ -6,6 +6,9 @@ Guarantees:
 - Idempotent on ``message_id``: appending an event whose ``message_id`` is already stored (or appears earlier
   in the same batch) inserts nothing for it. ``append`` returns the positions of the rows it inserted;
   ``append_reporting_duplicates`` returns one entry per input, ``None`` for a duplicate.
+- One statement per append, whatever the batch size: the rows go in as arrays (``unnest``), and the statement takes
+  the write-order lock itself before it produces its first row (an uncorrelated sub-select in its ``WHERE``, which
+  PostgreSQL evaluates once, first), so an append is one round trip.
 - Gap-safe global order for readers: every append first takes the transaction-level advisory lock
   ``EVENT_WRITE_LOCK_KEY``, so positions are assigned in commit order. A reader that has seen position P will
   never later find a committed event with a position below P; ``read(after_position=P)`` therefore never skips
@@ -83,8 +86,15 @@ class StoredEvent:
 
 
 async def take_write_order_lock(conn: Any) -> None:
-    """Take the event/outbox write-order lock for the rest of ``conn``'s transaction (re-entrant)."""
+    """Take the event/outbox write-order lock for the rest of ``conn``'s transaction (re-entrant). ``append`` and
+    ``add_to_outbox`` take it inside their own statement (``LOCKED_FIRST``); this is for other writers."""
     await conn.execute("SELECT pg_advisory_xact_lock($1)", EVENT_WRITE_LOCK_KEY)
+
+
+LOCKED_FIRST = "(SELECT pg_advisory_xact_lock({key}::bigint)) IS NOT NULL"
+"""A ``WHERE`` condition that takes the write-order lock (parameter ``{key}``) before the statement produces a row:
+an uncorrelated sub-select is a one-time filter, evaluated once before the rows it guards, so the lock is held
+before any ``position``/``id`` is drawn from its sequence."""
 
 
 _INSERT = """
@@ -92,6 +102,7 @@ INSERT INTO events (stream, message_id, type, schema_version, occurred_at, paylo
 SELECT e.stream, e.message_id, e.type, e.schema_version, e.occurred_at, e.payload::jsonb, e.headers::jsonb
 FROM unnest($1::text[], $2::uuid[], $3::text[], $4::int[], $5::timestamptz[], $6::text[], $7::text[])
      WITH ORDINALITY AS e(stream, message_id, type, schema_version, occurred_at, payload, headers, ordinal)
+WHERE """ + LOCKED_FIRST.format(key="$8") + """
 ORDER BY e.ordinal
 ON CONFLICT (message_id) DO NOTHING
 RETURNING position, message_id
@@ -99,7 +110,8 @@ RETURNING position, message_id
 
 
 async def append_reporting_duplicates(conn: Any, events: Sequence[NewEvent]) -> list[int | None]:
-    """Append ``events`` in order; return, per input event, its new position or ``None`` for a duplicate.
+    """Append ``events`` in order, in one statement; return, per input event, its new position or ``None`` for a
+    duplicate.
 
     ``conn`` is an asyncpg connection; the write joins its open transaction, or runs in its own.
     """
@@ -108,7 +120,6 @@ async def append_reporting_duplicates(conn: Any, events: Sequence[NewEvent]) -> 
     if not conn.is_in_transaction():
         async with conn.transaction():
             return await append_reporting_duplicates(conn, events)
-    await take_write_order_lock(conn)
     rows = await conn.fetch(
         _INSERT,
         [e.stream for e in events],
@@ -118,6 +129,7 @@ async def append_reporting_duplicates(conn: Any, events: Sequence[NewEvent]) -> 
         [e.occurred_at for e in events],
         [e.payload if isinstance(e.payload, str) else json.dumps(e.payload) for e in events],
         [json.dumps(e.headers) for e in events],
+        EVENT_WRITE_LOCK_KEY,
     )
     inserted = {row["message_id"]: row["position"] for row in rows}
     result: list[int | None] = []

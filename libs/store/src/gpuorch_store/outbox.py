@@ -5,11 +5,12 @@ Guarantees:
   one is eventually published (no command exists without a committed decision, every committed decision is
   sent).
 - Idempotent on ``message_id``: adding a message whose id is already in the outbox adds nothing.
-- Rows get ids in commit order (``add_to_outbox`` takes the same write-order lock as ``events.append``), and
+- Rows get ids in commit order (``add_to_outbox`` takes the same write-order lock as ``events.append``, inside its
+  one ``INSERT`` statement), and
   the relay publishes in id order: a message is published only after every earlier row was confirmed.
   With ``pipeline=True`` (the scheduler's relay) a whole batch is published before its confirms are awaited, on
-  one channel, so the broker still routes it in id order and a batch starts only after the one before was
-  confirmed or parked; but a failed row is retried after rows of its batch that followed it (order holds except
+  one channel (in one ``publish_raw_batch`` call when the publisher is a ``BatchPublisher``), so the broker still
+  routes it in id order and a batch starts only after the one before was confirmed or parked; but a failed row is retried after rows of its batch that followed it (order holds except
   around a failure). That is what makes thousands of rows a second possible: one round trip per batch.
 - The relay marks a row sent only after the publisher returned (broker confirm + routed), in the same
   transaction that locked the row. A failed publish leaves the row unsent (``attempts``/``last_error``
@@ -43,7 +44,7 @@ from typing import Any, Protocol
 
 from gpuorch_contracts import MAX_MESSAGE_BYTES, Message, decode, encode, route
 
-from gpuorch_store.events import take_write_order_lock
+from gpuorch_store.events import EVENT_WRITE_LOCK_KEY, LOCKED_FIRST
 
 OUTBOX_CHANNEL = "gpuorch_outbox"
 """NOTIFY channel signalled (by a trigger, at commit) whenever outbox rows are inserted."""
@@ -59,6 +60,28 @@ class RawPublisher(Protocol):
         self, exchange: str, routing_key: str, body: bytes, *, message_id: str, headers: dict[str, Any]
     ) -> None:
         """Return only once the broker confirmed and routed the message; raise on any failure."""
+        ...
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """An outbox row as a ``BatchPublisher`` receives it (the arguments of one ``publish_raw``)."""
+
+    exchange: str
+    routing_key: str
+    body: bytes
+    message_id: str
+    headers: dict[str, Any]
+
+
+class BatchPublisher(RawPublisher, Protocol):
+    """A publisher that can also take a pipelined relay's whole batch at once (e.g. every message's frames in one
+    socket write, every confirm in flight together), instead of one ``publish_raw`` call, and task, per row."""
+
+    async def publish_raw_batch(self, messages: Sequence[OutgoingMessage]) -> Sequence[BaseException | None]:
+        """Publish ``messages`` in order on one channel; return once each is settled, one outcome per message,
+        in order: ``None`` once the broker confirmed and routed it, else the exception ``publish_raw`` would have
+        raised for it (``is_refusal`` tells a refusal from an outage). Never raises for one message's failure."""
         ...
 
 
@@ -131,6 +154,7 @@ INSERT INTO outbox (message_id, type, exchange, routing_key, body, headers)
 SELECT o.message_id, o.type, o.exchange, o.routing_key, o.body, o.headers::jsonb
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[])
      WITH ORDINALITY AS o(message_id, type, exchange, routing_key, body, headers, ordinal)
+WHERE """ + LOCKED_FIRST.format(key="$7") + """
 ORDER BY o.ordinal
 ON CONFLICT (message_id) DO NOTHING
 RETURNING id
@@ -162,7 +186,6 @@ async def add_to_outbox(conn: Any, messages: Sequence[Message],
         if len(body) > MAX_MESSAGE_BYTES:
             raise ValueError(f"{message.type} {message.message_id} is {len(body)} bytes > {MAX_MESSAGE_BYTES}")
     routes = [route(m) for m in messages]
-    await take_write_order_lock(conn)
     rows = await conn.fetch(
         _INSERT,
         [m.message_id for m in messages],
@@ -171,6 +194,7 @@ async def add_to_outbox(conn: Any, messages: Sequence[Message],
         [key for _, key in routes],
         bodies,
         [json.dumps({**h, "type": m.type}) for m, h in zip(messages, per_message, strict=True)],
+        EVENT_WRITE_LOCK_KEY,
     )
     return [int(r["id"]) for r in rows]
 
@@ -293,8 +317,7 @@ class OutboxRelay:
             parked = 0
             error: str | None = None
             if self._pipeline:  # all at once; the broker still routes them in id order (one channel)
-                outcomes: list[BaseException | None] = list(await asyncio.gather(
-                    *(self._publish_row(row) for row in rows), return_exceptions=True))
+                outcomes = await self._publish_together(rows)
             for k, row in enumerate(rows):
                 if self._pipeline:
                     outcome = outcomes[k]
@@ -352,6 +375,22 @@ class OutboxRelay:
             row["exchange"], row["routing_key"], bytes(row["body"]), message_id=str(row["message_id"]),
             headers=json.loads(row["headers"]),
         )
+
+    async def _publish_together(self, rows: Sequence[Any]) -> list[BaseException | None]:
+        """Publish a pipelined batch, every confirm in flight together: through ``publish_raw_batch`` in one call
+        when the publisher has it (``BatchPublisher``), else one concurrent ``publish_raw`` per row. One outcome
+        per row, in order."""
+        if not rows:
+            return []
+        publish_batch = getattr(self._publisher, "publish_raw_batch", None)
+        if publish_batch is None:
+            return list(await asyncio.gather(*(self._publish_row(row) for row in rows), return_exceptions=True))
+        outcomes = list(await publish_batch([
+            OutgoingMessage(row["exchange"], row["routing_key"], bytes(row["body"]), str(row["message_id"]),
+                            json.loads(row["headers"])) for row in rows]))
+        if len(outcomes) != len(rows):
+            raise RuntimeError(f"publish_raw_batch answered {len(outcomes)} outcomes for {len(rows)} messages")
+        return outcomes
 
     async def report_parked(self) -> str | None:
         """Hand each parked, unreported row to ``on_parked``; mark it reported once the hook returned. The relay
