@@ -379,3 +379,33 @@ async def test_a_handler_is_not_cancelled_when_the_connection_drops_under_it(amq
     finally:
         await broker.close()
         await proxy.stop()
+
+
+async def test_a_batch_is_published_in_order_with_one_outcome_per_message(amqp_url: str) -> None:
+    """``publish_raw_batch`` (the outbox relay's path): routed messages arrive in order; an unroutable one, one for
+    an unknown exchange and an oversized one each get their refusal, and do not stop the others."""
+    from gpuorch_contracts import COMMANDS_EXCHANGE, MAX_MESSAGE_BYTES
+    from gpuorch_store import OutgoingMessage
+
+    broker = Broker(amqp_url, producer="test", identity="trust_all")
+    await broker.connect()
+    try:
+        await broker.declare_queue(QueueSpec("batch.node-1", [(COMMANDS_EXCHANGE, "node.node-1.#")]))
+        stops = [StopJob(node_id="node-1", job_id=uuid.uuid4(), placement_id=uuid.uuid4()) for _ in range(5)]
+
+        def row(message: Message, key: str, exchange: str = COMMANDS_EXCHANGE, body: bytes | None = None) -> Any:
+            return OutgoingMessage(exchange, key, body if body is not None else message.model_dump_json().encode(),
+                                   str(message.message_id), {"type": message.TYPE})
+
+        batch = [row(stops[0], "node.node-1.stop_job"), row(stops[1], "node.nowhere.stop_job"),
+                 row(stops[2], "node.node-1.stop_job"), row(stops[3], "node.node-1.stop_job", "no.such.exchange"),
+                 row(stops[4], "node.node-1.stop_job", body=b"x" * (MAX_MESSAGE_BYTES + 1))]
+        outcomes = await broker.publish_raw_batch(batch)
+        assert outcomes[0] is None and outcomes[2] is None
+        assert all(isinstance(outcomes[k], PublishRefused) for k in (1, 3, 4)), outcomes
+        assert "unroutable" in str(outcomes[1]) and "unknown exchange" in str(outcomes[3])
+        got = await _drain(amqp_url, "batch.node-1", 2)
+        assert [m.message_id for m in got] == [str(stops[0].message_id), str(stops[2].message_id)]
+        assert all(m.user_id == "guest" for m in got)
+    finally:
+        await broker.close()

@@ -108,6 +108,11 @@ class Broker:
         """Publish concurrently; returns when every one is confirmed, raises if any was not."""
         await self._publisher.publish_many(messages)
 
+    async def publish_raw_batch(self, messages: Sequence[Any]) -> list[BaseException | None]:
+        """A whole batch in one socket write, confirms in flight together (``ConfirmedPublisher.publish_raw_batch``;
+        the outbox relay's ``BatchPublisher``)."""
+        return await self._publisher.publish_raw_batch(messages)
+
     async def publish_raw(self, exchange: str, routing_key: str, body: bytes, *, message_id: str,
                           headers: Mapping[str, Any] | None = None) -> None:
         """Publish bytes (the outbox relay, dead-letter replays) with the guarantees of ``publish``."""
