@@ -409,3 +409,47 @@ async def test_a_batch_is_published_in_order_with_one_outcome_per_message(amqp_u
         assert all(m.user_id == "guest" for m in got)
     finally:
         await broker.close()
+
+
+async def test_coalesced_acks_ack_every_handled_delivery_and_leave_a_failed_one_for_redelivery(amqp_url: str) -> None:
+    """Deliveries handled in one turn of the loop are acked together; one whose handler fails is nacked on its own
+    and comes again; once the consumer is gone nothing is left unacked (all would be back in the queue)."""
+    broker = Broker(amqp_url, producer="test", identity="trust_all")
+    await broker.connect()
+    spec = QueueSpec("coalesced", [(EVENTS_EXCHANGE, "job.accepted.#")], prefetch=100)
+    messages = [JobAccepted(job_id=uuid.uuid4(), spec=SPEC) for _ in range(50)]
+    poison = messages[25].message_id
+    release = asyncio.Event()
+    seen: list[uuid.UUID] = []
+    failed: list[uuid.UUID] = []
+    entered: list[uuid.UUID] = []
+
+    async def handler(message: Message) -> None:
+        entered.append(message.message_id)
+        await release.wait()  # every delivery finishes in the same turn of the loop
+        if message.message_id == poison and not failed:
+            failed.append(message.message_id)
+            raise RuntimeError("once")
+        seen.append(message.message_id)
+
+    try:
+        await broker.declare_queue(spec)
+        for message in messages:
+            await broker.publish(message)
+        await broker.consume(spec, handler)
+        deadline = asyncio.get_running_loop().time() + 30
+        while asyncio.get_running_loop().time() < deadline and len(entered) < 50:
+            await asyncio.sleep(0.05)
+        release.set()
+        while asyncio.get_running_loop().time() < deadline and len(seen) < 50:
+            await asyncio.sleep(0.05)
+        assert sorted(map(str, seen)) == sorted(str(m.message_id) for m in messages) and failed == [poison]
+        await asyncio.sleep(0.2)  # the last ack frame is written in the loop turn after the handlers returned
+    finally:
+        await broker.close()
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        queue = await (await connection.channel()).declare_queue("coalesced", passive=True)
+        assert queue.declaration_result.message_count == 0
+    finally:
+        await connection.close()

@@ -5,7 +5,8 @@ letter that says why.
             │         ──> Q.dlq with "invalid message: <why>", then on_invalid (an answer), then ack
             ├─> judged_publisher(user_id, headers): a forged original-publisher header ──> Q.dlq "refused: ..."
             ├─> refusal(accepts, message, publisher): type or sender not allowed ──> Q.dlq "refused: <why>"
-            └─> handler(message[, publisher]) in a span ──> returned: ack (the effect is durable by then)
+            └─> handler(message[, publisher]) in a span ──> returned: ack (the effect is durable by then;
+                                                      │   acks coalesced per channel, one per loop turn)
                                                       ├─> raised: nack+requeue; on the last allowed delivery
                                                       │   Q.dlq "handler failed N times: <error>"
                                                       └─> connection dropped meanwhile: the handler finishes
@@ -23,9 +24,10 @@ then is the delivery acked (a plain reject would record only ``rejected``, not o
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
@@ -83,6 +85,52 @@ class ConsumerPolicy:
     wait_s: float
 
 
+class _AckWindow:
+    """The acknowledgements of one consumer's channel, coalesced: once per turn of the event loop, one
+    ``basic.ack(multiple=True)`` for the highest delivery tag whose lower tags are all settled, instead of one ack
+    frame (and write) per delivery. A delivery settles once: handled (to be acked here), or nacked, rejected or
+    dead-lettered and acked on its own before it settles (an ack with ``multiple`` only covers deliveries still
+    outstanding, so those are never touched again). Deliveries of an earlier channel (before a reconnect) are void:
+    the broker redelivers them."""
+
+    def __init__(self) -> None:
+        self._open: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()
+        """Delivery tag -> [delivery, None while running | True to ack | False settled on its own]."""
+        self._channel: object = None
+        self._flushing = False
+        self._sending: set[asyncio.Future[None]] = set()
+
+    def begin(self, incoming: AbstractIncomingMessage) -> None:
+        if incoming.channel is not self._channel:
+            self._channel = incoming.channel
+            self._open.clear()
+        self._open[incoming.delivery_tag] = [incoming, None]  # type: ignore[index]
+
+    def settle(self, incoming: AbstractIncomingMessage, ack: bool) -> None:
+        entry = self._open.get(incoming.delivery_tag) if incoming.channel is self._channel else None  # type: ignore[arg-type]
+        if entry is None or entry[1] is not None:
+            return
+        entry[1] = ack
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        last = None
+        while self._open:
+            incoming, state = next(iter(self._open.values()))
+            if state is None:
+                break
+            self._open.popitem(last=False)
+            if state:
+                last = incoming
+        if last is not None:
+            sending = asyncio.ensure_future(_quiet(last.ack(multiple=True)))
+            self._sending.add(sending)
+            sending.add_done_callback(self._sending.discard)
+
+
 @dataclass
 class _Consumer:
     spec: QueueSpec
@@ -92,6 +140,7 @@ class _Consumer:
     tag: str | None = None
     channel: AbstractRobustChannel | None = None
     queue: Any = None
+    acks: _AckWindow = field(default_factory=_AckWindow)
 
 
 class Consumers:
@@ -136,7 +185,21 @@ class Consumers:
             handling.cancel()
 
     async def _deliver(self, consumer: _Consumer, incoming: AbstractIncomingMessage) -> None:
-        """Decode, judge, handle, then ack; whatever is raised on the way, the delivery ends acked or nacked."""
+        """Decode, judge, handle, then ack; whatever is raised on the way, the delivery ends acked or nacked (a
+        handled delivery through the consumer's coalesced ``_AckWindow``)."""
+        if not consumer.spec.acknowledged:
+            await self._judge_and_handle(consumer, incoming)
+            return
+        consumer.acks.begin(incoming)
+        handled = False
+        try:
+            handled = await self._judge_and_handle(consumer, incoming)
+        finally:
+            consumer.acks.settle(incoming, ack=handled)
+
+    async def _judge_and_handle(self, consumer: _Consumer, incoming: AbstractIncomingMessage) -> bool:
+        """True if the handler took the delivery (the caller acks it); False if it was settled here already
+        (dead-lettered and acked, or nacked)."""
         spec = consumer.spec
         judged = judged_publisher(incoming.user_id, incoming.headers, mode=self.policy.identity,
                                   node_scopes=self.policy.node_scopes)
@@ -154,30 +217,32 @@ class Consumers:
                         await self._answer_invalid(consumer, incoming, publisher, reason)
                     if spec.acknowledged:
                         await _quiet(incoming.ack())
-                return
+                return False
             if judged.refused is not None:
                 await self._dead_letter(consumer, incoming, recorded, f"refused: {judged.refused}", cause="refused")
-                return
+                return False
             if spec.accepts is not None:
                 refused = refusal(spec.accepts, message, publisher, queue=spec.name, mode=self.policy.identity,
                                   node_scopes=self.policy.node_scopes)
                 if refused is not None:
                     await self._dead_letter(consumer, incoming, publisher, f"refused: {refused}", cause="refused")
-                    return
-            await self._handle(consumer, incoming, message, publisher)
+                    return False
+            return await self._handle(consumer, incoming, message, publisher)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - our own bookkeeping failed (tracing, logging, metrics)
             log.error("consume.delivery_failed", queue=spec.name, error=repr(exc))
             if spec.acknowledged:
                 await _quiet(incoming.nack(requeue=True))
+            return False
 
     async def _handle(self, consumer: _Consumer, incoming: AbstractIncomingMessage, message: Message,
-                      publisher: str | None) -> None:
+                      publisher: str | None) -> bool:
+        """Run the handler; True once it returned (the delivery is to be acked), False if it was settled here."""
         spec = consumer.spec
         if not spec.acknowledged:
             await self._handle_unacknowledged(consumer, message, publisher)
-            return
+            return False
         with _consumer_span(spec, incoming, message), bind_context(
             job_id=_field(message, "job_id"), node_id=_field(message, "node_id"), message_type=message.TYPE,
         ):
@@ -203,15 +268,11 @@ class Consumers:
                 else:
                     log.warning("consume.handler_failed", queue=spec.name, attempt=attempts, error=repr(exc))
                     await _quiet(incoming.nack(requeue=True))
-                return
-            try:
-                await incoming.ack()
-            except Exception as exc:
-                log.warning("consume.ack_failed", queue=spec.name, error=repr(exc))
-                return
+                return False
             MESSAGES_CONSUMED.labels(spec.name, message.TYPE).inc()
             if message.TYPE in _LIFECYCLE_LOGGED:
                 log.info("message.handled", queue=spec.name)
+            return True
 
     async def _handle_unacknowledged(self, consumer: _Consumer, message: Message, publisher: str | None) -> None:
         """Latest-wins state (``QueueSpec.acknowledged`` False): the handler inline, nothing to ack or retry."""
