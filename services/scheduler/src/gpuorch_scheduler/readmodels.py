@@ -89,12 +89,28 @@ def rejected_row(event: JobRejected, submit: SubmitJob | None) -> tuple[Any, ...
             spec.model_dump_json(), event.reason, event.occurred_at)
 
 
+_SPEC_JSON: dict[int, tuple[Any, str]] = {}
+
+
+def _spec_json(spec: Any) -> str:
+    """A job's spec as JSON, encoded once per spec object (a job's row is written at every step of its life, its
+    spec never changes)."""
+    cached = _SPEC_JSON.get(id(spec))
+    if cached is not None and cached[0] is spec:
+        return cached[1]
+    if len(_SPEC_JSON) > 100_000:
+        _SPEC_JSON.clear()
+    text = spec.model_dump_json()
+    _SPEC_JSON[id(spec)] = (spec, text)
+    return text
+
+
 def job_row(job: JobRecord, waiting: Waiting | None) -> tuple[Any, ...]:
     spec = job.spec
     queued = job.state == "queued" and waiting is not None
     return (
         job.job_id, spec.name, spec.tenant, spec.tier, spec.priority_class, job.state,
-        spec.model_dump_json(), job.placement_id, [a.node_id for a in job.assignments],
+        _spec_json(spec), job.placement_id, [a.node_id for a in job.assignments],
         "[" + ",".join(a.model_dump_json() for a in job.assignments) + "]", job.exit_code, job.reason,
         waiting.reason if queued else None, job.requeues, job.log_path,  # type: ignore[union-attr]
         _ts(job.accepted_at), _ts(job.placed_at), _ts(job.started_at), _ts(job.ended_at),
