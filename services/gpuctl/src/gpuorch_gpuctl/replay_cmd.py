@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpuorch_gpuctl.errors import fail
 from gpuorch_gpuctl.terminal_text import cell
 
 CURVE_POINTS = tuple(range(0, 131, 10))
@@ -342,7 +343,9 @@ def replay(
             console.print(f"{len(records)} placement records, {len(problems)} capacity violations")
             for line in problems[:20]:
                 console.print(f"  {line}")
-        raise typer.Exit(1 if problems else 0)
+        if problems:
+            fail(f"{len(problems)} capacity violations in {len(records)} placement records")
+        return
     if mode == "jobs":
         with err.status("replaying jobs through the scheduler ..."):
             summary = run_jobs(nodes_lines, pods_lines, policy, compression, load, tune, parse_seeds(seeds)[0])
