@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpuorch_settings import ServiceSettings, SettingsError, setting
+from gpuorch_settings import ProgramSettings, ServiceSettings, SettingsError, setting
 from pydantic import model_validator
 
 
@@ -78,3 +78,18 @@ def test_an_empty_variable_unsets_an_optional_setting_and_stays_empty_for_a_stri
     settings = Optional_.load({"GPUORCH_DATABASE_URL": "x", "GPUORCH_OTLP_ENDPOINT": "", "GPUORCH_AMQP_URL": ""})
     assert settings.otlp_endpoint is None and settings.amqp_url == ""
     assert Optional_.load({"GPUORCH_DATABASE_URL": "x", "GPUORCH_OTLP_ENDPOINT_X": ""}).endpoint == ""
+
+
+def test_a_program_without_a_settings_file_ignores_the_services_file(tmp_path: Path) -> None:
+    class Client(ProgramSettings):
+        file_variable = None
+
+        server: str = setting("EXAMPLE_SERVER", "http://default", "the server")
+
+    services_file = tmp_path / "scheduler.toml"
+    services_file.write_text("GPUORCH_TICK_S = 0.5\n")  # unknown to Client: an error if it were read
+    assert Client.load({"GPUORCH_CONFIG_FILE": str(services_file), "EXAMPLE_SERVER": "http://env"}).server == \
+        "http://env"
+    assert set(Client.model_fields) == {"server"}  # no log level, no collector: those are the services'
+    assert Client.environment_help().splitlines()[0] == "environment variables:"
+    assert Example.load({"GPUORCH_DATABASE_URL": "x", "GPUORCH_CONFIG_FILE": str(services_file)}).tick_s == 0.5

@@ -81,6 +81,7 @@ def test_a_team_member_submits_watches_reads_logs_and_cancels(gpuctl: Gpuctl, li
 
     rejected = gpuctl("submit", "--gpus", "20", "--wait", "--", "python", "-c", "pass")
     assert rejected.exit_code == 1 and "can never fit" in rejected.stderr
+    assert rejected.stderr.splitlines()[-1].startswith(f"gpuctl: job {rejected.stdout.strip()} rejected: ")
     too_big = gpuctl.json("describe", rejected.stdout.strip())
     assert too_big["spec"]["resources"]["gpus"] == 20 and "20 GPUs" in too_big["reason"]  # type: ignore[index]
     assert gpuctl("submit", "--tenant", "research", "--", "python", "-c", "pass").exit_code == 1  # 403

@@ -9,6 +9,10 @@ to last wins:
    environment variable names, e.g. ``GPUORCH_TICK_S = 0.5``, or the field names);
 3. the environment (or, in tests, a mapping given to ``load``).
 
+A program that is not a service (``gpuctl``) subclasses ``ProgramSettings``: the same sources, validation and
+help, without the services' log level and collector, and with ``file_variable = None`` when it reads no settings
+file (``GPUORCH_CONFIG_FILE`` set for a service in the same shell is then not its business).
+
 Values are validated (types, bounds, the class's own validators); ``load_or_exit`` prints every problem on one
 line each, naming the variable and the value it got (``GPUORCH_METRICS_PORT: Input should be a valid integer ...
 (got 'abc')``), and exits 2, as argparse does for a bad flag. ``--help`` lists every variable with its default
@@ -26,7 +30,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import AliasChoices, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
@@ -35,7 +39,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 CONFIG_FILE_VARIABLE = "GPUORCH_CONFIG_FILE"
 _SOURCES: ContextVar[tuple[Mapping[str, str] | None, Path | None]] = ContextVar("gpuorch_settings_sources",
                                                                                default=(None, None))
-S = TypeVar("S", bound="ServiceSettings")
+S = TypeVar("S", bound="ProgramSettings")
 
 
 class SettingsError(ValueError):
@@ -109,17 +113,13 @@ class _FileSource(PydanticBaseSettingsSource):
         return {by_name[k]: v for k, v in data.items()}
 
 
-class ServiceSettings(BaseSettings):
-    """Base of every service's settings (see the module doc), with what every service reads: its log level and
-    its OTLP collector. Frozen once loaded."""
+class ProgramSettings(BaseSettings):
+    """Base of a program's settings (see the module doc): sources, validation and ``--help`` text, no fields.
+    Frozen once loaded. ``file_variable``: the variable that names a settings file, None for none."""
 
     model_config = SettingsConfigDict(frozen=True, populate_by_name=True, extra="ignore", case_sensitive=True,
                                       validate_default=True)
-
-    log_level: str = setting("GPUORCH_LOG_LEVEL", "INFO", "log level: DEBUG, INFO, WARNING, ERROR")
-    otlp_endpoint: str | None = setting("GPUORCH_OTLP_ENDPOINT", None, "OTLP/HTTP collector URL, e.g. "
-                                        "http://jaeger:4318 (an alias of OTEL_EXPORTER_OTLP_ENDPOINT; the OTEL_* "
-                                        "variables are read too)")
+    file_variable: ClassVar[str | None] = CONFIG_FILE_VARIABLE
 
     @field_validator("*", mode="before")
     @classmethod
@@ -147,7 +147,7 @@ class ServiceSettings(BaseSettings):
         """Settings from ``env`` (default: the process environment) over ``file`` (default: the file named by
         ``GPUORCH_CONFIG_FILE`` there, if any) over the defaults. Raises ``SettingsError``."""
         variables = os.environ if env is None else env
-        named = file or variables.get(CONFIG_FILE_VARIABLE) or None
+        named = file or (variables.get(cls.file_variable) if cls.file_variable else None) or None
         token = _SOURCES.set((env, Path(named) if named else None))
         try:
             return cls()
@@ -159,12 +159,22 @@ class ServiceSettings(BaseSettings):
     @classmethod
     def environment_help(cls) -> str:
         """``--help``'s list of variables: name, default, meaning."""
-        lines = ["environment variables (or keys of the --config / GPUORCH_CONFIG_FILE file, TOML or JSON):"]
+        lines = [f"environment variables (or keys of the --config / {cls.file_variable} file, TOML or JSON):"
+                 if cls.file_variable else "environment variables:"]
         for name, info in cls.model_fields.items():
             default = "required" if info.is_required() else "default: computed" if info.default_factory \
                 else f"default: {_shown(info.default)}"
             lines.append(f"  {variable_of(info, name):<36} {info.description or name} ({default})")
         return "\n".join(lines)
+
+
+class ServiceSettings(ProgramSettings):
+    """Base of every service's settings, with what every service reads: its log level and its OTLP collector."""
+
+    log_level: str = setting("GPUORCH_LOG_LEVEL", "INFO", "log level: DEBUG, INFO, WARNING, ERROR")
+    otlp_endpoint: str | None = setting("GPUORCH_OTLP_ENDPOINT", None, "OTLP/HTTP collector URL, e.g. "
+                                        "http://jaeger:4318 (an alias of OTEL_EXPORTER_OTLP_ENDPOINT; the OTEL_* "
+                                        "variables are read too)")
 
 
 def load_or_exit(cls: type[S], argv: Sequence[str] | None, *, prog: str, description: str,
@@ -185,7 +195,7 @@ def load_or_exit(cls: type[S], argv: Sequence[str] | None, *, prog: str, descrip
         parser.error("invalid settings:\n  " + "\n  ".join(exc.problems))
 
 
-def _describe(cls: type[ServiceSettings], error: Any) -> str:
+def _describe(cls: type[ProgramSettings], error: Any) -> str:
     loc = error.get("loc") or ()
     if not loc:  # a model validator's: its message names the variables
         return str(error.get("msg", "invalid settings")).removeprefix("Value error, ")
@@ -207,4 +217,5 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["CONFIG_FILE_VARIABLE", "ServiceSettings", "SettingsError", "load_or_exit", "setting", "variable_of"]
+__all__ = ["CONFIG_FILE_VARIABLE", "ProgramSettings", "ServiceSettings", "SettingsError", "load_or_exit", "setting",
+           "variable_of"]

@@ -1,4 +1,5 @@
-"""gpuctl's client of the gpuorch API (services/api): one request per call, errors as one line and an exit code.
+"""gpuctl's client of the gpuorch API (services/api): one request per call, errors as one line and an exit code
+(errors.py: ``fail``).
 
     ApiClient(endpoint).get("/api/v1/jobs", state="queued") -> decoded JSON
         API unreachable                  -> "gpuctl: cannot reach the gpuorch API at URL: ..."  exit 1
@@ -9,22 +10,16 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import Any
 
 import httpx
-import typer
 
 from gpuorch_gpuctl.contexts import Endpoint, context_endpoint, explicit_endpoint
+from gpuorch_gpuctl.errors import USAGE, fail
+from gpuorch_gpuctl.settings import this_run
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    """Print one line on stderr and exit with ``code`` (no traceback)."""
-    print(f"gpuctl: {' '.join(message.split())}", file=sys.stderr)
-    raise typer.Exit(code)
 
 
 class ApiClient:
@@ -50,11 +45,11 @@ class ApiClient:
         try:
             response = self.http.get(path)
         except httpx.HTTPError as exc:
-            self._unreachable(exc)
+            fail(self._unreachable(exc))
         if response.status_code == 404:
             return None
         if response.status_code >= 400:
-            self._raise_for(response)
+            fail(*self._refusal(response))
         return self._json(response)
 
     def post(self, path: str, body: Any = None) -> Any:
@@ -67,11 +62,11 @@ class ApiClient:
         try:
             response = self.http.send(request, stream=True)
         except httpx.HTTPError as exc:
-            self._unreachable(exc)
+            fail(self._unreachable(exc))
         try:
             if response.status_code >= 400:
                 response.read()
-                self._raise_for(response)
+                fail(*self._refusal(response))
             yield from response.iter_lines()
         except httpx.HTTPError as exc:
             fail(f"the stream from {self.endpoint.server} broke: {exc}")
@@ -82,23 +77,25 @@ class ApiClient:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            self._unreachable(exc)
+            fail(self._unreachable(exc))
         if response.status_code >= 400:
-            self._raise_for(response)
+            fail(*self._refusal(response))
         return response
 
-    def _unreachable(self, exc: Exception) -> NoReturn:
+    def _unreachable(self, exc: Exception) -> str:
+        """The error for an API out of reach (exit 1)."""
         where = f"context {self.endpoint.context}: " if self.endpoint.context else ""
-        fail(f"cannot reach the gpuorch API at {where}{self.endpoint.server}: {type(exc).__name__}: {exc}")
+        return f"cannot reach the gpuorch API at {where}{self.endpoint.server}: {type(exc).__name__}: {exc}"
 
-    def _raise_for(self, response: httpx.Response) -> NoReturn:
+    def _refusal(self, response: httpx.Response) -> tuple[str, int]:
+        """The error and exit code for an answer >= 400 (the module doc's table)."""
         try:
             message = response.json().get("error") or response.text
         except ValueError:
             message = response.text or response.reason_phrase
         if response.status_code == 401 and not self.endpoint.token:
             message += " (set a token: gpuctl config set-context ... --token, or GPUCTL_TOKEN)"
-        fail(f"{message} (HTTP {response.status_code})", 2 if response.status_code in (400, 422) else 1)
+        return f"{message} (HTTP {response.status_code})", USAGE if response.status_code in (400, 422) else 1
 
     @staticmethod
     def _json(response: httpx.Response) -> Any:
@@ -115,7 +112,8 @@ def _clean(params: dict[str, Any]) -> dict[str, Any]:
 def api() -> ApiClient:
     """The API this run talks to (contexts.py: options, environment, config file), or a one-line error saying
     how to name one."""
-    endpoint = explicit_endpoint() or context_endpoint()
+    run = this_run()
+    endpoint = explicit_endpoint(run) or context_endpoint(run)
     if endpoint is None:
         fail("no gpuorch API configured: gpuctl config set-context NAME --server URL --token TOKEN "
              "(or --server/GPUCTL_SERVER; `gpuctl demo --keep` writes a context)")
@@ -125,7 +123,7 @@ def api() -> ApiClient:
 def api_or_dsn(direct: str | None) -> ApiClient | str:
     """An API named explicitly (``--server``, ``--context``, ``GPUCTL_SERVER``), else ``direct`` when given (a
     ``--dsn`` or ``--amqp-url``: the direct path for scripts, decision 31), else the current context's API."""
-    endpoint = explicit_endpoint()
+    endpoint = explicit_endpoint(this_run())
     if endpoint is not None:
         return ApiClient(endpoint)
     if direct:

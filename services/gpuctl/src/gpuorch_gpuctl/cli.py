@@ -7,15 +7,15 @@ Two paths stay direct: operators' ``db`` and ``replay`` hold a database DSN, and
 URL) without an API named still reads the read models or talks to the broker directly, for scripts written before
 the API (decision 31).
 
-Every command has ``--json``; listings also ``-o json|yaml|wide`` and ``--no-headers``. Errors are one line on
-stderr: exit 1 (API unreachable, refused, not found), 2 (a bad value such as ``--state bogus``).
+Every command has ``--json``; listings also ``-o json|yaml|wide`` and ``--no-headers``. Errors follow errors.py:
+one ``gpuctl: ...`` line on stderr, exit 1 (API unreachable, refused, not found), 2 (a bad request; a bad option
+value such as ``--state bogus`` is typer's usage error). The environment gpuctl reads: settings.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -29,13 +29,15 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuorch_gpuctl import jobs_view
-from gpuorch_gpuctl.api_client import ApiClient, api, api_or_dsn, fail
-from gpuorch_gpuctl.contexts import SELECTION, config_app, context_endpoint, explicit_endpoint
+from gpuorch_gpuctl.api_client import ApiClient, api, api_or_dsn
+from gpuorch_gpuctl.contexts import config_app, context_endpoint, explicit_endpoint
 from gpuorch_gpuctl.demo_cmd import demo, down
 from gpuorch_gpuctl.dlq_cmd import dlq_app
+from gpuorch_gpuctl.errors import USAGE, error_line, fail
 from gpuorch_gpuctl.output import Column, Format, JsonOpt, NoHeadersOpt, OutputOpt, chosen, dump, emit
 from gpuorch_gpuctl.output import console as output_console
 from gpuorch_gpuctl.schema_cmd import schema_app
+from gpuorch_gpuctl.settings import GpuctlSettings, Run, load_settings, start_run, this_run
 from gpuorch_gpuctl.setup_cmd import setup_app
 from gpuorch_gpuctl.terminal_text import cell, log_output, markup
 from gpuorch_gpuctl.top_cmd import top
@@ -43,6 +45,7 @@ from gpuorch_gpuctl.up_cmd import up
 from gpuorch_gpuctl.watch import job_row_line, sse_events, state_after
 
 app = typer.Typer(help="gpuctl: submit, watch, inspect and cancel gpuorch jobs (through the gpuorch API).",
+                  epilog=GpuctlSettings.environment_help(),
                   no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(config_app, name="config")
 app.add_typer(dlq_app, name="dlq")
@@ -57,7 +60,8 @@ console = output_console()
 """stdout: as wide as a line needs when piped (tables are never cut to 80 columns)."""
 err = Console(stderr=True, emoji=False)
 
-AMQP_URL = os.environ.get("GPUORCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+LOCAL_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+"""The broker of ``submit --dsn`` without ``--amqp-url`` (that option's own fallback is GPUORCH_AMQP_URL)."""
 
 AmqpOpt = Annotated[str | None, typer.Option("--amqp-url", envvar="GPUORCH_AMQP_URL",
                                              help="publish to RabbitMQ directly (no API; for old scripts)")]
@@ -78,6 +82,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main_options(
+    ctx: typer.Context,
     server: Annotated[str | None, typer.Option("--server", "-s", help="API base URL (else GPUCTL_SERVER, "
                                                "else the current context)")] = None,
     token: Annotated[str | None, typer.Option("--token", help="API token (else GPUCTL_TOKEN, else the context's)",
@@ -87,7 +92,7 @@ def main_options(
                                           help="print gpuctl's version")] = False,
 ) -> None:
     """gpuctl talks to the gpuorch API of the current context: gpuctl config set-context NAME --server URL."""
-    SELECTION.server, SELECTION.token, SELECTION.context = server, token, context
+    start_run(ctx, Run(load_settings(), server, token, context))
 
 
 def _read_spec_file(path: Path) -> dict[str, Any]:
@@ -97,11 +102,11 @@ def _read_spec_file(path: Path) -> dict[str, Any]:
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
-        fail(f"cannot read job file {path}: {exc}", 2)
+        raise typer.BadParameter(f"cannot read job file {path}: {exc}", param_hint="--file") from exc
     if isinstance(document, dict) and isinstance(document.get("spec"), dict):
         document = document["spec"]
     if not isinstance(document, dict):
-        fail(f"job file {path}: expected a mapping (the SubmitJob spec)", 2)
+        raise typer.BadParameter(f"job file {path}: expected a mapping (the SubmitJob spec)", param_hint="--file")
     return document
 
 
@@ -161,9 +166,9 @@ def submit(
     try:
         checked = JobSpec.model_validate(spec)
     except ValueError as exc:
-        fail(f"invalid job: {exc}", 2)
-    if explicit_endpoint() is None and (amqp_url or dsn) and context_endpoint() is None:
-        _submit_direct(checked, amqp_url or AMQP_URL, dsn, wait, as_json)
+        fail(f"invalid job: {exc}", USAGE)
+    if _direct(amqp_url or dsn):
+        _submit_direct(checked, amqp_url or LOCAL_AMQP_URL, dsn, wait, as_json)
         return
     with api() as client:
         answer = client.post("/api/v1/jobs", {"spec": spec})
@@ -172,10 +177,23 @@ def submit(
             print(json.dumps({"job_id": job_id}) if as_json else job_id)
             return
         job = _wait_for_end(client, job_id, timeout)
+    _report_end(job_id, job, as_json)
+
+
+def _direct(address: str | None) -> bool:
+    """The pre-API path: a broker or database address given, and no API named or configured (decision 31)."""
+    run = this_run()
+    return bool(address) and explicit_endpoint(run) is None and context_endpoint(run) is None
+
+
+def _report_end(job_id: str, job: dict[str, Any], as_json: bool) -> None:
+    """``submit --wait``'s last words: the job id (``--json``: the job), then, unless the job succeeded, one line
+    and the job's own exit code (1 without one)."""
     print(json.dumps(job, default=str) if as_json else job_id)
-    if job["state"] == "rejected":
-        err.print(f"[red]rejected:[/red] {markup(job.get('reason') or 'no reason given')}")
-    raise typer.Exit(job.get("exit_code") or (0 if job["state"] == "succeeded" else 1))
+    if job["state"] != "succeeded":
+        code = job.get("exit_code")
+        fail(f"job {job_id} {job['state']}: {job.get('reason') or 'no reason given'}"
+             + (f" (exit code {code})" if code is not None else ""), code or 1)
 
 
 def _wait_for_end(client: ApiClient, job_id: str, timeout_s: float) -> dict[str, Any]:
@@ -201,25 +219,22 @@ def _submit_direct(spec: Any, amqp_url: str, dsn: str | None, wait: bool, as_jso
     from gpuorch_contracts import SubmitJob
 
     message = SubmitJob(spec=spec, producer="gpuctl")
-    asyncio.run(_publish(amqp_url, message))
+    asyncio.run(_publish(amqp_url, message, this_run().settings.otlp_endpoint))
     if not wait:
         print(json.dumps({"job_id": str(message.job_id)}) if as_json else message.job_id)
         return
     row = asyncio.run(jobs_view.wait_for_end(dsn or jobs_view.DEFAULT_DSN, message.job_id,
                                              progress=lambda s: err.print(markup(s))))
-    print(json.dumps(row, default=str) if as_json else message.job_id)
-    if row["state"] == "rejected":
-        err.print(f"[red]rejected:[/red] {markup(row.get('reason') or 'no reason given')}")
-    raise typer.Exit(row.get("exit_code") or (0 if row["state"] == "succeeded" else 1))
+    _report_end(str(message.job_id), row, as_json)
 
 
-async def _publish(amqp_url: str, message: Any) -> None:
+async def _publish(amqp_url: str, message: Any, otlp_endpoint: str | None) -> None:
     """Publish with confirms inside a ``gpuctl <type>`` span: the root of the job's trace in Jaeger."""
     from gpuorch_messaging import Broker, PublishError, TopologyMissing
     from gpuorch_observability import configure_tracing, tracer
     from opentelemetry import trace
 
-    configure_tracing("gpuctl", os.environ.get("GPUORCH_OTLP_ENDPOINT"))
+    configure_tracing("gpuctl", otlp_endpoint)
     # a submit-only broker user (gpuctl-submit) may not declare exchanges: look them up only
     broker = Broker(amqp_url, producer="gpuctl", publish_timeout_s=15, declare_topology=False, topology_wait_s=5)
     try:
@@ -245,11 +260,12 @@ def cancel(
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel a job (a running job gets its checkpoint signal, then is stopped)."""
-    if explicit_endpoint() is None and amqp_url and dsn and context_endpoint() is None:
+    if amqp_url and dsn and _direct(amqp_url):
         from gpuorch_contracts import CancelJob
 
         full = asyncio.run(jobs_view.resolve_id(dsn, job_id))
-        asyncio.run(_publish(amqp_url, CancelJob(job_id=full, reason=reason, producer="gpuctl")))
+        asyncio.run(_publish(amqp_url, CancelJob(job_id=full, reason=reason, producer="gpuctl"),
+                             this_run().settings.otlp_endpoint))
         full_id = str(full)
     else:
         with api() as client:
@@ -301,6 +317,8 @@ def jobs(
     """List jobs, newest first: state, node, exit code, and why a waiting job waits."""
     fmt = chosen(output, as_json)
     target = api_or_dsn(dsn)
+    if watch and isinstance(target, str):
+        fail("-w needs the API (a context or --server), not --dsn", USAGE)
     if isinstance(target, str):
         rows = asyncio.run(jobs_view.list_jobs(target, state=state.value if state else None, limit=limit))
         listed = [jobs_view.public_row(r) for r in rows if tenant is None or r["tenant"] == tenant]
@@ -308,9 +326,7 @@ def jobs(
         listed = target.get("/api/v1/jobs", state=state.value if state else None, tenant=tenant,
                             tier=tier.value if tier else None, limit=limit)
     emit(listed, JOB_COLUMNS, fmt, no_headers=no_headers, out=console)
-    if watch:
-        if isinstance(target, str):
-            fail("-w needs the API (a context or --server), not --dsn")
+    if watch and not isinstance(target, str):
         _watch_jobs(target, fmt, timeout, state.value if state else None)
 
 
@@ -522,7 +538,7 @@ def events(
 ) -> None:
     """Events of your tenants' jobs and of the fleet: a job's timeline (--job), live ones (--follow)."""
     if not follow and job is None:
-        fail("give --follow (live events) or --job ID (a job's timeline)", 2)
+        fail("give --follow (live events) or --job ID (a job's timeline)", USAGE)
     with api() as client:
         job_id = None
         if job is not None:
@@ -602,8 +618,8 @@ _register_optional_commands()
 
 
 def main() -> None:
-    """The ``gpuctl`` script: the app, with an unreachable server (API, database, broker) reported as one line and
-    exit 1 instead of a traceback."""
+    """The ``gpuctl`` script: the app, with a server out of reach (API, database, broker) that no command caught
+    reported as errors.py says (one line, exit 1) instead of a traceback."""
     import logging
 
     import aiormq.exceptions
@@ -614,6 +630,6 @@ def main() -> None:
         app(standalone_mode=True)
     except (OSError, ConnectionError, TimeoutError, asyncpg.PostgresError,
             aiormq.exceptions.AMQPConnectionError) as exc:
-        print(f"gpuctl: cannot reach a server this command needs: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(error_line(f"cannot reach a server this command needs: {type(exc).__name__}: {exc}"), file=sys.stderr)
         sys.exit(1)
 

@@ -11,7 +11,8 @@
         the config file's current context
     the token: --token, GPUCTL_TOKEN, the context's token
 
-The file holds tokens: it is written with mode 0600.
+The file holds tokens: it is written with mode 0600. The options and variables come from the run
+(settings.py: ``this_run()``); the functions here take them as arguments.
 """
 
 from __future__ import annotations
@@ -24,28 +25,26 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from gpuorch_gpuctl.errors import USAGE, fail
+from gpuorch_gpuctl.settings import Run, this_run
 
-def config_path() -> Path:
-    return Path(os.environ.get("GPUCTL_CONFIG") or Path.home() / ".config" / "gpuctl" / "config.yaml")
 
-
-def load_config(path: Path | None = None) -> dict[str, Any]:
-    """The config document (``{"current-context": ..., "contexts": {...}}``); empty when there is no file."""
-    path = path or config_path()
+def load_config(path: Path) -> dict[str, Any]:
+    """The config document (``{"current-context": ..., "contexts": {...}}``); empty when there is no file; a file
+    that is not one fails (exit 2)."""
     if not path.exists():
         return {"contexts": {}}
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise typer.BadParameter(f"cannot read {path}: {exc}") from exc
+        fail(f"cannot read {path}: {exc}", USAGE)
     if not isinstance(document, dict) or not isinstance(document.get("contexts", {}), dict):
-        raise typer.BadParameter(f"{path} is not a gpuctl config (expected 'contexts:' mapping)")
+        fail(f"{path} is not a gpuctl config (expected 'contexts:' mapping)", USAGE)
     document.setdefault("contexts", {})
     return document
 
 
-def save_config(document: dict[str, Any], path: Path | None = None) -> Path:
-    path = path or config_path()
+def save_config(document: dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -55,7 +54,7 @@ def save_config(document: dict[str, Any], path: Path | None = None) -> Path:
     return path
 
 
-def set_context(name: str, server: str, token: str | None, *, use: bool, path: Path | None = None) -> Path:
+def set_context(name: str, server: str, token: str | None, *, use: bool, path: Path) -> Path:
     document = load_config(path)
     entry: dict[str, Any] = {"server": server.rstrip("/")}
     if token:
@@ -68,48 +67,37 @@ def set_context(name: str, server: str, token: str | None, *, use: bool, path: P
 
 @dataclass(frozen=True)
 class Endpoint:
-    """An API to talk to: its base URL and the token to present (None: GPUCTL_TOKEN was not set either)."""
+    """An API to talk to: its base URL and the token to present (None: none was given or configured)."""
 
     server: str
     token: str | None
     context: str | None = None
 
 
-@dataclass
-class Selection:
-    """What the global options said (``gpuctl --server ... --token ... --context ...``)."""
-
-    server: str | None = None
-    token: str | None = None
-    context: str | None = None
-
-
-SELECTION = Selection()
-"""Set once per run by the app's callback."""
-
-
-def explicit_endpoint() -> Endpoint | None:
+def explicit_endpoint(run: Run) -> Endpoint | None:
     """An API named on the command line or by GPUCTL_SERVER (wins over a database DSN)."""
-    token = SELECTION.token or os.environ.get("GPUCTL_TOKEN") or None
-    if SELECTION.server:
-        return Endpoint(SELECTION.server.rstrip("/"), token)
-    if SELECTION.context:
-        return context_endpoint(SELECTION.context)
-    if os.environ.get("GPUCTL_SERVER"):
-        return Endpoint(os.environ["GPUCTL_SERVER"].rstrip("/"), token)
+    token = run.token or run.settings.token
+    if run.server:
+        return Endpoint(run.server.rstrip("/"), token)
+    if run.context:
+        return context_endpoint(run, run.context)
+    if run.settings.server:
+        return Endpoint(run.settings.server.rstrip("/"), token)
     return None
 
 
-def context_endpoint(name: str | None = None) -> Endpoint | None:
-    """The named context (or the current one) from the config file; None when there is none."""
-    document = load_config()
+def context_endpoint(run: Run, name: str | None = None) -> Endpoint | None:
+    """The named context (or the current one) from the run's config file; None when there is none; a name that
+    is not there fails (exit 1)."""
+    path = run.settings.config_path
+    document = load_config(path)
     name = name or document.get("current-context")
     if not name:
         return None
     entry = document["contexts"].get(name)
     if not isinstance(entry, dict) or not entry.get("server"):
-        raise typer.BadParameter(f"no context {name!r} in {config_path()} (gpuctl config get-contexts)")
-    token = SELECTION.token or os.environ.get("GPUCTL_TOKEN") or entry.get("token")
+        fail(f"no context {name!r} in {path} (gpuctl config get-contexts)")
+    token = run.token or run.settings.token or entry.get("token")
     return Endpoint(str(entry["server"]), token, name)
 
 
@@ -127,25 +115,26 @@ def set_context_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Add or replace a context (and make it the current one)."""
-    path = set_context(name, server, token, use=use)
+    path = set_context(name, server, token, use=use, path=this_run().settings.config_path)
     _say({"context": name, "server": server, "config": str(path)}, f"context {name} -> {server} ({path})", as_json)
 
 
 @config_app.command("use-context")
 def use_context_cmd(name: Annotated[str, typer.Argument(help="context name")], as_json: JsonOpt = False) -> None:
     """Make a context the current one."""
-    document = load_config()
+    path = this_run().settings.config_path
+    document = load_config(path)
     if name not in document["contexts"]:
-        raise typer.BadParameter(f"no context {name!r} in {config_path()}")
+        fail(f"no context {name!r} in {path} (gpuctl config get-contexts)")
     document["current-context"] = name
-    save_config(document)
+    save_config(document, path)
     _say({"current-context": name}, f"current context: {name}", as_json)
 
 
 @config_app.command("get-contexts")
 def get_contexts_cmd(as_json: JsonOpt = False) -> None:
     """List the contexts; the current one is marked with *."""
-    document = load_config()
+    document = load_config(this_run().settings.config_path)
     current = document.get("current-context")
     rows = [{"current": name == current, "name": name, "server": entry.get("server"),
              "token": "set" if entry.get("token") else "GPUCTL_TOKEN"}
@@ -163,9 +152,9 @@ def get_contexts_cmd(as_json: JsonOpt = False) -> None:
 @config_app.command("current-context")
 def current_context_cmd(as_json: JsonOpt = False) -> None:
     """Print the current context's name."""
-    current = load_config().get("current-context")
+    current = str(load_config(this_run().settings.config_path).get("current-context") or "")
     if not current:
-        raise typer.BadParameter("no current context (gpuctl config set-context NAME --server URL)")
+        fail("no current context (gpuctl config set-context NAME --server URL)")
     _say({"current-context": current}, current, as_json)
 
 

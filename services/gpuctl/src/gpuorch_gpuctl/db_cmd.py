@@ -1,7 +1,8 @@
 """``gpuctl db``: create the database if needed, apply migrations, and show their status.
 
 Mounted by the CLI as ``app.add_typer(db_app, name="db")``. Progress lines go to stderr; ``--json`` prints one
-JSON document on stdout. Exit codes: 0 done, 1 refused (files and database disagree) or database unreachable.
+JSON document on stdout. Errors as errors.py says: exit 1 when a migration is refused (files and database
+disagree) or the database is out of reach; ``db status`` prints the status first.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Annotated, Any
 import typer
 from gpuorch_store.migrations import MigrationError, ensure_database, migrate, status
 from gpuorch_store.outbox import outbox_backlog, parked_rows
+
+from gpuorch_gpuctl.errors import fail
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/gpuorch"
 PARKED_SHOWN = 5
@@ -35,11 +38,6 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _fail(message: str) -> typer.Exit:
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    return typer.Exit(code=1)
 
 
 @db_app.command("migrate")
@@ -71,15 +69,16 @@ def migrate_command(
 def _run(work: Callable[[], Coroutine[Any, Any, dict[str, Any]]]) -> dict[str, Any]:
     """Run a database command; a migration problem or an unreachable database exits with a clear message."""
     try:
-        return asyncio.run(work())
+        result = asyncio.run(work())
     except MigrationError as exc:
-        raise _fail(str(exc)) from exc
+        fail(str(exc))
     except (OSError, ValueError) as exc:
-        raise _fail(f"cannot reach the database: {exc}") from exc
+        fail(f"cannot reach the database: {exc}")
     except Exception as exc:
         if type(exc).__module__.startswith("asyncpg"):
-            raise _fail(f"{type(exc).__name__}: {exc}") from exc
+            fail(f"{type(exc).__name__}: {exc}")
         raise
+    return result
 
 
 @db_app.command("status")
@@ -131,5 +130,7 @@ def status_command(dsn: DsnOpt = DEFAULT_DSN, as_json: JsonOpt = False) -> None:
         for p in outbox["newest_parked"]:
             print(f"  parked {p['parked_at']}  {p['type']} {p['message_id']} -> {p['exchange']}/{p['routing_key']}"
                   f" after {p['attempts']} attempts: {p['reason']}")
-    if any(r["state"] in ("changed", "file-missing") for r in result["migrations"]):
-        raise typer.Exit(code=1)
+    disagree = [f"{r['version']:04d} {r['state']}" for r in result["migrations"]
+                if r["state"] in ("changed", "file-missing")]
+    if disagree:
+        fail(f"the migration files and the database disagree: {', '.join(disagree)}")

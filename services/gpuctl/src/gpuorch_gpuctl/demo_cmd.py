@@ -5,15 +5,14 @@ the API (with the dashboard), all on a fresh RabbitMQ vhost and a fresh PostgreS
 workload through the API (multi-GPU training on NVLinked GPUs, inference on GPU shares, batch work, a job that
 fails, one that can never fit); shows progress live; prints the outcome; and stops every process it started, or
 with ``--keep`` leaves them running and writes the gpuctl context ``demo`` (operator token) so that ``gpuctl jobs``,
-``gpuctl top`` and the dashboard work with no flags; ``gpuctl down`` stops them.
+``gpuctl top`` and the dashboard work with no flags; ``gpuctl down`` stops them. Its vhost, database and the
+management API it creates the vhost with are settings (settings.py: GPUORCH_DEMO_*, GPUORCH_AMQP_ADMIN).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -24,7 +23,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from gpuorch_gpuctl.contexts import config_path, load_config, save_config, set_context
+from gpuorch_gpuctl.contexts import load_config, save_config, set_context
+from gpuorch_gpuctl.errors import fail
+from gpuorch_gpuctl.settings import this_run
 from gpuorch_gpuctl.stack import LocalStack, SimNode, free_port
 from gpuorch_gpuctl.terminal_text import cell, markup
 
@@ -84,10 +85,11 @@ async def _fresh_database(database_url: str) -> None:
         await admin.close()
 
 
-def _fresh_vhost(vhost: str) -> bool:
+def _fresh_vhost(api: str, vhost: str) -> bool:
+    """Empty ``vhost`` through the management API ``api``; False when that cannot be done (the demo then uses the
+    default vhost)."""
     import httpx
 
-    api = os.environ.get("GPUORCH_AMQP_ADMIN", "http://127.0.0.1:15672")
     try:
         httpx.delete(f"{api}/api/vhosts/{vhost}", auth=("guest", "guest"), timeout=10)
         httpx.put(f"{api}/api/vhosts/{vhost}", auth=("guest", "guest"), timeout=10).raise_for_status()
@@ -129,8 +131,11 @@ def _submit_all(api_url: str, token: str, workload: list[dict[str, Any]]) -> dic
         for item in workload:
             fields = {k: v for k, v in item.items() if k not in ("argv", "env")}
             spec = {**fields, "run": {"runtime": "process", "argv": item["argv"], "env": item["env"]}}
-            answer = http.post("/api/v1/jobs", json={"spec": spec})
-            answer.raise_for_status()
+            try:
+                answer = http.post("/api/v1/jobs", json={"spec": spec})
+                answer.raise_for_status()
+            except httpx.HTTPError as exc:
+                fail(f"the demo's API did not take job {item['name']}: {type(exc).__name__}: {exc}")
             ids[uuid.UUID(answer.json()["job_id"])] = item["name"]
     return ids
 
@@ -228,10 +233,10 @@ def demo(
 ) -> None:
     """Run a simulated 3-node fleet with a mixed workload of real processes, then stop everything (or --keep)."""
     started = time.monotonic()
-    vhost = os.environ.get("GPUORCH_DEMO_VHOST", "gpuorch-demo")
-    have_vhost = _fresh_vhost(vhost)
+    settings = this_run().settings
+    vhost, database_url = settings.demo_vhost, settings.demo_database_url
+    have_vhost = _fresh_vhost(settings.amqp_admin, vhost)
     amqp_url = f"amqp://guest:guest@127.0.0.1:5672/{vhost if have_vhost else ''}"
-    database_url = os.environ.get("GPUORCH_DEMO_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/gpuorch_demo")
     asyncio.run(_fresh_database(database_url))
     root = root.resolve()
     if root.exists():
@@ -260,14 +265,14 @@ def demo(
         console.print(f"[bold]starting services[/bold] (logs in {root / 'logs'})")
         console.print("[yellow]unsandboxed:[/yellow] the demo's jobs run as your own user "
                       "(GPUORCH_EXECUTOR_UNSANDBOXED=1, logged by the executor); gpuctl up sandboxes them")
-        stack.start_all()
         try:
+            stack.start_all()
             asyncio.run(_wait_for_scheduler(database_url, len(DEMO_NODES), 45))
-        except TimeoutError as exc:
+            api_url = stack.start_api(port=api_port if api_port and _port_free(api_port) else free_port())
+        except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
             for name in stack.processes:
                 console.print(f"[red]--- {name} ---[/red]\n{markup(stack.tail(name))}")
-            raise typer.Exit(1) from exc
-        api_url = stack.start_api(port=api_port if api_port and _port_free(api_port) else free_port())
+            fail(f"the demo's services did not start: {exc} (logs in {root / 'logs'})")
         console.print(f"[bold]dashboard:[/bold] {api_url}/  (token for the login field: "
                       f"{tokens['demo-operator']}; per team: " + ", ".join(
                           f"{name} {token}" for name, token in tokens.items() if name != "demo-operator") + ")")
@@ -301,8 +306,8 @@ def demo(
                    "capacity_advice": scaling, "api_url": api_url}
         if keep:
             record = stack.keep()
-            set_context("demo", api_url, tokens["demo-operator"], use=True)
-            _remember_stack(record)
+            set_context("demo", api_url, tokens["demo-operator"], use=True, path=settings.config_path)
+            _remember_stack(record, settings.config_path)
     console.print(f"[bold]done in {outcome['seconds']}s:[/bold] " + ", ".join(f"{v} {k}" for k, v in counts.items())
                   + f"; nodes used: {cell(', '.join(nodes_used))}")
     if outcome.get("advice"):
@@ -318,7 +323,7 @@ def demo(
                       f"{item['desired_nodes']} node(s): {cell(item['reason'])}")
     if keep:
         console.print(f"the stack keeps running: dashboard {outcome['api_url']}/ ; gpuctl context 'demo' "
-                      f"({config_path()}): try  uv run gpuctl jobs ,  uv run gpuctl top ,  uv run gpuctl nodes ;  "
+                      f"({settings.config_path}): try  uv run gpuctl jobs ,  uv run gpuctl top ,  uv run gpuctl nodes ;  "
                       "uv run gpuctl down  stops it")
     else:
         console.print("the stack was stopped (gpuctl demo --keep leaves it running, with the dashboard)")
@@ -329,8 +334,8 @@ def demo(
     if as_json:
         print(json.dumps(outcome))
     if counts.get("succeeded", 0) < 10 or len(nodes_used) < 3:
-        console.print("[red]the demo expected at least 10 succeeded jobs on 3 nodes[/red]")
-        raise typer.Exit(1)
+        fail(f"the demo expected at least 10 succeeded jobs on 3 nodes: {counts.get('succeeded', 0)} on "
+             f"{len(nodes_used)}")
 
 
 def _port_free(port: int) -> bool:
@@ -344,11 +349,11 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _remember_stack(record: Path) -> None:
-    """Note in the demo context where its stack is recorded, for ``gpuctl down``."""
-    document = load_config()
+def _remember_stack(record: Path, config: Path) -> None:
+    """Note in the demo context of ``config`` where its stack is recorded, for ``gpuctl down``."""
+    document = load_config(config)
     document["contexts"]["demo"]["stack"] = str(record)
-    save_config(document)
+    save_config(document, config)
 
 
 def down(
@@ -360,14 +365,13 @@ def down(
     if root is not None:
         record = root.resolve() / "stack.json"
     else:
-        document = load_config()
+        document = load_config(this_run().settings.config_path)
         contexts = document["contexts"]
         entry = contexts.get(document.get("current-context") or "") or {}
         entry = entry if entry.get("stack") else contexts.get("demo") or {}
         record = Path(entry.get("stack") or "var/demo/stack.json").resolve()
     if not record.exists():
-        print(f"gpuctl: no running demo stack recorded at {record}", file=sys.stderr)
-        raise typer.Exit(1)
+        fail(f"no running demo stack recorded at {record}")
     stopped = LocalStack.stop_recorded(record)
     if as_json:
         print(json.dumps({"stopped": stopped, "record": str(record)}))

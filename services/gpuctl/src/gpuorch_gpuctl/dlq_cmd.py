@@ -20,7 +20,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuorch_gpuctl.api_client import api_or_dsn, fail
+from gpuorch_gpuctl.api_client import api_or_dsn
+from gpuorch_gpuctl.errors import fail
 from gpuorch_gpuctl.terminal_text import cell
 
 dlq_app = typer.Typer(help="Inspect and replay dead-lettered messages (operators).", no_args_is_help=True)

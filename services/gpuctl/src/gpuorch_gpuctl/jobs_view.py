@@ -1,5 +1,7 @@
 """Read-only queries over the scheduler's read models (``jobs``, ``nodes``): gpuctl's direct path, taken only with an
-explicit ``--dsn``/``GPUORCH_DATABASE_URL`` and no API context (scripts written before the API; decision 31)."""
+explicit ``--dsn``/``GPUORCH_DATABASE_URL`` and no API context (scripts written before the API; decision 31).
+Errors as errors.py says, exit 1 as through the API: a database out of reach, no job or several for an id prefix, a
+timeout."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncpg
-import typer
+
+from gpuorch_gpuctl.errors import fail
 
 TERMINAL = ("succeeded", "failed", "cancelled", "rejected")
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/gpuorch"
@@ -20,7 +23,7 @@ async def _connect(dsn: str) -> Any:
     try:
         return await asyncpg.connect(dsn, timeout=10)
     except (OSError, asyncpg.PostgresError) as exc:
-        raise typer.BadParameter(f"cannot read {dsn.split('@')[-1]}: {exc}") from exc
+        fail(f"cannot reach the database at {dsn.split('@')[-1]}: {type(exc).__name__}: {exc}")
 
 
 async def resolve_id(dsn: str, prefix: str) -> uuid.UUID:
@@ -31,9 +34,9 @@ async def resolve_id(dsn: str, prefix: str) -> uuid.UUID:
     finally:
         await conn.close()
     if not rows:
-        raise typer.BadParameter(f"no job {prefix!r}")
+        fail(f"no job {prefix!r}")
     if len(rows) > 1:
-        raise typer.BadParameter(f"{prefix!r} matches several jobs; give more characters")
+        fail(f"{prefix!r} matches several jobs; give more characters")
     return rows[0]["job_id"]  # type: ignore[no-any-return]
 
 
@@ -88,7 +91,7 @@ async def wait_for_end(dsn: str, job_id: uuid.UUID, *, progress: Callable[[str],
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while loop.time() < deadline:
+        while True:
             row = await conn.fetchrow("SELECT * FROM jobs WHERE job_id = $1", job_id)
             if row is not None:
                 summary = (row["state"], row["pending_reason"])
@@ -98,10 +101,11 @@ async def wait_for_end(dsn: str, job_id: uuid.UUID, *, progress: Callable[[str],
                     last = summary
                 if row["state"] in TERMINAL:
                     return dict(row)
+            if loop.time() > deadline:
+                fail(f"job {job_id} did not end within {timeout_s:.0f}s")
             await asyncio.sleep(0.3)
     finally:
         await conn.close()
-    raise typer.BadParameter(f"job {job_id} did not end within {timeout_s:.0f}s")
 
 
 def gpu_text(row: dict[str, Any]) -> str:

@@ -89,7 +89,7 @@ def plan(
     """Show the layout changes the MIG planner would make now, why, and which waiting jobs each would let start:
     the scheduler's plan (through the API), or with --dsn/--snapshot a what-if planned here with these settings."""
     if mode not in MIG_MODES:
-        raise typer.BadParameter(f"mode must be one of {', '.join(MIG_MODES)}")
+        raise typer.BadParameter(f"must be one of {', '.join(MIG_MODES)}", param_hint="--mode")
     if snapshot is None and dsn is None:
         _show_scheduler_plan(as_json)
         return
@@ -97,7 +97,7 @@ def plan(
         try:
             found = MigSnapshot.from_json(snapshot.read_text())
         except (OSError, ValueError) as exc:
-            raise typer.BadParameter(str(exc)) from exc
+            raise typer.BadParameter(str(exc), param_hint="--snapshot") from exc
     else:
         assert dsn is not None
         found = asyncio.run(read_snapshot(dsn))

@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpuorch_gpuctl.errors import fail
 from gpuorch_gpuctl.terminal_text import cell
 
 CURVE_POINTS = tuple(range(0, 131, 10))
@@ -51,20 +52,21 @@ def parse_seeds(text: str) -> list[int]:
             first, last = part.split("-", 1) if not part.startswith("-") else part[1:].split("-", 1)
             lo, hi = int(first), int(last)
             if hi < lo:
-                raise typer.BadParameter(f"seed range {part!r} runs backwards")
+                raise typer.BadParameter(f"seed range {part!r} runs backwards", param_hint="--seeds")
             seeds.extend(range(lo, hi + 1))
         else:
             seeds.append(int(part))
     if not seeds:
-        raise typer.BadParameter("no seeds given")
+        raise typer.BadParameter("no seeds given", param_hint="--seeds")
     return seeds
 
 
-def _read_csv(path: Path) -> list[str]:
+def _read_lines(path: Path, option: str) -> list[str]:
+    """The lines of the file an option names; one that cannot be read is that option's usage error."""
     try:
         return path.read_text().splitlines()
     except OSError as exc:
-        raise typer.BadParameter(f"cannot read {path}: {exc}") from exc
+        raise typer.BadParameter(f"cannot read {path}: {exc}", param_hint=option) from exc
 
 
 def _seed_summary(result: ReplayResult, points: tuple[int, ...] = CURVE_POINTS) -> dict[str, Any]:
@@ -315,21 +317,22 @@ def replay(
     """Replay a trace through the scheduler on its Harness (FGD paper protocol, or a job-level replay)."""
     console = Console(emoji=False)
     err = Console(stderr=True, emoji=False)
-    nodes_lines, pods_lines = _read_csv(nodes), _read_csv(pods)
+    nodes_lines, pods_lines = _read_lines(nodes, "--nodes"), _read_lines(pods, "--pods")
     if policy.lower() not in {p.lower() for p in policy_names()}:
-        raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(policy_names())}")
+        raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(policy_names())}",
+                                 param_hint="--policy")
     if variant:
         try:
             parse_variant(variant)
         except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from exc
+            raise typer.BadParameter(str(exc), param_hint="--variant") from exc
         if write_variant is not None:
             lines = to_csv_lines(make_variant(parse_tasks(pods_lines), parse_nodes(nodes_lines), variant, variant_seed))
             write_variant.write_text("\n".join(lines) + "\n")
             err.print(f"{len(lines) - 1} tasks of {variant} (seed {variant_seed}) written to {write_variant}")
             return
     if verify is not None:
-        records = [json.loads(line) for line in verify.read_text().splitlines() if line.strip()]
+        records = [json.loads(line) for line in _read_lines(verify, "--verify") if line.strip()]
         tasks = parse_tasks(pods_lines)
         if variant:
             tasks = make_variant(tasks, parse_nodes(nodes_lines), variant, variant_seed)
@@ -342,7 +345,9 @@ def replay(
             console.print(f"{len(records)} placement records, {len(problems)} capacity violations")
             for line in problems[:20]:
                 console.print(f"  {line}")
-        raise typer.Exit(1 if problems else 0)
+        if problems:
+            fail(f"{len(problems)} capacity violations in {len(records)} placement records")
+        return
     if mode == "jobs":
         with err.status("replaying jobs through the scheduler ..."):
             summary = run_jobs(nodes_lines, pods_lines, policy, compression, load, tune, parse_seeds(seeds)[0])
@@ -352,7 +357,7 @@ def replay(
             _print_jobs(console, summary)
         return
     if mode != "arrivals":
-        raise typer.BadParameter(f"unknown mode {mode!r}: arrivals or jobs")
+        raise typer.BadParameter(f"unknown mode {mode!r}: arrivals or jobs", param_hint="--mode")
     seed_list = parse_seeds(seeds)
     out = placements.open("w") if placements is not None else None
     try:

@@ -10,7 +10,7 @@ Runtime services only look these names up (``GPUORCH_BROKER_TOPOLOGY=passive``, 
 have no configure right (deploy/rabbitmq/make_definitions.py), so nothing shared can be declared, bound or deleted
 by them. Run it again after adding a node or a tenant (idempotent). Compose needs no run: RabbitMQ imports the same
 topology from deploy/rabbitmq/definitions.json at boot. Progress (one line per queue) goes to stderr; ``--json``
-prints one document on stdout. Exit 1 when the broker refuses or cannot be reached.
+prints one document on stdout. Exit 1 when the broker refuses or cannot be reached (errors.py).
 
 ``gpuctl setup logs-credential IDENTITY`` prints the log credential of one executor (``GPUORCH_LOGS_TOKEN`` on that
 node), derived from the API's issuing secret ``GPUORCH_LOGS_SECRET`` (``gpuorch_identity.log_credential``).
@@ -26,6 +26,8 @@ from typing import Annotated
 
 import aiormq.exceptions
 import typer
+
+from gpuorch_gpuctl.errors import fail
 
 setup_app = typer.Typer(help="Install-time setup: the broker topology, node log credentials.",
                         no_args_is_help=True)
@@ -80,8 +82,7 @@ def setup_broker(
     try:
         declared = asyncio.run(install(amqp_url, installation, on_declared=progress, connect_timeout_s=wait_s))
     except (ConnectionError, OSError, aiormq.exceptions.AMQPError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        raise typer.Exit(code=1) from exc
+        fail(str(exc))
     if as_json:
         print(json.dumps({"queues": declared, "tenants": sorted(tenants)}))
     else:

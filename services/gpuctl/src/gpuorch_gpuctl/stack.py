@@ -87,6 +87,9 @@ class LocalStack:
     _kept: bool = False
 
     def base_env(self) -> dict[str, str]:
+        """The services' environment: this process's whole environment handed on (the services read it through
+        their own settings classes), with this stack's addresses. Not a configuration read of gpuctl's (that is
+        settings.py): the ``env.get`` calls below only let a variable the caller set win over a local default."""
         env = dict(os.environ)
         env.update({
             "GPUORCH_AMQP_URL": self.amqp_url,

@@ -12,6 +12,10 @@
         could not enforce is printed at start (``isolation``). Not root: ``up`` refuses, unless ``--unsandboxed``
         (jobs then run as your user, which the executor logs at start and at every launch)
     the gpuctl context ``local`` (the operator's token) and the dashboard URL; ``gpuctl down --root <root>`` stops it
+
+The management API it creates the vhost and users with is a setting (settings.py: GPUORCH_AMQP_ADMIN), as is
+SUDO_USER, the default operator under sudo. What cannot be done (the management API refuses, a service does not
+start) fails as errors.py says, with the services' logs under <root>/logs.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from typing import Annotated, Any
 
 import typer
 
-from gpuorch_gpuctl.contexts import config_path, load_config, save_config, set_context
+from gpuorch_gpuctl.contexts import load_config, save_config, set_context
+from gpuorch_gpuctl.errors import fail
+from gpuorch_gpuctl.settings import this_run
 from gpuorch_gpuctl.stack import LocalStack, SimNode, free_port
 from gpuorch_gpuctl.team import TeamError, create_broker_users, team_identity_map
 
@@ -118,41 +124,48 @@ def up(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
 ) -> None:
     """Start every service on this host against its GPUs and leave them running (gpuctl down --root ROOT stops)."""
+    import httpx
+
+    settings = this_run().settings
     root = root.resolve()
     if (root / "stack.json").exists():
-        print(f"gpuctl: a stack is already recorded at {root / 'stack.json'} (gpuctl down --root {root})",
-              file=sys.stderr)
-        raise typer.Exit(1)
+        fail(f"a stack is already recorded at {root / 'stack.json'} (gpuctl down --root {root})")
     executor_env = sandbox_env(root, unsandboxed=unsandboxed, job_uids=job_uids)
-    admin_api = os.environ.get("GPUORCH_AMQP_ADMIN", "http://127.0.0.1:15672")
     node_id = socket.gethostname().split(".")[0].lower()
-    who = operator or os.environ.get("SUDO_USER") or getpass.getuser()
+    who = operator or settings.sudo_user or getpass.getuser()
     try:
         team = team_identity_map(root / "identity.json", operator=who, members=list(member or []), node_id=node_id)
     except TeamError as exc:
         raise typer.BadParameter(str(exc), param_hint="--member/--operator") from exc
-    _ensure_vhost(admin_api, vhost)
-    asyncio.run(_ensure_database(database_url))
-    urls = create_broker_users(admin_api, vhost, node_id)
+    try:
+        _ensure_vhost(settings.amqp_admin, vhost)
+        asyncio.run(_ensure_database(database_url))
+        urls = create_broker_users(settings.amqp_admin, vhost, node_id)
+    except httpx.HTTPError as exc:
+        fail(f"the RabbitMQ management API at {settings.amqp_admin} did not create the vhost and broker users: "
+             f"{type(exc).__name__}: {exc}")
     stack = LocalStack(root=root, amqp_url=f"amqp://guest:guest@127.0.0.1:5672/{vhost}", database_url=database_url,
                        nodes=[SimNode(node_id, "this-host", 0)], identity_map=team.identity_map,
                        extra_env={"GPUORCH_IDENTITY": "strict", "GPUORCH_EXECUTOR_ALLOW": allow})
     with stack:
-        stack.start_scheduler(GPUORCH_AMQP_URL=urls["scheduler"])
-        stack.start_executor(GPUORCH_AMQP_URL=urls[f"executor-{node_id}"], **executor_env)
-        stack.wait_for_queues(["scheduler", "scheduler.heartbeats", f"executor.{node_id}"])
-        isolation = executor_isolation(stack.processes["executor"].log_path)
-        stack.start_telemetry(GPUORCH_AMQP_URL=urls["telemetry"])
-        stack.wait_for_queues(["telemetry.samples"])
-        stack.start_node_agent(node_id, GPUORCH_AMQP_URL=urls[f"node-agent-{node_id}"], GPUORCH_NVML=nvml,
-                               GPUORCH_SIM_PROFILE=sim_profile)
-        url = stack.start_api(port=api_port or free_port(), GPUORCH_AMQP_URL=urls["api"])
+        try:
+            stack.start_scheduler(GPUORCH_AMQP_URL=urls["scheduler"])
+            stack.start_executor(GPUORCH_AMQP_URL=urls[f"executor-{node_id}"], **executor_env)
+            stack.wait_for_queues(["scheduler", "scheduler.heartbeats", f"executor.{node_id}"])
+            isolation = executor_isolation(stack.processes["executor"].log_path)
+            stack.start_telemetry(GPUORCH_AMQP_URL=urls["telemetry"])
+            stack.wait_for_queues(["telemetry.samples"])
+            stack.start_node_agent(node_id, GPUORCH_AMQP_URL=urls[f"node-agent-{node_id}"], GPUORCH_NVML=nvml,
+                                   GPUORCH_SIM_PROFILE=sim_profile)
+            url = stack.start_api(port=api_port or free_port(), GPUORCH_AMQP_URL=urls["api"])
+        except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+            fail(f"the services did not start: {exc} (logs in {root / 'logs'})")
         record = stack.keep()
     token = team.token(who)
-    set_context("local", url, token, use=True)
-    document = load_config()
+    set_context("local", url, token, use=True, path=settings.config_path)
+    document = load_config(settings.config_path)
     document["contexts"]["local"]["stack"] = str(record)
-    save_config(document)
+    save_config(document, settings.config_path)
     tokens = {name: str(path) for name, path in team.token_files.items()}
     if as_json:
         print(json.dumps({"api_url": url, "node": node_id, "context": "local", "record": str(record),
@@ -165,5 +178,5 @@ def up(
         if name != who:
             print(f"member {name}: token in {path} (hand it over: gpuctl config set-context NAME --server {url} "
                   "--token TOKEN)")
-    print(f"gpuctl context 'local' in {config_path()}: try  gpuctl nodes ,  gpuctl submit --gpus 1 -- python3 "
+    print(f"gpuctl context 'local' in {settings.config_path}: try  gpuctl nodes ,  gpuctl submit --gpus 1 -- python3 "
           f"/path/to/train.py (a file every user may read) ,  gpuctl top ;  gpuctl down --root {root}  stops it")
