@@ -42,6 +42,7 @@ from gpuorch_gpuctl.bench_scratch import (
     progress,
 )
 from gpuorch_gpuctl.bench_tables import CORE_COLUMNS, CURVE_COLUMNS, E2E_COLUMNS, RECOVERY_COLUMNS, print_table
+from gpuorch_gpuctl.errors import fail
 
 bench_app = typer.Typer(help="Benchmarks of the scheduler against the real broker and database (see docs/PERFORMANCE.md).",
                         no_args_is_help=True)
@@ -107,8 +108,7 @@ def e2e(
     try:
         result = run_e2e(params, ScratchServers(amqp, amqp_admin, pg_admin))
     except (ValueError, TimeoutError, RuntimeError) as exc:
-        progress(f"e2e failed: {exc}")
-        raise typer.Exit(1) from exc
+        fail(f"bench e2e failed: {exc}")
     if as_json:
         print(json.dumps(result))
     else:
@@ -189,8 +189,7 @@ def recovery(
     try:
         result = run_recovery(shape, repeats, ScratchServers(amqp, amqp_admin, pg_admin), timeout_s)
     except (TimeoutError, RuntimeError) as exc:
-        progress(f"recovery failed: {exc}")
-        raise typer.Exit(1) from exc
+        fail(f"bench recovery failed: {exc}")
     result.update({"nodes": nodes, "load_avg_1m_start": before["load_avg_1m"],
                    "load_avg_1m_end": machine()["load_avg_1m"], "cpus": before["cpus"]})
     if as_json:
