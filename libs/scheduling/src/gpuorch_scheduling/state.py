@@ -500,7 +500,7 @@ class SchedulerState:
             if milli > 1000:
                 problems.append(f"{node_id}/{gpu_uuid}: {milli} milli allocated")
             node = self.nodes.get(node_id)
-            if node is not None and not any(_gpu_or_mig(node.inventory, gpu_uuid)):
+            if node is not None and gpu_uuid not in _device_uuids(node.inventory):
                 problems.append(f"{node_id}/{gpu_uuid}: allocated but not in inventory")
         for node_id, (cpu, mem) in self.host_usage(nodes).items():
             node = self.nodes.get(node_id)
@@ -585,8 +585,19 @@ def stopped_as_asked(event: JobFailed) -> bool:
     return event.stop_reason in ("preempt", "drain", "fenced") or event.cause in ("killed", "lost")
 
 
-def _gpu_or_mig(inventory: NodeInventory, gpu_uuid: str) -> list[bool]:
-    return [g.uuid == gpu_uuid or any(m.uuid == gpu_uuid for m in g.mig_instances) for g in inventory.gpus]
+_DEVICES: dict[int, tuple[NodeInventory, frozenset[str]]] = {}
+
+
+def _device_uuids(inventory: NodeInventory) -> frozenset[str]:
+    """Every GPU and MIG instance uuid of an inventory (once per inventory object: inventories are immutable)."""
+    known = _DEVICES.get(id(inventory))
+    if known is not None and known[0] is inventory:
+        return known[1]
+    if len(_DEVICES) > 100_000:
+        _DEVICES.clear()
+    uuids = frozenset([g.uuid for g in inventory.gpus] + [m.uuid for g in inventory.gpus for m in g.mig_instances])
+    _DEVICES[id(inventory)] = (inventory, uuids)
+    return uuids
 
 
 def allocation_for(job: JobRecord, node_id: str) -> list[GpuAllocation]:
