@@ -36,11 +36,13 @@ _Entry = tuple[int, int, int, int, int, Hashable]
 """(request, cluster, row, scorer's pick) -> the (slot, milli) pairs used on that node."""
 
 _MEMO_LIMIT = 1_000_000
+HEAP_AFTER = 3
+"""A shape's heap is built once it was asked this many times in a row with few nodes changed in between."""
 LEFT_OUT = "every node it fits on is left out"
 
 
 class _ShapeHeap:
-    __slots__ = ("arrays_seen", "entries", "epoch", "feasible", "picks", "scores", "seen", "version")
+    __slots__ = ("arrays_seen", "entries", "epoch", "feasible", "near", "picks", "scores", "seen", "version")
 
     def __init__(self) -> None:
         self.entries: list[_Entry] | None = None
@@ -48,6 +50,8 @@ class _ShapeHeap:
         self.epoch = -1
         self.seen = 0
         """Length of ``cluster.changes`` the heap has caught up with."""
+        self.near = 0
+        """Asks in a row that came after few changes (a heap is built once this reaches ``HEAP_AFTER``)."""
         self.arrays_seen = -1
         """Length of ``cluster.changes`` when the arrays were last brought up to date (-1: never, or another
         epoch)."""
@@ -143,8 +147,11 @@ class PlacementIndex:
                     heap.entries = [e for e in heap.entries if e[3] == version[e[2]]]
                     heapq.heapify(heap.entries)
             return heap.entries
-        if heap.entries is None and same_epoch and 0 <= len(cluster.changes) - heap.arrays_seen <= limit:
-            # asked again after few changes: worth a heap (built from the arrays, rescoring only what moved)
+        near = same_epoch and 0 <= len(cluster.changes) - heap.arrays_seen <= limit
+        heap.near = heap.near + 1 if near else 0
+        if heap.entries is None and near and heap.near >= HEAP_AFTER:
+            # asked again and again after few changes: worth a heap (built from the arrays, rescoring only what
+            # moved); a shape asked now and then is cheaper answered from its arrays each time
             self._refresh_arrays(request, heap)
             rows = np.flatnonzero(heap.feasible)
             rank, version = cluster.name_rank, cluster.version
