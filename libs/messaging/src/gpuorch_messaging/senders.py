@@ -131,14 +131,15 @@ ANY_IDENTIFIED = (Sender("*"),)
 def scheduler_accepts() -> dict[str, tuple[Sender, ...]]:
     """Allow-list of the scheduler's queues (``scheduler`` and ``scheduler.heartbeats``; one table serves both).
 
-    Submissions and cancels from any identified user (tenant and priority are then checked against the identity
-    map at admission); job lifecycle facts from the executor of the node named in the body (``job.failed`` also
+    Submissions, cancels and array parallelism changes from any identified user (tenant and priority are then
+    checked against the identity map at admission); job lifecycle facts from the executor of the node named in the body (``job.failed`` also
     from the scheduler itself, which publishes it when a launch is undeliverable); node facts and ``NodeHeartbeat``
     from that node's agent; ``ExecutorHeartbeat`` (the other half of the lease) from that node's executor.
     """
     return {
         "job.submit": ANY_IDENTIFIED,
         "job.cancel": ANY_IDENTIFIED,
+        "job.array_set": ANY_IDENTIFIED,
         "job.started": (EXECUTOR_OF_NODE,),
         "job.finished": (EXECUTOR_OF_NODE,),
         "job.failed": (EXECUTOR_OF_NODE, *SCHEDULER),

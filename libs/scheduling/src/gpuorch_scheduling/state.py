@@ -9,7 +9,9 @@ The fold also keeps what the scheduling cycle reads current, so nothing is rebui
 holding capacity and gives them back when it stops; ``queued`` and ``active`` index the jobs by state;
 ``tenant_held`` sums what each tenant holds; ``mig`` holds the MIG reconfigurations under way (their GPUs are
 closed to placements in the fleet) and ``mig_history`` when each GPU's last ones ended (``domain.mig``). Finished
-jobs leave memory ``retention_s`` after they end (log time); the log and the read model keep them.
+jobs leave memory ``retention_s`` after they end (log time), unless a waiting job depends on them (``dependents``);
+the log and the read model keep them. Arrays (``arrays``) are records of their own whose next tasks the fold
+materializes as queued jobs (``_fill``: a pure function of the log, so a replay makes the same tasks).
 
 ``capacity_violations`` re-derives usage from the jobs alone (independently of the fleet's arrays): tests and the
 crash drill check the whole state with it; the plan applier checks each decision with ``Fleet.check`` before it is
@@ -250,6 +252,8 @@ class SchedulerState:
         elif isinstance(event, NodeLivenessChanged) and event.liveness == "lost":
             for other in [j for j in self.active.values() if j.state in TERMINAL_STATES]:
                 self._reindex(other.job_id, True)
+                if other.array_id is not None and other.array_id in self.arrays:
+                    self._fill(self.arrays[other.array_id])
         self._forget_ended()
 
     def _reindex(self, job_id: uuid.UUID, held_before: bool) -> None:
@@ -290,8 +294,8 @@ class SchedulerState:
             if array is not None:
                 array.queued_tasks -= 1
         if job.state in TERMINAL_STATES:
-            if array is not None and job.array_index is not None:
-                array.task_ended(job.array_index, job.state)
+            if array is not None and job.array_index is not None and not held:
+                array.task_ended(job.array_index, job.state)  # a stopping task still counts as running
             elif job.spec.depends_on:
                 self._unlink(job_id, job.spec)
         if not held and job.state in TERMINAL_STATES and job_id not in self._ending:
