@@ -176,3 +176,19 @@ def test_a_large_array_keeps_its_pending_tasks_as_ranges() -> None:
     assert len(record.live) <= 8 and len(record.pending) == 1
     assert sum(1 for j in h.state.jobs.values() if j.array_id == sweep.job_id) < 100
     assert len(h.state.to_snapshot()["arrays"][0]["pending"]) == 1
+
+
+def test_an_array_after_a_job_waits_for_it_and_is_cancelled_whole_when_it_fails() -> None:
+    h = harness()
+    watch = Watch(h)
+    prep = h.submit(JobSpec(run=RUN, runtime_estimate_s=50), at=1, runtime_s=50)
+    broken = h.submit(JobSpec(run=RUN), at=1, runtime_s=20, exit_code=1)
+    sweep = h.submit(array_spec("0-99", 4, depends_on=[{"job_id": str(prep.job_id)}]), at=2, runtime_s=10)
+    doomed = h.submit(array_spec("0-99", 4, depends_on=[{"job_id": str(broken.job_id)}]), at=2, runtime_s=10)
+    h.run()
+    assert sweep.state == "succeeded" and started_tasks(watch, sweep) == Counter(range(100))
+    first_start = min(t.started_at or 0 for t in h.state.jobs.values() if t.array_id == sweep.job_id)
+    assert prep.ended_at is not None and first_start >= prep.ended_at
+    record = h.state.arrays[doomed.job_id]
+    assert doomed.state == "cancelled" and record.counts()["cancelled"] == 100 and not started_tasks(watch, doomed)
+    assert record.reason == f"dependency afterok:{broken.job_id} can never be met: {broken.job_id} failed"

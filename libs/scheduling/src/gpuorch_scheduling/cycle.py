@@ -32,7 +32,7 @@ from gpuorch_contracts import PRIORITY_VALUE, ArrayTask, JobPlaced, JobPreemptin
 from gpuorch_policy.fleet import Ask, Fleet
 
 from gpuorch_scheduling.decisions import PLACEMENT, Decision, at, decision_id, derived_id, stops
-from gpuorch_scheduling.dependencies import unmet
+from gpuorch_scheduling.dependencies import Unmet, unmet
 from gpuorch_scheduling.queueing import QueuePolicy, TenantUsage, fair_order
 from gpuorch_scheduling.state import JobRecord, SchedulerState
 
@@ -160,6 +160,8 @@ class _Cycle:
         self.future_differs = bool(state.stopping)
         """Whether ``future`` may hold room that ``fleet`` lacks (jobs being preempted); else it is not asked."""
         self.future_unfit: set[object] = set()
+        self.gates: dict[uuid.UUID | None, Unmet | None] = {}
+        """Dependencies judged in this cycle: by job, or by array for tasks that wait for the same jobs."""
         self.array_placed: dict[uuid.UUID, int] = {}
         """Tasks of each array placed in this cycle (its parallelism counts them)."""
 
@@ -185,7 +187,14 @@ class _Cycle:
              earlier: Mapping[uuid.UUID, Waiting]) -> Waiting | None:
         """Why ``job`` may not start whatever the fleet: a dependency not met, or its array's parallelism."""
         if job.spec.depends_on:
-            gate = unmet(self.state, job, self.now, ChainMap(pending, earlier))  # type: ignore[arg-type]
+            # the tasks of an array wait for the same jobs (unless paired task by task): judged once per cycle
+            shared = job.array_id is not None and all(d.condition != "aftercorr" for d in job.spec.depends_on)
+            key = job.array_id if shared else job.job_id
+            if key in self.gates:
+                gate = self.gates[key]
+            else:
+                known = ChainMap(pending, earlier)  # type: ignore[arg-type]
+                gate = self.gates[key] = unmet(self.state, job, self.now, known)
             if gate is not None:
                 return Waiting(gate.reason, gate.start)
         if job.array_id is not None:

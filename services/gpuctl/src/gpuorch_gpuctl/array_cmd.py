@@ -80,7 +80,7 @@ def cancel_tasks(
     reason: Annotated[str, typer.Option(help="why")] = "cancelled by user",
     as_json: JsonOpt = False,
 ) -> None:
-    """Cancel some tasks of an array (``gpuctl cancel ID`` cancels all of them)."""
+    """Cancel some tasks of an array (gpuctl cancel ID cancels all of them)."""
     from gpuorch_contracts import parse_indices
 
     try:
