@@ -178,7 +178,7 @@ def telemetry_accepts() -> dict[str, tuple[Sender, ...]]:
         "gpu.usage_sampled": (NODE_AGENT_OF_NODE,),
         "gpu.health_changed": (NODE_AGENT_OF_NODE,),
         **{t: SCHEDULER for t in ("job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting",
-                                  "job.requeued", "job.cancelled")},
+                                  "job.requeued", "job.cancelled", "job.array_parallelism_changed")},
         **{t: (EXECUTOR_OF_NODE,) for t in ("job.started", "job.finished", "job.lost", "job.checkpointed")},
         "job.failed": executor_or_scheduler,
         "mig.plan_proposed": SCHEDULER,
