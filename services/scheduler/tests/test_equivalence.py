@@ -13,7 +13,15 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from gpuorch_contracts import MESSAGE_TYPES, CancelJob, GpuRequest, JobSpec, ProcessRun, SubmitJob
+from gpuorch_contracts import (
+    MESSAGE_TYPES,
+    CancelJob,
+    GpuRequest,
+    JobSpec,
+    ProcessRun,
+    SetArrayParallelism,
+    SubmitJob,
+)
 from gpuorch_gpuctl.stack import LocalStack
 from gpuorch_messaging import Broker
 from gpuorch_scheduler.settings import Settings
@@ -94,3 +102,58 @@ async def test_a_live_run_replayed_through_the_harness_decides_the_same_events(
     assert [(m["type"], m["message_id"]) for m in outbox] == published
     assert any(kind == "stop_job" for kind, _ in published) and any(kind == "launch_job" for kind, _ in published)
 
+
+
+@pytest.mark.timeout(240)
+async def test_arrays_and_dependencies_replayed_through_the_harness_decide_the_same_events(
+    stack: LocalStack, amqp_url: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal.jsonl"
+    stack.start_scheduler(GPUORCH_STEP_JOURNAL=str(journal))
+    stack.start_executor()
+    await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    nodes = FakeNodes(broker, [registered_node("node-1", gpus=2)])
+    quick = "import time; time.sleep(0.3)"
+    try:
+        await nodes.start()
+        sweep = SubmitJob(spec=spec("sweep", ["python", "-c", quick], resources=GpuRequest(gpu_milli=100),
+                                    array={"indices": "0-7", "parallelism": 2}))
+        await publish_when_routable(broker, sweep)
+        await broker.publish(SetArrayParallelism(job_id=sweep.job_id, parallelism=3))
+        evaluate = SubmitJob(spec=spec("evaluate", ["python", "-c", quick],
+                                       depends_on=[{"condition": "afterok", "job_id": sweep.job_id}]))
+        failing = SubmitJob(spec=spec("failing", ["python", "-c", "import sys; sys.exit(3)"], max_requeues=0))
+        for message in (evaluate, failing):
+            await broker.publish(message)
+        doomed = SubmitJob(spec=spec("doomed", ["python", "-c", quick],
+                                     depends_on=[{"condition": "afterok", "job_id": failing.job_id}]))
+        await broker.publish(doomed)
+        await wait_jobs_terminal(pg_dsn, [sweep.job_id, evaluate.job_id, failing.job_id, doomed.job_id],
+                                 timeout_s=150)
+    finally:
+        await nodes.stop()
+        await broker.close()
+    stack.stop_all()
+
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        rows = await conn.fetch("SELECT payload::text AS payload FROM events WHERE stream = 'scheduler' "
+                                "ORDER BY position")
+        outbox = [json.loads(bytes(r["body"])) for r in await conn.fetch("SELECT body FROM outbox ORDER BY id")]
+        states = {r["job_id"]: r["state"] for r in await conn.fetch("SELECT job_id, state FROM jobs")}
+    finally:
+        await conn.close()
+    assert (states[sweep.job_id], states[evaluate.job_id], states[doomed.job_id]) == (
+        "succeeded", "succeeded", "cancelled")
+    live = [json.loads(r["payload"]) for r in rows]
+    assert {"job.array_parallelism_changed", "job.cancelled"} <= {e["type"] for e in live}
+
+    entries = [json.loads(line) for line in journal.read_text().splitlines()]
+    replayed = Harness(Settings.load(env=stack.base_env()).scheduler_config).replay(entries)
+    decided = [e.model_dump(mode="json") for e in replayed.logged]
+    assert len(decided) == len(live)
+    for position, (was, now) in enumerate(zip(live, decided, strict=True)):
+        assert MESSAGE_TYPES[was["type"]].model_validate(was).model_dump(mode="json") == now, position
+    assert [(m["type"], m["message_id"]) for m in outbox] == [(m.type, str(m.message_id)) for m in replayed.published]

@@ -19,8 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuorch_contracts import JobRejected, MigPlanProposed, SubmitJob
-from gpuorch_scheduling import JobRecord, SchedulerState, Waiting
-from gpuorch_scheduling.arrays import ArrayRecord
+from gpuorch_scheduling import ArrayRecord, JobRecord, SchedulerState, Waiting
 
 
 async def write_jobs_and_nodes(conn: Any, state: SchedulerState, pending: dict[uuid.UUID, Waiting],
