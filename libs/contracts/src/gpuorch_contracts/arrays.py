@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from itertools import pairwise
 from typing import Annotated
 
 from pydantic import Field, field_validator
@@ -29,7 +30,7 @@ _PART = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
 
 def parse_indices(text: str) -> list[range]:
     """The ranges ``text`` names, sorted and without overlaps (``"5-9,1,3"`` -> range(1, 2), range(3, 4),
-    range(5, 10)). Raises ValueError with the reason for anything else, for more than ``MAX_ARRAY_TASKS`` tasks or
+    range(5, 10); overlapping parts are merged into runs of equal steps). Raises ValueError with the reason for anything else, for more than ``MAX_ARRAY_TASKS`` tasks or
     an index above ``MAX_ARRAY_INDEX``."""
     indices: set[int] = set()
     ranges: list[range] = []
@@ -47,6 +48,12 @@ def parse_indices(text: str) -> list[range]:
         ranges.append(range(first, last + 1, step))
         if sum(len(r) for r in ranges) > 4 * MAX_ARRAY_TASKS:
             raise ValueError(f"an array holds at most {MAX_ARRAY_TASKS} tasks")
+    ranges.sort(key=lambda r: r.start)
+    if all(later.start > earlier[-1] for earlier, later in pairwise(ranges)):
+        count = sum(len(r) for r in ranges)  # disjoint spans (the usual case): no index is named twice
+        if count > MAX_ARRAY_TASKS:
+            raise ValueError(f"an array holds at most {MAX_ARRAY_TASKS} tasks; these indices name {count}")
+        return ranges
     for r in ranges:
         indices.update(r)
     if len(indices) > MAX_ARRAY_TASKS:

@@ -339,7 +339,8 @@ def jobs(
     limit: Annotated[int, typer.Option(help="newest N jobs")] = 50,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="then print each job again as it changes")] = False,
     timeout: Annotated[float, typer.Option(help="with -w: stop after this many seconds (0: never)")] = 0.0,
-    array: Annotated[str | None, typer.Option(help="list the tasks of this array (its id or a unique prefix)")] = None,
+    array: Annotated[str | None, typer.Option(help="list the tasks of this array (its id or a unique prefix): those "
+                                              "started or waiting in the queue; the row of the array counts the rest")] = None,
     dsn: DsnOpt = None,
     output: OutputOpt = Format.table,
     no_headers: NoHeadersOpt = False,
