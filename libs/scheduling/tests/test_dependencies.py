@@ -141,3 +141,14 @@ def test_a_job_with_dependents_is_remembered_past_retention() -> None:
     h.run()
     assert waiting.state == "succeeded"
     assert waiting.started_at is not None and blocker.ended_at is not None and waiting.started_at >= blocker.ended_at
+
+
+def test_an_array_depending_on_its_own_task_is_a_cycle() -> None:
+    from gpuorch_contracts import ArraySpec, array_task_id
+
+    h = harness()
+    array_id = uuid.uuid4()
+    looped = h.submit(spec(("afterok", array_task_id(array_id, 2)), array=ArraySpec(indices="0-3").model_dump()),
+                      job_id=array_id, at=1)
+    h.run(until=5)
+    assert looped.state == "rejected" and "its own task" in (looped.reason or "")

@@ -51,15 +51,16 @@ def refused(state: SchedulerState, job_id: uuid.UUID, spec: JobSpec,
             may_use: Callable[[str], bool] | None = None) -> str | None:
     """Why ``spec``'s dependencies are refused at admission (None: they are fine). ``may_use(tenant)``: whether the
     submitter may depend on that tenant's jobs (None: any tenant)."""
-    own_tasks = ({array_task_id(job_id, i) for r in spec.array.ranges for i in r}
-                 if spec.array is not None and spec.depends_on else set())
     for dependency in spec.depends_on:
         target = dependency.job_id
-        if target == job_id or target in own_tasks:
+        if target == job_id:
             return f"a dependency cycle: the job depends on itself ({dependency.condition}:{target})"
         job = state.jobs.get(target)
         array = state.arrays.get(target)
         if job is None and array is None:
+            if spec.array is not None and any(array_task_id(job_id, i) == target for r in spec.array.ranges
+                                              for i in r):  # only on this path: an unknown id is refused anyway
+                return f"a dependency cycle: the array depends on its own task ({dependency.condition}:{target})"
             return (f"depends on unknown job {target} (never accepted, or ended longer ago than the scheduler "
                     "remembers: depend on jobs still queued, running or recently ended)")
         tenant = job.spec.tenant if job is not None else array.spec.tenant  # type: ignore[union-attr]
