@@ -270,14 +270,15 @@ class Harness:
             elif isinstance(event, JobRequeued):
                 job.state, job.reason = "queued", event.reason
                 job.preemptions += int(event.preempted)
-            elif isinstance(event, JobCancelled):
+            elif isinstance(event, JobCancelled) and event.array_tasks is None:  # not some tasks of an array
                 job.state, job.reason, job.ended_at = "cancelled", event.reason, now
         state = self.scheduler.state
         arrays = {t.array_id for t in map(state.jobs.get, step.touched_jobs) if t is not None and t.array_id}
         for job_id in [*step.touched_jobs, *arrays]:
             record = state.jobs.get(job_id) or state.arrays.get(job_id)
             job = jobs.get(job_id)
-            if record is not None and job is not None and record.state in ("succeeded", "failed") \
+            ended = ("succeeded", "failed", "cancelled") if job_id in state.arrays else ("succeeded", "failed")
+            if record is not None and job is not None and record.state in ended \
                     and job.state not in ("succeeded", "failed", "cancelled"):
                 job.state, job.ended_at, job.reason = record.state, now, record.reason
         for message in step.outgoing:
