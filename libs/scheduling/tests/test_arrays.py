@@ -67,7 +67,7 @@ def test_an_array_runs_every_task_once_never_more_than_its_parallelism() -> None
     assert launch.array_task is not None and launch.array_task.task_count == 12
     assert launch.job_id == array_task_id(sweep.job_id, launch.array_task.task_id)
     record = h.state.arrays[sweep.job_id]
-    assert record.counts() == {"pending": 0, "running": 0, "succeeded": 12, "failed": 0, "cancelled": 0}
+    assert record.counts() == {"queued": 0, "running": 0, "succeeded": 12, "failed": 0, "cancelled": 0}
 
 
 def test_indices_with_steps_and_lists_name_the_tasks() -> None:
@@ -131,7 +131,7 @@ def test_cancel_one_task_a_range_then_the_whole_array() -> None:
     record = h.state.arrays[sweep.job_id]
     assert record.ended_at is not None and sweep.state == "cancelled"
     counts = record.counts()
-    assert counts["pending"] == counts["running"] == 0 and counts["cancelled"] + counts["succeeded"] == 20
+    assert counts["queued"] == counts["running"] == 0 and counts["cancelled"] + counts["succeeded"] == 20
     started = started_tasks(watch, sweep)
     assert not set(started) & set(range(10, 15)) and max(started.values()) == 1
     assert watch.peak[sweep.job_id] <= 2

@@ -344,7 +344,7 @@ async def test_an_array_is_one_row_its_tasks_are_listed_by_index_and_its_owner_s
         await conn.execute(
             """INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, submitted_at, array_counts)
                VALUES ($1, 'sweep', 'acme', 'batch', 'normal', 'running', $2::text::jsonb, $3, $4::text::jsonb)""",
-            array_id, json.dumps(spec), NOW, json.dumps({"pending": 2, "running": 2, "succeeded": 0, "failed": 0,
+            array_id, json.dumps(spec), NOW, json.dumps({"queued": 2, "running": 2, "succeeded": 0, "failed": 0,
                                                           "cancelled": 0}))
         for index in (1, 0):
             await conn.execute(

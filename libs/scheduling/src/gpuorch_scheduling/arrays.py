@@ -84,7 +84,7 @@ class ArrayRecord:
         return self.ended_at is not None and self.succeeded == self.total
 
     def counts(self) -> dict[str, int]:
-        return {"pending": self.pending_count + self.queued_tasks, "running": self.running,
+        return {"queued": self.pending_count + self.queued_tasks, "running": self.running,
                 "succeeded": self.succeeded, "failed": self.failed, "cancelled": self.cancelled_count}
 
     def task_state(self, index: int, jobs: dict[uuid.UUID, Any]) -> str | None:

@@ -49,7 +49,7 @@ class JobSummary(BaseModel):
     array_id: str | None = Field(default=None, description="the array this job is a task of")
     array_index: int | None = None
     array_counts: dict[str, int] | None = Field(default=None, description=(
-        "an array's tasks by state: pending, running, succeeded, failed, cancelled"))
+        "an array's tasks by state: queued (not started yet), running, succeeded, failed, cancelled"))
 
 
 class TimelineEvent(BaseModel, extra="allow"):

@@ -301,10 +301,10 @@ def _ago(value: Any) -> str:
 
 
 def _tasks(job: dict[str, Any]) -> str:
-    """An array's tasks by state (``ok 6, run 3, wait 3``); a task's index; ``-`` for a plain job."""
+    """An array's tasks by state (``ok 6, run 3, queued 3``); a task's index; ``-`` for a plain job."""
     counts = job.get("array_counts")
     if counts:
-        short = {"succeeded": "ok", "running": "run", "pending": "wait", "failed": "fail", "cancelled": "cxl"}
+        short = {"succeeded": "ok", "running": "run", "queued": "queued", "failed": "fail", "cancelled": "cxl"}
         return ", ".join(f"{word} {counts[k]}" for k, word in short.items() if counts.get(k)) or "0"
     return f"#{job['array_index']}" if job.get("array_index") is not None else "-"
 

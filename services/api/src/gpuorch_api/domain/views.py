@@ -143,7 +143,7 @@ def allocated_gpus(assignments: list[dict[str, Any]]) -> float:
 
 
 def _counts(raw: Any) -> dict[str, int] | None:
-    """An array row's tasks by state (``pending``, ``running``, ``succeeded``, ``failed``, ``cancelled``)."""
+    """An array row's tasks by state (``queued``, ``running``, ``succeeded``, ``failed``, ``cancelled``)."""
     if raw is None:
         return None
     return json.loads(raw) if isinstance(raw, str) else dict(raw)

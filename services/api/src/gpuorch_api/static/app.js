@@ -126,7 +126,7 @@ function arrayProgress(counts) {
   return el("div", { class: "array-progress", "data-done": String(done), "data-total": String(total) },
     el("div", { class: "bar" }, el("span", { style: `width:${(100 * counts.succeeded) / total}%` }),
       el("span", { class: "bad", style: `width:${(100 * (counts.failed + counts.cancelled)) / total}%` })),
-    el("div", { class: "hint" }, `${done}/${total} ended · ${counts.running} running · ${counts.pending} waiting` +
+    el("div", { class: "hint" }, `${done}/${total} ended · ${counts.running} running · ${counts.queued} queued` +
       (counts.failed ? ` · ${counts.failed} failed` : "") + (counts.cancelled ? ` · ${counts.cancelled} cancelled` : "")));
 }
 
