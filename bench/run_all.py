@@ -20,6 +20,7 @@ RUNS: list[tuple[str, list[str]]] = [
     ("bench_replay.py", []),
     ("bench_capacity.py", ["--seeds", "1-5"]),  # issue 18: a simulated day, three fleets (about 10 s)
     ("bench_scheduler.py", []),
+    ("bench_arrays.py", ["--runs", "1"]),  # issue 26: a 10,000-task array vs 10,000 single jobs (about 1 min)
     ("bench_fleet.py", ["--nodes", "5000", "--duration-s", "60"]),
     ("bench_telemetry.py", ["--nodes", "5000", "--duration-s", "60"]),
     # issue 10, through `gpuctl bench` (docs/PERFORMANCE.md): one run each here; the doc's medians take --runs 5.

@@ -90,7 +90,7 @@ the quotas, so a pattern rather than a list) and their ``.dlq``."""
 IDENTITY_MAP = Path(__file__).resolve().parents[1] / "identity.json"
 TENANT_ROUTED_EVENTS = (
     "job.accepted", "job.rejected", "job.queued", "job.placed", "job.started", "job.finished", "job.failed",
-    "job.checkpointed", "job.lost", "job.preempting", "job.requeued", "job.cancelled",
+    "job.checkpointed", "job.lost", "job.preempting", "job.requeued", "job.cancelled", "job.array_parallelism_changed",
 )
 """Events routed ``<type>.<tenant>`` (gpuorch_contracts.TENANT_ROUTED_TYPES)."""
 TENANT_WORD = r"[a-z0-9][a-z0-9_-]*"
@@ -98,14 +98,14 @@ HTTP_API_SUBMITTERS = ("submitter",)
 """Submitters that get the ``management`` tag (HTTP API): the generic user of examples/submit_job.sh."""
 SCHEDULER_EVENTS = (
     "job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting", "job.requeued", "job.cancelled",
-    "job.failed", "node.liveness_changed", "alert.fleet", "gpu.mig_reconfiguration", "mig.plan_proposed",
+    "job.array_parallelism_changed", "job.failed", "node.liveness_changed", "alert.fleet", "gpu.mig_reconfiguration", "mig.plan_proposed",
 )
 SCHEDULER_COMMANDS = ("launch_job", "stop_job", "apply_mig_layout")
 EXECUTOR_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed", "executor.heartbeat")
 NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", "gpu.usage_sampled",
                      "node.mig_layout_applied")
 TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made", "fleet.scale_requested")
-SUBMIT_KEY_PATTERN = r"job\.(submit|cancel)"
+SUBMIT_KEY_PATTERN = r"job\.(submit|cancel|array_set)"
 NOTHING = "^$"
 
 

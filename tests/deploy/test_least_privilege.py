@@ -258,7 +258,7 @@ async def _start(broker: Broker, spec: QueueSpec) -> None:
     await broker.consume(spec, _ignore)
 
 
-async def test_submitter_may_only_publish_submit_and_cancel(users: Users, brokers: list[Broker]) -> None:
+async def test_submitter_may_only_publish_submit_cancel_and_array_set(users: Users, brokers: list[Broker]) -> None:
     await users.install()
     url = users.url("submitter")
 
@@ -269,6 +269,8 @@ async def test_submitter_may_only_publish_submit_and_cancel(users: Users, broker
         await exchange.publish(aio_pika.Message(submit_body()), "job.submit", mandatory=True)
         cancel = {"type": "job.cancel", "job_id": str(uuid.uuid4())}
         await exchange.publish(aio_pika.Message(json.dumps(cancel).encode()), "job.cancel", mandatory=True)
+        steer = {"type": "job.array_set", "job_id": str(uuid.uuid4()), "parallelism": 2}
+        await exchange.publish(aio_pika.Message(json.dumps(steer).encode()), "job.array_set", mandatory=True)
     finally:
         await connection.close()
 
@@ -336,7 +338,7 @@ async def test_definitions_document_imports_and_its_password_hashes_log_in(amqp_
             v = quote(amqp_vhost, safe="")
             topics = api.get(f"/api/topic-permissions/{v}/submitter-{suffix}").raise_for_status().json()
             assert sorted((t["exchange"], t["write"]) for t in topics) == [
-                ("gpuorch.events", "^$"), ("gpuorch.submit", "^job\\.(submit|cancel)(\\.(default))?$")]
+                ("gpuorch.events", "^$"), ("gpuorch.submit", "^job\\.(submit|cancel|array_set)(\\.(default))?$")]
             assert api.get(f"/api/users/admin-{suffix}").json()["tags"] in (["administrator"], "administrator")
             name = f"submitter-{suffix}"
             connection = await aio_pika.connect(

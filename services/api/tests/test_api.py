@@ -12,7 +12,7 @@ import aio_pika
 import asyncpg
 import httpx
 import pytest
-from gpuorch_contracts import ExecutorHeartbeat, JobPlaced, JobQueued, decode
+from gpuorch_contracts import ExecutorHeartbeat, JobPlaced, JobQueued, array_task_id, decode
 from gpuorch_contracts.jobs import GpuAllocation, NodeAssignment
 from gpuorch_identity import log_credential
 from gpuorch_messaging import Broker
@@ -333,3 +333,46 @@ async def test_dead_letters_are_listed_and_replayed_by_operators_only(api: Runni
         api.backends.dlq_amqp_url = "amqp://guest:guest@127.0.0.1:9/"  # the broker out of reach: 503, one line
         unreachable = await http.get("/api/v1/dlq", headers=auth("ops"))
         assert unreachable.status_code == 503 and "broker unreachable" in unreachable.json()["error"]
+
+
+async def test_an_array_is_one_row_its_tasks_are_listed_by_index_and_its_owner_steers_it(
+        api: RunningApi, migrated_dsn: str) -> None:
+    array_id = uuid.uuid4()
+    spec = {**SPEC, "array": {"indices": "0-3", "parallelism": 2}}
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        await conn.execute(
+            """INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, submitted_at, array_counts)
+               VALUES ($1, 'sweep', 'acme', 'batch', 'normal', 'running', $2::text::jsonb, $3, $4::text::jsonb)""",
+            array_id, json.dumps(spec), NOW, json.dumps({"queued": 2, "running": 2, "succeeded": 0, "failed": 0,
+                                                          "cancelled": 0}))
+        for index in (1, 0):
+            await conn.execute(
+                """INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, submitted_at, array_id,
+                                     array_index) VALUES ($1, 'sweep', 'acme', 'batch', 'normal', 'running',
+                                     $2::text::jsonb, $3, $4, $5)""",
+                array_task_id(array_id, index), json.dumps(spec), NOW, array_id, index)
+    finally:
+        await conn.close()
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        listed = (await http.get("/api/v1/jobs", headers=auth("acme"))).json()
+        rows = [j for j in listed if j["name"] == "sweep"]
+        assert [(r["id"], r["array_counts"]["running"]) for r in rows] == [(str(array_id), 2)]
+        tasks = (await http.get(f"/api/v1/jobs?array={str(array_id)[:13]}", headers=auth("acme"))).json()
+        assert [(t["array_index"], t["array_id"]) for t in tasks] == [(0, str(array_id)), (1, str(array_id))]
+        assert (await http.get(f"/api/v1/jobs?array={array_id}", headers=auth("research"))).status_code == 404
+
+        changed = await http.post(f"/api/v1/jobs/{array_id}/parallelism", json={"parallelism": 3},
+                                  headers=auth("acme"))
+        assert changed.status_code == 202, changed.text
+        incoming = await asyncio.wait_for(api.submissions.get(), 10)
+        message = decode(incoming.body)
+        assert (message.TYPE, message.parallelism, incoming.routing_key) == (  # type: ignore[attr-defined]
+            "job.array_set", 3, "job.array_set.acme")
+        cancel = await http.post(f"/api/v1/jobs/{array_id}/cancel", json={"array_tasks": "2-3"}, headers=auth("acme"))
+        assert cancel.status_code == 202
+        message = decode((await asyncio.wait_for(api.submissions.get(), 10)).body)
+        assert (message.TYPE, message.array_tasks) == ("job.cancel", "2-3")  # type: ignore[attr-defined]
+        not_array = await http.post(f"/api/v1/jobs/{array_task_id(array_id, 0)}/parallelism",
+                                    json={"parallelism": 3}, headers=auth("acme"))
+        assert not_array.status_code == 400 and set(not_array.json()) == {"error"}

@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from gpuorch_contracts import ContainerRun, ProcessRun
+from gpuorch_contracts import ArrayTask, ContainerRun, ProcessRun
 
 from gpuorch_executor.config import ConfigError, ExecutorConfig
 from gpuorch_executor.domain.allowlist import (
@@ -222,6 +222,16 @@ def test_environment_reserved_variables_win_and_only_basics_are_inherited() -> N
     env = job_environment(command, "/ck", {"PATH": "/usr/bin", "HOME": "/root", "GPUORCH_AMQP_URL": "amqp://x"})
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a" and env["GPUORCH_JOB_ID"] == str(command.job_id)
     assert env["PATH"] == "/opt/bin" and env["HOME"] == "/root" and "GPUORCH_AMQP_URL" not in env
+
+
+def test_an_array_task_learns_its_array_its_index_and_the_count() -> None:
+    array_id = uuid.uuid4()
+    command = launch_job(["python"]).model_copy(update={
+        "array_task": ArrayTask(array_job_id=array_id, task_id=7, task_count=12)})
+    env = job_environment(command, "/ck", {})
+    assert (env["GPUORCH_ARRAY_JOB_ID"], env["GPUORCH_ARRAY_TASK_ID"], env["GPUORCH_ARRAY_TASK_COUNT"]) == (
+        str(array_id), "7", "12")
+    assert "GPUORCH_ARRAY_TASK_ID" not in job_environment(launch_job(["python"]), "/ck", {})
 
 
 def test_config_from_env() -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from gpuorch_contracts import GpuAllocation, utc_now
+from gpuorch_contracts import GpuAllocation, JobPlaced, NodeAssignment, utc_now
 from gpuorch_messaging import Broker
 from gpuorch_messaging.testing import RecordingPublisher
 from gpuorch_telemetry.domain.detection import DetectionConfig
@@ -209,5 +210,18 @@ async def test_rollups_keep_accounting_after_raw_retention(migrated_dsn: str) ->
         assert await store.pool.fetchval("SELECT count(*) FROM telemetry_job_rollups") == 2
         dropped = await store.apply_retention(now + timedelta(days=31))
         assert dropped["job_rollups"] == 2 and dropped["gpu_rollups"] == 2
+    finally:
+        await store.close()
+
+
+async def test_a_task_of_an_array_is_charged_to_its_tenant(migrated_dsn: str) -> None:
+    """An array's tasks have no JobAccepted of their own: their first event, JobPlaced, names their tenant."""
+    store = await TelemetryStore.open(migrated_dsn, max_size=2)
+    try:
+        handlers = TelemetryHandlers(store=store, publisher=RecordingPublisher(), detection=DetectionConfig())
+        task = uuid.uuid4()
+        await handlers.handle(JobPlaced(job_id=task, placement_id=uuid.uuid4(), tenant="acme", assignments=[
+            NodeAssignment(node_id="node-1", gpus=[GpuAllocation(gpu_uuid=gpu_uuid("node-1", 0), gpu_index=0)])]))
+        assert await store.pool.fetchval("SELECT tenant FROM telemetry_jobs WHERE job_id = $1", task) == "acme"
     finally:
         await store.close()

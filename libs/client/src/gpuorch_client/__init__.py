@@ -8,7 +8,8 @@
                                  no queue bound (NO_ROUTE) or a nack raises SubmissionRefused
     wait(job_id)  -> JobAccepted | JobRejected (the first answer); raises TimeoutError
     follow(job_id) -> async iterator of the job's events until a terminal one (finished, failed, cancelled, rejected)
-    cancel(job_id)
+    cancel(job_id[, array_tasks="5-9"])     a job, an array, or some tasks of an array
+    set_parallelism(array_id, n)           SetArrayParallelism (the shared lane: job.array_set.<tenant>)
 
 Contract: only events of jobs this client submitted (or ``watch``-ed) are kept, at most ``max_buffered`` per job;
 events arrive at least once (dedupe by ``message_id`` if it matters). The tenant is the one the broker user may
@@ -40,6 +41,7 @@ from gpuorch_contracts import (
     JobRejected,
     JobSpec,
     Message,
+    SetArrayParallelism,
     SubmitJob,
     decode,
     encode,
@@ -131,12 +133,22 @@ class GpuorchClient:
             submit_routing_key(spec_data.get("tenant") or self.tenant))
         return job_id
 
-    async def cancel(self, job_id: uuid.UUID, reason: str = "cancelled by user") -> None:
-        message = CancelJob(job_id=job_id, reason=reason, producer=self.producer, tenant=self.tenant)
+    async def cancel(self, job_id: uuid.UUID, reason: str = "cancelled by user",
+                     array_tasks: str | None = None) -> None:
+        """Cancel a job or an array; with ``array_tasks`` (``5-9``, Slurm's syntax) only those tasks of an array."""
+        await self._send(CancelJob(job_id=job_id, reason=reason, producer=self.producer, tenant=self.tenant,
+                                   array_tasks=array_tasks))
+
+    async def set_parallelism(self, array_id: uuid.UUID, parallelism: int | None) -> None:
+        """Let at most ``parallelism`` tasks of an array run at once (None: as many as fit)."""
+        await self._send(SetArrayParallelism(job_id=array_id, parallelism=parallelism, producer=self.producer,
+                                             tenant=self.tenant))
+
+    async def _send(self, message: CancelJob | SetArrayParallelism) -> None:
         await self._publish(aio_pika.Message(
             encode(message), content_type="application/json", message_id=str(message.message_id),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT, user_id=self.user_id),
-            submit_routing_key(self.tenant, CancelJob.TYPE))
+            submit_routing_key(self.tenant, message.TYPE))
 
     async def _publish(self, message: aio_pika.Message, routing_key: str) -> None:
         assert self._submit is not None

@@ -5,18 +5,22 @@ Import models from here; ``decode`` turns a body into the right model, ``route``
 types themselves live in ``gpuorch_contracts.text``.
 """
 
+from gpuorch_contracts.arrays import ArraySpec, ArrayTask, array_task_id, parse_array, parse_indices
 from gpuorch_contracts.capacity import FleetScaleRequested
 from gpuorch_contracts.commands import ApplyMigLayout, LaunchJob, MigGpuLayout, StopJob
 from gpuorch_contracts.envelope import MAX_MESSAGE_BYTES, Message, utc_now
 from gpuorch_contracts.jobs import (
+    MAX_DEPENDENCIES,
     MAX_GANG_GPUS,
     MAX_GANG_NODES,
     MAX_SPEC_BYTES,
     PRIORITY_VALUE,
     TERMINAL_STATES,
+    ArrayParallelismChanged,
     CancelJob,
     Checkpoint,
     ContainerRun,
+    Dependency,
     Gang,
     GpuAllocation,
     GpuRequest,
@@ -36,6 +40,7 @@ from gpuorch_contracts.jobs import (
     ModelHints,
     NodeAssignment,
     ProcessRun,
+    SetArrayParallelism,
     SubmitJob,
 )
 from gpuorch_contracts.nodes import (
@@ -92,5 +97,6 @@ __all__ = [
     "ProcessUsage", "JobIsolation", "RunningPlacement", "StopJob", "SubmitJob", "UnknownMessageType", "decode", "encode", "route", "utc_now",
     "AlertRaised", "AlertResolved", "RecommendationMade", "FleetScaleRequested",
     "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "reason_text",
-    "strip_terminal_controls", "TENANT_ROUTED_TYPES", "event_binding", "submit_routing_key", "tenant_binding",
+    "strip_terminal_controls", "TENANT_ROUTED_TYPES", "ArraySpec", "ArrayTask", "array_task_id", "parse_array",
+    "parse_indices", "MAX_DEPENDENCIES", "ArrayParallelismChanged", "Dependency", "SetArrayParallelism", "event_binding", "submit_routing_key", "tenant_binding",
 ]

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from gpuorch_contracts.arrays import ArrayTask
 from gpuorch_contracts.envelope import Message, Strict
 from gpuorch_contracts.jobs import MAX_GANG_NODES, GpuAllocation, JobSpec
 from gpuorch_contracts.text import MigProfileName, Name, ShortText
@@ -26,6 +27,7 @@ class LaunchJob(Message):
     gpus: Annotated[list[GpuAllocation], Field(max_length=64)] = []
     gang_rank: int = Field(default=0, ge=0, le=MAX_GANG_NODES - 1)
     gang_size: int = Field(default=1, ge=1, le=MAX_GANG_NODES)
+    array_task: ArrayTask | None = Field(default=None, description="set when the job is a task of an array")
 
 
 class StopJob(Message):

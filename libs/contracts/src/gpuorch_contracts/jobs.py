@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from gpuorch_contracts.arrays import MAX_ARRAY_PARALLELISM, ArraySpec, IndexText
 from gpuorch_contracts.envelope import MAX_MESSAGE_BYTES, Message, Strict
 from gpuorch_contracts.text import (
     Arg,
@@ -121,6 +122,20 @@ class ModelHints(Strict):
     dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"] | None = None
 
 
+DependencyCondition = Literal["afterok", "afternotok", "afterany", "aftercorr"]
+MAX_DEPENDENCIES = 64
+
+
+class Dependency(Strict):
+    """Start only once job (or array) ``job_id`` ended in a way ``condition`` accepts (Slurm's ``--dependency``):
+    ``afterok`` it succeeded (an array: every task did), ``afternotok`` it ended otherwise, ``afterany`` it ended,
+    ``aftercorr`` (an array on an array) task i after task i succeeded. A dependency that can no longer be met
+    cancels the dependent job with the reason."""
+
+    condition: DependencyCondition = "afterok"
+    job_id: uuid.UUID
+
+
 class JobSpec(Strict):
     """What a job needs and what it runs.
 
@@ -148,6 +163,10 @@ class JobSpec(Strict):
     run: ProcessRun | ContainerRun = Field(discriminator="runtime")
     model: ModelHints | None = None
     labels: Annotated[dict[Name, LabelValue], Field(max_length=64)] = {}
+    array: ArraySpec | None = Field(default=None, description=(
+        "run this spec as an array of tasks, one per index (each its own job id: arrays.array_task_id)"))
+    depends_on: Annotated[list[Dependency], Field(max_length=MAX_DEPENDENCIES)] = Field(default=[], description=(
+        f"jobs or arrays (at most {MAX_DEPENDENCIES}) this job waits for, each with a condition"))
 
     @model_validator(mode="after")
     def _fits_every_message(self) -> JobSpec:
@@ -195,11 +214,26 @@ class CancelJob(Message):
     type: Literal["job.cancel"] = "job.cancel"
     job_id: uuid.UUID
     reason: ShortText = "cancelled by user"
+    array_tasks: IndexText | None = Field(default=None, description=(
+        "with the id of an array: cancel only these tasks (0-9, 3, ...); None cancels the whole array"))
     tenant: TenantName | None = Field(default=None, description=(
         "the job's tenant, if the canceller knows it: routes the cancel as job.cancel.<tenant>, in the same lane "
         "as that tenant's submissions (so it cannot overtake them); the scheduler checks the job's own tenant"))
     on_behalf_of: Name | None = Field(default=None, description=(
         "the identity a gateway cancels for (see SubmitJob.on_behalf_of)"))
+
+
+class SetArrayParallelism(Message):
+    """Change how many tasks of an array may run at once. Who may send it: whoever may cancel the array (its
+    tenant's submitters, operators). Tasks already running keep running when it is lowered."""
+
+    TYPE = "job.array_set"
+    type: Literal["job.array_set"] = "job.array_set"
+    job_id: uuid.UUID = Field(description="the array's job id")
+    parallelism: int | None = Field(ge=1, le=MAX_ARRAY_PARALLELISM, description="None: as many as fit")
+    tenant: TenantName | None = Field(default=None, description="routes it as CancelJob.tenant does")
+    on_behalf_of: Name | None = Field(default=None, description=(
+        "the identity a gateway acts for (see SubmitJob.on_behalf_of)"))
 
 
 class JobAccepted(TenantRouted):
@@ -335,7 +369,20 @@ class JobRequeued(TenantRouted):
 
 
 class JobCancelled(TenantRouted):
+    """A job ended by a cancel (or by a dependency that can never be met). For an array: its tasks not yet started
+    (only ``array_tasks`` among them when set) will never run; each task already started has its own event."""
+
     TYPE = "job.cancelled"
     type: Literal["job.cancelled"] = "job.cancelled"
     job_id: uuid.UUID
     reason: ShortText
+    array_tasks: IndexText | None = None
+
+
+class ArrayParallelismChanged(TenantRouted):
+    """An array's parallelism was changed (``SetArrayParallelism``)."""
+
+    TYPE = "job.array_parallelism_changed"
+    type: Literal["job.array_parallelism_changed"] = "job.array_parallelism_changed"
+    job_id: uuid.UUID
+    parallelism: int | None = Field(ge=1, le=MAX_ARRAY_PARALLELISM)

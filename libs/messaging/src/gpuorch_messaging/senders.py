@@ -131,14 +131,15 @@ ANY_IDENTIFIED = (Sender("*"),)
 def scheduler_accepts() -> dict[str, tuple[Sender, ...]]:
     """Allow-list of the scheduler's queues (``scheduler`` and ``scheduler.heartbeats``; one table serves both).
 
-    Submissions and cancels from any identified user (tenant and priority are then checked against the identity
-    map at admission); job lifecycle facts from the executor of the node named in the body (``job.failed`` also
+    Submissions, cancels and array parallelism changes from any identified user (tenant and priority are then
+    checked against the identity map at admission); job lifecycle facts from the executor of the node named in the body (``job.failed`` also
     from the scheduler itself, which publishes it when a launch is undeliverable); node facts and ``NodeHeartbeat``
     from that node's agent; ``ExecutorHeartbeat`` (the other half of the lease) from that node's executor.
     """
     return {
         "job.submit": ANY_IDENTIFIED,
         "job.cancel": ANY_IDENTIFIED,
+        "job.array_set": ANY_IDENTIFIED,
         "job.started": (EXECUTOR_OF_NODE,),
         "job.finished": (EXECUTOR_OF_NODE,),
         "job.failed": (EXECUTOR_OF_NODE, *SCHEDULER),
@@ -177,7 +178,7 @@ def telemetry_accepts() -> dict[str, tuple[Sender, ...]]:
         "gpu.usage_sampled": (NODE_AGENT_OF_NODE,),
         "gpu.health_changed": (NODE_AGENT_OF_NODE,),
         **{t: SCHEDULER for t in ("job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting",
-                                  "job.requeued", "job.cancelled")},
+                                  "job.requeued", "job.cancelled", "job.array_parallelism_changed")},
         **{t: (EXECUTOR_OF_NODE,) for t in ("job.started", "job.finished", "job.lost", "job.checkpointed")},
         "job.failed": executor_or_scheduler,
         "mig.plan_proposed": SCHEDULER,

@@ -1,10 +1,12 @@
 """gpuorch_scheduling: the scheduler without I/O (see README.md for the pipeline).
 
-The state and its fold (``SchedulerState``), the scheduling cycle (``schedule``), the decisions around it
-(admission, cancel, requeue, liveness, runtime limits, MIG layouts) and the plan applier. No broker, no database, no
+The state and its fold (``SchedulerState``; job arrays: ``ArrayRecord``), the scheduling cycle (``schedule``), the
+decisions around it (admission, cancel, requeue, dependencies, liveness, runtime limits, MIG layouts) and the plan
+applier. No broker, no database, no
 clock: time is passed in.
 """
 
+from gpuorch_scheduling.arrays import ArrayRecord
 from gpuorch_scheduling.cycle import CycleLimits, CycleResult, Waiting, schedule
 from gpuorch_scheduling.decisions import (
     Decision,
@@ -22,6 +24,7 @@ from gpuorch_scheduling.state import DEFAULT_RETENTION_S, JobRecord, NodeRecord,
 
 __all__ = [
     "DEFAULT_RETENTION_S",
+    "ArrayRecord",
     "CycleLimits",
     "CycleResult",
     "Decision",

@@ -7,6 +7,8 @@ The plan it returns goes through the plan applier (``gpuorch_scheduling.applier`
 
     queued jobs ──► queueing.fair_order (tiers, priority + ageing, DRF between tenants)
         for each job:
+          dependencies not all met (dependencies.unmet)                                ──► waits for them
+          a task of an array already running ``parallelism`` tasks                     ──► waits for one to end
           quota: a non-preemptible job beyond its tenant's quota waits (only preemptible jobs borrow)
           fits now (Fleet.find through the placement index, leaving out nodes reserved for an earlier blocked job unless this job's
             runtime estimate ends before that reservation starts: backfill)          ──► JobPlaced + LaunchJob
@@ -22,12 +24,15 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuorch_contracts import PRIORITY_VALUE, JobPlaced, JobPreempting, LaunchJob, NodeAssignment
+from gpuorch_contracts import PRIORITY_VALUE, ArrayTask, JobPlaced, JobPreempting, LaunchJob, NodeAssignment
 from gpuorch_policy.fleet import Ask, Fleet
 
 from gpuorch_scheduling.decisions import PLACEMENT, Decision, at, decision_id, derived_id, stops
+from gpuorch_scheduling.dependencies import Unmet, unmet
 from gpuorch_scheduling.queueing import QueuePolicy, TenantUsage, fair_order
 from gpuorch_scheduling.state import JobRecord, SchedulerState
 
@@ -89,7 +94,8 @@ def _expected_end(job: JobRecord, now: float) -> float:
     return max(now, begun + length)
 
 
-def _place(job: JobRecord, assignments: list[NodeAssignment], now: float, decision: Decision) -> None:
+def _place(job: JobRecord, assignments: list[NodeAssignment], now: float, decision: Decision,
+           array_task: ArrayTask | None = None) -> None:
     """JobPlaced and one LaunchJob per gang rank. Built without re-validation: every part is validated already (the
     job's spec at admission, the assignments by the fleet), and this is the hottest path of a busy cycle."""
     placement_id = derived_id(job.job_id, PLACEMENT + 128 * job.preemptions + job.requeues)
@@ -103,14 +109,16 @@ def _place(job: JobRecord, assignments: list[NodeAssignment], now: float, decisi
             message_id=derived_id(placement_id, 1 + rank), type=LaunchJob.TYPE, schema_version=1,
             occurred_at=stamp, producer="unknown", labels={}, node_id=assignment.node_id, job_id=job.job_id,
             placement_id=placement_id, spec=job.spec, gpus=assignment.gpus, gang_rank=rank,
-            gang_size=len(assignments)))
+            gang_size=len(assignments), array_task=array_task))
 
 
 def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = None,
-             limits: CycleLimits | None = None, refresh_mix: bool = True) -> CycleResult:
+             limits: CycleLimits | None = None, refresh_mix: bool = True,
+             earlier: Mapping[uuid.UUID, Waiting] | None = None) -> CycleResult:
     """One scheduling cycle over every queued job (see the module docstring). Leaves the state as it found it
     (its tentative fleet changes are given back); no I/O, no clock. With ``refresh_mix`` the fleet's task mix is
-    updated from a sample of the queue and the running jobs first (scores change only if the mix did)."""
+    updated from a sample of the queue and the running jobs first (scores change only if the mix did).
+    ``earlier``: the start estimates published before (a job waiting on a queued dependency counts its estimate)."""
     policy = policy or QueuePolicy()
     limits = limits or CycleLimits()
     queued = state.queued_jobs()
@@ -125,7 +133,7 @@ def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = Non
     with fleet.plan():
         cycle = _Cycle(state, now, policy, limits, fleet, usage, decision)
         for job in fair_order(queued, now, policy, usage):
-            pending_for = cycle.decide(job)
+            pending_for = cycle.held(job, pending, earlier or {}) or cycle.decide(job)
             if pending_for is not None:
                 pending[job.job_id] = pending_for
     return CycleResult(decision, pending, cycle.preemptions)
@@ -152,6 +160,10 @@ class _Cycle:
         self.future_differs = bool(state.stopping)
         """Whether ``future`` may hold room that ``fleet`` lacks (jobs being preempted); else it is not asked."""
         self.future_unfit: set[object] = set()
+        self.gates: dict[uuid.UUID | None, Unmet | None] = {}
+        """Dependencies judged in this cycle: by job, or by array for tasks that wait for the same jobs."""
+        self.array_placed: dict[uuid.UUID, int] = {}
+        """Tasks of each array placed in this cycle (its parallelism counts them)."""
 
     @property
     def active(self) -> list[JobRecord]:
@@ -171,6 +183,28 @@ class _Cycle:
                 self._future.release_assignments(job.spec, job.assignments)
         return self._future
 
+    def held(self, job: JobRecord, pending: dict[uuid.UUID, Waiting],
+             earlier: Mapping[uuid.UUID, Waiting]) -> Waiting | None:
+        """Why ``job`` may not start whatever the fleet: a dependency not met, or its array's parallelism."""
+        if job.spec.depends_on:
+            # the tasks of an array wait for the same jobs (unless paired task by task): judged once per cycle
+            shared = job.array_id is not None and all(d.condition != "aftercorr" for d in job.spec.depends_on)
+            key = job.array_id if shared else job.job_id
+            if key in self.gates:
+                gate = self.gates[key]
+            else:
+                known = ChainMap(pending, earlier)  # type: ignore[arg-type]
+                gate = self.gates[key] = unmet(self.state, job, self.now, known)
+            if gate is not None:
+                return Waiting(gate.reason, gate.start)
+        if job.array_id is not None:
+            array = self.state.arrays.get(job.array_id)
+            if array is not None and array.parallelism is not None and \
+                    array.running + self.array_placed.get(job.array_id, 0) >= array.parallelism:
+                return Waiting(f"its array runs at most {array.parallelism} tasks at once; waits for one to end",
+                               None, False)
+        return None
+
     def decide(self, job: JobRecord) -> Waiting | None:
         spec = job.spec
         ask = self.fleet.ask(spec)
@@ -189,7 +223,12 @@ class _Cycle:
             if self._future is not None:
                 self._future.take_assignments(spec, fit)
             self.usage.add_amounts(spec.tenant, demand, +1)
-            _place(job, fit, self.now, self.decision)
+            array_task = None
+            if job.array_id is not None and job.array_index is not None and job.array_id in self.state.arrays:
+                self.array_placed[job.array_id] = self.array_placed.get(job.array_id, 0) + 1
+                array_task = ArrayTask.model_construct(array_job_id=job.array_id, task_id=job.array_index,
+                                                       task_count=self.state.arrays[job.array_id].total)
+            _place(job, fit, self.now, self.decision, array_task)
             self.placed_now.append(JobRecord(job_id=job.job_id, spec=spec, state="placed", assignments=fit,
                                              placed_at=self.now))
             return None

@@ -9,6 +9,7 @@ made twice (a retried batch, a replay through the Harness) carries the same id a
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -24,8 +25,11 @@ from gpuorch_contracts import (
     Message,
     StopJob,
     SubmitJob,
+    parse_indices,
 )
+from gpuorch_contracts.arrays import indices_text
 
+from gpuorch_scheduling import dependencies
 from gpuorch_scheduling.queueing import QueuePolicy, SubmissionRates, quota_never_fits
 from gpuorch_scheduling.state import JobRecord, SchedulerState
 
@@ -72,17 +76,20 @@ class Decision:
 
 
 def admit(state: SchedulerState, submit: SubmitJob, policy: QueuePolicy | None = None,
-          now: float | None = None, rates: SubmissionRates | None = None) -> Decision:
-    """Accept a new job into the queue, or reject one that can never fit the known fleet (or its tenant's quota),
-    whose tenant already has ``policy.max_queued_per_tenant`` jobs waiting, or (with ``rates``) that exceeds its
-    tenant's submission rate. Idempotent on job_id. With no node registered yet every job is accepted as far as
-    fit goes (nothing is known to refuse it)."""
-    if submit.job_id in state.jobs:
+          now: float | None = None, rates: SubmissionRates | None = None,
+          may_use: Callable[[str], bool] | None = None) -> Decision:
+    """Accept a new job (or array) into the queue, or reject one that can never fit the known fleet (or its
+    tenant's quota), whose tenant already has ``policy.max_queued_per_tenant`` jobs waiting, (with ``rates``) that
+    exceeds its tenant's submission rate, or whose dependencies are refused (``dependencies.refused``;
+    ``may_use(tenant)``: whether the submitter may depend on that tenant's jobs). Idempotent on job_id. With no
+    node registered yet every job is accepted as far as fit goes (nothing is known to refuse it)."""
+    if submit.job_id in state.jobs or submit.job_id in state.arrays:
         return Decision()
     fleet = state.fleet
-    never = None
+    never = dependencies.refused(state, submit.job_id, submit.spec, may_use)
     tenant = submit.spec.tenant
-    if policy is not None and state.queued_by_tenant.get(tenant, 0) >= policy.max_queued_per_tenant:
+    if never is None and policy is not None and \
+            state.queued_by_tenant.get(tenant, 0) >= policy.max_queued_per_tenant:
         never = (f"tenant {tenant} already has {policy.max_queued_per_tenant} jobs waiting (the limit); "
                  "submit again when some have started")
     if never is None and policy is not None and rates is not None and now is not None:
@@ -105,12 +112,31 @@ def admit(state: SchedulerState, submit: SubmitJob, policy: QueuePolicy | None =
 
 
 def cancel(state: SchedulerState, request: CancelJob) -> Decision:
+    """Cancel a job, or an array's tasks (all of them, or ``request.array_tasks``): the tasks not started never
+    will, each started one is cancelled (and stopped) on its own. Nothing for a job that already ended."""
+    array = state.arrays.get(request.job_id)
+    if array is not None:
+        return _cancel_array(state, request)
     job = state.jobs.get(request.job_id)
     if job is None or job.state in TERMINAL_STATES:
         return Decision()
     decision = Decision(logged=[JobCancelled(message_id=decision_id("cancelled", job.job_id), job_id=job.job_id,
                                              reason=request.reason)])
     decision.published.extend(stops(job, "cancel"))
+    return decision
+
+
+def _cancel_array(state: SchedulerState, request: CancelJob) -> Decision:
+    array = state.arrays[request.job_id]
+    if array.ended_at is not None:
+        return Decision()
+    only = parse_indices(request.array_tasks) if request.array_tasks else None
+    text = indices_text(only) if only is not None else None
+    decision = Decision(logged=[JobCancelled(message_id=decision_id("cancelled", array.array_id, text),
+                                             job_id=array.array_id, reason=request.reason, array_tasks=text)])
+    for index, task_id in sorted(array.live.items()):
+        if only is None or any(index in r for r in only):
+            decision.extend(cancel(state, CancelJob(job_id=task_id, reason=request.reason)))
     return decision
 
 

@@ -40,7 +40,9 @@ from gpuorch_contracts import (
     JobStarted,
     Message,
     NodeInventory,
+    SetArrayParallelism,
     SubmitJob,
+    array_task_id,
 )
 
 from gpuorch_scheduling import journal
@@ -126,13 +128,18 @@ class Harness:
 
     def submit(self, spec: JobSpec, *, at: float | None = None, runtime_s: float = math.inf,
                checkpoints: bool = True, exit_code: int = 0, sender: str | None = None,
-               job_id: uuid.UUID | None = None) -> SimJob:
+               job_id: uuid.UUID | None = None,
+               task_behaviour: Callable[[int], tuple[float, int]] | None = None) -> SimJob:
         """A job arriving at ``at`` (now by default) that runs ``runtime_s`` once started (in all, over its
-        placements when it checkpoints), then exits with ``exit_code``."""
+        placements when it checkpoints), then exits with ``exit_code``. An array (``spec.array``): each task
+        behaves so, or as ``task_behaviour(index)`` says (runtime, exit code); its SimJob is the array's."""
         job = SimJob(spec, self.now if at is None else at, runtime_s, job_id or self.job_id(), checkpoints,
                      exit_code, sender)
         self.jobs[job.job_id] = job
         self.world.behaviour[job.job_id] = Behaviour(runtime_s, exit_code, checkpoints)
+        for index in (i for r in spec.array.ranges for i in r) if spec.array is not None else ():
+            task_runtime, task_exit = task_behaviour(index) if task_behaviour else (runtime_s, exit_code)
+            self.world.behaviour[array_task_id(job.job_id, index)] = Behaviour(task_runtime, task_exit, checkpoints)
         submit = SubmitJob(message_id=uuid.uuid5(job.job_id, "submit"), job_id=job.job_id, spec=spec)
         self._due(job.arrival, lambda: [submit], sender)
         return job
@@ -140,6 +147,19 @@ class Harness:
     def cancel(self, job_id: uuid.UUID, *, at: float | None = None, sender: str | None = None) -> None:
         cancel = CancelJob(message_id=uuid.uuid5(job_id, f"cancel:{at}"), job_id=job_id, reason="cancelled")
         self._due(self.now if at is None else at, lambda: [cancel], sender)
+
+    def cancel_tasks(self, array_id: uuid.UUID, indices: str, *, at: float | None = None,
+                     sender: str | None = None) -> None:
+        """Cancel the tasks ``indices`` (``3``, ``5-9``) of an array."""
+        cancel = CancelJob(message_id=uuid.uuid5(array_id, f"cancel:{indices}:{at}"), job_id=array_id,
+                           reason="cancelled", array_tasks=indices)
+        self._due(self.now if at is None else at, lambda: [cancel], sender)
+
+    def set_parallelism(self, array_id: uuid.UUID, parallelism: int | None, *, at: float | None = None,
+                        sender: str | None = None) -> None:
+        change = SetArrayParallelism(message_id=uuid.uuid5(array_id, f"parallelism:{parallelism}:{at}"),
+                                     job_id=array_id, parallelism=parallelism)
+        self._due(self.now if at is None else at, lambda: [change], sender)
 
     def add_node(self, inventory: NodeInventory, *, at: float | None = None) -> None:
         """A node registers (and heartbeats from then on while it is up)."""
@@ -250,12 +270,15 @@ class Harness:
             elif isinstance(event, JobRequeued):
                 job.state, job.reason = "queued", event.reason
                 job.preemptions += int(event.preempted)
-            elif isinstance(event, JobCancelled):
+            elif isinstance(event, JobCancelled) and event.array_tasks is None:  # not some tasks of an array
                 job.state, job.reason, job.ended_at = "cancelled", event.reason, now
-        for job_id in step.touched_jobs:
-            record = self.scheduler.state.jobs.get(job_id)
+        state = self.scheduler.state
+        arrays = {t.array_id for t in map(state.jobs.get, step.touched_jobs) if t is not None and t.array_id}
+        for job_id in [*step.touched_jobs, *arrays]:
+            record = state.jobs.get(job_id) or state.arrays.get(job_id)
             job = jobs.get(job_id)
-            if record is not None and job is not None and record.state in ("succeeded", "failed") \
+            ended = ("succeeded", "failed", "cancelled") if job_id in state.arrays else ("succeeded", "failed")
+            if record is not None and job is not None and record.state in ended \
                     and job.state not in ("succeeded", "failed", "cancelled"):
                 job.state, job.ended_at, job.reason = record.state, now, record.reason
         for message in step.outgoing:

@@ -6,6 +6,8 @@
                   stop confirmations are decided and recorded at once
       2. tick     (when due) lease transitions, stray placements, overdue max runtimes, silent preemptions, the MIG
                   loop (``mig_loop``)
+         deps     jobs (arrays, array tasks) touched in this step whose dependencies can never be met are cancelled
+                  with the reason, down the chain (``dependencies.unmeetable``)
       3. cycle    ``cycle.schedule`` over the queue (every tick; after a batch that changed something, at most
                   every ``min_cycle_interval_s`` once the queue is deep)
       4. apply    the cycle's plan through the plan applier (``applier.apply_plan``): accepted decisions are
@@ -33,6 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuorch_contracts import (
+    ArrayParallelismChanged,
     CancelJob,
     ExecutorHeartbeat,
     FleetAlert,
@@ -51,12 +54,13 @@ from gpuorch_contracts import (
     MigLayoutApplied,
     MigReconfiguration,
     NodeRegistered,
+    SetArrayParallelism,
     SubmitJob,
 )
 from gpuorch_contracts.jobs import TenantRouted
 from gpuorch_identity import IdentityMap, Rejection, acting_user, authorize_cancel, authorize_submission
 
-from gpuorch_scheduling import mig
+from gpuorch_scheduling import dependencies, mig
 from gpuorch_scheduling.applier import apply_plan
 from gpuorch_scheduling.cycle import CycleLimits, CycleResult, Waiting, schedule
 from gpuorch_scheduling.decisions import (
@@ -134,6 +138,7 @@ class Scheduler:
         self.fold_handlers: dict[str, Callable[[Any, Step, Input, Known], _Folded | None]] = {
             SubmitJob.TYPE: self._fold_submit,
             CancelJob.TYPE: self._fold_cancel,
+            SetArrayParallelism.TYPE: self._fold_set_parallelism,
             JobFailed.TYPE: self._fold_job_ended,
             JobLost.TYPE: self._fold_job_ended,
             JobFinished.TYPE: self._fold_job_ended,
@@ -188,6 +193,7 @@ class Scheduler:
             self._fold(item, step, known)
         if tick:
             self._tick(step, hooks)
+        self._end_unmeetable(step)
         if tick or (step.wants_cycle and self._cycle_due(now)):
             self._cycle(step, hooks)
         stamp = datetime.fromtimestamp(now, UTC)
@@ -217,6 +223,18 @@ class Scheduler:
         if isinstance(incoming, NodeRegistered) and self.state.mig:
             decision.extend(mig.inventory_arrived(self.state, self.config.mig, incoming.inventory.node_id, step.now))
         self._apply(step, decision, item.trace)
+
+    def _end_unmeetable(self, step: Step) -> None:
+        """Cancel what can never start because of a dependency, then what depended on that, and so on."""
+        seen: set[uuid.UUID] = set()
+        touched = set(step.touched_jobs)
+        while touched:
+            candidates = [j for j in dependencies.affected(self.state, touched) if j not in seen]
+            before = set(step.touched_jobs)
+            for request in dependencies.unmeetable(self.state, candidates):
+                self._apply(step, cancel(self.state, request))
+            seen.update(candidates)
+            touched = set(step.touched_jobs) - before
 
     def _apply(self, step: Step, decision: Decision, trace: Any = None) -> None:
         """Record a decision's events and queue what it publishes."""
@@ -263,7 +281,8 @@ class Scheduler:
         own trace (kept since its submission); else ``trace``, the delivery that caused it. Empty when none is
         known (the shell may add the current span's)."""
         if not isinstance(event, JobAccepted | JobRejected):
-            job = self.state.jobs.get(field_of(event, "job_id"))  # type: ignore[arg-type]
+            job_id = field_of(event, "job_id")
+            job = self.state.jobs.get(job_id) or self.state.arrays.get(job_id)  # type: ignore[arg-type]
             if job is not None and job.traceparent:
                 return {"traceparent": job.traceparent}
         return dict(trace) if trace else {}
@@ -271,7 +290,8 @@ class Scheduler:
     def _tenant_of(self, event: Message) -> dict[str, Any]:
         if not isinstance(event, TenantRouted) or event.tenant is not None:
             return {}
-        job = self.state.jobs.get(event.job_id)  # type: ignore[attr-defined]
+        job_id = event.job_id  # type: ignore[attr-defined]
+        job = self.state.jobs.get(job_id) or self.state.arrays.get(job_id)
         return {"tenant": job.spec.tenant} if job is not None else {}
 
     # -- the fold handlers --------------------------------------------------------------------------------------
@@ -291,6 +311,19 @@ class Scheduler:
             step.ignored.append((message, refused))
             return None
         return None, cancel(self.state, message), None
+
+    def _fold_set_parallelism(self, message: SetArrayParallelism, step: Step, item: Input,
+                              known: Known) -> _Folded | None:
+        """Checked as a cancel of the array is (its tenant, or an operator); logged as ArrayParallelismChanged."""
+        array = self.state.arrays.get(message.job_id)
+        refused = "not a known array that is still running" if array is None or array.ended_at is not None \
+            else self._cancel_refused(message, item.sender)
+        if refused is not None:
+            step.ignored.append((message, refused))
+            return None
+        return None, Decision(logged=[ArrayParallelismChanged(
+            message_id=decision_id("parallelism", message.message_id), job_id=message.job_id,
+            parallelism=message.parallelism)]), None
 
     def _fold_job_ended(self, message: JobFailed | JobLost | JobFinished, step: Step, item: Input,
                         known: Known) -> _Folded | None:
@@ -342,7 +375,8 @@ class Scheduler:
     def _admit(self, submit: SubmitJob, sender: str | None, now: float) -> Decision:
         """Admission: tenant and priority from the publisher's identity, then fit, quota and admission limits."""
         identity = self.config.identity
-        if identity is not None and submit.job_id not in self.state.jobs:
+        may_use = None
+        if identity is not None and submit.job_id not in self.state.jobs and submit.job_id not in self.state.arrays:
             who = self._sender(sender)
             acting = acting_user(identity, who, submit.on_behalf_of)
             if isinstance(acting, Rejection):
@@ -355,14 +389,19 @@ class Scheduler:
                     message_id=decision_id("rejected", submit.job_id), job_id=submit.job_id,
                     reason=verdict.reason[:1000], tenant=identity.default_tenant(acting))])
             submit = submit.model_copy(update={"spec": verdict})
-        return admit(self.state, submit, self.config.queues, now, self.rates)
+            user = acting
+
+            def may_use(tenant: str) -> bool:
+                return authorize_cancel(identity, user, tenant) is None
+
+        return admit(self.state, submit, self.config.queues, now, self.rates, may_use)
 
     def _sender(self, sender: str | None) -> str | None:
         return sender if sender or not self.config.trust_unidentified else "*"
 
-    def _cancel_refused(self, request: CancelJob, sender: str | None) -> str | None:
+    def _cancel_refused(self, request: CancelJob | SetArrayParallelism, sender: str | None) -> str | None:
         identity = self.config.identity
-        job = self.state.jobs.get(request.job_id)
+        job = self.state.jobs.get(request.job_id) or self.state.arrays.get(request.job_id)
         if identity is None or job is None:
             return None
         acting = acting_user(identity, self._sender(sender), request.on_behalf_of)
@@ -435,7 +474,7 @@ class Scheduler:
         """One scheduling cycle; its plan goes through the plan applier."""
         now = step.now
         result = hooks.cycle(lambda: schedule(self.state, now, self.config.queues, self.config.limits,
-                                              refresh_mix=False))
+                                              refresh_mix=False, earlier=self.pending))
         self.mig.note_pending(self.state, result.pending)
         self._last_cycle_at = now
         step.preemptions += result.preemptions

@@ -9,7 +9,9 @@ The fold also keeps what the scheduling cycle reads current, so nothing is rebui
 holding capacity and gives them back when it stops; ``queued`` and ``active`` index the jobs by state;
 ``tenant_held`` sums what each tenant holds; ``mig`` holds the MIG reconfigurations under way (their GPUs are
 closed to placements in the fleet) and ``mig_history`` when each GPU's last ones ended (``domain.mig``). Finished
-jobs leave memory ``retention_s`` after they end (log time); the log and the read model keep them.
+jobs leave memory ``retention_s`` after they end (log time), unless a waiting job depends on them (``dependents``);
+the log and the read model keep them. Arrays (``arrays``) are records of their own whose next tasks the fold
+materializes as queued jobs (``_fill``: a pure function of the log, so a replay makes the same tasks).
 
 ``capacity_violations`` re-derives usage from the jobs alone (independently of the fleet's arrays): tests and the
 crash drill check the whole state with it; the plan applier checks each decision with ``Fleet.check`` before it is
@@ -26,6 +28,7 @@ from typing import Any
 
 from gpuorch_contracts import (
     TERMINAL_STATES,
+    ArrayParallelismChanged,
     GpuAllocation,
     GpuHealthChanged,
     JobAccepted,
@@ -46,8 +49,11 @@ from gpuorch_contracts import (
     NodeInventory,
     NodeLivenessChanged,
     NodeRegistered,
+    parse_indices,
 )
 from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, Fleet, gpu_units
+
+from gpuorch_scheduling.arrays import ArrayRecord
 
 _FIELDS: dict[type, frozenset[str]] = {}
 
@@ -96,6 +102,9 @@ class JobRecord:
     preemptions: int = 0
     stopping_nodes: list[str] = field(default_factory=list)
     """Nodes of a cancelled placement whose executor has not yet confirmed it ended: its capacity stays held."""
+    array_id: uuid.UUID | None = None
+    """The array this job is a task of (``arrays``), with its index."""
+    array_index: int | None = None
 
     @property
     def holds_capacity(self) -> bool:
@@ -112,6 +121,7 @@ class JobRecord:
             "traceparent": self.traceparent,
             "preempting_at": self.preempting_at, "stopped_nodes": list(self.stopped_nodes),
             "preemptions": self.preemptions, "stopping_nodes": list(self.stopping_nodes),
+            "array_id": str(self.array_id) if self.array_id else None, "array_index": self.array_index,
         }
 
     @classmethod
@@ -127,6 +137,8 @@ class JobRecord:
             traceparent=raw.get("traceparent"),
             preempting_at=raw.get("preempting_at"), stopped_nodes=list(raw.get("stopped_nodes", [])),
             preemptions=raw.get("preemptions", 0), stopping_nodes=list(raw.get("stopping_nodes", [])),
+            array_id=uuid.UUID(raw["array_id"]) if raw.get("array_id") else None,
+            array_index=raw.get("array_index"),
         )
 
 
@@ -199,6 +211,11 @@ class SchedulerState:
     """The last ``JobRecord.queued_seq`` given."""
     not_alive: set[str] = field(default_factory=set)
     """Nodes whose liveness is suspect or lost (a tick looks at these and at the silent ones only)."""
+    arrays: dict[uuid.UUID, ArrayRecord] = field(default_factory=dict)
+    """Job arrays by their job id (``arrays``): their tasks are jobs of their own once materialized."""
+    dependents: dict[uuid.UUID, set[uuid.UUID]] = field(default_factory=dict)
+    """Job or array id -> the jobs and arrays that depend on it and have not ended (derived). A job with
+    dependents is not forgotten at retention: they still need its outcome."""
     _ended: deque[tuple[float, uuid.UUID]] = field(default_factory=deque)
     _ending: set[uuid.UUID] = field(default_factory=set)
     _json: dict[object, str] = field(default_factory=dict)
@@ -228,9 +245,15 @@ class SchedulerState:
             self._json.clear()  # the fold touched every job that was stopping there (cheap: nodes are rarely lost)
         if job_id is not None:
             self._reindex(job_id, held_before)
+            array = self.arrays.get(job_id) if job is None else (
+                self.arrays.get(job.array_id) if job.array_id is not None else None)
+            if array is not None:
+                self._fill(array)
         elif isinstance(event, NodeLivenessChanged) and event.liveness == "lost":
             for other in [j for j in self.active.values() if j.state in TERMINAL_STATES]:
                 self._reindex(other.job_id, True)
+                if other.array_id is not None and other.array_id in self.arrays:
+                    self._fill(self.arrays[other.array_id])
         self._forget_ended()
 
     def _reindex(self, job_id: uuid.UUID, held_before: bool) -> None:
@@ -259,12 +282,22 @@ class SchedulerState:
             self.stopping[job_id] = job
         else:
             self.stopping.pop(job_id, None)
+        array = self.arrays.get(job.array_id) if job.array_id is not None else None
         if job.state == "queued":
             if job_id not in self.queued:
                 self.queued_by_tenant[job.spec.tenant] = self.queued_by_tenant.get(job.spec.tenant, 0) + 1
+                if array is not None:
+                    array.queued_tasks += 1
             self.queued[job_id] = job
         elif self.queued.pop(job_id, None) is not None:
             self.queued_by_tenant[job.spec.tenant] -= 1
+            if array is not None:
+                array.queued_tasks -= 1
+        if job.state in TERMINAL_STATES:
+            if array is not None and job.array_index is not None and not held:
+                array.task_ended(job.array_index, job.state)  # a stopping task still counts as running
+            elif job.spec.depends_on:
+                self._unlink(job_id, job.spec)
         if not held and job.state in TERMINAL_STATES and job_id not in self._ending:
             self._ended.append((self.clock, job_id))  # log time only grows: the deque stays in order
             self._ending.add(job_id)
@@ -295,14 +328,67 @@ class SchedulerState:
         cutoff = self.clock - self.retention_s
         while self._ended and self._ended[0][0] < cutoff:
             _, job_id = self._ended.popleft()
+            if self.dependents.get(job_id):
+                self._ended.append((self.clock, job_id))  # a waiting job still needs its outcome
+                continue
             self._ending.discard(job_id)
             job = self.jobs.get(job_id)
             if job is not None and job.state in TERMINAL_STATES and not job.holds_capacity:
                 del self.jobs[job_id]
                 self._json.pop(job_id, None)
+            elif job is None:
+                self.arrays.pop(job_id, None)
+
+    # -- arrays and dependencies ----------------------------------------------------------------------------------
+
+    def _link(self, dependent: uuid.UUID, spec: JobSpec) -> None:
+        for dependency in spec.depends_on:
+            self.dependents.setdefault(dependency.job_id, set()).add(dependent)
+
+    def _unlink(self, dependent: uuid.UUID, spec: JobSpec) -> None:
+        for dependency in spec.depends_on:
+            waiting = self.dependents.get(dependency.job_id)
+            if waiting is not None:
+                waiting.discard(dependent)
+                if not waiting:
+                    del self.dependents[dependency.job_id]
+
+    def _fill(self, array: ArrayRecord) -> None:
+        """Materialize the array's next tasks as far as its parallelism and the queued window allow (the fold's
+        own rule: a replay makes the same tasks); end the array once nothing is pending or live."""
+        while array.wants_task():
+            index = array.next_index()
+            if index is None:
+                break
+            task = JobRecord(job_id=array.task_id(index), spec=array.spec, accepted_at=self.clock,
+                             enqueued_at=self.clock, queued_seq=self._next_seq(), traceparent=array.traceparent,
+                             array_id=array.array_id, array_index=index)
+            self.jobs[task.job_id] = task
+            array.live[index] = task.job_id
+            self._reindex(task.job_id, False)
+        if array.ended_at is None and not array.pending and not array.live:
+            array.ended_at = self.clock
+            self._unlink(array.array_id, array.spec)
+            if array.array_id not in self._ending:
+                self._ended.append((self.clock, array.array_id))
+                self._ending.add(array.array_id)
 
     def _fold(self, event: Message, at: float, headers: dict[str, Any] | None) -> None:
         match event:
+            case JobAccepted() if event.spec.array is not None:
+                if event.job_id not in self.arrays:
+                    self.arrays[event.job_id] = ArrayRecord.accepted(
+                        event.job_id, event.spec, at, (headers or {}).get("traceparent"))
+                    self._link(event.job_id, event.spec)
+            case JobCancelled() if event.job_id in self.arrays:
+                array = self.arrays[event.job_id]
+                if array.ended_at is None:
+                    array.cancel_pending(parse_indices(event.array_tasks) if event.array_tasks else None)
+                    array.reason = event.reason
+            case ArrayParallelismChanged():
+                array = self.arrays.get(event.job_id)
+                if array is not None:
+                    array.parallelism = event.parallelism
             case JobAccepted():
                 if event.job_id not in self.jobs:
                     self.jobs[event.job_id] = JobRecord(
@@ -310,6 +396,7 @@ class SchedulerState:
                         queued_seq=self._next_seq(),
                         traceparent=(headers or {}).get("traceparent"),
                     )
+                    self._link(event.job_id, event.spec)
             case JobRejected():
                 pass  # never entered the queue
             case JobPlaced():
@@ -527,7 +614,8 @@ class SchedulerState:
                 text = cache[("node", node_id)] = json.dumps(node.to_dict())
             nodes.append(text)
         head = json.dumps({"version": 2, "position": self.position, "clock": self.clock, "queue_seq": self.queue_seq,
-                           "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot()})
+                           "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot(),
+                           "arrays": [a.to_dict() for a in self.arrays.values()]})
         return f'{head[:-1]}, "jobs": [{", ".join(jobs)}], "nodes": [{", ".join(nodes)}]}}'
 
     def to_snapshot(self) -> dict[str, Any]:
@@ -536,6 +624,7 @@ class SchedulerState:
             "jobs": [j.to_dict() for j in self.jobs.values()],
             "nodes": [n.to_dict() for n in self.nodes.values()],
             "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot(),
+            "arrays": [a.to_dict() for a in self.arrays.values()],
         }
 
     def _mig_snapshot(self) -> dict[str, Any]:
@@ -553,9 +642,16 @@ class SchedulerState:
             if record_n.liveness != "alive":
                 state.not_alive.add(record_n.node_id)
             state.fleet.upsert_node(record_n.inventory, record_n.schedulable, record_n.gpu_health)
+        for raw_array in raw.get("arrays", []):
+            array = ArrayRecord.from_dict(raw_array)
+            state.arrays[array.array_id] = array
+            if array.ended_at is None:
+                state._link(array.array_id, array.spec)
         for job in raw["jobs"]:
             record = JobRecord.from_dict(job)
             state.jobs[record.job_id] = record
+            if record.spec.depends_on and record.array_id is None and record.state not in TERMINAL_STATES:
+                state._link(record.job_id, record.spec)
             if record.holds_capacity:
                 state.fleet.hold(record.job_id, record.spec, record.assignments)
                 state._hold(record)
@@ -569,6 +665,8 @@ class SchedulerState:
                 state.queued[record.job_id] = record
                 tenant = record.spec.tenant
                 state.queued_by_tenant[tenant] = state.queued_by_tenant.get(tenant, 0) + 1
+                if record.array_id is not None and record.array_id in state.arrays:
+                    state.arrays[record.array_id].queued_tasks += 1
         for raw_event in raw.get("mig", []):
             event = MigReconfiguration.model_validate(raw_event)
             state.mig[(event.node_id, event.gpu_index)] = event

@@ -5,6 +5,8 @@
                 SubmitJob(spec as authorized, on_behalf_of=name) -> gpuorch.submit / job.submit.<tenant>
         cancel: authorize_job_access(map, name, job's tenant)  refused -> Forbidden (403)
                 CancelJob(job_id, tenant, on_behalf_of=name) -> gpuorch.submit / job.cancel.<tenant>
+        set an array's parallelism: the same check as cancel
+                SetArrayParallelism(job_id, tenant, on_behalf_of=name) -> gpuorch.submit / job.array_set.<tenant>
 
 The API publishes as its own broker user (a ``gateway`` identity in the identity map); the scheduler judges the
 message as ``on_behalf_of`` only because that user is a gateway (``gpuorch_identity.acting_user``, decision 25),
@@ -18,7 +20,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from gpuorch_contracts import CancelJob, JobSpec, SubmitJob
+from gpuorch_contracts import CancelJob, JobSpec, SetArrayParallelism, SubmitJob
 from gpuorch_identity import IdentityMap, Rejection, authorize_job_access, authorize_submission
 from gpuorch_messaging import Broker
 from gpuorch_observability import tracer
@@ -49,11 +51,25 @@ class Gateway:
             await self.broker.publish(message)
         return message
 
-    async def cancel(self, caller: Caller, job: dict[str, Any], reason: str) -> CancelJob:
+    async def cancel(self, caller: Caller, job: dict[str, Any], reason: str,
+                     array_tasks: str | None = None) -> CancelJob:
+        """Cancel a job, a whole array, or (``array_tasks``) some tasks of an array."""
+        self._may_act_on(caller, job)
+        message = CancelJob(job_id=job["job_id"], reason=reason, tenant=job["tenant"] or None,
+                            producer="gpuorch-api", on_behalf_of=caller.name, array_tasks=array_tasks)
+        await self.broker.publish(message)
+        return message
+
+    async def set_parallelism(self, caller: Caller, job: dict[str, Any], parallelism: int | None
+                              ) -> SetArrayParallelism:
+        """Change how many tasks of an array may run at once (whoever may cancel it may)."""
+        self._may_act_on(caller, job)
+        message = SetArrayParallelism(job_id=job["job_id"], parallelism=parallelism, tenant=job["tenant"] or None,
+                                      producer="gpuorch-api", on_behalf_of=caller.name)
+        await self.broker.publish(message)
+        return message
+
+    def _may_act_on(self, caller: Caller, job: dict[str, Any]) -> None:
         refused = authorize_job_access(self.identity_map, caller.name, job["tenant"])
         if refused is not None:
             raise Forbidden(refused.reason)
-        message = CancelJob(job_id=job["job_id"], reason=reason, tenant=job["tenant"] or None,
-                            producer="gpuorch-api", on_behalf_of=caller.name)
-        await self.broker.publish(message)
-        return message

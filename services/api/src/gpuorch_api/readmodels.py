@@ -24,7 +24,8 @@ from gpuorch_report import Period, WeeklyReport, read_report
 
 JOB_COLUMNS = """j.job_id, j.name, j.tenant, j.tier, j.priority_class, j.state, j.spec::text AS spec, j.placement_id,
     j.node_ids, j.assignments::text AS assignments, j.exit_code, j.reason, j.pending_reason, j.estimated_start,
-    j.requeues, j.log_path, j.submitted_at, j.placed_at, j.started_at, j.ended_at, j.updated_at"""
+    j.requeues, j.log_path, j.submitted_at, j.placed_at, j.started_at, j.ended_at, j.updated_at, j.array_id,
+    j.array_index, j.array_counts::text AS array_counts"""
 
 ACTIVE_STATES = ("placed", "running", "preempting")
 
@@ -74,8 +75,9 @@ class ReadModels:
             await conn.fetchval("SELECT 1")
 
     async def jobs(self, *, tenants: Collection[str] | None, state: str | None = None, tenant: str | None = None,
-                   tier: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        """Jobs newest first, filtered; a rejected job's empty spec is filled from the API's own submissions."""
+                   tier: str | None = None, limit: int = 100, array: uuid.UUID | None = None) -> list[dict[str, Any]]:
+        """Jobs newest first, filtered; a rejected job's empty spec is filled from the API's own submissions. An
+        array is one row (its tasks counted in ``array_counts``); with ``array``, that array's tasks by index."""
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 f"""SELECT {JOB_COLUMNS}, s.spec::text AS submitted_spec FROM jobs j
@@ -84,8 +86,10 @@ class ReadModels:
                       AND ($2::text IS NULL OR j.state = $2)
                       AND ($3::text IS NULL OR j.tenant = $3 OR (j.tenant = '' AND s.spec->>'tenant' = $3))
                       AND ($4::text IS NULL OR j.tier = $4 OR (j.tier = '' AND s.spec->>'tier' = $4))
-                    ORDER BY j.submitted_at DESC LIMIT $5""",
-                _tenant_list(tenants), state, tenant, tier, limit)
+                      AND (($6::uuid IS NULL AND j.array_id IS NULL) OR j.array_id = $6)
+                    ORDER BY CASE WHEN $6::uuid IS NULL THEN NULL ELSE j.array_index END, j.submitted_at DESC
+                    LIMIT $5""",
+                _tenant_list(tenants), state, tenant, tier, limit, array)
         return [_with_submitted_spec(r) for r in rows]
 
     async def resolve(self, prefix: str, *, tenants: Collection[str] | None) -> uuid.UUID | None:

@@ -6,7 +6,9 @@ and shapes the answer with ``domain.views``. Errors are one line of JSON: ``{"er
     GET  /api/v1/jobs?state=&tenant=&tier=&limit= jobs of the caller's tenants (operator: all)
     POST /api/v1/jobs                             {"spec": JobSpec, "job_id"?: uuid} -> 202 {"job_id"}
     GET  /api/v1/jobs/{id}                        spec, state, reason, placement, timeline, usage, advice, trace link
-    POST /api/v1/jobs/{id}/cancel                 {"reason"?} -> 202
+    GET  /api/v1/jobs?array={id}                  the tasks of one array, by index (an array is otherwise one row)
+    POST /api/v1/jobs/{id}/cancel                 {"reason"?, "array_tasks"?: "0-9"} -> 202
+    POST /api/v1/jobs/{id}/parallelism            {"parallelism": N | null} -> 202 (an array's)
     GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor
     GET  /api/v1/nodes, /queues, /tenants         fleet, queues per tier, allocation against quota and use
     GET  /api/v1/usage?days=7                     GPU-hours per day and tenant: allocated, used, idle
@@ -36,12 +38,13 @@ import aiormq.exceptions
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from gpuorch_contracts import JobSpec
+from gpuorch_contracts.arrays import MAX_ARRAY_PARALLELISM, IndexText
 from gpuorch_contracts.jobs import JobState, Tier
 from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
 from gpuorch_messaging import TopologyMissing, dead_letters
 from gpuorch_report import WeeklyReport, resolve_period
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpuorch_api import schemas
 from gpuorch_api.auth import ApiError, Caller, Forbidden, authenticate
@@ -62,6 +65,12 @@ class SubmitRequest(BaseModel):
 class CancelRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: ShortText = "cancelled by user"
+    array_tasks: IndexText | None = None
+
+
+class ParallelismRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    parallelism: int | None = Field(ge=1, le=MAX_ARRAY_PARALLELISM)
 
 
 class Accepted(BaseModel):
@@ -112,11 +121,15 @@ async def list_jobs(
     tenant: Annotated[TenantName | None, Query(description="only this tenant's jobs")] = None,
     tier: Annotated[Tier | None, Query(description="only this tier")] = None,
     limit: Annotated[int, Query(ge=1, le=5000)] = 100,
+    array: Annotated[str | None, Query(description="an array's id (or prefix): list its tasks")] = None,
 ) -> list[dict[str, Any]]:
-    """Jobs newest first: the caller's tenants' (an operator's: every tenant's)."""
+    """Jobs newest first: the caller's tenants' (an operator's: every tenant's); an array is one row with its
+    tasks counted. With ``array``: that array's tasks, by index."""
     if tenant is not None and not who.sees(tenant):
         raise Forbidden(f"{who.name} may not read jobs of tenant {tenant!r}")
-    rows = await svc.read.jobs(tenants=who.tenants, state=state, tenant=tenant, tier=tier, limit=limit)
+    array_id = (await _visible_job(svc, who, array))["job_id"] if array is not None else None
+    rows = await svc.read.jobs(tenants=who.tenants, state=state, tenant=tenant, tier=tier, limit=limit,
+                               array=array_id)
     return [views.job_view(r) for r in rows]
 
 
@@ -176,8 +189,29 @@ async def cancel_job(job_ref: str, who: CallerDep, svc: BackendsDep,
                      body: CancelRequest | None = None) -> Accepted:
     """Publish a CancelJob on the caller's behalf (a running job gets its checkpoint signal, then is stopped)."""
     job = await _job_for_action(svc, who, job_ref)
-    await svc.gateway.cancel(who, job, (body or CancelRequest()).reason)
+    body = body or CancelRequest()
+    if body.array_tasks is not None and _array_of(job) is None:
+        raise ApiError(400, f"job {job['job_id']} is not an array: array_tasks names tasks of an array")
+    await svc.gateway.cancel(who, job, body.reason, body.array_tasks)
     return Accepted(job_id=job["job_id"], status="cancel requested")
+
+
+@router.post("/api/v1/jobs/{job_ref}/parallelism", status_code=202, tags=["jobs"])
+async def set_parallelism(job_ref: str, body: ParallelismRequest, who: CallerDep, svc: BackendsDep) -> Accepted:
+    """Publish a SetArrayParallelism on the caller's behalf: at most ``parallelism`` tasks of the array run at once
+    (running tasks keep running when it is lowered)."""
+    job = await _job_for_action(svc, who, job_ref)
+    if _array_of(job) is None:
+        raise ApiError(400, f"job {job['job_id']} is not an array")
+    await svc.gateway.set_parallelism(who, job, body.parallelism)
+    return Accepted(job_id=job["job_id"], status="parallelism change requested")
+
+
+def _array_of(job: dict[str, Any]) -> Any:
+    """The job's ``array`` field when it is an array (its tasks carry the same spec, and an ``array_id``)."""
+    spec = job["spec"]
+    spec = json.loads(spec) if isinstance(spec, str) else spec
+    return None if job.get("array_id") is not None else (spec or {}).get("array")
 
 
 async def _job_for_action(svc: Backends, who: Caller, job_ref: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from datetime import date, datetime
 from typing import Any
 
 from gpuorch_messaging.dead_letters import DeadLetter, SkippedDeadLetter
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class Error(BaseModel):
@@ -46,6 +46,10 @@ class JobSummary(BaseModel):
     ended_at: datetime | None
     requeues: int
     estimated_start: datetime | None
+    array_id: str | None = Field(default=None, description="the array this job is a task of")
+    array_index: int | None = None
+    array_counts: dict[str, int] | None = Field(default=None, description=(
+        "an array's tasks by state: queued (not started yet), running, succeeded, failed, cancelled"))
 
 
 class TimelineEvent(BaseModel, extra="allow"):

@@ -30,6 +30,7 @@ from rich.table import Table
 
 from gpuorch_gpuctl import jobs_view
 from gpuorch_gpuctl.api_client import ApiClient, api, api_or_dsn
+from gpuorch_gpuctl.array_cmd import array_app, array_field, dependencies, resolver
 from gpuorch_gpuctl.contexts import config_app, context_endpoint, explicit_endpoint
 from gpuorch_gpuctl.demo_cmd import demo, down
 from gpuorch_gpuctl.dlq_cmd import dlq_app
@@ -47,6 +48,7 @@ from gpuorch_gpuctl.watch import job_row_line, sse_events, state_after
 app = typer.Typer(help="gpuctl: submit, watch, inspect and cancel gpuorch jobs (through the gpuorch API).",
                   epilog=GpuctlSettings.environment_help(),
                   no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
+app.add_typer(array_app, name="array")
 app.add_typer(config_app, name="config")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(setup_app, name="setup")
@@ -133,6 +135,11 @@ def submit(
     runtime_estimate: Annotated[float | None, typer.Option(help="expected seconds (helps backfill)")] = None,
     max_runtime: Annotated[float | None, typer.Option(help="seconds after which the job is stopped")] = None,
     env: Annotated[list[str] | None, typer.Option(help="KEY=VALUE for the job (repeatable)")] = None,
+    array: Annotated[str | None, typer.Option(help="an array of tasks, Slurm's syntax: 0-49, 1,3,5-9, 0-99:10, "
+                                              "with %N to run at most N at once (0-49%8)")] = None,
+    dependency: Annotated[str | None, typer.Option(help="start only after other jobs: afterok:ID[:ID...], "
+                                                   "afternotok, afterany, aftercorr (array on array, task i after "
+                                                   "task i); several joined by commas")] = None,
     wait: Annotated[bool, typer.Option(help="wait until the job ends; exit with its exit code (a rejection: 1, "
                                        "with its reason)")] = False,
     timeout: Annotated[float, typer.Option(help="--wait gives up after this many seconds")] = 3600.0,
@@ -140,7 +147,9 @@ def submit(
     dsn: DsnOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Submit a job: gpuctl submit --gpus 1 -- python train.py, or gpuctl submit -f job.yaml. Prints the job id."""
+    """Submit a job: gpuctl submit --gpus 1 -- python train.py, or gpuctl submit -f job.yaml. Prints the job id.
+    A sweep: gpuctl submit --array 0-11%3 -- python train.py (each task reads GPUORCH_ARRAY_TASK_ID); a pipeline
+    step: gpuctl submit --dependency afterok:ID -- python eval.py."""
     from gpuorch_contracts import JobSpec
 
     spec = _read_spec_file(file) if file is not None else {}
@@ -154,6 +163,16 @@ def submit(
         spec["resources"] = {**spec.get("resources", {}), **{k: v for k, v in resources.items() if v is not None}}
     if nodes is not None:
         spec["gang"] = {**spec.get("gang", {}), "nodes": nodes}
+    try:
+        if array is not None:
+            spec["array"] = array_field(array)
+        if dependency is not None and _direct(amqp_url or dsn):
+            spec["depends_on"] = dependencies(dependency, str)
+        elif dependency is not None:
+            with api() as lookup:
+                spec["depends_on"] = dependencies(dependency, resolver(lookup))
+    except ValueError as exc:
+        fail(f"invalid job: {exc}", USAGE)
     env_map = dict(item.split("=", 1) for item in (env or []) if "=" in item)
     if image is not None:
         spec["run"] = {"runtime": "container", "image": image, "argv": argv or [], "env": env_map}
@@ -259,7 +278,8 @@ def cancel(
     dsn: DsnOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Cancel a job (a running job gets its checkpoint signal, then is stopped)."""
+    """Cancel a job, or every task of an array (a running job gets its checkpoint signal, then is stopped); some
+    tasks only: gpuctl array cancel ID --tasks 5-9."""
     if amqp_url and dsn and _direct(amqp_url):
         from gpuorch_contracts import CancelJob
 
@@ -280,6 +300,15 @@ def _ago(value: Any) -> str:
     return f"{max(0.0, (datetime.now(UTC) - at).total_seconds()):.0f}s"
 
 
+def _tasks(job: dict[str, Any]) -> str:
+    """An array's tasks by state (``ok 6, run 3, queued 3``); a task's index; ``-`` for a plain job."""
+    counts = job.get("array_counts")
+    if counts:
+        short = {"succeeded": "ok", "running": "run", "queued": "queued", "failed": "fail", "cancelled": "cxl"}
+        return ", ".join(f"{word} {counts[k]}" for k, word in short.items() if counts.get(k)) or "0"
+    return f"#{job['array_index']}" if job.get("array_index") is not None else "-"
+
+
 def _starts_in(job: dict[str, Any]) -> str:
     estimated = job.get("estimated_start")
     if not estimated or job["state"] != "queued":
@@ -294,6 +323,7 @@ JOB_COLUMNS = [
     Column("state", lambda j: _colour(j["state"])), Column("node", lambda j: cell(",".join(j["nodes"]) or "-")),
     Column("gpus", lambda j: cell(j["gpus"])),
     Column("exit", lambda j: "-" if j["exit_code"] is None else str(j["exit_code"])),
+    Column("tasks", lambda j: _tasks(j)),
     Column("age", lambda j: _ago(j["submitted_at"])), Column("starts in", _starts_in),
     Column("reason", lambda j: cell((j["pending_reason"] or j["reason"] or "")[:60])),
     Column("priority", lambda j: cell(j.get("priority_class") or ""), wide_only=True),
@@ -309,14 +339,19 @@ def jobs(
     limit: Annotated[int, typer.Option(help="newest N jobs")] = 50,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="then print each job again as it changes")] = False,
     timeout: Annotated[float, typer.Option(help="with -w: stop after this many seconds (0: never)")] = 0.0,
+    array: Annotated[str | None, typer.Option(help="list the tasks of this array (its id or a unique prefix): those "
+                                              "started or waiting in the queue; the row of the array counts the rest")] = None,
     dsn: DsnOpt = None,
     output: OutputOpt = Format.table,
     no_headers: NoHeadersOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """List jobs, newest first: state, node, exit code, and why a waiting job waits."""
+    """List jobs, newest first: state, node, exit code, and why a waiting job waits. An array is one row with its
+    tasks counted by state; --array ID lists its tasks."""
     fmt = chosen(output, as_json)
     target = api_or_dsn(dsn)
+    if array is not None and isinstance(target, str):
+        fail("--array needs the API (a context or --server), not --dsn", USAGE)
     if watch and isinstance(target, str):
         fail("-w needs the API (a context or --server), not --dsn", USAGE)
     if isinstance(target, str):
@@ -324,7 +359,7 @@ def jobs(
         listed = [jobs_view.public_row(r) for r in rows if tenant is None or r["tenant"] == tenant]
     else:
         listed = target.get("/api/v1/jobs", state=state.value if state else None, tenant=tenant,
-                            tier=tier.value if tier else None, limit=limit)
+                            tier=tier.value if tier else None, limit=limit, array=array)
     emit(listed, JOB_COLUMNS, fmt, no_headers=no_headers, out=console)
     if watch and not isinstance(target, str):
         _watch_jobs(target, fmt, timeout, state.value if state else None)

@@ -54,7 +54,8 @@ async def list_jobs(dsn: str, *, state: str | None, limit: int) -> list[dict[str
     conn = await _connect(dsn)
     try:
         rows = await conn.fetch(
-            "SELECT * FROM jobs WHERE ($1::text IS NULL OR state = $1) ORDER BY submitted_at DESC LIMIT $2",
+            "SELECT * FROM jobs WHERE ($1::text IS NULL OR state = $1) AND array_id IS NULL "
+            "ORDER BY submitted_at DESC LIMIT $2",
             state, limit,
         )
     finally:
@@ -129,6 +130,8 @@ def public_row(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
         "pending_reason": row["pending_reason"], "submitted_at": row["submitted_at"],
         "started_at": row["started_at"], "ended_at": row["ended_at"], "requeues": row["requeues"],
         "estimated_start": row.get("estimated_start"),
+        "array_counts": json.loads(row["array_counts"]) if isinstance(row.get("array_counts"), str)
+        else row.get("array_counts"),
     }
     if full:
         spec = row.get("spec")

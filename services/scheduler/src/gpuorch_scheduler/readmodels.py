@@ -1,6 +1,8 @@
 """The scheduler's read models in PostgreSQL (what the API and gpuctl read): the one module that writes them.
 
     Step (touched jobs and nodes, rejections with their submissions) ──► jobs, nodes  (upserts, one statement each)
+                                                                         an array: one row with its counts; its tasks
+                                                                         rows of their own (array_id, array_index)
     executor heartbeats' isolation (changed since last written)     ──► nodes.isolation
     the MIG loop (``mig_plan`` due)                                  ──► mig_plan (one row)
 
@@ -17,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuorch_contracts import JobRejected, MigPlanProposed, SubmitJob
-from gpuorch_scheduling import JobRecord, SchedulerState, Waiting
+from gpuorch_scheduling import ArrayRecord, JobRecord, SchedulerState, Waiting
 
 
 async def write_jobs_and_nodes(conn: Any, state: SchedulerState, pending: dict[uuid.UUID, Waiting],
@@ -25,7 +27,11 @@ async def write_jobs_and_nodes(conn: Any, state: SchedulerState, pending: dict[u
                                submitted: dict[uuid.UUID, SubmitJob]) -> None:
     """Upsert the rows of ``job_ids`` and ``node_ids`` from ``state`` (a waiting job with its pending reason), and
     insert a row for each rejected submission."""
+    job_ids = set(job_ids)
     rows = [job_row(state.jobs[j], pending.get(j)) for j in job_ids if j in state.jobs]
+    arrays = {j for j in job_ids if j in state.arrays} | {
+        job.array_id for j in job_ids if (job := state.jobs.get(j)) is not None and job.array_id in state.arrays}
+    rows += [array_row(state.arrays[a]) for a in sorted(arrays, key=str)]  # type: ignore[index]
     if rows:
         await conn.executemany(_UPSERT_JOB, rows)
     if rejected:
@@ -105,6 +111,16 @@ def _spec_json(spec: Any) -> str:
     return text
 
 
+def array_row(array: ArrayRecord) -> tuple[Any, ...]:
+    """An array's row: its state, its tasks counted by state (``array_counts``), no placement of its own."""
+    spec = array.spec
+    return (
+        array.array_id, spec.name, spec.tenant, spec.tier, spec.priority_class, array.state, _spec_json(spec), None,
+        [], "[]", None, array.reason, None, 0, None, _ts(array.accepted_at), None, None, _ts(array.ended_at), None,
+        None, None, json.dumps(array.counts()),
+    )
+
+
 def job_row(job: JobRecord, waiting: Waiting | None) -> tuple[Any, ...]:
     spec = job.spec
     queued = job.state == "queued" and waiting is not None
@@ -115,21 +131,22 @@ def job_row(job: JobRecord, waiting: Waiting | None) -> tuple[Any, ...]:
         waiting.reason if queued else None, job.requeues, job.log_path,  # type: ignore[union-attr]
         _ts(job.accepted_at), _ts(job.placed_at), _ts(job.started_at), _ts(job.ended_at),
         _ts(waiting.estimated_start) if queued else None,  # type: ignore[union-attr]
+        job.array_id, job.array_index, None,
     )
 
 
 _UPSERT_JOB = """
 INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, placement_id, node_ids, assignments,
                   exit_code, reason, pending_reason, requeues, log_path, submitted_at, placed_at, started_at, ended_at,
-                  estimated_start)
+                  estimated_start, array_id, array_index, array_counts)
 VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10::text::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-        $20)
+        $20, $21, $22, $23::text::jsonb)
 ON CONFLICT (job_id) DO UPDATE SET
     state = excluded.state, placement_id = excluded.placement_id, node_ids = excluded.node_ids,
     assignments = excluded.assignments, exit_code = excluded.exit_code, reason = excluded.reason,
     pending_reason = excluded.pending_reason, requeues = excluded.requeues, log_path = excluded.log_path,
     placed_at = excluded.placed_at, started_at = excluded.started_at, ended_at = excluded.ended_at,
-    estimated_start = excluded.estimated_start, updated_at = now()
+    estimated_start = excluded.estimated_start, array_counts = excluded.array_counts, updated_at = now()
 """
 
 _INSERT_REJECTED = """

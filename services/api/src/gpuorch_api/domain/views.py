@@ -11,6 +11,7 @@ active job holds it. Allocations come from the ``jobs`` read model (placed, runn
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from datetime import datetime
 from typing import Any
@@ -141,6 +142,13 @@ def allocated_gpus(assignments: list[dict[str, Any]]) -> float:
     return round(sum(g.get("milli", 1000) for a in assignments for g in a.get("gpus", [])) / 1000.0, 3)
 
 
+def _counts(raw: Any) -> dict[str, int] | None:
+    """An array row's tasks by state (``queued``, ``running``, ``succeeded``, ``failed``, ``cancelled``)."""
+    if raw is None:
+        return None
+    return json.loads(raw) if isinstance(raw, str) else dict(raw)
+
+
 def job_view(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
     """The public shape of a job (the same keys ``gpuctl jobs --json`` printed from the database)."""
     out: dict[str, Any] = {
@@ -152,6 +160,8 @@ def job_view(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
         "pending_reason": row["pending_reason"], "submitted_at": row["submitted_at"],
         "started_at": row["started_at"], "ended_at": row["ended_at"], "requeues": row["requeues"],
         "estimated_start": row["estimated_start"],
+        "array_id": str(row["array_id"]) if row.get("array_id") else None, "array_index": row.get("array_index"),
+        "array_counts": _counts(row.get("array_counts")),
     }
     if full:
         out.update({"spec": row["spec"], "placement_id": str(row["placement_id"]) if row["placement_id"] else None,

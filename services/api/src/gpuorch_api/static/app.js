@@ -118,14 +118,27 @@ async function queuesPage() {
     ])));
 }
 
+// An array's progress: a bar of its tasks that ended (succeeded, then failed or cancelled) and the counts.
+function arrayProgress(counts) {
+  if (!counts) return "-";
+  const total = Object.values(counts).reduce((a, b) => a + b, 0) || 1;
+  const done = counts.succeeded + counts.failed + counts.cancelled;
+  return el("div", { class: "array-progress", "data-done": String(done), "data-total": String(total) },
+    el("div", { class: "bar" }, el("span", { style: `width:${(100 * counts.succeeded) / total}%` }),
+      el("span", { class: "bad", style: `width:${(100 * (counts.failed + counts.cancelled)) / total}%` })),
+    el("div", { class: "hint" }, `${done}/${total} ended · ${counts.running} running · ${counts.queued} queued` +
+      (counts.failed ? ` · ${counts.failed} failed` : "") + (counts.cancelled ? ` · ${counts.cancelled} cancelled` : "")));
+}
+
 async function jobsPage() {
   const jobs = await api("/api/v1/jobs?limit=200");
   return el("section", { id: "jobs" }, el("h2", {}, `Jobs (${jobs.length})`),
-    table(["job", "name", "tenant", "tier", "state", "node", "gpus", "exit", "submitted", "reason"], jobs.map((j) => [
-      el("a", { href: `#/job/${j.id}`, class: "job-link", "data-job": j.id }, j.id.slice(0, 8)), j.name, j.tenant,
-      j.tier, stateCell(j.state), j.node || "-", j.gpus, j.exit_code === null ? "-" : String(j.exit_code),
-      ago(j.submitted_at), j.pending_reason || j.reason || "",
-    ])));
+    table(["job", "name", "tenant", "tier", "state", "node", "gpus", "tasks", "exit", "submitted", "reason"],
+      jobs.map((j) => [
+        el("a", { href: `#/job/${j.id}`, class: "job-link", "data-job": j.id }, j.id.slice(0, 8)), j.name, j.tenant,
+        j.tier, stateCell(j.state), j.node || "-", j.gpus, arrayProgress(j.array_counts),
+        j.exit_code === null ? "-" : String(j.exit_code), ago(j.submitted_at), j.pending_reason || j.reason || "",
+      ])));
 }
 
 async function jobPage(id) {
@@ -138,9 +151,17 @@ async function jobPage(id) {
     ["estimated start", job.estimated_start || "-"], ["GPU-hours so far", String(job.usage.gpu_hours)],
     ["trace", job.trace_url ? el("a", { href: job.trace_url, target: "_blank", rel: "noopener" }, "open in Jaeger")
       : "tracing link not configured (GPUORCH_JAEGER_URL)"]];
+  if (job.array_counts) facts.splice(6, 0, ["tasks", arrayProgress(job.array_counts)]);
+  if (job.array_id) facts.splice(1, 0, ["array", el("a", { href: `#/job/${job.array_id}` },
+    `task ${job.array_index} of ${job.array_id.slice(0, 8)}`)]);
+  const tasks = job.array_counts ? await api(`/api/v1/jobs?array=${encodeURIComponent(job.id)}&limit=500`) : [];
   return el("section", { id: "job", "data-state": job.state },
     el("h2", {}, `Job ${job.name} `, stateCell(job.state)),
     el("dl", {}, facts.map(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k }, v)])),
+    ...(job.array_counts ? [el("h2", {}, "Tasks (started or waiting)"),
+      table(["task", "job", "state", "node", "exit", "reason"], tasks.map((t) => [String(t.array_index),
+        el("a", { href: `#/job/${t.id}` }, t.id.slice(0, 8)), stateCell(t.state), t.node || "-",
+        t.exit_code === null ? "-" : String(t.exit_code), t.pending_reason || t.reason || ""]))] : []),
     el("h2", {}, "Timeline"),
     table(["at", "event", "detail"], job.timeline.map((e) => [e.at, e.type,
       Object.entries(e).filter(([k]) => k !== "at" && k !== "type").map(([k, v]) => `${k}=${v}`).join(" ")])),

@@ -6,7 +6,8 @@
   no device; *unset* would mean every device) and ``NVIDIA_VISIBLE_DEVICES`` is ``void`` (the NVIDIA container
   runtime then injects no GPU and no driver into containers the job might start).
 - ``GPUORCH_JOB_ID``, ``GPUORCH_PLACEMENT_ID``, ``GPUORCH_CHECKPOINT_FILE`` (create this file to confirm a
-  checkpoint after the checkpoint signal), ``GPUORCH_GANG_RANK``, ``GPUORCH_GANG_SIZE``.
+  checkpoint after the checkpoint signal), ``GPUORCH_GANG_RANK``, ``GPUORCH_GANG_SIZE``; for a task of an array
+  also ``GPUORCH_ARRAY_JOB_ID``, ``GPUORCH_ARRAY_TASK_ID`` (its index) and ``GPUORCH_ARRAY_TASK_COUNT``.
 - The spec's ``env`` is applied on top of a few variables inherited from the executor (``PATH``, ``HOME``, ``LANG``,
   ``LC_ALL``, ``TZ``, ``TMPDIR``, ``USER``, ``LOGNAME``); nothing else of the executor's environment leaks into jobs
   (it holds the broker URL and its credentials).
@@ -36,13 +37,19 @@ def gpu_visibility(gpus: list[GpuAllocation]) -> dict[str, str]:
 
 
 def gpuorch_variables(launch: LaunchJob, checkpoint_file: Path | str) -> dict[str, str]:
-    return {
+    variables = {
         "GPUORCH_JOB_ID": str(launch.job_id),
         "GPUORCH_PLACEMENT_ID": str(launch.placement_id),
         "GPUORCH_CHECKPOINT_FILE": str(checkpoint_file),
         "GPUORCH_GANG_RANK": str(launch.gang_rank),
         "GPUORCH_GANG_SIZE": str(launch.gang_size),
     }
+    task = launch.array_task
+    if task is not None:
+        variables.update({"GPUORCH_ARRAY_JOB_ID": str(task.array_job_id),
+                          "GPUORCH_ARRAY_TASK_ID": str(task.task_id),
+                          "GPUORCH_ARRAY_TASK_COUNT": str(task.task_count)})
+    return variables
 
 
 def job_environment(

@@ -44,8 +44,8 @@ class JobMap(StoreBase):
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(
                 """
-                INSERT INTO telemetry_jobs (job_id, placement_id, state, placed_at, next_evaluation_at)
-                VALUES ($1, $2, 'placed', $3, $4)
+                INSERT INTO telemetry_jobs (job_id, placement_id, state, placed_at, next_evaluation_at, tenant)
+                VALUES ($1, $2, 'placed', $3, $4, coalesce($5, 'default'))
                 ON CONFLICT (job_id) DO UPDATE SET
                     placement_id = excluded.placement_id, placed_at = excluded.placed_at,
                     state = CASE WHEN telemetry_jobs.state IN ('accepted', 'queued') THEN 'placed'
@@ -58,6 +58,7 @@ class JobMap(StoreBase):
                    OR telemetry_jobs.placed_at IS NULL
                 """,
                 message.job_id, message.placement_id, message.occurred_at, first_evaluation_at,
+                message.tenant,  # the job's first event when it is a task of an array (no JobAccepted of its own)
             )
             rows = [
                 (message.placement_id, a.node_id, g.gpu_uuid, message.job_id, g.gpu_index, g.milli, g.memory_mib,
