@@ -51,9 +51,11 @@ TIERS = ("inference", "training", "batch")
 TIER_PRIORITY = {"inference": "high", "training": "normal", "batch": "low"}
 H100, L4 = SIM_NODE_TYPES["h100x8"], SIM_NODE_TYPES["l4x4"]
 RUN = ProcessRun(argv=["day-job"])
-SCHEDULER_TICK_S = 5.0
-"""The scheduler's tick in the simulation (the service ticks every second: liveness, overdue and preemption checks,
-a cycle; arrivals and completions get their own cycle at once either way)."""
+SCHEDULER_TICK_S = 15.0
+"""The scheduler's tick in the simulation (the service ticks every second): liveness, overdue and preemption checks
+and a cycle. Arrivals and completions get their own cycle at once either way, so a longer tick only delays lease
+and preemption timeouts (a silent node is suspect 15-30 s after its last heartbeat instead of 15-16 s); the
+mean-sized fleet's figures are the same at 5 s and 15 s (seed 3), at less than half the CPU (30 s against 73 s)."""
 HEARTBEAT_S = 5.0
 SAMPLE_S = 300.0
 ASKED_WINDOW_S = 900.0
