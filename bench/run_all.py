@@ -18,7 +18,7 @@ RESULTS = BENCH / "results"
 # (script, arguments): sized so the whole run takes minutes on 2 cores, not hours
 RUNS: list[tuple[str, list[str]]] = [
     ("bench_replay.py", []),
-    ("bench_capacity.py", ["--seeds", "1-5"]),  # issue 18: a simulated day, three fleets, on the Harness (~550 s CPU)
+    ("bench_capacity.py", ["--seeds", "1-5"]),  # issue 18: a simulated day, three fleets, on the Harness (~430 s CPU)
     ("bench_scheduler.py", []),
     ("bench_fleet.py", ["--nodes", "5000", "--duration-s", "60"]),
     ("bench_telemetry.py", ["--nodes", "5000", "--duration-s", "60"]),
