@@ -1,18 +1,19 @@
 """Capacity planning over a simulated day: the autoscaled fleet against fixed fleets sized for the peak and the mean.
 
-    uv run python bench/bench_capacity.py                 # seed 7, one day; ~20 s on 2 cores
+    uv run python bench/bench_capacity.py                 # seed 7, one day; see docs/capacity.md for the time
     uv run python bench/bench_capacity.py --json          # the figures as JSON on stdout
     uv run python bench/bench_capacity.py --seeds 1-5     # the table per seed and the mean
 
-A discrete-event simulation, no services: jobs arrive from a day-long demand curve (training on H100 nodes from
-morning to evening, three inference bursts on L4 nodes, batch work at night), queue by tier (inference, training,
-batch, oldest first; anything that fits may start ahead) and are placed by the real placement core
-(``gpuorch_policy.place``, policy ``gpuorch``) on a ``Cluster`` of nodes from the simulated cloud
-(``gpuorch_capacity.providers.SimulatedCloud``: nodes of the simulated NVML's H100 and L4 profiles, ready
-``--boot-s`` after they were asked for). Three fleets run the same jobs:
+No services: the day is played through the scheduler the service runs, on the Harness (``gpuorch_scheduling``:
+admission, tiers and priorities, fair order, placement, backfill, preemption, node liveness, with simulated
+executors running each job for its runtime). Jobs arrive from a day-long demand curve (training on H100 nodes from
+morning to evening, three inference bursts on L4 nodes, preemptible batch work at night) as ``SubmitJob``s; the
+fleet is nodes of the simulated cloud (``gpuorch_capacity.providers.SimulatedCloud``: the simulated NVML's H100 and
+L4 profiles, registering ``--boot-s`` after they were asked for). Three fleets run the same jobs:
 
-- ``autoscaled``: ``gpuorch_capacity.decide`` every minute (mode auto) grows the pools from the queue and drains
-  idle nodes; GPU-hours are paid from each node's request (booting included) to its release;
+- ``autoscaled``: ``gpuorch_capacity.decide`` every minute (mode auto), over the scheduler's read-model rows as
+  telemetry reads them, grows the pools from the queue and drains idle nodes (a drained node leaves and goes
+  silent); GPU-hours are paid from each node's request (booting included) to its release;
 - ``peak``: a fixed fleet with enough nodes for the peak of the offered load (GPUs that would be busy if every job
   started on arrival, per pool);
 - ``mean``: a fixed fleet sized for the mean of the offered load.

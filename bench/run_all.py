@@ -18,7 +18,7 @@ RESULTS = BENCH / "results"
 # (script, arguments): sized so the whole run takes minutes on 2 cores, not hours
 RUNS: list[tuple[str, list[str]]] = [
     ("bench_replay.py", []),
-    ("bench_capacity.py", ["--seeds", "1-5"]),  # issue 18: a simulated day, three fleets (about 10 s)
+    ("bench_capacity.py", ["--seeds", "1-5"]),  # issue 18: a simulated day, three fleets, on the Harness (~430 s CPU)
     ("bench_scheduler.py", []),
     ("bench_arrays.py", ["--runs", "1"]),  # issue 26: a 10,000-task array vs 10,000 single jobs (about 1 min)
     ("bench_fleet.py", ["--nodes", "5000", "--duration-s", "60"]),

@@ -19,12 +19,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpuorch_contracts import Message
+from gpuorch_contracts import GpuInfo, Message, NodeInventory
 from gpuorch_contracts.capacity import FleetScaleRequested
 from gpuorch_policy import GpuView, NodeView
 from prometheus_client import Gauge
 
 from gpuorch_capacity.model import CapacityPlan, Mode, NodePhase, NodeState, NodeType, PoolHistory, PoolSpec
+from gpuorch_capacity.observe import POOL_LABEL
 
 DESIRED_NODES = Gauge("gpuorch_capacity_desired_nodes",
                       "Nodes the autoscaler wants in each pool (mode auto; the current size otherwise)", ["pool"])
@@ -141,6 +142,16 @@ class SimulatedCloud:
                              memory_mib_total=t.gpu_memory_mib) for i in range(t.gpus))
         pairs = tuple((a, b) for a in range(t.gpus) for b in range(a + 1, t.gpus)) if t.mig_profiles else ()
         return NodeView(node_id, t.cpu_milli, t.memory_mib, gpus, nvlink_pairs=pairs)
+
+    def inventory(self, node_id: str) -> NodeInventory:
+        """The node as its node-agent registers it with the scheduler: the GPUs of ``node_view``, the NVLink pairs,
+        and the pool label (``observe.POOL_LABEL``) that ties it to its pool."""
+        view = self.node_view(node_id)
+        gpus = [GpuInfo(uuid=g.uuid, index=g.index, model=g.model, memory_total_mib=g.memory_mib_total)
+                for g in view.gpus]
+        return NodeInventory(node_id=node_id, cpu_milli=view.cpu_milli_total, memory_mib=view.memory_mib_total,
+                             gpus=gpus, nvlink_pairs=list(view.nvlink_pairs),
+                             labels={POOL_LABEL: self.nodes[node_id].pool})
 
     def states(self, busy: dict[str, tuple[int, bool, float | None, int]]) -> tuple[NodeState, ...]:
         """``NodeState`` of every node; ``busy`` gives, per ready node, (running jobs, runs non-preemptible work,

@@ -1,39 +1,67 @@
-"""A simulated day of demand on three fleets: autoscaled, fixed for the peak, fixed for the mean (discrete events).
+"""A simulated day of demand on three fleets: autoscaled, fixed for the peak, fixed for the mean, each played
+through the scheduler the service runs (``gpuorch_scheduling.Harness``), with no engine of its own.
 
     workload(seed)  jobs of one day: training on H100 nodes from morning to evening, three inference bursts on L4
                     nodes over a daytime base, preemptible batch at night (seeded, reproducible)
-    simulate(...)   arrivals and completions in time order; after each instant one scheduling pass walks the queue
-                    (inference, training, batch; oldest first; anything that fits may start ahead) and places with
-                    the real placement core (gpuorch_policy.place, policy gpuorch) on nodes of the SimulatedCloud;
-                    the autoscaled fleet runs decide() every minute (mode auto) and pays GPU-hours from each node's
-                    request to its release; fixed fleets pay all day
+    simulate(...)   each job a ``SubmitJob`` at its arrival (tier inference / training / batch at priority high /
+                    normal / low, batch preemptible, its exact runtime as the estimate), each node of the
+                    SimulatedCloud a node-agent registering its ``NodeInventory``; the Harness's Scheduler decides
+                    everything (admission, tier and fair order, placement, backfill, preemption, liveness) and its
+                    simulated executors run the jobs for their runtimes
+        autoscaled  ``decide`` every ``tick_s`` (mode auto), a ``Harness.at`` callback that reads what telemetry
+                    reads live: the scheduler's read-model rows (``scheduler_rows``) through the same
+                    ``observe.observation``; a scale-out registers its nodes ``boot_s`` later; a drained node (it ran
+                    nothing for ``idle_before_drain_s``) is released by the cloud at once and goes silent
+                    (``Harness.lose_node``): the scheduler, which has no drain of its own, declares it suspect after
+                    its lease lapses and lost later, so a job placed on it in between waits for the requeue. GPU-hours
+                    are paid from each node's request to its release
+        fixed       the peak- or mean-sized node counts registered at 00:00, paid all day
     run_seed(...)   the three fleets on one seed, with their summaries; verdict(rows) compares them
 
-Pure and deterministic (no clock, no I/O); used by bench/bench_capacity.py and ``gpuctl bench capacity``.
+Deterministic (no clock, no I/O, seeded): the same seed gives the same figures. Used by bench/bench_capacity.py and
+``gpuctl bench capacity``.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import numpy as np
-from gpuorch_policy import Cluster, Placement, Request, TaskMix, build_policy, place
+from gpuorch_contracts import FleetAlert, GpuRequest, JobPlaced, JobRequeued, JobSpec, ProcessRun
+from gpuorch_policy import Request
+from gpuorch_scheduling.harness import Harness
+from gpuorch_scheduling.scheduler import SchedulerConfig
+from gpuorch_scheduling.step import Step
 
 from gpuorch_capacity.autoscaler import decide
-from gpuorch_capacity.model import SIM_NODE_TYPES, FleetObservation, PendingDemand, PoolSpec
+from gpuorch_capacity.model import SIM_NODE_TYPES, PoolSpec
+from gpuorch_capacity.observe import observation
 from gpuorch_capacity.providers import SimulatedCloud
+from gpuorch_capacity.scheduler_rows import ReadModelRows, moment
 
 DAY_S = 86400.0
 TIERS = ("inference", "training", "batch")
-TIER_RANK = {t: i for i, t in enumerate(TIERS)}
+TIER_PRIORITY = {"inference": "high", "training": "normal", "batch": "low"}
 H100, L4 = SIM_NODE_TYPES["h100x8"], SIM_NODE_TYPES["l4x4"]
+RUN = ProcessRun(argv=["day-job"])
+SCHEDULER_TICK_S = 15.0
+"""The scheduler's tick in the simulation (the service ticks every second): liveness, overdue and preemption checks
+and a cycle. Arrivals and completions get their own cycle at once either way, so a longer tick only delays lease
+and preemption timeouts (a silent node is suspect 15-30 s after its last heartbeat instead of 15-16 s); the
+mean-sized fleet's figures are the same at 5 s and 15 s (seed 3), at less than half the CPU (30 s against 73 s)."""
+HEARTBEAT_S = 5.0
+SAMPLE_S = 300.0
+ASKED_WINDOW_S = 900.0
+"""Nodes asked for this recently and not registered yet count as booting (telemetry's ``BOOT_WINDOW``)."""
+HORIZON_S = 7 * DAY_S
+"""The run stops here even if jobs are left (their wait counts until then)."""
 
 
 def pools(boot_s: float) -> tuple[PoolSpec, ...]:
@@ -49,7 +77,9 @@ def pools(boot_s: float) -> tuple[PoolSpec, ...]:
 
 
 @dataclass
-class SimJob:
+class DayJob:
+    """One job of the day as the workload draws it (``simulate`` turns it into a ``JobSpec``)."""
+
     job_id: int
     tier: str
     request: Request
@@ -57,8 +87,6 @@ class SimJob:
     runtime: float
     preemptible: bool
     pool: str
-    start: float | None = None
-    placement: Placement | None = None
 
     @property
     def gpus(self) -> float:
@@ -70,12 +98,12 @@ def _rate(hour: float, peaks: list[tuple[float, float, float]], base: float) -> 
     return base + sum(h * math.exp(-0.5 * ((hour - c) / w) ** 2) for c, w, h in peaks)
 
 
-def workload(seed: int) -> list[SimJob]:
+def workload(seed: int) -> list[DayJob]:
     """One day of jobs (seeded). Training: 1-8 H100 GPUs for 0.5-6 h, mostly non-preemptible, 08:00-19:00;
     inference: L4 shares and single GPUs for 5-30 min, in bursts at 10:30, 14:00 and 18:30 over a daytime base;
     batch: one GPU of any model for 0.5-1.5 h, preemptible, at night."""
     rng = np.random.default_rng(seed)
-    jobs: list[SimJob] = []
+    jobs: list[DayJob] = []
     minute = 60.0
     for step in range(int(DAY_S / minute)):
         hour = step / 60
@@ -93,19 +121,19 @@ def workload(seed: int) -> list[SimJob]:
                     request = Request(cpu_milli=4000 * gpus, memory_mib=16384 * gpus, num_gpu=gpus, gpu_milli=1000,
                                       gpu_models=(H100.gpu_model,))
                     runtime = float(np.clip(rng.lognormal(math.log(2 * 3600), 0.6), 1800, 6 * 3600))
-                    jobs.append(SimJob(len(jobs), tier, request, at, runtime, bool(rng.random() < 0.3), "h100"))
+                    jobs.append(DayJob(len(jobs), tier, request, at, runtime, bool(rng.random() < 0.3), "h100"))
                 elif tier == "inference":
                     milli = int(rng.choice([250, 500, 1000], p=[0.5, 0.3, 0.2]))
                     request = Request(cpu_milli=2000, memory_mib=8192, num_gpu=1, gpu_milli=milli,
                                       gpu_models=(L4.gpu_model,))
-                    jobs.append(SimJob(len(jobs), tier, request, at, float(rng.uniform(300, 1800)), False, "l4"))
+                    jobs.append(DayJob(len(jobs), tier, request, at, float(rng.uniform(300, 1800)), False, "l4"))
                 else:
                     request = Request(cpu_milli=2000, memory_mib=8192, num_gpu=1, gpu_milli=1000)
-                    jobs.append(SimJob(len(jobs), tier, request, at, float(rng.uniform(1800, 5400)), True, "l4"))
+                    jobs.append(DayJob(len(jobs), tier, request, at, float(rng.uniform(1800, 5400)), True, "l4"))
     return jobs
 
 
-def offered_load(jobs: list[SimJob]) -> dict[str, np.ndarray]:
+def offered_load(jobs: list[DayJob]) -> dict[str, np.ndarray]:
     """GPUs per pool that would be busy each minute if every job started on arrival."""
     minutes = int(DAY_S / 60) + 1
     load = {"h100": np.zeros(minutes), "l4": np.zeros(minutes)}
@@ -116,14 +144,6 @@ def offered_load(jobs: list[SimJob]) -> dict[str, np.ndarray]:
 
 
 @dataclass
-class NodeUse:
-    gpu_milli: dict[int, int] = field(default_factory=dict)
-    jobs: set[int] = field(default_factory=set)
-    pinned: int = 0
-    idle_since: float | None = None
-
-
-@dataclass
 class RunResult:
     fleet: str
     waits: dict[str, list[float]]
@@ -131,151 +151,163 @@ class RunResult:
     cost: float
     nodes: dict[str, tuple[int, int]]
     timeline: list[tuple[float, int, int, int, int]]
-    """(time, queued jobs, h100 nodes, l4 nodes, GPUs busy)"""
+    """(time, queued jobs, h100 nodes, l4 nodes, GPUs held by placed jobs), every 5 minutes of the day"""
     decisions: int = 0
     unfinished: int = 0
+    """Jobs that never started (their wait counts until the end of the run)."""
     mean_runtime_s: float = 0.0
+    preemptions: int = 0
+    """Placements the scheduler preempted (a batch job stopped for higher-priority work, then requeued)."""
+    placed_on_released: int = 0
+    """Placements onto a node the cloud had already released (before the scheduler declared it suspect)."""
+    requeued_lost: int = 0
+    """Jobs requeued because their node was declared lost."""
+    fleet_alerts: int = 0
+    """``FleetAlert``s the scheduler raised (most nodes silent at once: nothing is requeued while it holds)."""
 
 
-def simulate(fleet: str, jobs: list[SimJob], fixed: dict[str, int] | None, boot_s: float,
-             tick_s: float = 60.0) -> RunResult:
-    """Run the day on one fleet: ``fixed`` node counts per pool, or None for the autoscaled fleet."""
+@dataclass
+class _Autoscaler:
+    """``decide`` every ``tick_s`` over what telemetry would read from the scheduler's read models; carries the plan
+    out on the simulated cloud and the Harness (see the module docstring)."""
+
+    harness: Harness
+    cloud: SimulatedCloud
+    pools: tuple[PoolSpec, ...]
+    rows: ReadModelRows
+    boot_s: float
+    tick_s: float
+    decisions: int = 0
+    asked: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """Pool -> (when, desired nodes) of its last scale-out (telemetry's ``ASKED_SQL``)."""
+    released: dict[str, float] = field(default_factory=dict)
+    """Node -> when the cloud released it (a drained node leaves at once: it ran nothing)."""
+
+    def tick(self) -> None:
+        now = self.harness.now
+        history = [{"pool": p, "last_scale_out_at": _moment_or_none(h.last_scale_out_at),
+                    "last_scale_in_at": _moment_or_none(h.last_scale_in_at)} for p, h in self.cloud.history.items()]
+        asked = {pool: level for pool, (at, level) in self.asked.items() if now - at < ASKED_WINDOW_S}
+        obs = observation(moment(now), self.pools, self.rows.nodes(), self.rows.running(), self.rows.queued(),
+                          history_rows=history, draining=self.released, asked=asked)
+        plan = decide(obs)
+        self.decisions += bool(plan.changes)
+        for node_id in self.cloud.carry_out(plan):
+            self.harness.add_node(self.cloud.inventory(node_id), at=now + self.boot_s)
+        if plan.scale_outs:
+            self.harness.at(now + self.boot_s, lambda: self.cloud.boot_due(self.harness.now))
+        for decision in plan.pools:
+            if decision.scale_out is not None:
+                self.asked[decision.pool] = (now, decision.desired)
+        for drain in plan.drains:
+            for node_id in drain.node_ids:
+                self.cloud.release(node_id, now)
+                self.released[node_id] = now
+                self.harness.lose_node(node_id, at=now)
+        state = self.harness.state
+        if now < DAY_S or state.queued or state.active:
+            self.harness.at(now + self.tick_s, self.tick)
+
+
+def _moment_or_none(seconds: float | None) -> datetime | None:
+    return None if seconds is None else moment(seconds)
+
+
+class _Specs:
+    """One ``JobSpec`` per distinct job shape (tier, request, preemptible, runtime estimate)."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, Request, bool, float], JobSpec] = {}
+
+    def of(self, job: DayJob) -> JobSpec:
+        key = (job.tier, job.request, job.preemptible, job.runtime)
+        spec = self._made.get(key)
+        if spec is None:
+            r = job.request
+            if r.gpu_milli < 1000:
+                resources = GpuRequest(gpu_milli=r.gpu_milli, gpu_models=list(r.gpu_models))
+            else:
+                resources = GpuRequest(gpus=r.num_gpu, gpu_models=list(r.gpu_models))
+            spec = self._made[key] = JobSpec(
+                name=f"{job.tier}-job", tier=job.tier, priority_class=TIER_PRIORITY[job.tier],  # type: ignore[arg-type]
+                preemptible=job.preemptible, resources=resources, cpu_milli=r.cpu_milli, memory_mib=r.memory_mib,
+                runtime_estimate_s=job.runtime, run=RUN)
+        return spec
+
+
+def simulate(fleet: str, jobs: list[DayJob], fixed: dict[str, int] | None, boot_s: float,
+             tick_s: float = 60.0, observers: Sequence[Callable[[Step, Harness], None]] = ()) -> RunResult:
+    """Run the day on one fleet: ``fixed`` node counts per pool, or None for the autoscaled fleet (``decide``
+    every ``tick_s``). Runs until every job ended (at most ``HORIZON_S``). ``observers`` are more Harness observers,
+    called after every step (tests check invariants with them)."""
     specs = pools(boot_s)
     cloud = SimulatedCloud(specs, boot_s=boot_s)
+    harness = Harness(SchedulerConfig(), tick_s=SCHEDULER_TICK_S, heartbeat_s=HEARTBEAT_S, seed=0)
+    rows = ReadModelRows(harness.scheduler)
+    harness.observers.append(rows.observe)
     initial = fixed if fixed is not None else {p.name: p.floor for p in specs}
     for pool, count in initial.items():
-        cloud.launch(pool, count, 0.0, ready=True)
-    cluster = Cluster([cloud.node_view(n) for n in sorted(cloud.nodes)])
-    policy = build_policy("gpuorch", TaskMix.from_requests([j.request for j in jobs]))
-    use: dict[str, NodeUse] = {n: NodeUse(idle_since=0.0) for n in cloud.nodes}
-    jobs = [SimJob(j.job_id, j.tier, j.request, j.arrival, j.runtime, j.preemptible, j.pool) for j in jobs]
-    events: list[tuple[float, int, str, int]] = []
-    for job in jobs:
-        heapq.heappush(events, (job.arrival, 1, "arrive", job.job_id))
+        for node_id in cloud.launch(pool, count, 0.0, ready=True):
+            harness.add_node(cloud.inventory(node_id), at=0.0)
+    made = _Specs()
+    submitted = [(job, harness.submit(made.of(job), at=job.arrival, runtime_s=job.runtime)) for job in jobs]
+    autoscaler = None
     if fixed is None:
-        heapq.heappush(events, (0.0, 3, "tick", 0))
-    queue: list[SimJob] = []
+        autoscaler = _Autoscaler(harness, cloud, specs, rows, boot_s, tick_s)
+        harness.at(0.0, autoscaler.tick)
+    released = autoscaler.released if autoscaler is not None else {}
+    landed = requeued_lost = alerts = 0
+
+    def count_node_losses(step, h) -> None:  # type: ignore[no-untyped-def]
+        nonlocal landed, requeued_lost, alerts
+        alerts += sum(1 for m in step.published if isinstance(m, FleetAlert))
+        for event in step.decided:
+            if isinstance(event, JobPlaced) and any(a.node_id in released for a in event.assignments):
+                landed += 1
+            elif isinstance(event, JobRequeued) and "lost" in event.reason:
+                requeued_lost += 1
+
+    harness.observers += [count_node_losses, *observers]
     timeline: list[tuple[float, int, int, int, int]] = []
-    busy_gpus = 0.0
-    decisions = 0
     span = {p.name: [initial[p.name], initial[p.name]] for p in specs}
-    last_sample = -1.0
 
-    def finish(job: SimJob, now: float) -> None:
-        nonlocal busy_gpus
-        assert job.placement is not None
-        cluster.release(job.request, job.placement)
-        node = use[job.placement.node_id]
-        for index, milli in job.placement.gpus:
-            node.gpu_milli[index] -= milli
-        node.jobs.discard(job.job_id)
-        node.pinned -= 0 if job.preemptible else 1
-        busy_gpus -= job.gpus
-        if not node.jobs:
-            node.idle_since = now
-            sim = cloud.nodes.get(job.placement.node_id)
-            if sim is not None and sim.phase == "draining":
-                cloud.release(sim.node_id, now)
+    def sample() -> None:
+        counts: dict[str, int] = defaultdict(int)
+        for node in cloud.nodes.values():
+            if node.phase != "draining":
+                counts[node.pool] += 1
+        for pool in span:
+            span[pool][0] = min(span[pool][0], counts[pool])
+            span[pool][1] = max(span[pool][1], counts[pool])
+        state = harness.state
+        busy = sum(_gpus(job.spec) for job in state.active.values())
+        timeline.append((harness.now, len(state.queued), counts["h100"], counts["l4"], int(busy)))
 
-    def schedule(now: float) -> None:
-        nonlocal busy_gpus
-        queue.sort(key=lambda j: (TIER_RANK[j.tier], j.arrival))
-        failed: set[tuple[Any, ...]] = set()
-        waiting = []
-        for job in queue:
-            shape = (job.request.num_gpu, job.request.gpu_milli, job.request.gpu_models)
-            decision = None if shape in failed else place(job.request, cluster, policy)
-            if not isinstance(decision, Placement):
-                failed.add(shape)
-                waiting.append(job)
-                continue
-            cluster.assign(job.request, decision)
-            job.start, job.placement = now, decision
-            node = use[decision.node_id]
-            for index, milli in decision.gpus:
-                node.gpu_milli[index] = node.gpu_milli.get(index, 0) + milli
-            node.jobs.add(job.job_id)
-            node.pinned += 0 if job.preemptible else 1
-            node.idle_since = None
-            busy_gpus += job.gpus
-            heapq.heappush(events, (now + job.runtime, 0, "finish", job.job_id))
-        queue[:] = waiting
-
-    def observe(now: float) -> FleetObservation:
-        pending: dict[tuple[Any, ...], PendingDemand] = {}
-        for job in queue:
-            r = job.request
-            whole = r.num_gpu if r.gpu_milli == 1000 else 0
-            key = (job.tier, whole, 0 if whole else r.gpu_milli, r.gpu_models)
-            old = pending.get(key)
-            wait = now - job.arrival
-            pending[key] = PendingDemand(job.tier, (old.count if old else 0) + 1, max(wait, old.oldest_wait_s if old
-                                         else 0.0), gpus=whole, gpu_milli=0 if whole else r.gpu_milli,
-                                         gpu_models=r.gpu_models)
-        busy = {}
-        for node_id, node in use.items():
-            sim = cloud.nodes.get(node_id)
-            if sim is None:
-                continue
-            free = sum(1 for i in range(sim.node_type.gpus) if node.gpu_milli.get(i, 0) == 0)
-            busy[node_id] = (len(node.jobs), node.pinned > 0, node.idle_since, free)
-        return FleetObservation(now=now, pools=specs, nodes=cloud.states(busy), pending=tuple(pending.values()),
-                                history=tuple(cloud.history.items()))
-
-    by_id = {j.job_id: j for j in jobs}
-    now = 0.0
-    while events:
-        now, _, kind, ident = heapq.heappop(events)
-        if kind == "arrive":
-            queue.append(by_id[ident])
-        elif kind == "finish":
-            finish(by_id[ident], now)
-        elif kind == "boot":
-            ready = cloud.boot_due(now)
-            if ready:
-                cluster.extend([cloud.node_view(n.node_id) for n in ready])
-                for n in ready:
-                    use[n.node_id] = NodeUse(idle_since=now)
-        elif kind == "tick":
-            plan = decide(observe(now))
-            launched = cloud.carry_out(plan)
-            decisions += bool(plan.changes)
-            for drain in plan.drains:
-                for node_id in drain.node_ids:
-                    cluster.set_schedulable(node_id, False)
-                    if not use[node_id].jobs:
-                        cloud.release(node_id, now)
-            if launched:
-                heapq.heappush(events, (now + boot_s, 2, "boot", 0))
-            if now < DAY_S or queue:
-                heapq.heappush(events, (now + tick_s, 3, "tick", 0))
-        if events and events[0][0] == now:
-            continue  # everything at one instant first, then one scheduling pass
-        schedule(now)
-        if now - last_sample >= 300 or not events:
-            counts: dict[str, int] = defaultdict(int)
-            for sim in cloud.nodes.values():
-                if sim.phase != "draining":
-                    counts[sim.pool] += 1
-            for pool in span:
-                span[pool][0] = min(span[pool][0], counts[pool])
-                span[pool][1] = max(span[pool][1], counts[pool])
-            if now <= DAY_S:
-                timeline.append((now, len(queue), counts["h100"], counts["l4"], int(busy_gpus)))
-            last_sample = now
-        if fixed is None and not queue and now > DAY_S and all(e[2] == "tick" for e in events):
-            break
+    for k in range(int(DAY_S // SAMPLE_S) + 1):
+        harness.at(k * SAMPLE_S, sample)
+    harness.run(until=DAY_S)
+    while (harness.state.queued or harness.state.active) and harness.now < HORIZON_S:
+        harness.run(until=harness.now + 3600.0)
+    end = harness.now
     waits: dict[str, list[float]] = {t: [] for t in TIERS}
-    for job in jobs:
-        waits[job.tier].append((job.start if job.start is not None else now) - job.arrival)
+    for job, sim in submitted:
+        waits[job.tier].append((sim.started_at if sim.started_at is not None else end) - job.arrival)
     if fixed is not None:
         gpu_hours = sum(count * {"h100": H100, "l4": L4}[p].gpus for p, count in fixed.items()) * DAY_S / 3600
         cost = sum(count * {"h100": H100, "l4": L4}[p].gpus * {"h100": H100, "l4": L4}[p].gpu_hour_cost
                    for p, count in fixed.items()) * DAY_S / 3600
     else:
         gpu_hours, cost = cloud.gpu_hours_paid(DAY_S), cloud.cost(DAY_S)
+    sims = [sim for _, sim in submitted]
     return RunResult(fleet, waits, gpu_hours, cost, {p: (lo, hi) for p, (lo, hi) in span.items()}, timeline,
-                     decisions, sum(1 for j in jobs if j.start is None), statistics.fmean(j.runtime for j in jobs))
+                     autoscaler.decisions if autoscaler is not None else 0,
+                     sum(1 for sim in sims if sim.started_at is None), statistics.fmean(j.runtime for j in jobs),
+                     preemptions=sum(sim.preemptions for sim in sims), placed_on_released=landed,
+                     requeued_lost=requeued_lost, fleet_alerts=alerts)
+
+
+def _gpus(spec: JobSpec) -> float:
+    return spec.resources.gpus or spec.resources.gpu_milli / 1000.0
 
 
 def summary(result: RunResult) -> dict[str, Any]:
@@ -285,6 +317,8 @@ def summary(result: RunResult) -> dict[str, Any]:
         "nodes": {p: list(v) for p, v in result.nodes.items()}, "decisions": result.decisions,
         "mean_wait_s": round(statistics.fmean(all_waits), 1) if all_waits else 0.0,
         "unfinished": result.unfinished, "mean_runtime_s": round(result.mean_runtime_s, 1),
+        "preemptions": result.preemptions, "placed_on_released": result.placed_on_released,
+        "requeued_lost": result.requeued_lost, "fleet_alerts": result.fleet_alerts,
     }
     for tier, ws in result.waits.items():
         out[f"{tier}_jobs"] = len(ws)

@@ -1,6 +1,7 @@
 """``gpuctl bench capacity``: a simulated day on three fleets (autoscaled, peak-sized, mean-sized), in process.
 
-The simulation is ``gpuorch_capacity.simulation`` (no services, seconds per seed); bench/bench_capacity.py runs the
+The simulation is ``gpuorch_capacity.simulation``: the day played through the scheduler the service runs, on the
+Harness (no services; the mean-sized fleet, deeply queued, costs most of the time). bench/bench_capacity.py runs the
 same and also writes bench/results/capacity.md and the plot in docs/capacity.md.
 """
 
