@@ -15,6 +15,8 @@ The plan it returns goes through the plan applier (``gpuorch_scheduling.applier`
           fits once jobs already being preempted have stopped                          ──► waits (claims that room)
           fits if strictly lower-priority preemptible jobs (or borrowed capacity of tenants over their quota)
             stop                                                                       ──► JobPreempting + StopJob
+          (either way the nodes of that room are reserved for it until the victims' grace ends: later jobs use
+            what is free there only if they end before that, so no one takes a victim's GPU as it frees)
           else: the first blocked job of each tier reserves the nodes where it will fit first, at the estimated
             time (simulating running jobs ending by their runtime estimates); every waiting job gets a pending
             reason in plain words and, where known, an estimated start time
@@ -244,6 +246,7 @@ class _Cycle:
             ends = [j for j in self.active if _stopping(j)
                     and {a.node_id for a in j.assignments} & {a.node_id for a in later}]
             start = max((_expected_end(j, self.now) for j in ends), default=self.now)
+            self._hold(job, later, start)
             return Waiting(f"waiting for {len(ends) or 'the'} preempted or cancelled job(s) to stop and free "
                            f"{', '.join(a.node_id for a in later)}", start)
         if within_quota and self.preemption_attempts < self.limits.preemption_attempts \
@@ -322,8 +325,15 @@ class _Cycle:
         self.future_differs = True
         self.future_unfit.clear()  # the victims' room is new room
         start = self.now + max(v.spec.checkpoint.grace_s for v in chosen)
+        self._hold(job, fit, start)
         return Waiting(f"preempting {len(chosen)} lower-priority job(s) on "
                        f"{', '.join(sorted({a.node_id for a in fit}))}; starts when they have stopped", start)
+
+    def _hold(self, job: JobRecord, room: list[NodeAssignment], start: float) -> None:
+        """Reserve the nodes of room being freed for ``job`` (by its preemptions, or by jobs already stopping) until
+        ``start``: later jobs of the cycle may use what is free there now only if they end before it (backfill).
+        Without it, lower-priority work takes each GPU as its victim stops, and is preempted in turn."""
+        self.reservations.append(_Reservation(job.spec.tier, job.job_id, start, frozenset(a.node_id for a in room)))
 
     # -- waiting: reservations, estimates, reasons ------------------------------------------------------------
 
