@@ -72,7 +72,8 @@ def test_a_malformed_snapshot_is_refused(tmp_path: Path) -> None:
 def test_bench_mig_json_compares_static_layouts_with_the_planner() -> None:
     app = typer.Typer()  # the command alone (see test_bench_capacity)
     app.command()(bench_mig)
-    result = CliRunner().invoke(app, ["--seed", "1", "--json", "--mig-only"])
+    # two hours of the day (the 01:00 batch burst asks for slices): a full day takes minutes per layout
+    result = CliRunner().invoke(app, ["--seed", "1", "--hours", "2", "--json", "--mig-only"])
     assert result.exit_code == 0, result.output
     layouts = json.loads(result.stdout)["layouts"]
     assert set(layouts) == {"whole", "all_1g.10gb", "fixed_mix", "planner"}
@@ -84,8 +85,8 @@ def test_bench_mig_json_compares_static_layouts_with_the_planner() -> None:
     assert all(layouts[n]["reconfigurations"] == 0 for n in ("whole", "all_1g.10gb", "fixed_mix"))
     assert layouts["planner"]["reconfigurations"] > 0
     assert layouts["whole"]["unstarted_jobs"]["inference"] > 0 and layouts["all_1g.10gb"]["unstarted_jobs"]["training"] > 0
-    # by default, as on an unpartitioned fleet, small jobs may take whole GPUs: the whole layout then runs them too
-    unpartitioned = CliRunner().invoke(app, ["--seed", "1", "--json"])
+    # by default, as on a fleet without MIG, small jobs ask for a whole GPU on the whole layout: it runs them too
+    unpartitioned = CliRunner().invoke(app, ["--seed", "1", "--hours", "2", "--json"])
     document = json.loads(unpartitioned.stdout)
     assert document["small_on_whole"] is True and set(document["layouts"]) == set(layouts)
     assert document["layouts"]["whole"]["unstarted_jobs"]["inference"] == 0
