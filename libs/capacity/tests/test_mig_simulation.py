@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from gpuorch_capacity.mig_simulation import MigJob, layout_harness, mig_workload, simulate_layout
 from gpuorch_scheduling.harness import Harness
 from gpuorch_scheduling.step import Step
@@ -62,6 +63,7 @@ def test_the_planner_repartitions_whole_gpus_for_waiting_slices_and_gives_no_ins
     assert max(point[2] for point in result.series) >= 1  # GPUs in MIG mode at some point
 
 
+@pytest.mark.timeout(600)  # about 30 s alone, minutes on a busy machine
 def test_a_busy_day_of_every_layout_gives_no_instance_twice() -> None:
     jobs = mig_workload(1)
     for name in ("fixed_mix", "planner_training_first"):

@@ -217,14 +217,14 @@ def simulate_layout(name: str, jobs: Sequence[MigJob], nodes: int, *, planner: P
 
 
 def run_mig_bench(seed: int = 1, nodes: int = 4, small_on_whole: bool = True,
-                  layouts: Sequence[str] = (*STATIC_LAYOUTS, "planner"), day_s: float = DAY_S,
+                  layouts: Sequence[str] = (*STATIC_LAYOUTS, "planner"), day_s: float = DAY_S, tick_s: float = 1.0,
                   on_layout: Callable[[str], None] | None = None) -> dict[str, LayoutResult]:
     """Every layout of ``layouts`` on the same seeded day (its first ``day_s`` seconds); ``on_layout(name)`` once
     each layout's day is played."""
     jobs = mig_workload(seed)
     results = {}
     for name in layouts:
-        results[name] = simulate_layout(name, jobs, nodes, small_on_whole=small_on_whole, day_s=day_s)
+        results[name] = simulate_layout(name, jobs, nodes, small_on_whole=small_on_whole, tick_s=tick_s, day_s=day_s)
         if on_layout is not None:
             on_layout(name)
     return results

@@ -19,6 +19,7 @@ def mig(
     seed: Annotated[int, typer.Option(help="workload seed (same seed, same figures)")] = 1,
     nodes: Annotated[int, typer.Option(help="8-GPU H100 nodes in the fleet (the workload is sized for 4)")] = 4,
     hours: Annotated[float, typer.Option(help="play only the first hours of the day")] = 24.0,
+    tick_s: Annotated[float, typer.Option("--tick-s", help="the scheduler's tick (GPUORCH_TICK_S)")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the figures as JSON")] = False,
     small_on_whole: Annotated[bool, typer.Option(
         "--small-on-whole/--mig-only", help="on the unpartitioned layout small jobs ask for one whole GPU, as on a "
@@ -31,7 +32,7 @@ def mig(
     err = Console(stderr=True, emoji=False)
     day_s = hours * 3600
     err.print(f"seed {seed}: playing each layout's day through the scheduler (one to a few minutes each)")
-    results = run_mig_bench(seed, nodes, small_on_whole, day_s=day_s,
+    results = run_mig_bench(seed, nodes, small_on_whole, day_s=day_s, tick_s=tick_s,
                             on_layout=lambda name: err.print(f"seed {seed}: {name} played"))
     document = bench_json(results, seed, nodes, small_on_whole, day_s)
     if as_json:
