@@ -179,8 +179,9 @@ def layout_harness(name: str, jobs: Sequence[MigJob], nodes: int, *, planner: Pl
                    execution: ExecutionSettings | None = None, small_on_whole: bool = True, tick_s: float = 1.0,
                    day_s: float = DAY_S) -> tuple[Harness, DayLedger]:
     """The day of layout ``name`` ready to run (``harness.run(until=day_s)``): the nodes registered at -1 s, every
-    job arriving before ``day_s`` submitted, the ledger attached; ``tick_s`` is the service's GPUORCH_TICK_S. A name in ``PLANNER_VARIANTS`` runs the MIG loop in mode auto with its
-    settings (or ``planner``); any other is a static layout of ``STATIC_LAYOUTS`` with the MIG loop off."""
+    job arriving before ``day_s`` submitted, the ledger attached; ``tick_s`` is the service's GPUORCH_TICK_S. A name
+    in ``PLANNER_VARIANTS`` runs the MIG loop in mode auto with its settings (or ``planner``); any other is a static
+    layout of ``STATIC_LAYOUTS`` with the MIG loop off."""
     planned = name in PLANNER_VARIANTS
     settings = (planner or PLANNER_VARIANTS[name]) if planned else PlannerSettings(mode="off")
     control = MigControl(planner=settings, execution=execution or BENCH_EXECUTION, plan_interval_s=60.0,
