@@ -1,14 +1,16 @@
 """MIG layouts over a simulated day: static layouts (whole GPUs, all 1g.10gb, a fixed mix) against the MIG planner.
 
-    uv run python bench/bench_mig.py                 # seeds 1-3, 4 x 8 H100; a few seconds per seed
+    uv run python bench/bench_mig.py                 # seeds 1-3, 4 x 8 H100; a few minutes per seed and layout
+    uv run python bench/bench_mig.py --seeds 1-9 --processes 2  # layouts and seeds in 2 processes
     uv run python bench/bench_mig.py --seeds 10-19 --no-write   # the held-out seeds
     uv run python bench/bench_mig.py --mig-only      # small jobs only on MIG instances (files *_mig_only)
     uv run python bench/bench_mig.py --json          # the figures as JSON on stdout
     uv run python bench/bench_mig.py --seeds 1-5 --training-scale 0.7
 
-The simulation is ``gpuorch_capacity.mig_simulation`` (``gpuctl bench mig`` runs one seed of it); this script adds
-several seeds and the files: bench/results/mig.md, bench/results/mig.json and the plot docs/img/mig.png (the first
-seed over time).
+The simulation is ``gpuorch_capacity.mig_simulation``: every layout's day played through the scheduler the service
+runs (``gpuorch_scheduling.Harness``), a scheduling step at every event and every tick (``--tick-s``, the service's
+GPUORCH_TICK_S, 1 s). ``gpuctl bench mig`` runs one seed of it; this script adds several seeds and the files:
+bench/results/mig.md, bench/results/mig.json and the plot docs/img/mig.png (the first seed over time).
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from gpuorch_capacity.mig_simulation import (
+    DAY_S,
     PLANNER_VARIANTS,
     TIERS,
     LayoutResult,
@@ -158,22 +163,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--training-scale", type=float, default=1.0, help="training arrival rate x this")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
     parser.add_argument("--mig-only", action="store_true",
-                        help="a MIG job runs only on a MIG instance (default: with no free instance it may take a "
-                             "free whole GPU, as on an unpartitioned fleet; the same rule for every layout)")
+                        help="small jobs ask for MIG profiles on every layout (default: on the unpartitioned layout "
+                             "they ask for one whole GPU, as on a fleet without MIG)")
     parser.add_argument("--no-write", action="store_true", help="write no results or plot files")
+    parser.add_argument("--tick-s", type=float, default=1.0, help="the scheduler's tick (GPUORCH_TICK_S)")
+    parser.add_argument("--hours", type=float, default=DAY_S / 3600, help="play only the first hours of the day")
+    parser.add_argument("--processes", type=int, default=1, help="layouts and seeds played in this many processes")
     args = parser.parse_args(argv)
     documents, text = [], []
     small_on_whole = not args.mig_only
     suffix = "" if small_on_whole else "_mig_only"
-    for i, seed in enumerate(parse_seeds(args.seeds)):
-        jobs = mig_workload(seed, args.training_scale)
-        results = {name: simulate_layout(name, jobs, args.nodes, small_on_whole=small_on_whole)
-                   for name in LAYOUTS}
-        document = {**bench_json(results, seed, args.nodes, small_on_whole), "training_scale": args.training_scale,
-                    "jobs": len(jobs)}
+    seeds = parse_seeds(args.seeds)
+    work = [(seed, name, args) for seed in seeds for name in LAYOUTS]
+    began = time.monotonic()
+    with ProcessPoolExecutor(max(1, args.processes)) as pool:
+        played = dict(zip([(seed, name) for seed, name, _ in work], pool.map(_play, work), strict=True))
+    print(f"played {len(work)} layout days in {time.monotonic() - began:.0f} s", file=sys.stderr)
+    for i, seed in enumerate(seeds):
+        jobs = [j for j in mig_workload(seed, args.training_scale) if j.arrival < args.hours * 3600]
+        results = {name: played[(seed, name)] for name in LAYOUTS}
+        document = {**bench_json(results, seed, args.nodes, small_on_whole, args.hours * 3600),
+                    "training_scale": args.training_scale, "tick_s": args.tick_s, "jobs": len(jobs)}
         documents.append(document)
-        rule = ", small jobs may take whole GPUs" if small_on_whole else ", small jobs on MIG instances only"
-        text += [f"seed {seed}: {len(jobs)} jobs on {document['fleet']} (training scale {args.training_scale}{rule})", "",
+        rule = (", small jobs ask for a whole GPU on the unpartitioned layout" if small_on_whole
+                else ", small jobs ask for MIG profiles on every layout")
+        text += [f"seed {seed}: {len(jobs)} jobs on {document['fleet']}, {args.hours:g} h (training scale "
+                 f"{args.training_scale}{rule}; the service's scheduler on the Harness, tick {args.tick_s:g} s)", "",
                  table(document), ""]
         if i == 0 and not args.no_write:
             plot(results, PLOT.with_name(f"mig{suffix}.png"),
@@ -185,6 +200,16 @@ def main(argv: list[str] | None = None) -> int:
         (RESULTS / f"mig{suffix}.json").write_text(json.dumps(documents, indent=1) + "\n")
     print(json.dumps(documents, indent=1) if args.json else "\n".join(text))
     return 0
+
+
+def _play(item: tuple[int, str, argparse.Namespace]) -> LayoutResult:
+    """One layout's day (in a worker process)."""
+    seed, name, args = item
+    began = time.monotonic()
+    result = simulate_layout(name, mig_workload(seed, args.training_scale), args.nodes,
+                             small_on_whole=not args.mig_only, tick_s=args.tick_s, day_s=args.hours * 3600)
+    print(f"seed {seed} {name}: {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
+    return result
 
 
 if __name__ == "__main__":

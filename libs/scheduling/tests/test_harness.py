@@ -154,3 +154,18 @@ def test_mig_auto_repartitions_an_idle_gpu_for_a_waiting_mig_job() -> None:
     assert gpu.mig_enabled and gpu.mig_instances
     assert job.started_at is not None and job.started_at > 5  # it waited for the layout
     assert h.state.mig == {}
+
+
+def test_a_mig_mode_change_takes_the_reset_time_on_top_of_the_apply_time() -> None:
+    def started_at(reset_s: float) -> float:
+        control = MigControl(planner=PlannerSettings(mode="auto", min_pending_s=0, min_interval_s=0),
+                             plan_interval_s=30)
+        h = checked(Harness(SchedulerConfig(mig=control), mig_apply_s=5))
+        h.world.mig_reset_s = reset_s
+        h.add_node(registered_node("n0", gpus=1, model="H100-80GB").inventory)
+        job = h.submit(spec(tier="inference", resources=GpuRequest(mig_profiles=["1g.10gb"])), at=1, runtime_s=60)
+        h.run()
+        assert job.state == "succeeded" and job.started_at is not None
+        return job.started_at
+
+    assert started_at(45.0) - started_at(0.0) == 45.0  # the whole GPU turned to MIG mode: a reset

@@ -5,8 +5,9 @@
     StopJob(node, placement)     node up ──► after min(grace, ``stop_s``): JobCheckpointed (a job that checkpoints,
                                              when stopped for a preemption or a drain: its progress is kept), then
                                              JobFailed(killed, stop_reason)
-    ApplyMigLayout(node, GPUs)   node up ──► after ``mig_apply_s``: MigLayoutApplied (per GPU, applied or refused)
-                                             and a NodeRegistered with the new instances
+    ApplyMigLayout(node, GPUs)   node up ──► after ``mig_apply_s`` (+ ``mig_reset_s`` when it turns a GPU's MIG
+                                             mode on or off): MigLayoutApplied (per GPU, applied or refused) and a
+                                             NodeRegistered with the new instances
     a node that is down          answers nothing; its placements are fenced (they end with no report), and
                                  commands sent to it are lost, as on a real node cut off from the broker
 
@@ -96,6 +97,8 @@ class World:
     stop_s: float = 1.0
     """Seconds a stopped job takes to end (at most its checkpoint grace)."""
     mig_apply_s: float = 5.0
+    mig_reset_s: float = 0.0
+    """Seconds more an ``ApplyMigLayout`` takes when it changes a GPU's MIG mode (the GPU reset NVML may need)."""
     nodes: dict[str, SimNode] = field(default_factory=dict)
     behaviour: dict[uuid.UUID, Behaviour] = field(default_factory=dict)
     _tokens: int = 0
@@ -127,7 +130,10 @@ class World:
         elif isinstance(message, StopJob):
             self._stop(node, message, now, schedule)
         elif isinstance(message, ApplyMigLayout):
-            schedule(now + self.mig_apply_s, lambda: self._apply_mig(node, message))
+            enabled = {g.index: g.mig_enabled for g in node.inventory.gpus}
+            reset = any(enabled.get(layout.gpu_index, False) != bool(layout.profiles) for layout in message.layouts)
+            delay = self.mig_apply_s + (self.mig_reset_s if reset else 0.0)
+            schedule(now + delay, lambda: self._apply_mig(node, message))
 
     def _token(self) -> int:
         self._tokens += 1
