@@ -112,7 +112,7 @@ def _read_spec_file(path: Path) -> dict[str, Any]:
     return document
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command()
 def submit(
     argv: Annotated[list[str] | None, typer.Argument(help="the command to run, after --")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="the SubmitJob spec as YAML (or JSON); "
@@ -148,6 +148,7 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a job: gpuctl submit --gpus 1 -- python train.py, or gpuctl submit -f job.yaml. Prints the job id.
+    Everything before ``--`` is gpuctl's options: an unknown one is refused (exit 2, naming the nearest).
     A sweep: gpuctl submit --array 0-11%3 -- python train.py (each task reads GPUORCH_ARRAY_TASK_ID); a pipeline
     step: gpuctl submit --dependency afterok:ID -- python eval.py."""
     from gpuorch_contracts import JobSpec

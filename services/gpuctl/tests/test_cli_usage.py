@@ -1,0 +1,25 @@
+"""gpuctl's command line refuses what it cannot read before it does anything: no server is needed (every address
+here is one where nothing listens), so a command that got past parsing would fail differently (exit 1, "cannot
+reach")."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import Gpuctl
+
+NOWHERE = "http://127.0.0.1:9"
+
+
+@pytest.mark.parametrize(("typed", "nearest"), [("--gpu", "--gpus"), ("--gpu-mem", "--gpu-memory"),
+                                                 ("--nme", "--name")])
+def test_a_misspelt_submit_option_is_refused_naming_the_nearest(gpuctl: Gpuctl, typed: str, nearest: str) -> None:
+    done = gpuctl("--server", NOWHERE, "submit", typed, "1", "--", "python", "train.py")
+    assert (done.exit_code, done.stdout) == (2, ""), done.output
+    assert f"No such option: {typed}" in done.stderr and nearest in done.stderr
+    assert "cannot reach" not in done.stderr  # refused before anything was sent
+
+
+def test_options_after_the_double_dash_are_the_jobs(gpuctl: Gpuctl) -> None:
+    done = gpuctl("--server", NOWHERE, "submit", "--gpus", "1", "--", "python", "train.py", "--gpu", "1")
+    assert done.exit_code == 1 and "cannot reach the gpuorch API" in done.stderr  # parsed; then the API is away
