@@ -1,14 +1,15 @@
 """HTTP handlers: each parses a request, asks ``auth`` who calls, reads (``readmodels``) or publishes (``gateway``),
-and shapes the answer with ``domain.views``. Errors are one line of JSON: ``{"error": "..."}``.
+and shapes the answer with ``domain.views``. Errors are problem details (problems.py): ``detail`` one line.
 
     GET  /healthz, /readyz                        no token (/metrics: on GPUORCH_METRICS_PORT, an internal port)
     GET  /api/v1/whoami                           the caller: identity, role, tenants
     GET  /api/v1/jobs?state=&tenant=&tier=&limit= jobs of the caller's tenants (operator: all)
-    POST /api/v1/jobs                             {"spec": JobSpec, "job_id"?: uuid} -> 202 {"job_id"}
+    POST /api/v1/jobs                             {"spec": JobSpec, "job_id"?: uuid} -> 202 {"job_id"}, Location
     GET  /api/v1/jobs/{id}                        spec, state, reason, placement, timeline, usage, advice, trace link
     GET  /api/v1/jobs?array={id}                  the tasks of one array, by index (an array is otherwise one row)
-    POST /api/v1/jobs/{id}/cancel                 {"reason"?, "array_tasks"?: "0-9"} -> 202
-    POST /api/v1/jobs/{id}/parallelism            {"parallelism": N | null} -> 202 (an array's)
+    POST /api/v1/jobs/{id}/cancel                 {"reason"?, "array_tasks"?: "0-9"} -> 202, Location (the job);
+                                                  409 when the job has already ended
+    POST /api/v1/jobs/{id}/parallelism            {"parallelism": N | null} -> 202, Location (an array's)
     GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor
     GET  /api/v1/nodes, /queues, /tenants         fleet, queues per tier, allocation against quota and use
     GET  /api/v1/usage?days=7                     GPU-hours per day and tenant: allocated, used, idle
@@ -35,11 +36,12 @@ from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
 import aiormq.exceptions
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from gpuorch_contracts import JobSpec
 from gpuorch_contracts.arrays import MAX_ARRAY_PARALLELISM, IndexText
-from gpuorch_contracts.jobs import JobState, Tier
+from gpuorch_contracts.jobs import TERMINAL_STATES, JobState, Tier
 from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
 from gpuorch_messaging import TopologyMissing, dead_letters
@@ -85,8 +87,13 @@ def backends(request: Request) -> Backends:
 BackendsDep = Annotated[Backends, Depends(backends)]
 
 
-def caller(request: Request) -> Caller:
-    return authenticate(backends(request).identity_map, request.headers.get("authorization"))
+BEARER = HTTPBearer(auto_error=False, scheme_name="bearer", description="an API token of the identity map")
+"""The security scheme of every /api/ route (OpenAPI ``securitySchemes``); auth.authenticate answers 401."""
+
+
+def caller(request: Request,
+           credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]) -> Caller:
+    return authenticate(backends(request).identity_map, credentials.credentials if credentials else None)
 
 
 CallerDep = Annotated[Caller, Depends(caller)]
@@ -134,12 +141,19 @@ async def list_jobs(
 
 
 @router.post("/api/v1/jobs", status_code=202, tags=["jobs"])
-async def submit_job(body: SubmitRequest, who: CallerDep, svc: BackendsDep) -> Accepted:
+async def submit_job(body: SubmitRequest, who: CallerDep, svc: BackendsDep, request: Request,
+                     response: Response) -> Accepted:
     """Publish a SubmitJob on the caller's behalf; the answer (accepted/rejected) follows as an event and in the
-    job's state. 403 when the identity map does not let the caller submit this spec."""
+    job's state, at ``Location``. 403 when the identity map does not let the caller submit this spec."""
     message = await svc.gateway.submit(who, body.spec, body.job_id)
     await svc.read.record_submission(message.job_id, who.name, message.spec.model_dump(mode="json"))
-    return Accepted(job_id=message.job_id, status="submitted")
+    return _accepted(request, response, message.job_id, "submitted")
+
+
+def _accepted(request: Request, response: Response, job_id: uuid.UUID, status: str) -> Accepted:
+    """A 202's body, with ``Location``: the job, where what was asked will show."""
+    response.headers["Location"] = str(request.url_for("get_job", job_ref=str(job_id)))
+    return Accepted(job_id=job_id, status=status)
 
 
 async def _visible_job(svc: Backends, who: Caller, job_ref: str) -> dict[str, Any]:
@@ -184,27 +198,32 @@ def trace_url(jaeger_url: str | None, job_id: uuid.UUID, since: datetime, until:
     return f"{jaeger_url.rstrip('/')}/search?{query}"
 
 
-@router.post("/api/v1/jobs/{job_ref}/cancel", status_code=202, tags=["jobs"])
-async def cancel_job(job_ref: str, who: CallerDep, svc: BackendsDep,
+@router.post("/api/v1/jobs/{job_ref}/cancel", status_code=202, tags=["jobs"],
+             responses={409: {**schemas.ERRORS[403], "description": "the job has already ended"}})
+async def cancel_job(job_ref: str, who: CallerDep, svc: BackendsDep, request: Request, response: Response,
                      body: CancelRequest | None = None) -> Accepted:
-    """Publish a CancelJob on the caller's behalf (a running job gets its checkpoint signal, then is stopped)."""
+    """Publish a CancelJob on the caller's behalf (a running job gets its checkpoint signal, then is stopped).
+    409 for a job that has already ended (an array: every task has)."""
     job = await _job_for_action(svc, who, job_ref)
+    if job["state"] in TERMINAL_STATES:
+        raise ApiError(409, f"job {job['job_id']} has already ended ({job['state']}): nothing to cancel")
     body = body or CancelRequest()
     if body.array_tasks is not None and _array_of(job) is None:
         raise ApiError(400, f"job {job['job_id']} is not an array: array_tasks names tasks of an array")
     await svc.gateway.cancel(who, job, body.reason, body.array_tasks)
-    return Accepted(job_id=job["job_id"], status="cancel requested")
+    return _accepted(request, response, job["job_id"], "cancel requested")
 
 
 @router.post("/api/v1/jobs/{job_ref}/parallelism", status_code=202, tags=["jobs"])
-async def set_parallelism(job_ref: str, body: ParallelismRequest, who: CallerDep, svc: BackendsDep) -> Accepted:
+async def set_parallelism(job_ref: str, body: ParallelismRequest, who: CallerDep, svc: BackendsDep,
+                          request: Request, response: Response) -> Accepted:
     """Publish a SetArrayParallelism on the caller's behalf: at most ``parallelism`` tasks of the array run at once
     (running tasks keep running when it is lowered)."""
     job = await _job_for_action(svc, who, job_ref)
     if _array_of(job) is None:
         raise ApiError(400, f"job {job['job_id']} is not an array")
     await svc.gateway.set_parallelism(who, job, body.parallelism)
-    return Accepted(job_id=job["job_id"], status="parallelism change requested")
+    return _accepted(request, response, job["job_id"], "parallelism change requested")
 
 
 def _array_of(job: dict[str, Any]) -> Any:
