@@ -392,3 +392,30 @@ async def test_an_array_is_one_row_its_tasks_are_listed_by_index_and_its_owner_s
         not_array = await http.post(f"/api/v1/jobs/{array_task_id(array_id, 0)}/parallelism",
                                     json={"parallelism": 3}, headers=auth("acme"))
         assert not_array.status_code == 400 and not_array.json()["title"] == "Bad Request"
+
+
+async def test_recent_events_are_listed_newest_first_to_whom_they_concern(api: RunningApi, migrated_dsn: str) -> None:
+    ids = await seed(migrated_dsn)
+    logged = [("job.accepted", {"job_id": str(ids["acme_running"]), "tenant": "acme"}),
+              ("job.placed", {"job_id": str(ids["research_queued"]), "node_id": "n1"}),  # research's: not acme's
+              ("node.heartbeat", {"node_id": "n1"}),  # not an event worth a line
+              ("node.liveness_changed", {"node_id": "n1", "liveness": "suspect"}),
+              ("job.started", {"job_id": str(ids["acme_running"]), "node_id": "n1"})]
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        for event_type, payload in logged:
+            await conn.execute("INSERT INTO events (stream, message_id, type, occurred_at, payload) "
+                               "VALUES ('test', $1, $2, now(), $3::text::jsonb)", uuid.uuid4(), event_type,
+                               json.dumps(payload))
+    finally:
+        await conn.close()
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        mine = (await http.get("/api/v1/events/recent", headers=auth("acme"))).json()
+        assert [(e["type"], e.get("job_id")) for e in mine] == [
+            ("job.started", str(ids["acme_running"])), ("node.liveness_changed", None),
+            ("job.accepted", str(ids["acme_running"]))]
+        everything = (await http.get("/api/v1/events/recent", params={"limit": 10}, headers=auth("ops"))).json()
+        assert len(everything) == 4
+        assert len((await http.get("/api/v1/events/recent", params={"limit": 1}, headers=auth("ops"))).json()) == 1
+        bad = await http.get("/api/v1/events/recent", params={"since": "a while"}, headers=auth("acme"))
+        assert bad.status_code == 422 and bad.json()["detail"].startswith("since:")

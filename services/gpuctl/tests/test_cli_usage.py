@@ -23,3 +23,14 @@ def test_a_misspelt_submit_option_is_refused_naming_the_nearest(gpuctl: Gpuctl, 
 def test_options_after_the_double_dash_are_the_jobs(gpuctl: Gpuctl) -> None:
     done = gpuctl("--server", NOWHERE, "submit", "--gpus", "1", "--", "python", "train.py", "--gpu", "1")
     assert done.exit_code == 1 and "cannot reach the gpuorch API" in done.stderr  # parsed; then the API is away
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--gpus", "1"], "no command to run: gpuctl submit [OPTIONS] -- COMMAND"),
+    (["--gpu-milli", "5000", "--", "python", "x.py"], "invalid job: resources.gpu_milli: Input should be less than"),
+])
+def test_a_job_that_does_not_validate_is_one_clear_line(gpuctl: Gpuctl, args: list[str], says: str) -> None:
+    done = gpuctl("--server", NOWHERE, "submit", *args)
+    assert (done.exit_code, done.stdout) == (2, ""), done.output
+    assert done.stderr.splitlines() == [done.stderr.strip()] and says in done.stderr
+    assert "pydantic" not in done.stderr and "validation error for" not in done.stderr and "input_value" not in done.stderr

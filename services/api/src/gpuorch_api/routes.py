@@ -17,6 +17,7 @@ and shapes the answer with ``domain.views``. Errors are problem details (problem
     GET  /api/v1/dlq?queue=&limit=                dead letters and why each was refused        (operators only)
     POST /api/v1/dlq/{queue}/replay?limit=        publish them back where they were going      (operators only)
     GET  /api/v1/events                           Server-Sent Events (``live``)
+    GET  /api/v1/events/recent?since=1h&limit=    the newest logged events the caller sees, newest first
 
 A job of a tenant the caller does not see answers 404, exactly as a job that does not exist, on reads, cancels and
 log reads alike (its existence is not disclosed). A job reference is a job id or a unique prefix of one, found
@@ -45,7 +46,7 @@ from gpuorch_contracts.jobs import TERMINAL_STATES, JobState, Tier
 from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
 from gpuorch_messaging import TopologyMissing, dead_letters
-from gpuorch_report import WeeklyReport, resolve_period
+from gpuorch_report import WeeklyReport, parse_since, resolve_period
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuorch_api import schemas
@@ -392,6 +393,21 @@ async def replay_dead_letters(
     return {"queue": done.queue, "replayed": len(done.replayed), "stopped": done.stopped,
             "messages": [asdict(letter) for letter in done.replayed],
             "skipped": [asdict(skipped) for skipped in done.skipped]}
+
+
+@router.get("/api/v1/events/recent", tags=["live"], response_model=list[schemas.RecentEvent])
+async def recent_events(
+    who: CallerDep, svc: BackendsDep,
+    since: Annotated[str, Query(description="how far back: 30m, 12h, 7d", max_length=16)] = "1h",
+    limit: Annotated[int, Query(ge=1, le=1000, description="at most N events, the newest")] = 100,
+) -> list[dict[str, Any]]:
+    """The newest events of the caller's tenants' jobs and of the fleet, from the scheduler's log, newest first
+    (what ``/api/v1/events`` would have streamed; ``gpuctl events``, like ``kubectl get events``)."""
+    try:
+        back = parse_since(since)
+    except ValueError as exc:
+        raise ApiError(422, f"since: {exc}") from exc
+    return await svc.read.recent_events(tenants=who.tenants, since=datetime.now(UTC) - back, limit=limit)
 
 
 @router.get("/api/v1/events", tags=["live"], response_class=StreamingResponse)

@@ -57,6 +57,12 @@ class TimelineEvent(BaseModel, extra="allow"):
     at: datetime
 
 
+class RecentEvent(TimelineEvent):
+    """A logged event in ``/api/v1/events/recent``: its type, when, its job (if a job's) and the timeline's detail."""
+
+    job_id: str | None = None
+
+
 class DeviceUsage(BaseModel):
     node_id: str
     device_uuid: str
