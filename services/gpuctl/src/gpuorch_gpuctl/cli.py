@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from gpuorch_contracts.jobs import JobState, Tier
 from rich.console import Console
 from rich.table import Table
 
@@ -32,10 +31,10 @@ from gpuorch_gpuctl import jobs_view
 from gpuorch_gpuctl.api_client import ApiClient, api, api_or_dsn
 from gpuorch_gpuctl.array_cmd import array_app, array_field, dependencies, resolver
 from gpuorch_gpuctl.contexts import config_app, context_endpoint, explicit_endpoint
-from gpuorch_gpuctl.demo_cmd import demo, down
 from gpuorch_gpuctl.dlq_cmd import dlq_app
 from gpuorch_gpuctl.errors import USAGE, error_line, fail
 from gpuorch_gpuctl.events_cmd import events
+from gpuorch_gpuctl.lazy import LazyGroup
 from gpuorch_gpuctl.output import (
     AlignedRows,
     Column,
@@ -49,27 +48,20 @@ from gpuorch_gpuctl.output import (
     table_box,
 )
 from gpuorch_gpuctl.output import console as output_console
-from gpuorch_gpuctl.schema_cmd import schema_app
 from gpuorch_gpuctl.settings import GpuctlSettings, Run, load_settings, start_run, this_run
-from gpuorch_gpuctl.setup_cmd import setup_app
 from gpuorch_gpuctl.terminal_text import cell, log_output, markup
 from gpuorch_gpuctl.top_cmd import gpu_count, top
-from gpuorch_gpuctl.up_cmd import up
 from gpuorch_gpuctl.watch import following, sse_events, state_after
 
 app = typer.Typer(help="gpuctl: submit, watch, inspect and cancel gpuorch jobs (through the gpuorch API).",
                   epilog=GpuctlSettings.environment_help(),
-                  no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
+                  no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]}, cls=LazyGroup)
+"""Commands defined here and in light modules are built at once; the others load when they run (lazy.py)."""
 app.add_typer(array_app, name="array")
 app.add_typer(config_app, name="config")
 app.add_typer(dlq_app, name="dlq")
-app.add_typer(setup_app, name="setup")
-app.add_typer(schema_app, name="schema")
-app.command("demo")(demo)
-app.command("down")(down)
 app.command("events")(events)
 app.command("top")(top)
-app.command("up")(up)
 
 console = output_console()
 """stdout: as wide as a line needs when piped (tables are never cut to 80 columns)."""
@@ -82,16 +74,21 @@ AmqpOpt = Annotated[str | None, typer.Option("--amqp-url", envvar="GPUORCH_AMQP_
                                              help="publish to RabbitMQ directly (no API; for old scripts)")]
 DsnOpt = Annotated[str | None, typer.Option("--dsn", envvar="GPUORCH_DATABASE_URL",
                                             help="read PostgreSQL directly (no API; for old scripts)")]
-StateChoice = Enum("StateChoice", {s: s for s in JobState.__args__}, type=str)  # type: ignore[misc,attr-defined]
-TierChoice = Enum("TierChoice", {t: t for t in Tier.__args__}, type=str)  # type: ignore[misc,attr-defined]
+JOB_STATES = ("submitted", "accepted", "rejected", "queued", "placed", "running", "preempting", "succeeded", "failed",
+              "cancelled", "lost")
+TIERS = ("training", "inference", "batch")
+"""``gpuorch_contracts.jobs.JobState`` and ``Tier``, written out so that building the commands does not load every
+message model (``gpuctl --help`` and the client commands stay fast); tests/test_lazy_commands.py holds them equal."""
+StateChoice = Enum("StateChoice", {s: s for s in JOB_STATES}, type=str)  # type: ignore[misc]
+TierChoice = Enum("TierChoice", {t: t for t in TIERS}, type=str)  # type: ignore[misc]
 TERMINAL = ("succeeded", "failed", "cancelled", "rejected")
 
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
+        from gpuorch_gpuctl import version_line
 
-        print(f"gpuctl {version('gpuorch-gpuctl')}")
+        print(version_line())
         raise typer.Exit()
 
 
@@ -635,41 +632,27 @@ def _colour(state: str) -> str:
     return f"[{colour}]{state}[/{colour}]" if colour else cell(state)
 
 
-def _register_optional_commands() -> None:
-    """Commands whose modules come from other parts of the tree (replay, report, db), each mounted if present."""
-    import importlib
-
-    for module, attach in (
-        ("db_cmd", lambda m: app.add_typer(m.db_app, name="db")),
-        ("replay_cmd", lambda m: app.command("replay")(m.replay)),
-        ("report_cmd", lambda m: app.command("report")(m.report)),
-        ("bench_cmd", lambda m: app.add_typer(m.bench_app, name="bench")),
-        ("bench_capacity_cmd", lambda m: importlib.import_module("gpuorch_gpuctl.bench_cmd").bench_app.command(
-            "capacity")(m.capacity)),
-        ("mig_cmd", lambda m: m.attach(app)),
-    ):
-        try:
-            attach(importlib.import_module(f"gpuorch_gpuctl.{module}"))
-        except ModuleNotFoundError:  # pragma: no cover - only while the tree is being assembled
-            pass
-
-
-_register_optional_commands()
-
-
 def main() -> None:
     """The ``gpuctl`` script: the app, with a server out of reach (API, database, broker) that no command caught
     reported as errors.py says (one line, exit 1) instead of a traceback."""
     import logging
 
-    import aiormq.exceptions
-    import asyncpg
-
     logging.getLogger("aiormq").setLevel(logging.CRITICAL)  # its own "error when creating transport" line
     try:
         app(standalone_mode=True)
-    except (OSError, ConnectionError, TimeoutError, asyncpg.PostgresError,
-            aiormq.exceptions.AMQPConnectionError) as exc:
+    except Exception as exc:
+        if not isinstance(exc, _out_of_reach()):
+            raise
         print(error_line(f"cannot reach a server this command needs: {type(exc).__name__}: {exc}"), file=sys.stderr)
         sys.exit(1)
 
+
+def _out_of_reach() -> tuple[type[BaseException], ...]:
+    """The errors of a server out of reach: the OS's, and asyncpg's and aiormq's when a command loaded them (a
+    command that did not cannot have raised them)."""
+    kinds: list[type[BaseException]] = [OSError, ConnectionError, TimeoutError]
+    if "asyncpg" in sys.modules:
+        kinds.append(sys.modules["asyncpg"].PostgresError)
+    if "aiormq.exceptions" in sys.modules:
+        kinds.append(sys.modules["aiormq.exceptions"].AMQPConnectionError)
+    return tuple(kinds)

@@ -11,8 +11,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import asyncpg
-
 from gpuorch_gpuctl.errors import fail
 
 TERMINAL = ("succeeded", "failed", "cancelled", "rejected")
@@ -20,6 +18,8 @@ DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/gpuorch"
 
 
 async def _connect(dsn: str) -> Any:
+    import asyncpg  # the direct path only: the client commands do not load it
+
     try:
         return await asyncpg.connect(dsn, timeout=10)
     except (OSError, asyncpg.PostgresError) as exc:
