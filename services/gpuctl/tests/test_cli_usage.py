@@ -34,3 +34,23 @@ def test_a_job_that_does_not_validate_is_one_clear_line(gpuctl: Gpuctl, args: li
     assert (done.exit_code, done.stdout) == (2, ""), done.output
     assert done.stderr.splitlines() == [done.stderr.strip()] and says in done.stderr
     assert "pydantic" not in done.stderr and "validation error for" not in done.stderr and "input_value" not in done.stderr
+
+
+BOX_DRAWING = {chr(c) for c in range(0x2500, 0x2580)}
+
+
+@pytest.mark.parametrize(("args", "code", "says"), [
+    (["submit", "--gpu", "1", "--", "python", "x.py"], 2, "No such option: --gpu"),
+    (["--help"], 0, "  GPUCTL_SERVER   "),  # the environment's lines kept whole
+    (["jobs", "--help"], 0, " jobs [OPTIONS]"),
+    (["db", "--help"], 0, " db [OPTIONS] COMMAND"),  # a command module loaded when asked
+])
+def test_the_script_piped_prints_no_box_drawing_characters(args: list[str], code: int, says: str) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", *args], capture_output=True, text=True,
+                          timeout=120, env={**__import__("os").environ, "GPUCTL_CONFIG": "/nonexistent.yaml"})
+    assert done.returncode == code, done.stderr
+    assert says in " ".join(done.stdout.split(" " * 20)) + done.stderr  # (runs of padding shortened)
+    assert not BOX_DRAWING & set(done.stdout + done.stderr)

@@ -34,7 +34,7 @@ from gpuorch_gpuctl.contexts import config_app, context_endpoint, explicit_endpo
 from gpuorch_gpuctl.dlq_cmd import dlq_app
 from gpuorch_gpuctl.errors import USAGE, error_line, fail
 from gpuorch_gpuctl.events_cmd import events
-from gpuorch_gpuctl.lazy import LazyGroup
+from gpuorch_gpuctl.lazy import LazyGroup, without_panels
 from gpuorch_gpuctl.output import (
     AlignedRows,
     Column,
@@ -638,8 +638,12 @@ def main() -> None:
     import logging
 
     logging.getLogger("aiormq").setLevel(logging.CRITICAL)  # its own "error when creating transport" line
+    command = typer.main.get_command(app)
+    if not sys.stderr.isatty():  # piped or captured: click's plain usage errors and help, no typer panels (boxes)
+        without_panels(command)
+        command.epilog = "\b\n" + (command.epilog or "")  # click keeps the environment's lines as they are
     try:
-        app(standalone_mode=True)
+        command(standalone_mode=True)
     except Exception as exc:
         if not isinstance(exc, _out_of_reach()):
             raise

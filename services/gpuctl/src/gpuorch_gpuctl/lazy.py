@@ -78,16 +78,28 @@ def load(name: str) -> Any:
     return command
 
 
-class _Proxy(TyperCommand):
-    """A lazy command in the listing; parsing its arguments loads it and the real command takes over."""
+def without_panels(command: Any) -> None:
+    """Click's plain help and usage errors for ``command`` and every command under it: no typer panels (their
+    box-drawing characters) where the output is not a terminal."""
+    command.rich_markup_mode = None
+    for sub in getattr(command, "commands", {}).values():
+        without_panels(sub)
 
-    def __init__(self, name: str) -> None:
+
+class _Proxy(TyperCommand):
+    """A lazy command in the listing; parsing its arguments loads it and the real command takes over (plain, as
+    its group, when its group is)."""
+
+    def __init__(self, name: str, *, plain: bool) -> None:
         super().__init__(name, short_help=LAZY_COMMANDS[name].short_help, help=LAZY_COMMANDS[name].short_help)
         self._real: Any = None
+        self._plain = plain
 
     def real(self) -> Any:
         if self._real is None:
             self._real = load(self.name or "")
+            if self._plain:
+                without_panels(self._real)
         return self._real
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
@@ -105,5 +117,5 @@ class LazyGroup(TyperGroup):
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
-            return _Proxy(cmd_name)
+            return _Proxy(cmd_name, plain=self.rich_markup_mode is None)
         return super().get_command(ctx, cmd_name)
