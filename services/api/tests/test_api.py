@@ -70,19 +70,30 @@ async def test_tokens_and_one_line_errors(api: RunningApi) -> None:
     async with httpx.AsyncClient(base_url=api.url) as http:
         assert (await http.get("/healthz")).json() == {"status": "ok"}
         assert (await http.get("/readyz")).json() == {"status": "ready"}
-        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic x"}):
+        for headers, challenge in (({}, 'Bearer realm="gpuorch"'), ({"Authorization": "Basic x"}, 'Bearer realm="gpuorch"'),
+                                   ({"Authorization": "Bearer nope"}, 'Bearer realm="gpuorch", error="invalid_token"')):
             answer = await http.get("/api/v1/jobs", headers=headers)
-            assert answer.status_code == 401 and set(answer.json()) == {"error"}
+            assert answer.status_code == 401 and answer.headers["www-authenticate"] == challenge
+            assert answer.headers["content-type"] == "application/problem+json"
+            assert set(answer.json()) == {"type", "title", "status", "detail", "error"}
+            assert answer.json()["status"] == 401 and answer.json()["title"] == "Unauthorized"
         answer = await http.get("/api/v1/jobs", headers=auth("svc"))
         assert answer.status_code == 403 and "service" in answer.json()["error"]
         assert (await http.get("/api/v1/whoami", headers=auth("acme"))).json()["tenants"] == ["acme"]
         bad = await http.get("/api/v1/jobs", params={"state": "bogus"}, headers=auth("acme"))
         assert bad.status_code == 422 and bad.json()["error"].startswith("state:") and "\n" not in bad.text
+        both = (await http.get("/api/v1/jobs", params={"state": "bogus", "limit": 0}, headers=auth("acme"))).json()
+        assert [e["where"] for e in both["errors"]] == ["query.state", "query.limit"]  # every error, not the first
+        assert both["detail"].startswith("state: ") and "; limit: " in both["detail"]
         document = (await http.get("/openapi.json")).json()
         assert "/api/v1/jobs" in document["paths"]
         invalid = document["paths"]["/api/v1/jobs"]["get"]["responses"]["422"]  # documented as answered
-        assert invalid["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+        assert invalid["content"] == {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
         assert "HTTPValidationError" not in document["components"]["schemas"]
+        assert document["components"]["securitySchemes"]["bearer"] == {
+            "type": "http", "scheme": "bearer", "description": "an API token of the identity map"}
+        assert document["paths"]["/api/v1/jobs"]["get"]["security"] == [{"bearer": []}]
+        assert "log_path" not in document["components"]["schemas"]["JobDetail"]["properties"]  # no host paths
 
 
 async def test_a_submitter_sees_its_tenants_and_an_operator_sees_all(api: RunningApi, migrated_dsn: str) -> None:
@@ -104,6 +115,7 @@ async def test_a_submitter_sees_its_tenants_and_an_operator_sees_all(api: Runnin
         running = (await http.get(f"/api/v1/jobs/{ids['acme_running']}", headers=auth("acme"))).json()
         assert running["gpus"] == "0,2:1g.10gb" and running["trace_url"].startswith("http://jaeger.example:16686/")
         assert [d["device_uuid"] for d in running["usage"]["devices"]] == ["MIG-n1-0-0"] and running["advice"] == []
+        assert "log_path" not in running  # no host paths in answers
 
         [node] = (await http.get("/api/v1/nodes", headers=auth("research"))).json()
         assert (node["gpus_total"], node["gpus_allocated"], node["gpus_free"]) == (3, 2, 1)
@@ -131,6 +143,7 @@ async def test_submit_and_cancel_are_published_on_the_callers_behalf(api: Runnin
     async with httpx.AsyncClient(base_url=api.url) as http:
         answer = await http.post("/api/v1/jobs", json={"spec": SPEC}, headers=auth("acme"))
         assert answer.status_code == 202, answer.text
+        assert answer.headers["location"] == f"{api.url}/api/v1/jobs/{answer.json()['job_id']}"
         incoming = await asyncio.wait_for(api.submissions.get(), 10)
         submitted = decode(incoming.body)
         assert (incoming.routing_key, incoming.user_id) == ("job.submit.acme", "guest")
@@ -140,17 +153,20 @@ async def test_submit_and_cancel_are_published_on_the_callers_behalf(api: Runnin
                              ({"spec": {**SPEC, "priority_class": "critical"}}, 403),
                              ({"spec": {**SPEC, "bogus": 1}}, 422)):
             refused = await http.post("/api/v1/jobs", json=body, headers=auth("acme"))
-            assert refused.status_code == status and set(refused.json()) == {"error"}, refused.text
+            assert refused.status_code == status and refused.json()["status"] == status, refused.text
 
         not_yours = await http.post(f"/api/v1/jobs/{ids['research_queued']}/cancel", headers=auth("acme"))
         assert not_yours.status_code == 404  # as for a job that does not exist
         cancel = await http.post(f"/api/v1/jobs/{ids['acme_running']}/cancel", json={"reason": "enough"},
                                  headers=auth("acme"))
         assert cancel.status_code == 202
+        assert cancel.headers["location"] == f"{api.url}/api/v1/jobs/{ids['acme_running']}"
         incoming = await asyncio.wait_for(api.submissions.get(), 10)
         cancelled = decode(incoming.body)
         assert (cancelled.TYPE, cancelled.on_behalf_of, incoming.routing_key) == (  # type: ignore[attr-defined]
             "job.cancel", "acme-ci", "job.cancel.acme")
+        ended = await http.post(f"/api/v1/jobs/{ids['rejected']}/cancel", headers=auth("acme"))
+        assert ended.status_code == 409 and "already ended (rejected)" in ended.json()["detail"], ended.text
         assert api.submissions.empty()  # nothing was published for the refused requests
 
 
@@ -271,10 +287,10 @@ async def test_the_report_shows_a_submitter_its_tenants_and_an_operator_everythi
         assert (theirs["tenant"], theirs["jobs"]) == ("research", [])
 
         refused = await http.get("/api/v1/report", params={"tenant": "research"}, headers=auth("acme"))
-        assert refused.status_code == 403 and set(refused.json()) == {"error"}
+        assert refused.status_code == 403 and refused.json()["detail"] == refused.json()["error"]
         for params in ({"since": "a week"}, {"from": "2026-11-30", "to": "2026-11-24"}):
             bad = await http.get("/api/v1/report", params=params, headers=auth("acme"))
-            assert bad.status_code == 422 and set(bad.json()) == {"error"}, bad.text
+            assert bad.status_code == 422 and bad.json()["detail"] == bad.json()["error"] != "", bad.text
         document = (await http.get("/openapi.json")).json()
         schema = document["paths"]["/api/v1/report"]["get"]["responses"]["200"]["content"]["application/json"]
         assert schema["schema"] == {"$ref": "#/components/schemas/WeeklyReport"}
@@ -375,4 +391,31 @@ async def test_an_array_is_one_row_its_tasks_are_listed_by_index_and_its_owner_s
         assert (message.TYPE, message.array_tasks) == ("job.cancel", "2-3")  # type: ignore[attr-defined]
         not_array = await http.post(f"/api/v1/jobs/{array_task_id(array_id, 0)}/parallelism",
                                     json={"parallelism": 3}, headers=auth("acme"))
-        assert not_array.status_code == 400 and set(not_array.json()) == {"error"}
+        assert not_array.status_code == 400 and not_array.json()["title"] == "Bad Request"
+
+
+async def test_recent_events_are_listed_newest_first_to_whom_they_concern(api: RunningApi, migrated_dsn: str) -> None:
+    ids = await seed(migrated_dsn)
+    logged = [("job.accepted", {"job_id": str(ids["acme_running"]), "tenant": "acme"}),
+              ("job.placed", {"job_id": str(ids["research_queued"]), "node_id": "n1"}),  # research's: not acme's
+              ("node.heartbeat", {"node_id": "n1"}),  # not an event worth a line
+              ("node.liveness_changed", {"node_id": "n1", "liveness": "suspect"}),
+              ("job.started", {"job_id": str(ids["acme_running"]), "node_id": "n1"})]
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        for event_type, payload in logged:
+            await conn.execute("INSERT INTO events (stream, message_id, type, occurred_at, payload) "
+                               "VALUES ('test', $1, $2, now(), $3::text::jsonb)", uuid.uuid4(), event_type,
+                               json.dumps(payload))
+    finally:
+        await conn.close()
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        mine = (await http.get("/api/v1/events/recent", headers=auth("acme"))).json()
+        assert [(e["type"], e.get("job_id")) for e in mine] == [
+            ("job.started", str(ids["acme_running"])), ("node.liveness_changed", None),
+            ("job.accepted", str(ids["acme_running"]))]
+        everything = (await http.get("/api/v1/events/recent", params={"limit": 10}, headers=auth("ops"))).json()
+        assert len(everything) == 4
+        assert len((await http.get("/api/v1/events/recent", params={"limit": 1}, headers=auth("ops"))).json()) == 1
+        bad = await http.get("/api/v1/events/recent", params={"since": "a while"}, headers=auth("acme"))
+        assert bad.status_code == 422 and bad.json()["detail"].startswith("since:")

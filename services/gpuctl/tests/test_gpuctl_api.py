@@ -30,6 +30,17 @@ def finish(process: subprocess.Popen[str], timeout_s: float = 60) -> tuple[str, 
         return out, f"killed after {timeout_s}s; stderr: {errors}"
 
 
+def lines_until(process: subprocess.Popen[str], start: str) -> str:
+    """What a spawned gpuctl printed up to and including the first line that starts with ``start``."""
+    assert process.stdout is not None
+    seen = []
+    while not (seen and seen[-1].startswith(start)):
+        line = process.stdout.readline()
+        assert line, f"ended before a line starting {start!r}: {''.join(seen)}"
+        seen.append(line)
+    return "".join(seen)
+
+
 def test_contexts_versions_and_one_line_errors(gpuctl: Gpuctl, live_api: LiveApi) -> None:
     assert gpuctl.ok("--version").stdout.startswith("gpuctl ")
     nowhere = gpuctl("jobs")
@@ -45,7 +56,7 @@ def test_contexts_versions_and_one_line_errors(gpuctl: Gpuctl, live_api: LiveApi
     assert "cannot reach the gpuorch API" in unreachable.stderr
     assert gpuctl("jobs", "--state", "bogus").exit_code == 2
     assert gpuctl("--token", "wrong", "jobs").exit_code == 1
-    assert gpuctl("events").exit_code == 2  # neither --follow nor --job
+    assert gpuctl("events").exit_code == 0  # the recent ones (none yet), as kubectl get events lists them
 
 
 def test_a_team_member_submits_watches_reads_logs_and_cancels(gpuctl: Gpuctl, live_api: LiveApi,
@@ -57,9 +68,11 @@ def test_a_team_member_submits_watches_reads_logs_and_cancels(gpuctl: Gpuctl, li
 
     events = gpuctl.spawn("events", "--follow", "--json", "--count", "2", "--timeout", "60")
     watch = gpuctl.spawn("jobs", "-w", "-o", "json", "--timeout", "60", "--state", "succeeded")
-    for follower in (events, watch):  # wait until each one's stream is open: what follows reaches it
+    watch_yaml = gpuctl.spawn("jobs", "-w", "-o", "yaml", "--timeout", "60", "--state", "succeeded")
+    for follower in (events, watch, watch_yaml):  # wait until each one's stream is open: what follows reaches it
         assert follower.stderr is not None and follower.stderr.readline().startswith("following ")
     assert watch.stdout is not None and json.loads(watch.stdout.readline()) == []  # the listing before -w
+    assert watch_yaml.stdout is not None and watch_yaml.stdout.readline() == "[]\n"
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump({"name": "from-file", "resources": {"gpus": 1},
                                         "run": {"argv": ["python", "-c", "print('hello from a file')"]}}))
@@ -78,6 +91,18 @@ def test_a_team_member_submits_watches_reads_logs_and_cancels(gpuctl: Gpuctl, li
     watched = json.loads(watch.stdout.readline())
     watch.terminate()
     assert (watched["id"], watched["state"]) == (job_id, "succeeded")
+    assert watch_yaml.stdout.readline() == "---\n"  # -o yaml -w: a YAML document per change, not JSON
+    document = lines_until(watch_yaml, "state: ")
+    watch_yaml.terminate()
+    assert f"id: {job_id}" in document and "state: succeeded" in document and "{" not in document
+    ended = gpuctl("cancel", job_id)  # the API's 409, said as such
+    assert ended.exit_code == 1 and "has already ended (succeeded): nothing to cancel" in ended.stderr
+    recent = [json.loads(line) for line in gpuctl.ok("events", "--json").stdout.splitlines()]
+    assert ("job.accepted", job_id) in {(e["type"], e.get("job_id")) for e in recent}  # oldest first, like kubectl
+    listing = gpuctl.ok("jobs").stdout
+    assert not {chr(c) for c in range(0x2500, 0x2580)} & set(listing)  # piped: no box-drawing characters
+    refused = gpuctl("submit", "--wait", "--", "bash", "-c", "true")  # a command the allow-list refuses
+    assert refused.exit_code == 1 and "'bash' is not allowed" in refused.stderr.splitlines()[-1], refused.stderr
 
     rejected = gpuctl("submit", "--gpus", "20", "--wait", "--", "python", "-c", "pass")
     assert rejected.exit_code == 1 and "can never fit" in rejected.stderr
@@ -99,6 +124,8 @@ def test_a_team_member_submits_watches_reads_logs_and_cancels(gpuctl: Gpuctl, li
     running = gpuctl.ok("submit", "--gpus", "1", "--", "python", "-c", PRINT_AND_WAIT, "2").stdout.strip()
     out, errors = finish(gpuctl.spawn("logs", "-f", running))
     assert out == "first\nlast\n", errors
+    assert gpuctl.ok("logs", running, "--tail", "1").stdout == "last\n"
+    assert gpuctl.ok("logs", running, "--tail", "5").stdout == "first\nlast\n"
     long = gpuctl.ok("submit", "--gpus", "1", "--", "python", "-c", PRINT_AND_WAIT, "600").stdout.strip()
     gpuctl.ok("config", "set-context", "research", "--server", live_api.url, "--token", TOKENS["research-team"])
     assert long not in {j["id"] for j in gpuctl.json("jobs")}  # type: ignore[union-attr,index]
@@ -119,6 +146,10 @@ def test_a_team_member_submits_watches_reads_logs_and_cancels(gpuctl: Gpuctl, li
     assert gpuctl.json("config", "current-context") == {"current-context": "acme"}
     frame = gpuctl.ok("top", "--once").stdout
     assert "fleet" in frame and "node-1" in frame and "top jobs by GPU-hours" in frame
+    piped = gpuctl.spawn("top", "--interval", "0.2")  # not a terminal: a whole frame per refresh, as top -b
+    assert piped.stdout is not None
+    assert "fleet" in lines_until(piped, "top jobs by GPU-hours")
+    piped.terminate()
     assert uuid.UUID(job_id)
 
 

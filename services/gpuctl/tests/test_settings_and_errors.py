@@ -99,7 +99,7 @@ ERRORS = [
     # (arguments, extra environment, exit code, what the one line says)
     (["jobs"], {}, 1, "no gpuorch API configured"),
     (["--server", NOWHERE, "nodes", "--json"], {}, 1, f"cannot reach the gpuorch API at {NOWHERE}"),
-    (["events"], {"GPUCTL_SERVER": NOWHERE}, 2, "give --follow"),
+    (["events"], {"GPUCTL_SERVER": NOWHERE}, 1, "cannot reach the gpuorch API"),  # lists recent ones
     (["--server", NOWHERE, "submit", "--gpu-milli", "5000", "--", "true"], {}, 2, "invalid job"),
     (["config", "use-context", "nope"], {}, 1, "no context 'nope'"),
     (["describe", "abc", "--dsn", "postgresql://postgres@127.0.0.1:9/x"], {}, 1, "cannot reach the database"),

@@ -1,7 +1,8 @@
 """Who is calling: a bearer token turned into an identity of the identity map, and what it may see.
 
-    Authorization: Bearer <token> --IdentityMap.user_for_token--> identity name --identity_of--> Identity
-        no header, unknown token             -> Unauthorized (401)
+    Authorization: Bearer <token> (FastAPI's HTTPBearer: routes.caller) --IdentityMap.user_for_token-->
+        identity name --identity_of--> Identity
+        no bearer token, unknown token       -> Unauthorized (401, WWW-Authenticate: Bearer, RFC 6750)
         a service or gateway identity        -> Forbidden (403): they do not act through the API
     Caller.tenants: None for an operator (and an identity whose tenants include "*"): every tenant; else the
     tenants it names (its default tenant included). Every read of the API is filtered by it.
@@ -15,19 +16,26 @@ from dataclasses import dataclass
 
 from gpuorch_identity import ANY_TENANT, Identity, IdentityMap
 
+from gpuorch_api.problems import REALM
+
 
 class ApiError(Exception):
-    """An answer other than success: HTTP ``status`` and one line for the caller (``{"error": message}``)."""
+    """An answer other than success: HTTP ``status``, one line for the caller (problems.py: its ``detail``) and
+    any headers the status needs."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
 
 
 class Unauthorized(ApiError):
-    def __init__(self, message: str) -> None:
-        super().__init__(401, message)
+    """401 with the challenge RFC 6750 asks for: ``invalid_token`` when a token was sent but is not known."""
+
+    def __init__(self, message: str, *, token_sent: bool = False) -> None:
+        challenge = REALM + (', error="invalid_token"' if token_sent else "")
+        super().__init__(401, message, {"WWW-Authenticate": challenge})
 
 
 class Forbidden(ApiError):
@@ -61,18 +69,15 @@ class Caller:
         return visible is None or tenant in visible
 
 
-def authenticate(identity_map: IdentityMap, authorization: str | None) -> Caller:
-    """The caller of a request from its ``Authorization`` header, or Unauthorized/Forbidden."""
-    if not authorization:
+def authenticate(identity_map: IdentityMap, token: str | None) -> Caller:
+    """The caller of a request from its bearer token (None: no ``Authorization: Bearer`` header), or
+    Unauthorized/Forbidden."""
+    if not token:
         raise Unauthorized("no token: send 'Authorization: Bearer <token>'")
-    scheme, _, token = authorization.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("the Authorization header must be 'Bearer <token>'")
     name = identity_map.user_for_token(token)
     identity = identity_map.identities.get(name) if name is not None else None
     if name is None or identity is None:
-        raise Unauthorized("unknown token")
+        raise Unauthorized("unknown token", token_sent=True)
     if identity.role in ("service", "gateway"):
         raise Forbidden(f"{name} is a {identity.role} identity: it does not use the API")
     return Caller(name, identity)

@@ -4,9 +4,10 @@
         RequestGuard (limits.py, outermost): NUL in the path -> 400, body over the limit -> 413 before it is read,
                      a caller over its rate limit -> 429, before any route parses or authenticates anything
         lifespan: migrate the database (0300_api: the API's role and table), open_backends (pool, broker, streams)
-        routes.router (handlers) -> readmodels / gateway / live -> domain.views
-        errors: ApiError -> {"error": message} with its status; a bad query or body -> 422 {"error": "where: what"};
-                the broker refusing a publish -> 503
+        routes.router, dlq_routes.router (handlers) -> readmodels / gateway / live -> domain.views
+        errors: problem details (problems.py, application/problem+json): ApiError with its status (401 with
+                WWW-Authenticate: Bearer); a bad query or body -> 422 with every invalid field; the broker
+                refusing a publish -> 503
 
 Any number of instances may run side by side: the API keeps no state of its own but ``api_submissions``.
 """
@@ -32,8 +33,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gpuorch_api import metrics, schemas
 from gpuorch_api.auth import ApiError
 from gpuorch_api.backends import Backends, open_backends
+from gpuorch_api.dlq_routes import router as dlq_router
 from gpuorch_api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_RATE_LIMIT, RateLimits, RequestGuard
 from gpuorch_api.node_logs import LogsUnavailable
+from gpuorch_api.problems import documented_as_problems, invalid_fields, problem, validation_detail
 from gpuorch_api.routes import router
 
 log = get_logger(__name__)
@@ -138,8 +141,17 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
 
     app = FastAPI(title="gpuorch API", version="1", lifespan=lifespan,
                   description="Jobs, fleet, queues and tenants of gpuorch; submissions and cancels on the "
-                              "caller's behalf; live events. Authenticate with `Authorization: Bearer <token>`.")
+                              "caller's behalf; live events. Authenticate with `Authorization: Bearer <token>`; errors are problem details (RFC 9457).")
     app.include_router(router, responses=schemas.ERRORS)
+    app.include_router(dlq_router, responses=schemas.ERRORS)
+    plain_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = documented_as_problems(plain_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     _install_error_handlers(app)
     app.middleware("http")(metrics.record_request)
     if rate_limits is None:
@@ -153,35 +165,33 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    """Every error as problem details (problems.py), whoever raised it."""
+
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+        return problem(exc.status, exc.message, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "body", "path"))
-        text = f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "invalid request"))
-        allowed = (first.get("ctx") or {}).get("expected")
-        return JSONResponse({"error": text + (f" (expected {allowed})" if allowed and allowed not in text else "")},
-                            status_code=422)
+        fields = invalid_fields(exc.errors())
+        return problem(422, validation_detail(fields), errors=fields)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+        return problem(exc.status_code, str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def failed(_: Request, exc: Exception) -> JSONResponse:
         log.error("api.request_failed", error=repr(exc))
-        return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
+        return problem(500, f"internal error: {type(exc).__name__}")
 
     @app.exception_handler(LogsUnavailable)
     async def no_logs(_: Request, exc: LogsUnavailable) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+        return problem(exc.status, exc.message)
 
     @app.exception_handler(PublishError)
     async def not_published(_: Request, exc: PublishError) -> JSONResponse:
-        return JSONResponse({"error": f"not published: {exc} (is the scheduler running?)"}, status_code=503)
+        return problem(503, f"not published: {exc} (is the scheduler running?)")
 
 
 def _mount_dashboard(app: FastAPI) -> None:

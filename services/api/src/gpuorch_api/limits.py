@@ -9,6 +9,7 @@
             the caller: the token's sha256 when the identity map knows it, else the client address (a flood of
             made-up tokens shares its address's budget)
         -> the app (routes, metrics, dashboard)
+Its refusals are problem details (problems.py), as the app's are.
 
 Rate limits are ``limits`` library items ("20/second;600/minute", moving windows) kept in a ``limits`` storage:
 ``memory://`` per API process (the default), or a shared one (``redis://...``) so that several API instances
@@ -30,6 +31,8 @@ from limits.aio.storage import Storage
 from limits.aio.strategies import MovingWindowRateLimiter
 from limits.storage import storage_from_string
 
+from gpuorch_api.problems import MEDIA_TYPE, problem_body
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -44,9 +47,9 @@ RATE_LIMITED_PREFIX = "/api/"
 
 
 async def _answer(send: Send, status: int, error: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = json.dumps({"error": error}).encode()
+    body = json.dumps(problem_body(status, error)).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"), *(headers or [])]})
     await send({"type": "http.response.body", "body": body})
 

@@ -24,7 +24,7 @@ from gpuorch_report import Period, WeeklyReport, read_report
 
 JOB_COLUMNS = """j.job_id, j.name, j.tenant, j.tier, j.priority_class, j.state, j.spec::text AS spec, j.placement_id,
     j.node_ids, j.assignments::text AS assignments, j.exit_code, j.reason, j.pending_reason, j.estimated_start,
-    j.requeues, j.log_path, j.submitted_at, j.placed_at, j.started_at, j.ended_at, j.updated_at, j.array_id,
+    j.requeues, j.submitted_at, j.placed_at, j.started_at, j.ended_at, j.updated_at, j.array_id,
     j.array_index, j.array_counts::text AS array_counts"""
 
 ACTIVE_STATES = ("placed", "running", "preempting")
@@ -120,6 +120,21 @@ class ReadModels:
                    ORDER BY position LIMIT 500""", str(job_id), since, until)
         return [{"type": r["type"], "at": r["occurred_at"], **_timeline_detail(json.loads(r["payload"]))}
                 for r in rows]
+
+    async def recent_events(self, *, tenants: Collection[str] | None, since: datetime, limit: int
+                            ) -> list[dict[str, Any]]:
+        """The newest events of the scheduler's log since ``since``, newest first: those of jobs of ``tenants``
+        (None: every tenant) and those that are no job's nor tenant's (a node's liveness, a GPU's health), as the
+        live stream shows them (live.visible). Heartbeats are not events worth a line."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT e.type, e.occurred_at, e.payload::text AS payload FROM events e
+                   LEFT JOIN jobs j ON e.payload ? 'job_id' AND j.job_id::text = e.payload->>'job_id'
+                   WHERE e.recorded_at >= $2 AND e.type NOT LIKE '%heartbeat%'
+                     AND ($1::text[] IS NULL OR j.tenant = ANY($1) OR e.payload->>'tenant' = ANY($1)
+                          OR (NOT e.payload ? 'job_id' AND NOT e.payload ? 'tenant'))
+                   ORDER BY e.position DESC LIMIT $3""", _tenant_list(tenants), since, limit)
+        return [{"type": r["type"], "at": r["occurred_at"], **_event_detail(json.loads(r["payload"]))} for r in rows]
 
     async def usage(self, job_id: uuid.UUID, since: datetime) -> dict[str, Any]:
         """What telemetry measured for the job so far: per device, peak and latest memory, mean utilisation."""
@@ -276,6 +291,12 @@ def _with_submitted_spec(row: asyncpg.Record) -> dict[str, Any]:
         out["tier"] = out["tier"] or spec.get("tier", "")
         out["priority_class"] = out["priority_class"] or spec.get("priority_class", "")
     return out
+
+
+def _event_detail(payload: dict[str, Any]) -> dict[str, Any]:
+    """A logged event's line in a listing of recent events: its job (when it is a job's) and its timeline detail."""
+    job = {"job_id": payload["job_id"]} if payload.get("job_id") else {}
+    return {**job, **_timeline_detail(payload)}
 
 
 def _timeline_detail(payload: dict[str, Any]) -> dict[str, Any]:

@@ -1,21 +1,22 @@
 """HTTP handlers: each parses a request, asks ``auth`` who calls, reads (``readmodels``) or publishes (``gateway``),
-and shapes the answer with ``domain.views``. Errors are one line of JSON: ``{"error": "..."}``.
+and shapes the answer with ``domain.views``. Errors are problem details (problems.py): ``detail`` one line.
 
     GET  /healthz, /readyz                        no token (/metrics: on GPUORCH_METRICS_PORT, an internal port)
     GET  /api/v1/whoami                           the caller: identity, role, tenants
     GET  /api/v1/jobs?state=&tenant=&tier=&limit= jobs of the caller's tenants (operator: all)
-    POST /api/v1/jobs                             {"spec": JobSpec, "job_id"?: uuid} -> 202 {"job_id"}
+    POST /api/v1/jobs                             {"spec": JobSpec, "job_id"?: uuid} -> 202 {"job_id"}, Location
     GET  /api/v1/jobs/{id}                        spec, state, reason, placement, timeline, usage, advice, trace link
     GET  /api/v1/jobs?array={id}                  the tasks of one array, by index (an array is otherwise one row)
-    POST /api/v1/jobs/{id}/cancel                 {"reason"?, "array_tasks"?: "0-9"} -> 202
-    POST /api/v1/jobs/{id}/parallelism            {"parallelism": N | null} -> 202 (an array's)
+    POST /api/v1/jobs/{id}/cancel                 {"reason"?, "array_tasks"?: "0-9"} -> 202, Location (the job);
+                                                  409 when the job has already ended
+    POST /api/v1/jobs/{id}/parallelism            {"parallelism": N | null} -> 202, Location (an array's)
     GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor
     GET  /api/v1/nodes, /queues, /tenants         fleet, queues per tier, allocation against quota and use
     GET  /api/v1/usage?days=7                     GPU-hours per day and tenant: allocated, used, idle
     GET  /api/v1/report?since=7d&from=&to=&tenant= the weekly review (``gpuorch_report``) of the caller's tenants
-    GET  /api/v1/dlq?queue=&limit=                dead letters and why each was refused        (operators only)
-    POST /api/v1/dlq/{queue}/replay?limit=        publish them back where they were going      (operators only)
     GET  /api/v1/events                           Server-Sent Events (``live``)
+    GET  /api/v1/events/recent?since=1h&limit=    the newest logged events the caller sees, newest first
+    (dead letters, for operators: dlq_routes.py)
 
 A job of a tenant the caller does not see answers 404, exactly as a job that does not exist, on reads, cancels and
 log reads alike (its existence is not disclosed). A job reference is a job id or a unique prefix of one, found
@@ -24,26 +25,21 @@ through the primary key's index (``readmodels.resolve``).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import re
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
-import aiormq.exceptions
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from gpuorch_contracts import JobSpec
 from gpuorch_contracts.arrays import MAX_ARRAY_PARALLELISM, IndexText
-from gpuorch_contracts.jobs import JobState, Tier
+from gpuorch_contracts.jobs import TERMINAL_STATES, JobState, Tier
 from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
-from gpuorch_messaging import TopologyMissing, dead_letters
-from gpuorch_report import WeeklyReport, resolve_period
+from gpuorch_report import WeeklyReport, parse_since, resolve_period
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuorch_api import schemas
@@ -85,8 +81,13 @@ def backends(request: Request) -> Backends:
 BackendsDep = Annotated[Backends, Depends(backends)]
 
 
-def caller(request: Request) -> Caller:
-    return authenticate(backends(request).identity_map, request.headers.get("authorization"))
+BEARER = HTTPBearer(auto_error=False, scheme_name="bearer", description="an API token of the identity map")
+"""The security scheme of every /api/ route (OpenAPI ``securitySchemes``); auth.authenticate answers 401."""
+
+
+def caller(request: Request,
+           credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]) -> Caller:
+    return authenticate(backends(request).identity_map, credentials.credentials if credentials else None)
 
 
 CallerDep = Annotated[Caller, Depends(caller)]
@@ -134,12 +135,19 @@ async def list_jobs(
 
 
 @router.post("/api/v1/jobs", status_code=202, tags=["jobs"])
-async def submit_job(body: SubmitRequest, who: CallerDep, svc: BackendsDep) -> Accepted:
+async def submit_job(body: SubmitRequest, who: CallerDep, svc: BackendsDep, request: Request,
+                     response: Response) -> Accepted:
     """Publish a SubmitJob on the caller's behalf; the answer (accepted/rejected) follows as an event and in the
-    job's state. 403 when the identity map does not let the caller submit this spec."""
+    job's state, at ``Location``. 403 when the identity map does not let the caller submit this spec."""
     message = await svc.gateway.submit(who, body.spec, body.job_id)
     await svc.read.record_submission(message.job_id, who.name, message.spec.model_dump(mode="json"))
-    return Accepted(job_id=message.job_id, status="submitted")
+    return _accepted(request, response, message.job_id, "submitted")
+
+
+def _accepted(request: Request, response: Response, job_id: uuid.UUID, status: str) -> Accepted:
+    """A 202's body, with ``Location``: the job, where what was asked will show."""
+    response.headers["Location"] = str(request.url_for("get_job", job_ref=str(job_id)))
+    return Accepted(job_id=job_id, status=status)
 
 
 async def _visible_job(svc: Backends, who: Caller, job_ref: str) -> dict[str, Any]:
@@ -184,27 +192,32 @@ def trace_url(jaeger_url: str | None, job_id: uuid.UUID, since: datetime, until:
     return f"{jaeger_url.rstrip('/')}/search?{query}"
 
 
-@router.post("/api/v1/jobs/{job_ref}/cancel", status_code=202, tags=["jobs"])
-async def cancel_job(job_ref: str, who: CallerDep, svc: BackendsDep,
+@router.post("/api/v1/jobs/{job_ref}/cancel", status_code=202, tags=["jobs"],
+             responses={409: {**schemas.ERRORS[403], "description": "the job has already ended"}})
+async def cancel_job(job_ref: str, who: CallerDep, svc: BackendsDep, request: Request, response: Response,
                      body: CancelRequest | None = None) -> Accepted:
-    """Publish a CancelJob on the caller's behalf (a running job gets its checkpoint signal, then is stopped)."""
+    """Publish a CancelJob on the caller's behalf (a running job gets its checkpoint signal, then is stopped).
+    409 for a job that has already ended (an array: every task has)."""
     job = await _job_for_action(svc, who, job_ref)
+    if job["state"] in TERMINAL_STATES:
+        raise ApiError(409, f"job {job['job_id']} has already ended ({job['state']}): nothing to cancel")
     body = body or CancelRequest()
     if body.array_tasks is not None and _array_of(job) is None:
         raise ApiError(400, f"job {job['job_id']} is not an array: array_tasks names tasks of an array")
     await svc.gateway.cancel(who, job, body.reason, body.array_tasks)
-    return Accepted(job_id=job["job_id"], status="cancel requested")
+    return _accepted(request, response, job["job_id"], "cancel requested")
 
 
 @router.post("/api/v1/jobs/{job_ref}/parallelism", status_code=202, tags=["jobs"])
-async def set_parallelism(job_ref: str, body: ParallelismRequest, who: CallerDep, svc: BackendsDep) -> Accepted:
+async def set_parallelism(job_ref: str, body: ParallelismRequest, who: CallerDep, svc: BackendsDep,
+                          request: Request, response: Response) -> Accepted:
     """Publish a SetArrayParallelism on the caller's behalf: at most ``parallelism`` tasks of the array run at once
     (running tasks keep running when it is lowered)."""
     job = await _job_for_action(svc, who, job_ref)
     if _array_of(job) is None:
         raise ApiError(400, f"job {job['job_id']} is not an array")
     await svc.gateway.set_parallelism(who, job, body.parallelism)
-    return Accepted(job_id=job["job_id"], status="parallelism change requested")
+    return _accepted(request, response, job["job_id"], "parallelism change requested")
 
 
 def _array_of(job: dict[str, Any]) -> Any:
@@ -311,68 +324,19 @@ async def weekly_report(
     return await svc.read.report(period, tenants={tenant} if tenant is not None else who.tenants, tenant=tenant)
 
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-QueueName = Annotated[str, Path(pattern=QUEUE_NAME.pattern,
-                                description="a consumer queue (its dead letters are in <queue>.dlq)")]
-
-
-@contextlib.asynccontextmanager
-async def _broker_says() -> AsyncIterator[None]:
-    """The broker refusing the dead-letter user, or unreachable: 503 with what to fix, not a 500."""
-    try:
-        yield
-    except aiormq.exceptions.ChannelAccessRefused as exc:
-        raise ApiError(503, "the broker user of GPUORCH_DLQ_AMQP_URL may not read dead letters: give the API the "
-                            f"operator user's URL ({exc})") from exc
-    except (OSError, aiormq.exceptions.AMQPConnectionError) as exc:
-        raise ApiError(503, f"broker unreachable for dead letters: {exc!r}") from exc
-    except TopologyMissing as exc:
-        raise ApiError(503, str(exc)) from exc
-
-
-def _operator(who: Caller, svc: Backends) -> str:
-    """The broker URL for dead letters, for an operator; 403 for anyone else."""
-    if not who.is_operator:
-        raise Forbidden(f"{who.name} is not an operator: dead letters are for operators")
-    if not svc.dlq_amqp_url:
-        raise ApiError(503, "this API has no broker URL for dead letters (GPUORCH_DLQ_AMQP_URL)")
-    return svc.dlq_amqp_url
-
-
-@router.get("/api/v1/dlq", tags=["operations"], response_model=list[dead_letters.DeadLetter])
-async def list_dead_letters(
+@router.get("/api/v1/events/recent", tags=["live"], response_model=list[schemas.RecentEvent])
+async def recent_events(
     who: CallerDep, svc: BackendsDep,
-    queue: Annotated[list[str] | None, Query(description="consumer queue (repeatable); default: the known ones")
-                     ] = None,
-    limit: Annotated[int, Query(ge=1, le=1000, description="at most N per queue")] = 100,
+    since: Annotated[str, Query(description="how far back: 30m, 12h, 7d", max_length=16)] = "1h",
+    limit: Annotated[int, Query(ge=1, le=1000, description="at most N events, the newest")] = 100,
 ) -> list[dict[str, Any]]:
-    """Dead-lettered messages and why each was refused (nothing is removed). Operators only."""
-    url = _operator(who, svc)
-    for name in queue or ():
-        if not QUEUE_NAME.match(name):
-            raise ApiError(422, f"queue: {name[:80]!r} is not a queue name")
-    async with _broker_says():
-        found = await dead_letters.peek(url, list(queue or dead_letters.KNOWN_QUEUES), limit)
-    return [asdict(letter) for letter in found]
-
-
-@router.post("/api/v1/dlq/{queue}/replay", tags=["operations"], response_model=schemas.Replayed)
-async def replay_dead_letters(
-    queue: QueueName, who: CallerDep, svc: BackendsDep,
-    limit: Annotated[int, Query(ge=1, le=10_000, description="at most N messages")] = 1000,
-) -> dict[str, Any]:
-    """Publish the queue's dead letters back to their original exchange and routing key, each as its first
-    publisher (confirmed before it leaves the dead-letter queue); one that cannot be replayed is skipped with the
-    reason and stays. Operators only; 404 when the queue has no dead-letter queue."""
-    url = _operator(who, svc)
+    """The newest events of the caller's tenants' jobs and of the fleet, from the scheduler's log, newest first
+    (what ``/api/v1/events`` would have streamed; ``gpuctl events``, like ``kubectl get events``)."""
     try:
-        async with _broker_says():
-            done = await dead_letters.replay(url, queue, limit, producer="gpuorch-api/dlq")
-    except dead_letters.DeadLetterQueueMissing as exc:
-        raise ApiError(404, str(exc)) from exc
-    return {"queue": done.queue, "replayed": len(done.replayed), "stopped": done.stopped,
-            "messages": [asdict(letter) for letter in done.replayed],
-            "skipped": [asdict(skipped) for skipped in done.skipped]}
+        back = parse_since(since)
+    except ValueError as exc:
+        raise ApiError(422, f"since: {exc}") from exc
+    return await svc.read.recent_events(tenants=who.tenants, since=datetime.now(UTC) - back, limit=limit)
 
 
 @router.get("/api/v1/events", tags=["live"], response_class=StreamingResponse)

@@ -12,17 +12,17 @@ from typing import Any
 from gpuorch_messaging.dead_letters import DeadLetter, SkippedDeadLetter
 from pydantic import BaseModel, Field
 
+from gpuorch_api.problems import Problem
 
-class Error(BaseModel):
-    """Every error the API answers (401, 403, 404, 422, 503...): one line, no traceback."""
 
-    error: str
+def _problem(description: str) -> dict[str, Any]:
+    return {"model": Problem, "description": description}  # under MEDIA_TYPE: problems.documented_as_problems
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": Error, "description": "no token, or a token the identity map does not know"},
-    403: {"model": Error, "description": "the caller's identity may not do this"},
-    422: {"model": Error, "description": "an invalid parameter or body, named in one line"},
+    401: _problem("no token, or a token the identity map does not know (with WWW-Authenticate: Bearer)"),
+    403: _problem("the caller's identity may not do this"),
+    422: _problem("an invalid parameter or body: every invalid field in errors, and in detail as one line"),
 }
 """Documented on every route: what ``entrypoint``'s error handlers answer (not FastAPI's default shapes)."""
 
@@ -57,6 +57,12 @@ class TimelineEvent(BaseModel, extra="allow"):
     at: datetime
 
 
+class RecentEvent(TimelineEvent):
+    """A logged event in ``/api/v1/events/recent``: its type, when, its job (if a job's) and the timeline's detail."""
+
+    job_id: str | None = None
+
+
 class DeviceUsage(BaseModel):
     node_id: str
     device_uuid: str
@@ -89,7 +95,6 @@ class JobDetail(JobSummary):
     placement_id: str | None
     placed_at: datetime | None
     assignments: list[dict[str, Any]]
-    log_path: str | None
     timeline: list[TimelineEvent]
     usage: Usage
     advice: list[Advice]

@@ -3,7 +3,7 @@
 
     ApiClient(endpoint).get("/api/v1/jobs", state="queued") -> decoded JSON
         API unreachable                  -> "gpuctl: cannot reach the gpuorch API at URL: ..."  exit 1
-        401 / 403 / 404 / 5xx            -> "gpuctl: <the API's one-line error>"                exit 1
+        401 / 403 / 404 / 409 / 5xx      -> "gpuctl: <the problem's detail>"                     exit 1
         400 / 422 (a bad value)          -> "gpuctl: <error>"                                    exit 2
     stream(path) -> iterator of text lines (Server-Sent Events, followed logs), same errors before the first line
 """
@@ -90,7 +90,8 @@ class ApiClient:
     def _refusal(self, response: httpx.Response) -> tuple[str, int]:
         """The error and exit code for an answer >= 400 (the module doc's table)."""
         try:
-            message = response.json().get("error") or response.text
+            body = response.json()
+            message = body.get("detail") or body.get("error") or response.text  # problem details, or older APIs
         except ValueError:
             message = response.text or response.reason_phrase
         if response.status_code == 401 and not self.endpoint.token:

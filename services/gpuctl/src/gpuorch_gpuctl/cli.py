@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from gpuorch_contracts.jobs import JobState, Tier
 from rich.console import Console
 from rich.table import Table
 
@@ -32,31 +31,37 @@ from gpuorch_gpuctl import jobs_view
 from gpuorch_gpuctl.api_client import ApiClient, api, api_or_dsn
 from gpuorch_gpuctl.array_cmd import array_app, array_field, dependencies, resolver
 from gpuorch_gpuctl.contexts import config_app, context_endpoint, explicit_endpoint
-from gpuorch_gpuctl.demo_cmd import demo, down
 from gpuorch_gpuctl.dlq_cmd import dlq_app
 from gpuorch_gpuctl.errors import USAGE, error_line, fail
-from gpuorch_gpuctl.output import Column, Format, JsonOpt, NoHeadersOpt, OutputOpt, chosen, dump, emit
+from gpuorch_gpuctl.events_cmd import events
+from gpuorch_gpuctl.lazy import LazyGroup, without_panels
+from gpuorch_gpuctl.output import (
+    AlignedRows,
+    Column,
+    Format,
+    JsonOpt,
+    NoHeadersOpt,
+    OutputOpt,
+    chosen,
+    dump,
+    emit,
+    table_box,
+)
 from gpuorch_gpuctl.output import console as output_console
-from gpuorch_gpuctl.schema_cmd import schema_app
 from gpuorch_gpuctl.settings import GpuctlSettings, Run, load_settings, start_run, this_run
-from gpuorch_gpuctl.setup_cmd import setup_app
 from gpuorch_gpuctl.terminal_text import cell, log_output, markup
-from gpuorch_gpuctl.top_cmd import top
-from gpuorch_gpuctl.up_cmd import up
-from gpuorch_gpuctl.watch import job_row_line, sse_events, state_after
+from gpuorch_gpuctl.top_cmd import gpu_count, top
+from gpuorch_gpuctl.watch import following, sse_events, state_after
 
 app = typer.Typer(help="gpuctl: submit, watch, inspect and cancel gpuorch jobs (through the gpuorch API).",
                   epilog=GpuctlSettings.environment_help(),
-                  no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
+                  no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]}, cls=LazyGroup)
+"""Commands defined here and in light modules are built at once; the others load when they run (lazy.py)."""
 app.add_typer(array_app, name="array")
 app.add_typer(config_app, name="config")
 app.add_typer(dlq_app, name="dlq")
-app.add_typer(setup_app, name="setup")
-app.add_typer(schema_app, name="schema")
-app.command("demo")(demo)
-app.command("down")(down)
+app.command("events")(events)
 app.command("top")(top)
-app.command("up")(up)
 
 console = output_console()
 """stdout: as wide as a line needs when piped (tables are never cut to 80 columns)."""
@@ -69,16 +74,21 @@ AmqpOpt = Annotated[str | None, typer.Option("--amqp-url", envvar="GPUORCH_AMQP_
                                              help="publish to RabbitMQ directly (no API; for old scripts)")]
 DsnOpt = Annotated[str | None, typer.Option("--dsn", envvar="GPUORCH_DATABASE_URL",
                                             help="read PostgreSQL directly (no API; for old scripts)")]
-StateChoice = Enum("StateChoice", {s: s for s in JobState.__args__}, type=str)  # type: ignore[misc,attr-defined]
-TierChoice = Enum("TierChoice", {t: t for t in Tier.__args__}, type=str)  # type: ignore[misc,attr-defined]
+JOB_STATES = ("submitted", "accepted", "rejected", "queued", "placed", "running", "preempting", "succeeded", "failed",
+              "cancelled", "lost")
+TIERS = ("training", "inference", "batch")
+"""``gpuorch_contracts.jobs.JobState`` and ``Tier``, written out so that building the commands does not load every
+message model (``gpuctl --help`` and the client commands stay fast); tests/test_lazy_commands.py holds them equal."""
+StateChoice = Enum("StateChoice", {s: s for s in JOB_STATES}, type=str)  # type: ignore[misc]
+TierChoice = Enum("TierChoice", {t: t for t in TIERS}, type=str)  # type: ignore[misc]
 TERMINAL = ("succeeded", "failed", "cancelled", "rejected")
 
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
+        from gpuorch_gpuctl import version_line
 
-        print(f"gpuctl {version('gpuorch-gpuctl')}")
+        print(version_line())
         raise typer.Exit()
 
 
@@ -112,7 +122,7 @@ def _read_spec_file(path: Path) -> dict[str, Any]:
     return document
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command()
 def submit(
     argv: Annotated[list[str] | None, typer.Argument(help="the command to run, after --")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="the SubmitJob spec as YAML (or JSON); "
@@ -148,9 +158,11 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a job: gpuctl submit --gpus 1 -- python train.py, or gpuctl submit -f job.yaml. Prints the job id.
+    Everything before ``--`` is gpuctl's options: an unknown one is refused (exit 2, naming the nearest).
     A sweep: gpuctl submit --array 0-11%3 -- python train.py (each task reads GPUORCH_ARRAY_TASK_ID); a pipeline
     step: gpuctl submit --dependency afterok:ID -- python eval.py."""
     from gpuorch_contracts import JobSpec
+    from pydantic import ValidationError
 
     spec = _read_spec_file(file) if file is not None else {}
     fields = {"name": name, "tenant": tenant, "tier": tier, "priority_class": priority, "cpu_milli": cpu,
@@ -182,10 +194,14 @@ def submit(
         spec["run"] = run
     if isinstance(spec.get("run"), dict) and "runtime" not in spec["run"]:  # a job file may leave it implicit
         spec["run"]["runtime"] = "container" if "image" in spec["run"] else "process"
+    run_spec = spec.get("run")
+    if isinstance(run_spec, dict) and run_spec.get("runtime") == "process" and not run_spec.get("argv"):
+        fail("no command to run: gpuctl submit [OPTIONS] -- COMMAND [ARGS...] (or run.argv in the -f job file)",
+             USAGE)
     try:
         checked = JobSpec.model_validate(spec)
-    except ValueError as exc:
-        fail(f"invalid job: {exc}", USAGE)
+    except ValidationError as exc:
+        fail(f"invalid job: {invalid_fields(exc)}", USAGE)
     if _direct(amqp_url or dsn):
         _submit_direct(checked, amqp_url or LOCAL_AMQP_URL, dsn, wait, as_json)
         return
@@ -197,6 +213,11 @@ def submit(
             return
         job = _wait_for_end(client, job_id, timeout)
     _report_end(job_id, job, as_json)
+
+
+def invalid_fields(exc: Any) -> str:
+    """A pydantic ValidationError in one line: ``where: what`` for every error (no input echo, no docs link)."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False))
 
 
 def _direct(address: str | None) -> bool:
@@ -321,14 +342,15 @@ JOB_COLUMNS = [
     Column("id", lambda j: j["id"][:8]), Column("name", lambda j: cell(j["name"])),
     Column("tenant", lambda j: cell(j["tenant"])), Column("tier", lambda j: cell(j["tier"])),
     Column("state", lambda j: _colour(j["state"])), Column("node", lambda j: cell(",".join(j["nodes"]) or "-")),
-    Column("gpus", lambda j: cell(j["gpus"])),
+    Column("gpus", lambda j: gpu_count(j)),
     Column("exit", lambda j: "-" if j["exit_code"] is None else str(j["exit_code"])),
     Column("tasks", lambda j: _tasks(j)),
     Column("age", lambda j: _ago(j["submitted_at"])), Column("starts in", _starts_in),
     Column("reason", lambda j: cell((j["pending_reason"] or j["reason"] or "")[:60])),
     Column("priority", lambda j: cell(j.get("priority_class") or ""), wide_only=True),
-    Column("full id", lambda j: j["id"], wide_only=True),
+    Column("gpu ids", lambda j: cell(j["gpus"]), wide_only=True), Column("full id", lambda j: j["id"], wide_only=True),
 ]
+
 
 
 @app.command()
@@ -360,15 +382,24 @@ def jobs(
     else:
         listed = target.get("/api/v1/jobs", state=state.value if state else None, tenant=tenant,
                             tier=tier.value if tier else None, limit=limit, array=array)
-    emit(listed, JOB_COLUMNS, fmt, no_headers=no_headers, out=console)
-    if watch and not isinstance(target, str):
-        _watch_jobs(target, fmt, timeout, state.value if state else None)
+    if not watch or isinstance(target, str):
+        emit(listed, JOB_COLUMNS, fmt, no_headers=no_headers, out=console)
+        return
+    if fmt in (Format.json, Format.yaml):
+        emit(listed, JOB_COLUMNS, fmt)
+        _watch_jobs(target, fmt, timeout, state.value if state else None, None)
+        return
+    aligned = AlignedRows(JOB_COLUMNS, listed, wide=fmt == Format.wide)
+    print("\n".join(([] if no_headers else [aligned.header()]) + [aligned.line(job) for job in listed]), flush=True)
+    _watch_jobs(target, fmt, timeout, state.value if state else None, aligned)
 
 
-def _watch_jobs(client: ApiClient, fmt: Format, timeout_s: float, state: str | None) -> None:
-    """Each job event: the job's row again (one JSON line per change with -o json), like kubectl get -w."""
+def _watch_jobs(client: ApiClient, fmt: Format, timeout_s: float, state: str | None,
+                aligned: AlignedRows | None) -> None:
+    """Each job event: the job's row again, lined up with the listing (-o json: one JSON line per change; -o yaml:
+    one YAML document), like kubectl get -w."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
-    for event in sse_events(client.stream_lines("/api/v1/events"), deadline, _following("job changes")):
+    for event in sse_events(client.stream_lines("/api/v1/events"), deadline, following("job changes")):
         job_id = event["data"].get("job_id")
         if not job_id or not event["type"].startswith("job."):
             continue
@@ -378,11 +409,15 @@ def _watch_jobs(client: ApiClient, fmt: Format, timeout_s: float, state: str | N
             job = {**job, "state": after, "exit_code": event["data"].get("exit_code", job["exit_code"])}
         if state is not None and job["state"] != state:
             continue
-        if fmt in (Format.json, Format.yaml):
-            print(json.dumps({k: v for k, v in job.items() if k not in ("timeline", "usage", "advice")},
-                             default=str), flush=True)
+        shown = {k: v for k, v in job.items() if k not in ("timeline", "usage", "advice")}
+        if aligned is not None:
+            print(aligned.line(shown), flush=True)
+        elif fmt == Format.yaml:
+            print("---")
+            dump(shown, fmt)
+            sys.stdout.flush()
         else:
-            print(job_row_line(job, [c.cell for c in JOB_COLUMNS if not c.wide_only]), flush=True)
+            print(json.dumps(shown, default=str), flush=True)
 
 
 @app.command()
@@ -425,6 +460,8 @@ def describe(
 def logs(
     job_id: Annotated[str, typer.Argument(help="job id (or a unique prefix)")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing as the job writes")] = False,
+    tail: Annotated[int | None, typer.Option(min=0, help="only the last N lines written so far (then, with -f, "
+                                             "what follows)")] = None,
     node: Annotated[str | None, typer.Option(help="for a gang job: which of its nodes")] = None,
     dsn: DsnOpt = None,
     as_json: JsonOpt = False,
@@ -432,18 +469,30 @@ def logs(
     """Print a job's output, from whichever node it ran on (the API fetches it from that node's executor)."""
     target = api_or_dsn(dsn)
     if isinstance(target, str):
+        if tail is not None:
+            fail("--tail needs the API (a context or --server), not --dsn", USAGE)
         _local_logs(target, job_id, follow, as_json)
         return
+    path = f"/api/v1/jobs/{job_id}/logs"
     with target:
         if follow:
             _wait_until_started(target, job_id)
-        if as_json:
-            text = "\n".join(target.stream_lines(f"/api/v1/jobs/{job_id}/logs", node=node))
-            print(json.dumps({"job_id": job_id, "text": text + "\n" if text else ""}))
-            return
-        for line in target.stream_lines(f"/api/v1/jobs/{job_id}/logs", follow=follow or None, node=node):
-            sys.stdout.write(log_output(line + "\n"))
+        skip = 0
+        if as_json or tail is not None:
+            written = list(target.stream_lines(path, node=node))
+            shown = written if tail is None else written[len(written) - tail:] if tail else []
+            if as_json:
+                print(json.dumps({"job_id": job_id, "text": "".join(line + "\n" for line in shown)}))
+                return
+            sys.stdout.write(log_output("".join(line + "\n" for line in shown)))
             sys.stdout.flush()
+            if not follow:
+                return
+            skip = len(written)  # a followed log is sent from its start: what was shown already is skipped
+        for number, line in enumerate(target.stream_lines(path, follow=follow or None, node=node)):
+            if number >= skip:
+                sys.stdout.write(log_output(line + "\n"))
+                sys.stdout.flush()
 
 
 def _wait_until_started(client: ApiClient, job_id: str, timeout_s: float = 3600) -> None:
@@ -517,7 +566,7 @@ def nodes(dsn: DsnOpt = None, output: OutputOpt = Format.table, no_headers: NoHe
         if fmt != Format.table:
             dump(rows, fmt)
             return
-        table = Table("node", "liveness", "gpus", "models", "allocated jobs", "job isolation")
+        table = Table("node", "liveness", "gpus", "models", "allocated jobs", "job isolation", box=table_box())
         for r in rows:
             table.add_row(cell(r["node_id"]), _colour(r["liveness"]), str(r["gpu_count"]), cell(r["models"]),
                           str(r["jobs"]), isolation_text(r.get("isolation")))
@@ -563,53 +612,6 @@ def whoami(as_json: JsonOpt = False) -> None:
     print(json.dumps(me) if as_json else f"{me['identity']} ({me['role']}; tenants: {', '.join(me['tenants'])})")
 
 
-@app.command()
-def events(
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="print events live as they happen")] = False,
-    job: Annotated[str | None, typer.Option(help="one job's events: its timeline (then live ones with -f)")] = None,
-    count: Annotated[int, typer.Option(help="stop after this many live events (0: never)")] = 0,
-    timeout: Annotated[float, typer.Option(help="stop following after this many seconds (0: never)")] = 0.0,
-    as_json: JsonOpt = False,
-) -> None:
-    """Events of your tenants' jobs and of the fleet: a job's timeline (--job), live ones (--follow)."""
-    if not follow and job is None:
-        fail("give --follow (live events) or --job ID (a job's timeline)", USAGE)
-    with api() as client:
-        job_id = None
-        if job is not None:
-            described = client.get(f"/api/v1/jobs/{job}")
-            job_id = described["id"]
-            for item in described.get("timeline", []):
-                _print_event(item["type"], item, item.get("at"), as_json)
-        if not follow:
-            return
-        seen = 0
-        deadline = time.monotonic() + timeout if timeout else None
-        for event in sse_events(client.stream_lines("/api/v1/events"), deadline, _following("events")):
-            data = event["data"]
-            if job_id is not None and data.get("job_id") != job_id:
-                continue
-            _print_event(event["type"], data, data.get("occurred_at"), as_json)
-            seen += 1
-            if count and seen >= count:
-                return
-
-
-def _following(what: str) -> Any:
-    def say() -> None:
-        print(f"following {what} (Ctrl-C to stop)", file=sys.stderr, flush=True)
-    return say
-
-
-def _print_event(event_type: str, data: dict[str, Any], at: Any, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps({"type": event_type, **data}, default=str), flush=True)
-        return
-    keys = ("job_id", "tenant", "node_id", "reason", "pending_reason", "exit_code", "kind", "explanation")
-    detail = " ".join(f"{k}={str(data[k])[:80]}" for k in keys if data.get(k) is not None)
-    console.print(f"{markup(str(at or '')[:19])}  {markup(event_type):<22} {markup(detail)}", soft_wrap=True)
-
-
 def isolation_text(isolation: dict[str, Any] | None) -> str:
     """What a node's executor enforces, in one cell: users, GPU devices, host limits; weak points in red."""
     if not isolation:
@@ -630,41 +632,31 @@ def _colour(state: str) -> str:
     return f"[{colour}]{state}[/{colour}]" if colour else cell(state)
 
 
-def _register_optional_commands() -> None:
-    """Commands whose modules come from other parts of the tree (replay, report, db), each mounted if present."""
-    import importlib
-
-    for module, attach in (
-        ("db_cmd", lambda m: app.add_typer(m.db_app, name="db")),
-        ("replay_cmd", lambda m: app.command("replay")(m.replay)),
-        ("report_cmd", lambda m: app.command("report")(m.report)),
-        ("bench_cmd", lambda m: app.add_typer(m.bench_app, name="bench")),
-        ("bench_capacity_cmd", lambda m: importlib.import_module("gpuorch_gpuctl.bench_cmd").bench_app.command(
-            "capacity")(m.capacity)),
-        ("mig_cmd", lambda m: m.attach(app)),
-    ):
-        try:
-            attach(importlib.import_module(f"gpuorch_gpuctl.{module}"))
-        except ModuleNotFoundError:  # pragma: no cover - only while the tree is being assembled
-            pass
-
-
-_register_optional_commands()
-
-
 def main() -> None:
     """The ``gpuctl`` script: the app, with a server out of reach (API, database, broker) that no command caught
     reported as errors.py says (one line, exit 1) instead of a traceback."""
     import logging
 
-    import aiormq.exceptions
-    import asyncpg
-
     logging.getLogger("aiormq").setLevel(logging.CRITICAL)  # its own "error when creating transport" line
+    command = typer.main.get_command(app)
+    if not sys.stderr.isatty():  # piped or captured: click's plain usage errors and help, no typer panels (boxes)
+        without_panels(command)
+        command.epilog = "\b\n" + (command.epilog or "")  # click keeps the environment's lines as they are
     try:
-        app(standalone_mode=True)
-    except (OSError, ConnectionError, TimeoutError, asyncpg.PostgresError,
-            aiormq.exceptions.AMQPConnectionError) as exc:
+        command(standalone_mode=True)
+    except Exception as exc:
+        if not isinstance(exc, _out_of_reach()):
+            raise
         print(error_line(f"cannot reach a server this command needs: {type(exc).__name__}: {exc}"), file=sys.stderr)
         sys.exit(1)
 
+
+def _out_of_reach() -> tuple[type[BaseException], ...]:
+    """The errors of a server out of reach: the OS's, and asyncpg's and aiormq's when a command loaded them (a
+    command that did not cannot have raised them)."""
+    kinds: list[type[BaseException]] = [OSError, ConnectionError, TimeoutError]
+    if "asyncpg" in sys.modules:
+        kinds.append(sys.modules["asyncpg"].PostgresError)
+    if "aiormq.exceptions" in sys.modules:
+        kinds.append(sys.modules["aiormq.exceptions"].AMQPConnectionError)
+    return tuple(kinds)

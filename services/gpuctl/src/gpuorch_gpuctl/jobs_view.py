@@ -11,8 +11,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import asyncpg
-
 from gpuorch_gpuctl.errors import fail
 
 TERMINAL = ("succeeded", "failed", "cancelled", "rejected")
@@ -20,6 +18,8 @@ DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/gpuorch"
 
 
 async def _connect(dsn: str) -> Any:
+    import asyncpg  # the direct path only: the client commands do not load it
+
     try:
         return await asyncpg.connect(dsn, timeout=10)
     except (OSError, asyncpg.PostgresError) as exc:
@@ -121,12 +121,19 @@ def gpu_text(row: dict[str, Any]) -> str:
     return ",".join(parts) or "-"
 
 
+def allocated_gpus(row: dict[str, Any]) -> float:
+    """GPUs held in GPU equivalents, as the API's ``allocated_gpus``: a whole GPU 1, a share its milli / 1000."""
+    assignments = row.get("assignments") or []
+    assignments = json.loads(assignments) if isinstance(assignments, str) else assignments
+    return round(sum(g.get("milli", 1000) for a in assignments for g in a.get("gpus", [])) / 1000.0, 3)
+
+
 def public_row(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
     """The JSON shape of a job for scripts: id, state, node, exit code, and more."""
     out: dict[str, Any] = {
         "id": str(row["job_id"]), "name": row["name"], "tenant": row["tenant"], "tier": row["tier"],
         "state": row["state"], "node": (row["node_ids"] or [None])[0], "nodes": row["node_ids"] or [],
-        "gpus": gpu_text(row), "exit_code": row["exit_code"], "reason": row["reason"],
+        "gpus": gpu_text(row), "allocated_gpus": allocated_gpus(row), "exit_code": row["exit_code"], "reason": row["reason"],
         "pending_reason": row["pending_reason"], "submitted_at": row["submitted_at"],
         "started_at": row["started_at"], "ended_at": row["ended_at"], "requeues": row["requeues"],
         "estimated_start": row.get("estimated_start"),

@@ -6,8 +6,8 @@ and each GPU's last reconfigurations. With ``--dsn`` (the direct path for script
 it plans here instead, a what-if with the settings given on the command line: input from the scheduler's read
 models in PostgreSQL (``nodes``, ``jobs``), with each pending job's observed peak memory taken from telemetry's
 rollups of earlier jobs of the same name when the DSN may read them, or from a snapshot file (the
-``gpuorch_policy.mig_snapshot`` format; ``--save`` writes one). ``attach(app)`` mounts ``mig plan`` and
-``bench mig``.
+``gpuorch_policy.mig_snapshot`` format; ``--save`` writes one). Mounted as ``gpuctl mig`` by lazy.py (which
+also puts ``bench_mig_cmd``'s ``bench mig`` in the bench group).
 """
 
 from __future__ import annotations
@@ -170,16 +170,3 @@ def _jobs(value: Any) -> str:
     if isinstance(value, int):
         return f"{value} job(s)"
     return cell(", ".join(value or []) or "-")
-
-
-def attach(app: typer.Typer) -> None:
-    """Mount ``mig plan`` and, if the bench group exists, ``bench mig`` on gpuctl's app."""
-    import importlib
-
-    from gpuorch_gpuctl.bench_mig_cmd import mig as bench_mig
-
-    app.add_typer(mig_app, name="mig")
-    try:
-        importlib.import_module("gpuorch_gpuctl.bench_cmd").bench_app.command("mig")(bench_mig)
-    except ModuleNotFoundError:  # pragma: no cover - only while the tree is being assembled
-        pass

@@ -1,4 +1,4 @@
-"""Reading the API's live streams: Server-Sent Events into dicts, and one job as one line of a watched listing.
+"""Reading the API's live streams: Server-Sent Events into dicts, and the state a job event implies.
 
     sse_events(lines, deadline, opened) -> {"type": ..., "data": {...}} per event; comments (": keepalive")
         skipped; ``opened()`` is called at the API's first comment (the stream's queue is bound: what happens from
@@ -8,12 +8,10 @@
 from __future__ import annotations
 
 import json
-import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-
-_MARKUP = re.compile(r"\[/?[a-z ]*\]")
 
 
 def sse_events(lines: Iterable[str], deadline: float | None = None,
@@ -40,11 +38,6 @@ def sse_events(lines: Iterable[str], deadline: float | None = None,
             data += line[5:].strip()
 
 
-def job_row_line(job: dict[str, Any], cells: Iterable[Callable[[dict[str, Any]], str]]) -> str:
-    """A job as one plain line of space-separated cells (rich markup removed), for ``jobs -w``."""
-    return "  ".join(_MARKUP.sub("", cell(job)) for cell in cells)
-
-
 def state_after(event_type: str, data: dict[str, Any]) -> str | None:
     """The state a job is in after an event, when the event alone says so. A watcher may read the job before the
     scheduler has applied the event (an executor's ``job.finished`` reaches both at once), so the event wins."""
@@ -53,3 +46,10 @@ def state_after(event_type: str, data: dict[str, Any]) -> str | None:
     if event_type == "job.finished":
         return "succeeded" if data.get("exit_code") == 0 else "failed"
     return {"job.failed": "failed", "job.cancelled": "cancelled", "job.rejected": "rejected"}.get(event_type)
+
+
+def following(what: str) -> Callable[[], None]:
+    """``sse_events``'s ``opened``: says on stderr that the stream is open (what happens from now on is shown)."""
+    def say() -> None:
+        print(f"following {what} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    return say

@@ -165,5 +165,5 @@ def job_view(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
     }
     if full:
         out.update({"spec": row["spec"], "placement_id": str(row["placement_id"]) if row["placement_id"] else None,
-                    "placed_at": row["placed_at"], "assignments": row["assignments"], "log_path": row["log_path"]})
+                    "placed_at": row["placed_at"], "assignments": row["assignments"]})
     return out
