@@ -392,6 +392,15 @@ async def test_an_array_is_one_row_its_tasks_are_listed_by_index_and_its_owner_s
         not_array = await http.post(f"/api/v1/jobs/{array_task_id(array_id, 0)}/parallelism",
                                     json={"parallelism": 3}, headers=auth("acme"))
         assert not_array.status_code == 400 and not_array.json()["title"] == "Bad Request"
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        await conn.execute("UPDATE jobs SET state = 'succeeded' WHERE job_id = $1", array_id)
+    finally:
+        await conn.close()
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        ended = await http.post(f"/api/v1/jobs/{array_id}/parallelism", json={"parallelism": 4}, headers=auth("acme"))
+        assert ended.status_code == 409 and "already ended (succeeded)" in ended.json()["detail"], ended.text
+        assert api.submissions.empty()  # nothing published for the refused change
 
 
 async def test_recent_events_are_listed_newest_first_to_whom_they_concern(api: RunningApi, migrated_dsn: str) -> None:

@@ -208,14 +208,17 @@ async def cancel_job(job_ref: str, who: CallerDep, svc: BackendsDep, request: Re
     return _accepted(request, response, job["job_id"], "cancel requested")
 
 
-@router.post("/api/v1/jobs/{job_ref}/parallelism", status_code=202, tags=["jobs"])
+@router.post("/api/v1/jobs/{job_ref}/parallelism", status_code=202, tags=["jobs"],
+             responses={409: {**schemas.ERRORS[403], "description": "the array has already ended"}})
 async def set_parallelism(job_ref: str, body: ParallelismRequest, who: CallerDep, svc: BackendsDep,
                           request: Request, response: Response) -> Accepted:
     """Publish a SetArrayParallelism on the caller's behalf: at most ``parallelism`` tasks of the array run at once
-    (running tasks keep running when it is lowered)."""
+    (running tasks keep running when it is lowered). 409 for an array that has already ended."""
     job = await _job_for_action(svc, who, job_ref)
     if _array_of(job) is None:
         raise ApiError(400, f"job {job['job_id']} is not an array")
+    if job["state"] in TERMINAL_STATES:
+        raise ApiError(409, f"array {job['job_id']} has already ended ({job['state']}): nothing to change")
     await svc.gateway.set_parallelism(who, job, body.parallelism)
     return _accepted(request, response, job["job_id"], "parallelism change requested")
 
