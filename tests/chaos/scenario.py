@@ -79,14 +79,16 @@ def nodes_for(jobs: int, at_least: int = 1, gpus: int = 8, milli: int = 100) -> 
 
 
 @asynccontextmanager
-async def fleet_without_executors(amqp_url: str, dsn: str, nodes: int, gpus: int = 8) -> AsyncIterator[Broker]:
-    """Registered, heartbeating fake nodes and a sink for their commands (so LaunchJobs are routable); yields the
-    test's own broker connection (not faulted)."""
+async def fleet_without_executors(amqp_url: str, dsn: str, nodes: int, gpus: int = 8,
+                                  commands: list[Message] | None = None) -> AsyncIterator[Broker]:
+    """Registered, heartbeating fake nodes and a sink for their commands (so LaunchJobs are routable; appended to
+    ``commands`` when given, in arrival order); yields the test's own broker connection (not faulted)."""
     broker = Broker(amqp_url, producer="chaos")
     await broker.connect()
 
-    async def ignore(_: Message) -> None:
-        return None
+    async def ignore(message: Message) -> None:
+        if commands is not None:
+            commands.append(message)
 
     await broker.consume(QueueSpec("chaos.commands", [(COMMANDS_EXCHANGE, "node.#")], prefetch=500), ignore)
     fleet = FakeNodes(broker, [registered_node(f"node-{i:03d}", gpus=gpus, cpu_milli=256000) for i in range(nodes)])

@@ -1,7 +1,9 @@
 """Commands the scheduler sends to one node (routed by node id on ``gpuorch.commands``).
 
 Receivers dedupe by ``message_id`` and treat ``placement_id`` as the unit of idempotency: a second LaunchJob for a
-placement already launched starts nothing.
+placement already launched starts nothing. Each command carries ``leader_epoch``, the epoch of the scheduler
+leader that decided it: a receiver refuses a command of an epoch older than the newest it has seen (a leader that
+woke up after being superseded); 0 (a sender without epochs) is never refused.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from gpuorch_contracts.envelope import Message, Strict
 from gpuorch_contracts.jobs import MAX_GANG_NODES, GpuAllocation, JobSpec
 from gpuorch_contracts.text import MigProfileName, Name, ShortText
 
+LeaderEpoch = Annotated[int, Field(
+    ge=0, le=2**53, description="epoch of the scheduler leader that decided this command (0: unknown); receivers "
+    "refuse an epoch older than the newest they have seen")]
+
 
 class LaunchJob(Message):
     TYPE = "launch_job"
@@ -28,6 +34,7 @@ class LaunchJob(Message):
     gang_rank: int = Field(default=0, ge=0, le=MAX_GANG_NODES - 1)
     gang_size: int = Field(default=1, ge=1, le=MAX_GANG_NODES)
     array_task: ArrayTask | None = Field(default=None, description="set when the job is a task of an array")
+    leader_epoch: LeaderEpoch = 0
 
 
 class StopJob(Message):
@@ -40,6 +47,7 @@ class StopJob(Message):
     placement_id: uuid.UUID
     reason: Literal["cancel", "preempt", "max_runtime", "drain"] = "cancel"
     grace_s: float = Field(default=30.0, ge=0, le=3600)
+    leader_epoch: LeaderEpoch = 0
 
 
 class MigGpuLayout(Strict):
@@ -55,3 +63,4 @@ class ApplyMigLayout(Message):
     node_id: Name
     layouts: Annotated[list[MigGpuLayout], Field(min_length=1, max_length=64)]
     reason: ShortText = ""
+    leader_epoch: LeaderEpoch = 0

@@ -59,6 +59,10 @@ class Broker:
     node_scopes: Mapping[str, Collection[str]] = field(default_factory=dict)
     declare_topology: bool = True
     topology_wait_s: float = DEFAULT_WAIT_S
+    heartbeat_s: int | None = None
+    """AMQP heartbeat timeout asked of the broker (None: the broker's, 60 s): a process that stops answering
+    (paused) loses its connection, and with it its single-active-consumer place and unacked deliveries, after
+    about this long. The scheduler leader uses its lease."""
     _link: BrokerConnection = field(init=False, repr=False)
     _publisher: ConfirmedPublisher = field(init=False, repr=False)
     _consumers: Consumers = field(init=False, repr=False)
@@ -66,7 +70,7 @@ class Broker:
     def __post_init__(self) -> None:
         if self.identity not in ("strict", "trust_all"):
             raise ValueError(f"identity must be 'strict' or 'trust_all', not {self.identity!r}")
-        self._link = BrokerConnection(self.url, self.connection_name or self.producer)
+        self._link = BrokerConnection(self.url, self.connection_name or self.producer, heartbeat_s=self.heartbeat_s)
         self._publisher = ConfirmedPublisher(self._link, producer=self.producer,
                                              publish_timeout_s=self.publish_timeout_s)
         self._consumers = Consumers(self._link, self._publisher, ConsumerPolicy(

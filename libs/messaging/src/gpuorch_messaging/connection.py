@@ -31,6 +31,8 @@ class BrokerConnection:
 
     url: str
     connection_name: str
+    heartbeat_s: int | None = None
+    """AMQP heartbeat timeout to negotiate (None: the broker's)."""
     _connection: AbstractRobustConnection | None = field(default=None, init=False, repr=False)
     connected_event: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     disconnected_since: float | None = field(default=None, init=False)
@@ -44,8 +46,10 @@ class BrokerConnection:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
+                options: dict[str, Any] = {} if self.heartbeat_s is None else {"heartbeat": self.heartbeat_s}
                 self._connection = await aio_pika.connect_robust(
-                    self.url, client_properties={"connection_name": self.connection_name}, reconnect_interval=1.0)
+                    self.url, client_properties={"connection_name": self.connection_name}, reconnect_interval=1.0,
+                    **options)
                 break
             except (OSError, aiormq.exceptions.AMQPConnectionError) as exc:
                 if time.monotonic() > deadline:

@@ -424,7 +424,7 @@ class OutboxRelay:
         next_purge = loop.time()
         try:
             while not self._stopping.is_set():
-                if listen_conn is not None and listen_conn.is_closed():
+                if listen_conn is not None and _closed(listen_conn):
                     await self._unlisten(listen_conn)
                     listen_conn = None
                 if listen_conn is None:
@@ -486,6 +486,14 @@ class OutboxRelay:
             await conn.remove_listener(OUTBOX_CHANNEL, self._on_notify)
         with contextlib.suppress(Exception):
             await self._pool.release(conn)
+
+
+def _closed(conn: Any) -> bool:
+    """Whether a pooled connection is gone: closed, or (its session terminated) already detached by the pool."""
+    try:
+        return bool(conn.is_closed())
+    except Exception:  # noqa: BLE001 - asyncpg's InterfaceError for a proxy the pool took back
+        return True
 
 
 def _cancelling() -> bool:

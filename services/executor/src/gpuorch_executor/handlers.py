@@ -35,6 +35,7 @@ from prometheus_client import Counter, Histogram
 from gpuorch_executor.backends.base import JobLaunch
 from gpuorch_executor.backends.container import container_user
 from gpuorch_executor.domain.allowlist import Refusal
+from gpuorch_executor.domain.leader_epoch import judge_leader_epoch
 from gpuorch_executor.domain.outcome import Outcome
 from gpuorch_executor.domain.placement import PlacementRecord
 from gpuorch_executor.node import NodeContext, NodeSettings
@@ -48,6 +49,8 @@ __all__ = ["NodeExecutor", "NodeSettings"]
 log = get_logger(__name__)
 
 LAUNCHES = Counter("gpuorch_executor_launches_total", "Placements started", ["node_id", "runtime"])
+STALE_COMMANDS = Counter("gpuorch_executor_stale_commands_total", "Commands refused: decided by a scheduler leader "
+                         "older than the newest seen (domain.leader_epoch)", ["node_id", "type"])
 LAUNCH_SECONDS = Histogram("gpuorch_executor_launch_seconds", "LaunchJob received -> job running and recorded",
                            buckets=(0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 15))
 
@@ -73,6 +76,8 @@ class NodeExecutor:
         self.lease: tuple[float, float, float] | None = None
         """(renewed monotonic, fencing deadline, grace) of the last confirmed renewal, set by ``lease.LeaseRenewer``;
         written to ``lease.json`` before each supervisor starts, so a new job never reads a stale lease."""
+        self.newest_leader_epoch = store.read_leader_epoch()
+        """The newest scheduler leader epoch a command to this node carried (kept in the state directory)."""
         self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
             LaunchJob.TYPE: self.launch,
             StopJob.TYPE: self.stop,
@@ -108,9 +113,25 @@ class NodeExecutor:
         """Dispatch a command through ``handlers`` (the registry); other messages are ignored (logged)."""
         await dispatch(self.handlers, message, service="executor")
 
+    def _from_current_leader(self, command: LaunchJob | StopJob) -> bool:
+        """Judge the command's leader epoch (``domain.leader_epoch``); a refused one is logged and counted, and
+        acknowledged without effect: it comes from a leader that was superseded."""
+        verdict = judge_leader_epoch(command.leader_epoch, self.newest_leader_epoch)
+        if not verdict.admitted:
+            log.warning("command.stale_leader", type=command.TYPE, placement_id=str(command.placement_id),
+                        leader_epoch=command.leader_epoch, newest_seen=self.newest_leader_epoch)
+            STALE_COMMANDS.labels(self.node_id, command.TYPE).inc()
+            return False
+        if verdict.newest_seen != self.newest_leader_epoch:
+            self.store.write_leader_epoch(verdict.newest_seen)
+            self.newest_leader_epoch = verdict.newest_seen
+        return True
+
     async def launch(self, command: LaunchJob) -> None:
         if command.node_id != self.node_id:
             log.warning("launch.wrong_node", node_id=self.node_id, target=command.node_id)
+            return
+        if not self._from_current_leader(command):
             return
         async with self.node.command_lock(command.placement_id):
             known = self.records.get(command.placement_id)
@@ -221,6 +242,8 @@ class NodeExecutor:
     async def stop(self, command: StopJob) -> None:
         if command.node_id != self.node_id:
             log.warning("stop.wrong_node", node_id=self.node_id, target=command.node_id)
+            return
+        if not self._from_current_leader(command):
             return
         async with self.node.command_lock(command.placement_id):
             record = self.records.get(command.placement_id)

@@ -85,6 +85,21 @@ class PlacementStore:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    @property
+    def leader_epoch_path(self) -> Path:
+        """The newest scheduler leader epoch this node's commands carried (``domain.leader_epoch``)."""
+        return self.state_dir / "leader_epoch.json"
+
+    def write_leader_epoch(self, epoch: int) -> None:
+        write_json_atomically(self.leader_epoch_path, {"newest_seen": epoch})
+
+    def read_leader_epoch(self) -> int:
+        """The newest epoch an earlier executor of this node saw (0 if none was recorded)."""
+        try:
+            return int(json.loads(self.leader_epoch_path.read_text())["newest_seen"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
     def placement_dir(self, placement_id: uuid.UUID) -> Path:
         return self.placements_dir / str(placement_id)
 

@@ -17,8 +17,12 @@ Pipeline::
     outbox relay (its own process: relay.py) ──(confirms)──> gpuorch.events (job.accepted/placed/...) and
                                                          gpuorch.commands (LaunchJob, StopJob, ApplyMigLayout)
 
-Leadership: a standby blocks on a PostgreSQL session advisory lock; the leader holds it on the connection that
-does every write, so a leader that lost its database session can no longer write. The leader is the only consumer.
+Leadership (``leadership``): a lease in PostgreSQL with an expiry the leader renews every GPUORCH_LEADER_RENEW_S;
+a standby takes it over, with the next epoch, once it expired (GPUORCH_LEADER_LEASE_S), ending the old leader's
+sessions. Every batch's transaction checks the epoch (a superseded leader commits nothing) and every command
+carries it (executors refuse older epochs). The leader is the only consumer; its broker connection's AMQP
+heartbeat is half the lease, so a paused leader also loses its consumers within about a lease. Losing the lease, the
+database or the broker makes the leader step down to standby, never exit.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import multiprocessing
 import os
 import signal
@@ -59,12 +64,12 @@ from gpuorch_scheduler import metrics as scheduler_metrics
 from gpuorch_scheduler.batcher import Batcher
 from gpuorch_scheduler.handlers import STREAM, Persistence, SchedulerService
 from gpuorch_scheduler.journal import JournalFile
+from gpuorch_scheduler.leadership import CONNECTION_LOST, LeaderLease, LeadershipLost
 from gpuorch_scheduler.relay import relay_process
 from gpuorch_scheduler.settings import Settings
 
 log = get_logger(__name__)
 
-LEADER_LOCK_KEY = 0x67707552_5343_4844
 SCHEDULER_QUEUE, SUBMIT_QUEUE, HEARTBEAT_QUEUE = queues.SCHEDULER_QUEUE, queues.SUBMIT_QUEUE, queues.HEARTBEAT_QUEUE
 DELIVERY_LIMIT = queues.SCHEDULER_DELIVERY_LIMIT
 
@@ -98,44 +103,100 @@ def lane_tenants(settings: Settings) -> list[str]:
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
-    """Readiness (``/readyz``): the database answers and, once leader, the broker is connected and every queue is
-    consumed; a standby waiting for leadership is ready (it can take over)."""
+    """Stand by, lead while the lease is this instance's, step down, stand by again: until ``stop``. A lost
+    database or broker, or a lease taken over, never ends the process: the leader steps down (stops consuming and
+    publishing, ends its lease) and waits as a standby, after a backoff that doubles up to 30 s while leading keeps
+    failing. Readiness (``/readyz``): the database answers and, once leader, the broker is connected and every
+    queue is consumed; a standby waiting for leadership is ready (it can take over)."""
     READINESS.mark("consuming", "starting: migrating the database")
-    await ensure_database(settings.database_url)
-    await migrate(settings.database_url)
-    conn = await asyncpg.connect(settings.database_url)
-    probes = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    await _prepare_database(settings.database_url, stop)
+    probes = await asyncpg.create_pool(settings.database_url, min_size=0, max_size=1)
     probing = asyncio.create_task(keep_probing("database", lambda: probes.fetchval("SELECT 1"),
                                                failing="PostgreSQL unreachable"))
+    lease = LeaderLease(settings.database_url, f"{settings.instance} pid {os.getpid()}",
+                        lease_s=settings.leader_lease_s, renew_s=settings.leader_renew_s)
+    backoff = settings.leader_renew_s
     try:
-        READINESS.mark("consuming", None)
-        log.info("scheduler.waiting_for_leadership", instance=settings.instance)
-        while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK_KEY):
+        while not stop.is_set():
+            READINESS.mark("consuming", None)
+            log.info("scheduler.waiting_for_leadership", instance=settings.instance)
+            if not await lease.acquire(stop):
+                break
+            try:
+                await lead(settings, stop, lease)
+                backoff = settings.leader_renew_s
+            except Exception as exc:  # noqa: BLE001 - whatever ended leading, the process stays and stands by
+                level = log.warning if isinstance(exc, (LeadershipLost, *CONNECTION_LOST)) else log.error
+                level("scheduler.stepped_down", instance=settings.instance, epoch=lease.epoch, error=repr(exc),
+                      standby_in_s=backoff)
+                READINESS.mark("consuming", f"stepped down, standby in {backoff:.0f} s: {exc!r}"[:300])
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=backoff)
+                backoff = min(backoff * 2, 30.0)
+            finally:
+                await lease.release()
+    finally:
+        probing.cancel()
+        await probes.close()
+        await lease.close()
+
+
+async def _prepare_database(database_url: str, stop: asyncio.Event) -> None:
+    """Create and migrate the database, retrying with a backoff while PostgreSQL cannot be reached."""
+    backoff = 0.5
+    while not stop.is_set():
+        try:
+            await ensure_database(database_url)
+            await migrate(database_url)
+            return
+        except CONNECTION_LOST as exc:
+            log.warning("scheduler.database_unreachable", error=repr(exc), retry_s=backoff)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
-            if stop.is_set():
-                return
-        log.info("scheduler.leader", instance=settings.instance)
-        READINESS.mark("consuming", "leader: recovering its state")
+                await asyncio.wait_for(stop.wait(), timeout=backoff)
+            backoff = min(backoff * 2, 10.0)
+
+
+async def lead(settings: Settings, stop: asyncio.Event, lease: LeaderLease) -> None:
+    """Lead for the epoch ``lease`` holds: recover, consume, decide, publish (every commit fenced by the lease,
+    every command stamped with its epoch). Returns once ``stop`` is set; raises ``LeadershipLost`` once the lease
+    is lost, or what the database or the broker raised. Every session it opens is named for its epoch, so the next
+    leader can end them (``leadership``)."""
+    log.info("scheduler.leader", instance=settings.instance, epoch=lease.epoch)
+    READINESS.mark("consuming", "leader: recovering its state")
+    keeper = asyncio.create_task(lease.keep(), name="leader-lease")
+    leading = asyncio.Event()
+    watcher = asyncio.create_task(_until_either(stop, keeper, leading), name="leader-watch")
+    conn = await asyncpg.connect(settings.database_url, server_settings=lease.session_settings())
+    broker: Broker | None = None
+    pool: Any = None
+    relay: OutboxRelay | None = None
+    tasks: list[asyncio.Task[Any]] = [keeper, watcher]
+    try:
         service = SchedulerService(
             conn, settings.scheduler_config,
             persistence=Persistence(snapshot_every_events=settings.snapshot_every_events,
                                     snapshot_every_s=settings.snapshot_every_s, freeze_after_recovery=True),
-            snapshot_writer=snapshots_aside(settings.database_url),
-            journal=JournalFile(Path(settings.step_journal)) if settings.step_journal else None)
+            snapshot_writer=snapshots_aside(settings.database_url, lease.session_settings()),
+            journal=JournalFile(Path(settings.step_journal)) if settings.step_journal else None,
+            fence=lease.fence, leader_epoch=lease.epoch)
         await service.recover()
+        # The AMQP heartbeat at half the lease: paused, this leader loses its single-active-consumer place (and
+        # its unacked deliveries go back) within about a lease, as it loses the lease itself.
         broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}",
-                        node_scopes=settings.identity_map.node_scopes, **settings.broker_options())
+                        node_scopes=settings.identity_map.node_scopes,
+                        heartbeat_s=math.ceil(settings.leader_lease_s / 2), **settings.broker_options())
         await broker.connect()
         READINESS.add("broker", connected(broker))
-        pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+        pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2,
+                                         server_settings=lease.session_settings())
         relay = OutboxRelay(pool, broker, poll_interval=0.5, batch_size=1000, pipeline=True,
                             on_parked=service.on_outbox_parked)
         if settings.relay_process:
-            relay_task = asyncio.create_task(_relay_elsewhere(settings, relay), name="outbox-relay-process")
+            relay_task = asyncio.create_task(_relay_elsewhere(settings, relay, lease.application_name),
+                                             name="outbox-relay-process")
         else:
             relay_task = asyncio.create_task(relay.run_forever(), name="outbox-relay")
-        gauges = asyncio.create_task(_export_outbox(pool), name="outbox-gauges")
+        tasks += [relay_task, asyncio.create_task(_export_outbox(pool), name="outbox-gauges")]
         main_queue, heartbeat_queue = scheduler_queues(settings.identity_map)
 
         async def on_heartbeat(message: Message) -> None:
@@ -154,20 +215,37 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         await broker.consume(main_queue, batcher.lane(main_queue.name, submissions=False), with_sender=True)
         await broker.consume(heartbeat_queue, on_heartbeat)
         READINESS.mark("consuming", None)
-        try:
-            await batcher.run(stop, watch=relay_task)
-        finally:
-            relay.stop()
-            gauges.cancel()
-            await broker.close()
-            relay_task.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(relay_task, timeout=5)
-            await pool.close()
+        await batcher.run(leading, watch=relay_task)
+        if keeper.done():
+            keeper.result()  # raises LeadershipLost
     finally:
-        probing.cancel()
-        await probes.close()
-        await conn.close()
+        leading.set()
+        if relay is not None:
+            relay.stop()
+        for task in tasks:
+            task.cancel()
+        if broker is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(broker.close(), timeout=5)
+        READINESS.add("broker", lambda: None)  # a standby needs no broker
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(task, timeout=5)
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(pool.close(), timeout=5)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(conn.close(), timeout=5)
+
+
+async def _until_either(stop: asyncio.Event, keeper: asyncio.Task[None], leading: asyncio.Event) -> None:
+    """Set ``leading`` (the batcher's stop) once ``stop`` is set or the lease keeper ended (leadership lost)."""
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([stopping, keeper], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        leading.set()
 
 
 async def _export_outbox(pool: Any, period_s: float = 5.0) -> None:
@@ -180,13 +258,14 @@ async def _export_outbox(pool: Any, period_s: float = 5.0) -> None:
         await asyncio.sleep(period_s)
 
 
-def snapshots_aside(database_url: str) -> Callable[[int, str], Awaitable[None]]:
+def snapshots_aside(database_url: str, server_settings: dict[str, str] | None = None
+                    ) -> Callable[[int, str], Awaitable[None]]:
     """A snapshot writer with a connection of its own (opened on first use, reopened after an error)."""
     held: list[Any] = []
 
     async def write(position: int, text: str) -> None:
         if not held or held[0].is_closed():
-            held[:] = [await asyncpg.connect(database_url)]
+            held[:] = [await asyncpg.connect(database_url, server_settings=server_settings)]
         try:
             await save_snapshot(held[0], STREAM, position, text)
         except Exception:
@@ -197,7 +276,7 @@ def snapshots_aside(database_url: str) -> Callable[[int, str], Awaitable[None]]:
     return write
 
 
-async def _relay_elsewhere(settings: Settings, answers: OutboxRelay) -> None:
+async def _relay_elsewhere(settings: Settings, answers: OutboxRelay, application_name: str) -> None:
     """Run the outbox relay in its own process (the machine's other core) and keep it running; meanwhile answer
     the rows it parks from here (requeueing or failing their jobs goes through this scheduler's log). Raises if
     the relay keeps dying."""
@@ -216,7 +295,7 @@ async def _relay_elsewhere(settings: Settings, answers: OutboxRelay) -> None:
                     target=relay_process, name="gpuorch-outbox-relay", daemon=True,
                     args=(settings.amqp_url, settings.database_url, f"scheduler/{settings.instance}/relay",
                           dict(settings.identity_map.node_scopes), os.getpid(), settings.log_level,
-                          settings.broker_options()))
+                          settings.broker_options(), application_name))
                 process.start()
             await answers.report_parked()
             await asyncio.sleep(1.0)

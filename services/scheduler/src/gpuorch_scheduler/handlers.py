@@ -57,6 +57,11 @@ from gpuorch_store import (
 
 from gpuorch_scheduler import metrics, readmodels, tracing
 from gpuorch_scheduler.journal import JournalFile
+from gpuorch_scheduler.leadership import CONNECTION_LOST, LeadershipLost
+
+NOT_THE_BATCH = (LeadershipLost, *CONNECTION_LOST)
+"""Failures of the leader, not of its messages: ``handle_batch`` raises them for the whole batch (the broker
+redelivers it to whoever leads next) instead of trying each message alone."""
 
 log = get_logger(__name__)
 
@@ -81,12 +86,17 @@ class SchedulerService:
                  persistence: Persistence | None = None, clock: Callable[[], float] = time.time,
                  lease_clock: Callable[[], float] | None = None,
                  snapshot_writer: Callable[[int, str], Awaitable[None]] | None = None,
-                 journal: JournalFile | None = None) -> None:
+                 journal: JournalFile | None = None,
+                 fence: Callable[[Any], Awaitable[None]] | None = None, leader_epoch: int = 0) -> None:
         """``clock`` stamps decisions (wall time, as the log's times are); leases are measured on ``lease_clock``
         (monotonic unless a test gives one clock for both), so a wall-clock jump never declares nodes lost.
         ``snapshot_writer(position, json)`` stores snapshots aside on a connection of its own (the service gives
-        one); without it they are stored in the batch's transaction."""
+        one); without it they are stored in the batch's transaction. ``fence(conn)`` runs first in every batch's
+        transaction and raises (``LeadershipLost``) once this instance no longer leads
+        (``leadership.LeaderLease.fence``); ``leader_epoch`` stamps every command it publishes."""
         self._conn = conn
+        self._fence = fence
+        self.leader_epoch = leader_epoch
         self.scheduler = Scheduler(config)
         self.persistence = persistence or Persistence()
         self._clock = clock
@@ -185,6 +195,8 @@ class SchedulerService:
                 try:
                     await self._commit(inputs, tick)
                     return [None] * len(inputs)
+                except NOT_THE_BATCH:
+                    raise
                 except Exception as exc:
                     self._needs_reload = True
                     if not inputs:
@@ -200,6 +212,8 @@ class SchedulerService:
                     try:
                         await self._commit([item], False)
                         outcomes.append(None)
+                    except NOT_THE_BATCH:
+                        raise
                     except Exception as exc:
                         self._needs_reload = True
                         log.warning("scheduler.message_failed", type=item.message.TYPE, error=repr(exc))
@@ -268,6 +282,8 @@ class SchedulerService:
         slot = self._journal.begin() if self._journal is not None else None
         try:
             async with self._conn.transaction():
+                if self._fence is not None:
+                    await self._fence(self._conn)
                 known = await self._known(inputs)
                 recorded = Known(set(known.logged_ids), set(known.known_jobs))
                 step = self.scheduler.step(inputs, now, lease_now=lease_now, tick=tick, known=known, hooks=meter)
@@ -316,7 +332,7 @@ class SchedulerService:
             self._conn, outgoing,
             headers=[logged_headers.get(id(m)) or tracing.headers_of(m, self.scheduler.trace_of(m), decided)
                      for m in outgoing],
-            bodies=[_encoded(logged_json.get(id(m)), m) for m in outgoing])
+            bodies=[_encoded(logged_json.get(id(m)), self._stamped(m)) for m in outgoing])
         await readmodels.write_jobs_and_nodes(self._conn, self.state, self.scheduler.pending, step.touched_jobs,
                                               step.touched_nodes, step.rejected, step.submitted)
         unwritten = {n: self.isolation[n] for n in self._isolation_unwritten if n in self.state.nodes}
@@ -326,6 +342,13 @@ class SchedulerService:
         if step.mig_changed:
             await readmodels.write_mig_plan(self._conn, self.config.mig.mode, self.scheduler.mig.read_model(),
                                             self.state)
+
+    def _stamped(self, message: Message) -> Message:
+        """A command carries the epoch of the leader that decided it (``leader_epoch``; executors refuse older
+        ones); other messages go as they are."""
+        if self.leader_epoch and "leader_epoch" in type(message).model_fields:
+            return message.model_copy(update={"leader_epoch": self.leader_epoch})
+        return message
 
     def _after_commit(self, step: Step, tick: bool) -> None:
         metrics.observe_step(step, self.state)

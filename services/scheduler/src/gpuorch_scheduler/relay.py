@@ -29,21 +29,25 @@ log = get_logger(__name__)
 
 
 def relay_process(amqp_url: str, database_url: str, producer: str, node_scopes: Mapping[str, Collection[str]],
-                  parent_pid: int, log_level: str = "INFO", broker_options: Mapping[str, Any] | None = None) -> None:
+                  parent_pid: int, log_level: str = "INFO", broker_options: Mapping[str, Any] | None = None,
+                  application_name: str = "gpuorch-scheduler-relay") -> None:
     """Entry point of the relay process (a ``multiprocessing`` target): relay until SIGTERM or orphaned.
-    ``broker_options``: the scheduler's ``BrokerSettings.broker_options()``."""
+    ``broker_options``: the scheduler's ``BrokerSettings.broker_options()``; ``application_name`` names its
+    database sessions (the leader's, so that the next leader ends them: ``leadership``)."""
     configure("scheduler", log_level=log_level, instance=producer.removeprefix("scheduler/"))
     try:
-        asyncio.run(_relay(amqp_url, database_url, producer, node_scopes, parent_pid, broker_options or {}))
+        asyncio.run(_relay(amqp_url, database_url, producer, node_scopes, parent_pid, broker_options or {},
+                           application_name))
     finally:
         shutdown_tracing()
 
 
 async def _relay(amqp_url: str, database_url: str, producer: str, node_scopes: Mapping[str, Collection[str]],
-                 parent_pid: int, broker_options: Mapping[str, Any]) -> None:
+                 parent_pid: int, broker_options: Mapping[str, Any], application_name: str) -> None:
     broker = Broker(amqp_url, producer=producer, node_scopes=node_scopes, **broker_options)
     await broker.connect()
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2,
+                                     server_settings={"application_name": application_name})
     relay = OutboxRelay(pool, broker, poll_interval=0.5, batch_size=1000, pipeline=True)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, relay.stop)

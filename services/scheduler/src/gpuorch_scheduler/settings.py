@@ -89,6 +89,11 @@ class Settings(BrokerSettings):
                                          "within this long: the GPU resumes with its old layout, and an alert", gt=0)
     step_journal: str = setting("GPUORCH_STEP_JOURNAL", "", "append every committed step's inputs to this file "
                                 "(JSON lines; replay it through the Harness: gpuorch_scheduling.journal); empty: off")
+    leader_lease_s: float = setting("GPUORCH_LEADER_LEASE_S", 5.0, "seconds a leader's lease lasts unrenewed: a "
+                                    "paused or cut-off leader is replaced after about this long (the leader's AMQP "
+                                    "heartbeat is half of it)", ge=1, le=3600)
+    leader_renew_s: float = setting("GPUORCH_LEADER_RENEW_S", 1.0, "seconds between lease renewals (and a "
+                                    "standby's checks); below half the lease", gt=0)
     metrics_port: int = setting("GPUORCH_METRICS_PORT", 0, "port of /metrics, /healthz and /readyz (0 = off)",
                                 ge=0, le=65535)
 
@@ -97,6 +102,8 @@ class Settings(BrokerSettings):
 
     @model_validator(mode="after")
     def _derive(self) -> Settings:
+        if self.leader_renew_s * 2 > self.leader_lease_s:
+            raise ValueError("GPUORCH_LEADER_RENEW_S must be at most half of GPUORCH_LEADER_LEASE_S")
         quotas_text = self.quotas
         if not quotas_text and self.quotas_file:
             try:

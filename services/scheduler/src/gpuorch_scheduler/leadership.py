@@ -1,0 +1,227 @@
+"""Scheduler leadership: a lease with an expiry in PostgreSQL, fenced by its epoch (docs/decisions.md 41).
+
+    standby ──every renew_s──> the leader's session lock free (its process or session died)?  ──yes──┐
+                               else: the lease expired (database clock: paused, cut off)?     ──yes──┤
+                                     terminate the holder of the session lock                        │
+                                                                                                     ▼
+              terminate the sessions of earlier leaders (application_name ``gpuorch-scheduler-leader ...``):
+              their transactions abort, their row locks and the outbox relay's lock go with them
+                                      ▼
+              UPDATE scheduler_leadership SET epoch = epoch + 1 ... ──> leader of that epoch
+    leader  ──every renew_s──> UPDATE ... expires_at WHERE epoch = ours  ──0 rows, the session lock lost, or no
+                                                                           renewal for lease_s──> LeadershipLost
+            every batch: ``fence(conn)`` in the batch's own transaction: SELECT epoch ... FOR SHARE = ours, else
+            LeadershipLost and the transaction rolls back
+
+The lease's own session holds a session advisory lock while leading (the key of the advisory-lock leadership it
+replaces): a leader that dies (SIGKILL, its session gone) is replaced as soon as a standby polls, without waiting
+for the expiry; one that is alive but does not renew (paused) keeps its session, so the expiry decides.
+
+Guarantees:
+- At most one epoch commits at a time: a batch commits only while the row holds its epoch, and the row lock it
+  takes (FOR SHARE) makes a takeover wait for that commit (or terminate it) before the epoch moves on. A leader
+  that wakes after a pause can finish no batch: its commit finds a newer epoch (or a terminated session).
+- A paused or cut-off leader loses leadership within ``lease_s`` plus one ``renew_s`` of polling by a standby.
+  Times are the database's (``clock_timestamp()``): the instances' clocks may disagree.
+- ``release`` (a clean stop, or stepping down after an error) ends the lease at once, so a standby or this
+  instance takes over without waiting for the expiry.
+- The epoch stamps every command the leader publishes (``leader_epoch``); executors refuse commands of an epoch
+  older than the newest they have seen (``gpuorch_executor.domain.leader_epoch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from gpuorch_observability import get_logger
+
+log = get_logger(__name__)
+
+LEADER_APPLICATION_NAME = "gpuorch-scheduler-leader"
+"""Prefix of the ``application_name`` of every database session a leader opens (its writes, its outbox relay, its
+snapshots): the next leader terminates the sessions that carry it with another epoch."""
+
+LEASE_LOCK_KEY = 0x67707552_5343_4844
+"""Session advisory lock the lease's own session holds while leading: the key leadership used before the lease, so
+a scheduler of an older release that holds it counts as a leader whose lease expired (its session is ended)."""
+
+CONNECTION_LOST = (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
+                   asyncpg.exceptions.OperatorInterventionError)
+"""What a lost database session raises (terminated, server gone, network): a pause to wait out, not a bug."""
+
+
+class LeadershipLost(Exception):
+    """This instance is no longer the leader (another epoch holds the lease, or it could not renew in time)."""
+
+
+@dataclass
+class LeaderLease:
+    """One instance's side of the lease. ``acquire`` as a standby, then ``keep`` beside the work and ``fence``
+    every commit; ``release`` when leaving. Opens one session of its own for the lease itself."""
+
+    database_url: str
+    holder: str
+    lease_s: float = 5.0
+    renew_s: float = 1.0
+    epoch: int = 0
+    """The epoch this instance leads in (0: not leading)."""
+    _conn: Any = field(default=None, init=False, repr=False)
+    _locked: bool = field(default=False, init=False, repr=False)
+    """The lease session holds the session lock (``LEASE_LOCK_KEY``)."""
+    _renewed_at: float = field(default=0.0, init=False, repr=False)
+    """Monotonic time the last renewal (or the acquisition) was confirmed by the database."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.renew_s < self.lease_s:
+            raise ValueError("the lease must be longer than its renewal interval")
+
+    @property
+    def application_name(self) -> str:
+        """The ``application_name`` of this leader's sessions (the next leader terminates them)."""
+        return f"{LEADER_APPLICATION_NAME} epoch={self.epoch} {self.holder}"[:63]
+
+    def session_settings(self) -> dict[str, str]:
+        """``server_settings`` for every session the leader opens (``asyncpg.connect``/``create_pool``)."""
+        return {"application_name": self.application_name}
+
+    async def _session(self) -> Any:
+        if self._conn is None or self._conn.is_closed():
+            self._locked = False
+            self._conn = await asyncpg.connect(self.database_url, timeout=self.lease_s,
+                                               server_settings={"application_name": "gpuorch-scheduler-lease"})
+        return self._conn
+
+    async def _lock(self, conn: Any) -> bool:
+        if not self._locked:
+            self._locked = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", LEASE_LOCK_KEY))
+        return self._locked
+
+    async def _drop_session(self) -> None:
+        conn, self._conn, self._locked = self._conn, None, False
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), timeout=1.0)
+
+    # -- standby ----------------------------------------------------------------------------------------------
+
+    async def acquire(self, stop: asyncio.Event) -> bool:
+        """Wait as a standby until the lease is this instance's (True) or ``stop`` is set (False). A database that
+        cannot be reached is waited for, with a backoff (at most ``lease_s`` between tries)."""
+        backoff = self.renew_s
+        while not stop.is_set():
+            try:
+                if await self.try_acquire():
+                    return True
+                backoff = self.renew_s
+            except CONNECTION_LOST as exc:
+                log.warning("scheduler.standby_database_unreachable", error=repr(exc), retry_s=backoff)
+                await self._drop_session()
+                backoff = min(backoff * 2, self.lease_s)
+            except asyncpg.LockNotAvailableError:
+                log.info("scheduler.takeover_waiting", note="a leader's commit still holds the lease row")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=backoff)
+        return False
+
+    async def try_acquire(self) -> bool:
+        """Take the lease if its leader's session is gone or it expired (see the module), with the next epoch."""
+        conn = await self._session()
+        if not await self._lock(conn):
+            if not await conn.fetchval("SELECT expires_at < clock_timestamp() FROM scheduler_leadership "
+                                       "WHERE id = 1"):
+                return False
+            # Alive but not renewing (paused, or cut off from the row): end the session that holds the lock.
+            holders = await conn.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "AND ((classid::bigint << 32) | objid::bigint) = $1 AND objsubid = 1 AND pid <> pg_backend_pid()",
+                LEASE_LOCK_KEY)
+            log.warning("scheduler.lease_expired", note="the leader did not renew its lease: taking over",
+                        sessions_terminated=holders)
+            for _ in range(int(self.renew_s / 0.05) + 1):  # a terminated backend lets go of its locks at once
+                if await self._lock(conn):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                return False
+        terminated = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name LIKE $1 AND pid <> pg_backend_pid()", LEADER_APPLICATION_NAME + "%")
+        started = time.monotonic()
+        async with conn.transaction():
+            await conn.execute(f"SET LOCAL lock_timeout = {int(self.renew_s * 1000)}")
+            epoch = await conn.fetchval(
+                "UPDATE scheduler_leadership SET epoch = epoch + 1, holder = $1, acquired_at = clock_timestamp(), "
+                "expires_at = clock_timestamp() + make_interval(secs => $2) WHERE id = 1 RETURNING epoch",
+                self.holder, self.lease_s)
+        self.epoch, self._renewed_at = int(epoch), started
+        log.info("scheduler.lease_acquired", epoch=self.epoch, holder=self.holder,
+                 earlier_sessions_terminated=terminated)
+        return True
+
+    # -- leader -----------------------------------------------------------------------------------------------
+
+    async def keep(self) -> None:
+        """Renew every ``renew_s`` while leading; raises ``LeadershipLost`` once another epoch holds the lease, or
+        once no renewal was confirmed for ``lease_s`` (the database unreachable: a standby may lead by now)."""
+        while True:
+            await asyncio.sleep(self.renew_s)
+            try:
+                await self.renew()
+            except LeadershipLost:
+                raise
+            except CONNECTION_LOST as exc:
+                await self._drop_session()
+                unrenewed = time.monotonic() - self._renewed_at
+                log.warning("scheduler.lease_unrenewed", epoch=self.epoch, error=repr(exc),
+                            unrenewed_s=round(unrenewed, 2))
+                if unrenewed >= self.lease_s:
+                    raise LeadershipLost(f"lease of epoch {self.epoch} not renewed for {unrenewed:.1f} s") from exc
+
+    async def renew(self) -> None:
+        """Extend the lease by ``lease_s`` from now; raises ``LeadershipLost`` if another epoch holds it (or the
+        session lock, after the lease's session was lost and reopened)."""
+        started = time.monotonic()
+        conn = await self._session()
+        if not await self._lock(conn):
+            raise LeadershipLost(f"epoch {self.epoch}: another instance holds the leader's session lock")
+        renewed = await asyncio.wait_for(conn.fetchval(
+            "UPDATE scheduler_leadership SET expires_at = clock_timestamp() + make_interval(secs => $2) "
+            "WHERE id = 1 AND epoch = $1 RETURNING epoch", self.epoch, self.lease_s), timeout=self.lease_s)
+        if renewed is None:
+            raise LeadershipLost(f"epoch {self.epoch} was superseded")
+        self._renewed_at = started
+
+    async def fence(self, conn: Any) -> None:
+        """Inside a write transaction on ``conn``: raise ``LeadershipLost`` unless the lease still holds this
+        epoch. The row stays locked (FOR SHARE) until that transaction ends, so no takeover lands in between."""
+        current = await conn.fetchval("SELECT epoch FROM scheduler_leadership WHERE id = 1 FOR SHARE")
+        if current != self.epoch:
+            raise LeadershipLost(f"epoch {self.epoch} was superseded by epoch {current}")
+
+    async def release(self) -> None:
+        """End this epoch's lease now and let go of the session lock (best effort: if the database cannot be
+        reached the lease expires by itself and the session lock goes with the session)."""
+        epoch, self.epoch = self.epoch, 0
+        try:
+            if epoch:
+                conn = await self._session()
+                released = await asyncio.wait_for(conn.fetchval(
+                    "UPDATE scheduler_leadership SET expires_at = '-infinity' WHERE id = 1 AND epoch = $1 "
+                    "RETURNING epoch", epoch), timeout=self.lease_s)
+                if released is not None:
+                    log.info("scheduler.lease_released", epoch=epoch)
+            if self._locked:
+                await self._conn.execute("SELECT pg_advisory_unlock($1)", LEASE_LOCK_KEY)
+                self._locked = False
+        except Exception as exc:  # noqa: BLE001 - an unreleased lease expires by itself within lease_s
+            log.warning("scheduler.lease_not_released", epoch=epoch, error=repr(exc))
+            await self._drop_session()
+
+    async def close(self) -> None:
+        await self._drop_session()

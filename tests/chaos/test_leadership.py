@@ -1,0 +1,97 @@
+"""Leadership under faults (issue 30): a paused leader replaced within its lease and fenced when it wakes; every
+database session terminated and every broker connection cut while every service runs, and none exits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+from gpuorch_contracts import LaunchJob, Message
+from gpuorch_executor.domain.leader_epoch import judge_leader_epoch
+
+from tests.chaos.faults import ChaosStack
+from tests.chaos.invariants import check_invariants
+from tests.chaos.scenario import fleet_without_executors, query, report, share_job, wait_states
+from tests.e2e.harness import publish_when_routable
+
+pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.slow]
+
+LEASE_S = 3.0
+LEASE = {"GPUORCH_LEADER_LEASE_S": str(LEASE_S), "GPUORCH_LEADER_RENEW_S": "0.5"}
+PAUSE_CAP_S = float(os.environ.get("GPUORCH_CHAOS_LEADER_PAUSE_S", "20"))
+"""The longest the leader stays paused: with the lease, the standby places long before; without it (the advisory
+lock alone), nothing is placed until the pause ends, and the gap is this long."""
+
+
+def log_count(stack: ChaosStack, name: str, text: str) -> int:
+    path = stack.processes[name].log_path
+    return path.read_text(errors="replace").count(text) if path.exists() else 0
+
+
+async def wait_log(stack: ChaosStack, name: str, text: str, count: int = 1, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while log_count(stack, name, text) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} logged {text!r} fewer than {count} times: {stack.tail(name, 20)}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(180)
+async def test_a_paused_leader_is_replaced_within_its_lease_and_steps_down_when_it_wakes(
+    chaos_stack: ChaosStack, amqp_url: str, pg_dsn: str
+) -> None:
+    """SIGSTOP of the leader's whole process group (a VM stall): the standby takes the lease once it expired and
+    places the next submission; on SIGCONT the old leader commits nothing more, steps down and stands by, still
+    running. Every command the nodes received carries its leader's epoch, and no command of the old epoch arrives
+    after one of the new (the executor's rule, ``judge_leader_epoch``, would refuse it)."""
+    chaos_stack.extra_env.update(LEASE)
+    first = chaos_stack.start_scheduler("scheduler-1")
+    await wait_log(chaos_stack, "scheduler-1", "scheduler.recovered")
+    chaos_stack.start_scheduler("scheduler-2")
+    await wait_log(chaos_stack, "scheduler-2", "scheduler.waiting_for_leadership")
+    commands: list[Message] = []
+    async with fleet_without_executors(amqp_url, pg_dsn, nodes=2, commands=commands) as broker:
+        before = share_job()
+        await publish_when_routable(broker, before)
+        await wait_states(pg_dsn, [before.job_id], ("placed",), timeout_s=30)
+        assert first.popen is not None
+        os.killpg(first.popen.pid, signal.SIGSTOP)
+        paused = time.monotonic()
+        try:
+            during = share_job()
+            await publish_when_routable(broker, during)
+            try:
+                await wait_states(pg_dsn, [during.job_id], ("placed",), timeout_s=PAUSE_CAP_S)
+            except TimeoutError:
+                pass
+            gap_s = time.monotonic() - paused
+        finally:
+            os.killpg(first.popen.pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        await wait_states(pg_dsn, [during.job_id], ("placed",), timeout_s=60)
+        await wait_log(chaos_stack, "scheduler-1", "scheduler.stepped_down", timeout_s=30)
+        await wait_log(chaos_stack, "scheduler-1", "scheduler.waiting_for_leadership", count=2, timeout_s=30)
+        stepped_down_s = time.monotonic() - resumed
+        after = share_job()
+        await publish_when_routable(broker, after)
+        await wait_states(pg_dsn, [after.job_id], ("placed",), timeout_s=30)
+        [lease] = await query(pg_dsn, "SELECT epoch, holder FROM scheduler_leadership")
+    verdict = await check_invariants(pg_dsn)
+    launches = [c for c in commands if isinstance(c, LaunchJob)]
+    epochs = {c.job_id: c.leader_epoch for c in launches}
+    newest, refused = 0, 0
+    for command in launches:
+        judged = judge_leader_epoch(command.leader_epoch, newest)
+        newest, refused = judged.newest_seen, refused + (not judged.admitted)
+    report("paused-leader", f"lease {LEASE_S} s: placement gap {gap_s:.1f} s after SIGSTOP of the leader; "
+           f"stepped down {stepped_down_s:.1f} s after SIGCONT; lease epoch {lease['epoch']} held by "
+           f"{lease['holder']}; late commands of the old epoch {refused}; {verdict.figures()}")
+    verdict.assert_holds()
+    assert gap_s < LEASE_S + 6, f"no placement for {gap_s:.1f} s while the leader was paused"
+    assert first.running and not chaos_stack.dead()
+    assert str(lease["holder"]).startswith("scheduler-2")
+    assert epochs[before.job_id] < epochs[during.job_id] == epochs[after.job_id] == lease["epoch"]
+    assert refused == 0  # the paused leader published nothing once the new epoch had
