@@ -7,15 +7,26 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 from gpuorch_contracts import LaunchJob, Message
 from gpuorch_executor.domain.leader_epoch import judge_leader_epoch
 
-from tests.chaos.faults import ChaosStack
+from tests.chaos.faults import BrokerProxy, ChaosStack
 from tests.chaos.invariants import check_invariants
-from tests.chaos.scenario import fleet_without_executors, query, report, share_job, wait_states
-from tests.e2e.harness import publish_when_routable
+from tests.chaos.scenario import (
+    fleet_without_executors,
+    query,
+    recording_job,
+    report,
+    share_job,
+    submitter,
+    wait_nodes,
+    wait_states,
+)
+from tests.e2e.harness import publish_when_routable, wait_rows
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.slow]
 
@@ -95,3 +106,54 @@ async def test_a_paused_leader_is_replaced_within_its_lease_and_steps_down_when_
     assert str(lease["holder"]).startswith("scheduler-2")
     assert epochs[before.job_id] < epochs[during.job_id] == epochs[after.job_id] == lease["epoch"]
     assert refused == 0  # the paused leader published nothing once the new epoch had
+
+
+@pytest.mark.timeout(240)
+async def test_every_database_session_terminated_and_every_broker_connection_cut_leaves_every_service_running(
+    chaos_stack: ChaosStack, amqp_url: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Every service of a stack (scheduler leader and standby, executor, node-agents, telemetry, API) behind a
+    broker proxy: every database session terminated and every broker connection cut at once, twice. None exits
+    (no supervisor restarts anything here); jobs submitted before, between and after all run once."""
+    proxy = BrokerProxy()
+    await proxy.start()
+    chaos_stack.amqp_url = proxy.url(amqp_url)
+    chaos_stack.extra_env.update(LEASE)
+    run_log = tmp_path / "runs.log"
+    try:
+        chaos_stack.start_scheduler("scheduler-1")
+        await wait_log(chaos_stack, "scheduler-1", "scheduler.recovered")
+        chaos_stack.start_scheduler("scheduler-2")
+        chaos_stack.start_executor()
+        await chaos_stack.queues_declared(["scheduler", "scheduler.heartbeats"])
+        chaos_stack.start_telemetry()
+        await chaos_stack.queues_declared(["telemetry.samples"])
+        chaos_stack.start_node_agents()
+        api_url = await asyncio.to_thread(chaos_stack.start_api)
+        await wait_nodes(pg_dsn, len(chaos_stack.nodes))
+        jobs = []
+        async with submitter(amqp_url) as submit:
+            for round_ in range(3):
+                job = recording_job(run_log, 0.5)
+                await submit(job)
+                jobs.append(job.job_id)
+                await wait_states(pg_dsn, [job.job_id], ("succeeded",), timeout_s=90, what=f"round {round_} jobs")
+                if round_ == 2:
+                    break
+                await proxy.cut()
+                terminated = await query(pg_dsn, "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity "
+                                         "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                assert terminated[0]["n"] > 0
+        await wait_rows(pg_dsn, "SELECT count(*) AS n FROM jobs", until=lambda rs: rs[0]["n"] >= 3, timeout_s=30,
+                        what="the API's read path")
+        async with httpx.AsyncClient() as client:
+            ready = await client.get(f"{api_url}/readyz", timeout=5)
+        dead = chaos_stack.dead()
+    finally:
+        await proxy.stop()
+    verdict = await check_invariants(pg_dsn)
+    report("database-and-broker-lost", f"2 rounds of every session terminated + every broker connection cut; "
+           f"services exited {dead}; API /readyz {ready.status_code}; {verdict.figures()}")
+    verdict.assert_holds()
+    assert dead == [], f"services exited: {dead}"
+    assert ready.status_code == 200
