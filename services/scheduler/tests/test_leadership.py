@@ -1,0 +1,62 @@
+"""The leader lease against the real PostgreSQL (``leadership``): taken over once it expired or its leader's
+session is gone, never while renewed; a superseded leader's commits are refused by the fence; release hands it on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from gpuorch_scheduler.leadership import LeaderLease, LeadershipLost
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_renewed_lease_is_kept_an_unrenewed_one_is_taken_over_and_the_old_leader_is_fenced(
+    migrated_dsn: str
+) -> None:
+    first = LeaderLease(migrated_dsn, "first", lease_s=2.0, renew_s=0.2)
+    second = LeaderLease(migrated_dsn, "second", lease_s=2.0, renew_s=0.2)
+    writer = await asyncpg.connect(migrated_dsn, server_settings=(await _acquired(first)).session_settings())
+    try:
+        assert first.epoch == 1 and not await second.try_acquire()
+        for _ in range(12):  # renewed for longer than the lease: never taken over
+            await first.renew()
+            assert not await second.try_acquire()
+            await asyncio.sleep(0.2)
+        async with writer.transaction():
+            await first.fence(writer)  # still the leader: the commit may go on
+        await asyncio.sleep(2.1)  # first stops renewing (paused) but keeps every session
+        assert await second.try_acquire() and second.epoch == 2
+        assert writer.is_closed()  # the old leader's write session was ended by the takeover
+        writer = await asyncpg.connect(migrated_dsn)
+        with pytest.raises(LeadershipLost):
+            async with writer.transaction():
+                await first.fence(writer)
+        with pytest.raises((LeadershipLost, asyncpg.InterfaceError, asyncpg.PostgresConnectionError)):
+            await first.renew()  # its lease session was ended too, or finds epoch 2
+    finally:
+        await writer.close()
+        for lease in (first, second):
+            await lease.close()
+
+
+async def test_a_dead_leader_is_replaced_at_once_and_a_released_lease_too(migrated_dsn: str) -> None:
+    first = await _acquired(LeaderLease(migrated_dsn, "first", lease_s=30.0, renew_s=1.0))
+    second = LeaderLease(migrated_dsn, "second", lease_s=30.0, renew_s=1.0)
+    third = LeaderLease(migrated_dsn, "third", lease_s=30.0, renew_s=1.0)
+    try:
+        assert not await second.try_acquire()
+        await first.close()  # its process died: the session lock went with its session, long before the expiry
+        assert await second.try_acquire() and second.epoch == 2
+        await second.release()  # a clean stop hands the lease on without waiting for the expiry either
+        assert await third.try_acquire() and third.epoch == 3
+    finally:
+        for lease in (second, third):
+            await lease.close()
+
+
+async def _acquired(lease: LeaderLease) -> LeaderLease:
+    assert await lease.try_acquire()
+    return lease
