@@ -7,7 +7,6 @@ import asyncio
 
 import asyncpg
 import pytest
-
 from gpuorch_scheduler.leadership import LeaderLease, LeadershipLost
 
 pytestmark = pytest.mark.integration
