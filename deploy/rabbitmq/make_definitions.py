@@ -72,7 +72,12 @@ from gpuorch_messaging.queues import (
     TELEMETRY_QUEUE,
     Installation,
 )
-from gpuorch_messaging.topology import EXCHANGE_ARGUMENTS, FANOUT_EXCHANGES, unrouted_arguments
+from gpuorch_messaging.topology import (
+    BOUNDED_QUEUES_POLICY,
+    EXCHANGE_ARGUMENTS,
+    FANOUT_EXCHANGES,
+    unrouted_arguments,
+)
 
 SUBMIT = "gpuorch.submit"
 SUBMIT_SHARED = "gpuorch.submit.shared"
@@ -377,7 +382,8 @@ def definitions(all_grants: Sequence[Grant], vhost: str = "gpuorch",
                                       "write": write, "read": read})
     return {
         "users": users, "vhosts": [{"name": vhost}], "permissions": permissions,
-        "topic_permissions": topic_permissions, "parameters": [], "global_parameters": [], "policies": [],
+        "topic_permissions": topic_permissions, "parameters": [], "global_parameters": [],
+        "policies": [{"vhost": vhost, **BOUNDED_QUEUES_POLICY}],
         **(topology(install, vhost) if install is not None else {"queues": [], "exchanges": [], "bindings": []}),
     }
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from typing import Any
 
 import aio_pika
+import httpx
 import pytest
 from gpuorch_contracts import (
     DEAD_LETTER_EXCHANGE,
@@ -24,7 +26,15 @@ from gpuorch_contracts import (
 )
 from gpuorch_messaging import REASON_HEADER, Broker, PublishError, PublishRefused, QueueSpec
 from gpuorch_messaging.testing import TcpProxy
-from gpuorch_messaging.topology import DEAD_LETTER_MAX_LENGTH, UNROUTED
+from gpuorch_messaging.topology import (
+    BOUNDED_QUEUES_POLICY,
+    DEAD_LETTER_MAX_BYTES,
+    DEAD_LETTER_MAX_LENGTH,
+    UNROUTED,
+    UNROUTED_MAX_BYTES,
+)
+
+from conftest import AMQP_MGMT, _mgmt
 
 pytestmark = pytest.mark.integration
 
@@ -453,3 +463,45 @@ async def test_coalesced_acks_ack_every_handled_delivery_and_leave_a_failed_one_
         assert queue.declaration_result.message_count == 0
     finally:
         await connection.close()
+
+
+def _queue_info(vhost: str, name: str) -> dict[str, Any]:
+    url = httpx.URL(AMQP_MGMT)
+    response = httpx.get(f"{url.scheme}://{url.host}:{url.port}/api/queues/{vhost}/{name}",
+                         auth=(url.username or "guest", url.password or "guest"), timeout=10)
+    response.raise_for_status()
+    return dict(response.json())
+
+
+async def test_unrouted_and_dead_letter_queues_are_bounded_in_bytes_and_an_older_queue_by_the_policy(
+    amqp_url: str, amqp_vhost: str
+) -> None:
+    """Fresh queues get the byte bound as an argument; a dead-letter queue an older release declared without it is
+    taken as it is (RabbitMQ would refuse the re-declaration), and the ``gpuorch-bounds`` policy bounds it."""
+    connection = await aio_pika.connect(amqp_url)
+    channel = await connection.channel()
+    await channel.declare_queue("t.old.dlq", durable=True, arguments={  # as an older release declared it
+        "x-queue-type": "quorum", "x-max-length": DEAD_LETTER_MAX_LENGTH, "x-overflow": "drop-head"})
+    await connection.close()
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    try:
+        await broker.declare_queue(QueueSpec("t.new", [(EVENTS_EXCHANGE, "job.accepted")]))
+        await broker.declare_queue(QueueSpec("t.old", [(EVENTS_EXCHANGE, "job.accepted")]))  # no PRECONDITION_FAILED
+        for name, limit in ((UNROUTED, UNROUTED_MAX_BYTES), ("t.new.dlq", DEAD_LETTER_MAX_BYTES)):
+            assert _queue_info(amqp_vhost, name)["arguments"]["x-max-length-bytes"] == limit
+        assert "x-max-length-bytes" not in _queue_info(amqp_vhost, "t.old.dlq")["arguments"]
+        policy = {**BOUNDED_QUEUES_POLICY, "definition": {**BOUNDED_QUEUES_POLICY["definition"],  # type: ignore[dict-item]
+                                                         "max-length-bytes": 10}}  # small, to see it act
+        _mgmt("PUT", f"/api/policies/{amqp_vhost}/{policy.pop('name')}", policy)
+        deadline = time.monotonic() + 20
+        while _queue_info(amqp_vhost, "t.old.dlq").get("effective_policy_definition", {}).get(
+                "max-length-bytes") != 10:
+            assert time.monotonic() < deadline, "the policy never applied"
+            await asyncio.sleep(0.2)
+        for n in range(3):
+            await broker.publish_raw(DEAD_LETTER_EXCHANGE, "t.old", f"dead {n}".encode(), message_id=f"d{n}")
+        kept = await _drain(amqp_url, "t.old.dlq", 3, wait_s=1)
+        assert [m.body for m in kept] == [b"dead 2"]  # 6 bytes each under a 10-byte bound: the oldest dropped
+    finally:
+        await broker.close()

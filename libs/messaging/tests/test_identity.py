@@ -289,6 +289,14 @@ def test_job_id_of_never_raises() -> None:
         assert job_id_of(body) is None, body[:40]
 
 
+def test_an_undecodable_submission_that_names_its_job_is_still_answerable() -> None:
+    job_id = uuid.uuid4()
+    named = b'{"type": "job.submit", "job_id": "%s", ' % str(job_id).encode()
+    for tail in (b'"spec": {"name": "\xff\xfe"}}', b'"spec": ' + b"[" * 5000 + b"]" * 5000 + b"}", b'"spec": {'):
+        assert job_id_of(named + tail) == job_id  # invalid UTF-8, nested too deep, cut short
+    assert job_id_of(b'{"type": "job.cancel", "job_id": "%s", \xff}' % str(job_id).encode()) is None
+
+
 @pytest.mark.parametrize(("user", "role", "nodes"), [
     ("scheduler", "scheduler", set()), ("scheduler-b", "scheduler", set()), ("telemetry-1", "telemetry", set()),
     ("executor-node-1", "executor", {"node-1"}), ("node-agent-gpu-a", "node-agent", {"gpu-a"}),
@@ -323,3 +331,17 @@ def test_production_default_is_strict_and_only_settings_read_the_environment(
     assert Broker("amqp://broker/", **options).identity == "trust_all" and options["declare_topology"] is True
     with pytest.raises(SettingsError, match="GPUORCH_BROKER_TOPOLOGY"):
         BrokerSettings.load({"GPUORCH_BROKER_TOPOLOGY": "maybe"})
+
+
+async def test_an_oversized_submission_with_a_job_id_is_answered_too(users: Users, brokers: list[Broker]) -> None:
+    scheduler = await connect(brokers, users.url(SCHEDULER))
+    tenants = {SUBMITTER: "acme"}
+    await scheduler.consume(scheduler_queue("t.oversized", on_invalid=answer_invalid_submission(tenants.get)),
+                            Handled())
+    connection = await plain_connection(users.url(SCHEDULER))
+    answers = await tap(connection, "t.oversized.answers", (EVENTS_EXCHANGE, "job.rejected.#"))
+    job_id = uuid.uuid4()
+    body = json.dumps({"type": "job.submit", "job_id": str(job_id), "spec": {"name": "x" * 1_000_000}}).encode()
+    await publish_as(users.url(SUBMITTER), SUBMIT_EXCHANGE, "job.submit", body, user_id=SUBMITTER)
+    rejected = decode((await answers.next()).body)
+    assert rejected.job_id == job_id and "exceeds" in rejected.reason  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ the invalid body, so a forged body cannot put a rejection into another tenant's 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,6 +29,10 @@ log = get_logger(__name__)
 MAX_SCANNED_BYTES = 4 * 1024 * 1024
 """A body larger than this is not parsed for its ``job_id``: ``topology.BROKER_MAX_MESSAGE_BYTES``, the largest body
 the broker lets through, so every submission that reaches a consumer can be answered."""
+
+
+_JOB_ID_IN_BYTES = re.compile(rb'"job_id"\s*:\s*"([0-9a-fA-F-]{32,36})"')
+_SUBMIT_TYPE_IN_BYTES = re.compile(rb'"type"\s*:\s*"job\.submit"')
 
 
 @dataclass(frozen=True)
@@ -48,16 +53,31 @@ retried: the dead letter already holds the message."""
 
 def job_id_of(body: bytes) -> uuid.UUID | None:
     """The ``job_id`` of a raw ``job.submit`` body, or None: never raises, whatever the bytes (not JSON, not an
-    object, deeply nested, another type, a job_id that is not a UUID)."""
+    object, deeply nested, another type, a job_id that is not a UUID). A body that does not decode (invalid
+    UTF-8 or JSON, nesting too deep) is still answerable when its bytes name its type ``job.submit`` and a
+    ``job_id``, as a submitter's own client writes them."""
     if len(body) > MAX_SCANNED_BYTES:
         return None
     try:
         raw = json.loads(body)
-        if not isinstance(raw, dict) or raw.get("type") != SubmitJob.TYPE:
-            return None
-        job_id = raw.get("job_id")
+    except Exception:  # noqa: BLE001 - RecursionError, UnicodeDecodeError, ValueError: read the bytes then
+        return _job_id_in_bytes(body)
+    if not isinstance(raw, dict) or raw.get("type") != SubmitJob.TYPE:
+        return None
+    job_id = raw.get("job_id")
+    try:
         return uuid.UUID(job_id) if isinstance(job_id, str) else None
-    except Exception:  # noqa: BLE001 - RecursionError, UnicodeDecodeError, ValueError: no job id then
+    except ValueError:
+        return None
+
+
+def _job_id_in_bytes(body: bytes) -> uuid.UUID | None:
+    found = _JOB_ID_IN_BYTES.search(body)
+    if found is None or _SUBMIT_TYPE_IN_BYTES.search(body) is None:
+        return None
+    try:
+        return uuid.UUID(found.group(1).decode("ascii"))
+    except ValueError:
         return None
 
 

@@ -50,6 +50,10 @@ UNROUTED = "gpuorch.unrouted"
 for inspection instead of being returned; commands have no alternate, so theirs raise (submissions go to the
 shared lane, and raise when its queue does not exist yet)."""
 UNROUTED_MAX_LENGTH = 10_000
+UNROUTED_MAX_BYTES = 64 * 1024 * 1024
+"""``gpuorch.unrouted`` keeps at most this many messages and bytes, dropping its oldest (``drop-head``): an event
+nobody subscribes to is worth less the older it is, and a full alternate queue must never refuse (a nack would
+block the publisher's outbox behind an event nobody wants)."""
 EXCHANGE_ARGUMENTS: dict[str, dict[str, Any]] = {
     EVENTS_EXCHANGE: {"alternate-exchange": UNROUTED},
     SUBMIT_EXCHANGE: {"alternate-exchange": SUBMIT_SHARED_EXCHANGE},
@@ -59,8 +63,18 @@ re-declaration with other arguments). ``gpuorch.submit``'s alternate is the subm
 the ``scheduler.submit`` queue is bound to): a key no tenant lane takes lands there instead of being returned."""
 FANOUT_EXCHANGES = (UNROUTED, SUBMIT_SHARED_EXCHANGE)
 DEAD_LETTER_MAX_LENGTH = 100_000
-"""Default bound of every ``Q.dlq``: past it the oldest dead letters are dropped (``drop-head``), so a poison
-flood cannot fill the broker's disk; ``gpuctl dlq`` shows what is kept."""
+DEAD_LETTER_MAX_BYTES = 64 * 1024 * 1024
+"""Default bounds of every ``Q.dlq`` (messages, bytes: 16 dead letters of the broker's largest message, or some
+100,000 ordinary ones): past either the oldest dead letters are dropped (``drop-head``), so a poison flood cannot
+fill the broker's disk; ``gpuctl dlq`` shows what is kept. A dead-letter queue never refuses: a refusal would send
+the message back to the queue it poisoned."""
+BOUNDED_QUEUES_POLICY = {
+    "name": "gpuorch-bounds", "pattern": r"^(gpuorch\.unrouted|.+\.dlq)$", "apply-to": "queues", "priority": 0,
+    "definition": {"max-length-bytes": DEAD_LETTER_MAX_BYTES, "overflow": "drop-head"},
+}
+"""The byte bound as a RabbitMQ policy, for queues declared by a release without it (arguments are fixed at a
+queue's first declaration; a policy applies to existing queues, and the smaller of the two bounds wins):
+deploy/rabbitmq/definitions.json carries it, or ``rabbitmqctl set_policy`` (docs/decisions.md 42)."""
 BROKER_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """RabbitMQ's ``max_message_size`` in every gpuorch deployment (deploy/rabbitmq/rabbitmq.conf, the k8s
 RabbitmqCluster): a larger publish is refused by the broker itself, which closes the publisher's channel with
@@ -128,7 +142,7 @@ class QueueSpec:
 
     def dead_letter_arguments(self) -> dict[str, Any]:
         return {"x-queue-type": "quorum", "x-max-length": self.dead_letter_max_length,
-                "x-overflow": self.dead_letter_overflow}
+                "x-max-length-bytes": DEAD_LETTER_MAX_BYTES, "x-overflow": self.dead_letter_overflow}
 
     def arguments(self) -> dict[str, Any]:
         args: dict[str, Any] = {"x-queue-type": "quorum", "x-delivery-limit": self.delivery_limit}
@@ -145,7 +159,8 @@ class QueueSpec:
 
 def unrouted_arguments() -> dict[str, Any]:
     """Arguments of the ``gpuorch.unrouted`` queue."""
-    return {"x-queue-type": "quorum", "x-max-length": UNROUTED_MAX_LENGTH, "x-overflow": "drop-head"}
+    return {"x-queue-type": "quorum", "x-max-length": UNROUTED_MAX_LENGTH, "x-max-length-bytes": UNROUTED_MAX_BYTES,
+            "x-overflow": "drop-head"}
 
 
 # -- install: declaring (a setup identity, or any user in development) -----------------------------------------
@@ -154,7 +169,7 @@ async def declare_exchanges(channel: Any) -> dict[str, Any]:
     """Declare the exchanges (and the bounded ``gpuorch.unrouted`` queue); idempotent. Returns the topic
     exchanges by name. ``RuntimeError`` when one exists with other arguments (an older release declared it)."""
     unrouted = await channel.declare_exchange(UNROUTED, aio_pika.ExchangeType.FANOUT, durable=True)
-    queue = await channel.declare_queue(UNROUTED, durable=True, arguments=unrouted_arguments())
+    queue = await _declare_bounded(channel, UNROUTED, unrouted_arguments())
     await queue.bind(unrouted)
     await channel.declare_exchange(SUBMIT_SHARED_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True)
     exchanges = {}
@@ -174,13 +189,26 @@ async def declare_queue(channel: Any, spec: QueueSpec) -> Any:
     """Declare the exchanges, ``spec``'s dead-letter queue, the queue and its bindings (idempotent)."""
     await declare_exchanges(channel)
     if spec.dead_letter:
-        dlq = await channel.declare_queue(spec.dead_letter_queue, durable=True,
-                                          arguments=spec.dead_letter_arguments())
+        dlq = await _declare_bounded(channel, spec.dead_letter_queue, spec.dead_letter_arguments())
         await dlq.bind(DEAD_LETTER_EXCHANGE, routing_key=spec.name)
     queue = await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments())
     for exchange, key in spec.bindings:
         await queue.bind(exchange, routing_key=key)
     return queue
+
+
+async def _declare_bounded(channel: Any, name: str, arguments: dict[str, Any]) -> Any:
+    """Declare a bounded queue; one declared by an older release with other bounds (RabbitMQ refuses the
+    re-declaration: ``PRECONDITION_FAILED`` closes the channel) is taken as it is, with a warning: its new bounds
+    come from the ``gpuorch-bounds`` policy (``BOUNDED_QUEUES_POLICY``) or from recreating it."""
+    try:
+        return await channel.declare_queue(name, durable=True, arguments=arguments)
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        log.warning("broker.queue_bounds_differ", queue=name, wanted=arguments, error=str(exc)[:200],
+                    fix="an older release declared it: the gpuorch-bounds policy bounds it (deploy/rabbitmq "
+                        "definitions, or rabbitmqctl set_policy), or delete it once to recreate it")
+        await channel.reopen()
+        return await channel.declare_queue(name, passive=True)
 
 
 async def unbind(connection: BrokerConnection, queue: str, bindings: Sequence[tuple[str, str]]) -> None:
