@@ -21,7 +21,7 @@ Leadership (``leadership``): a lease in PostgreSQL with an expiry the leader ren
 a standby takes it over, with the next epoch, once it expired (GPUORCH_LEADER_LEASE_S), ending the old leader's
 sessions. Every batch's transaction checks the epoch (a superseded leader commits nothing) and every command
 carries it (executors refuse older epochs). The leader is the only consumer; its broker connection's AMQP
-heartbeat is half the lease, so a paused leader also loses its consumers within about a lease. Losing the lease, the
+heartbeat is a quarter of the lease, so a paused leader also loses its consumers within about a lease. Losing the lease, the
 database or the broker makes the leader step down to standby, never exit.
 """
 
@@ -180,11 +180,12 @@ async def lead(settings: Settings, stop: asyncio.Event, lease: LeaderLease) -> N
             journal=JournalFile(Path(settings.step_journal)) if settings.step_journal else None,
             fence=lease.fence, leader_epoch=lease.epoch)
         await service.recover()
-        # The AMQP heartbeat at half the lease: paused, this leader loses its single-active-consumer place (and
-        # its unacked deliveries go back) within about a lease, as it loses the lease itself.
+        # The AMQP heartbeat at a quarter of the lease (the broker closes a connection silent for about two of
+        # them): paused, this leader loses its single-active-consumer place (its unacked deliveries go back)
+        # within about a lease, as it loses the lease itself.
         broker = Broker(settings.amqp_url, producer=f"scheduler/{settings.instance}",
                         node_scopes=settings.identity_map.node_scopes,
-                        heartbeat_s=math.ceil(settings.leader_lease_s / 2), **settings.broker_options())
+                        heartbeat_s=math.ceil(settings.leader_lease_s / 4), **settings.broker_options())
         await broker.connect()
         READINESS.add("broker", connected(broker))
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2,

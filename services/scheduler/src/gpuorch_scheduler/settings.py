@@ -91,7 +91,7 @@ class Settings(BrokerSettings):
                                 "(JSON lines; replay it through the Harness: gpuorch_scheduling.journal); empty: off")
     leader_lease_s: float = setting("GPUORCH_LEADER_LEASE_S", 5.0, "seconds a leader's lease lasts unrenewed: a "
                                     "paused or cut-off leader is replaced after about this long (the leader's AMQP "
-                                    "heartbeat is half of it)", ge=1, le=3600)
+                                    "heartbeat is a quarter of it)", ge=1, le=3600)
     leader_renew_s: float = setting("GPUORCH_LEADER_RENEW_S", 1.0, "seconds between lease renewals (and a "
                                     "standby's checks); below half the lease", gt=0)
     metrics_port: int = setting("GPUORCH_METRICS_PORT", 0, "port of /metrics, /healthz and /readyz (0 = off)",
