@@ -166,12 +166,13 @@ async def lead(settings: Settings, stop: asyncio.Event, lease: LeaderLease) -> N
     keeper = asyncio.create_task(lease.keep(), name="leader-lease")
     leading = asyncio.Event()
     watcher = asyncio.create_task(_until_either(stop, keeper, leading), name="leader-watch")
-    conn = await asyncpg.connect(settings.database_url, server_settings=lease.session_settings())
+    conn: Any = None
     broker: Broker | None = None
     pool: Any = None
     relay: OutboxRelay | None = None
     tasks: list[asyncio.Task[Any]] = [keeper, watcher]
     try:
+        conn = await asyncpg.connect(settings.database_url, server_settings=lease.session_settings())
         service = SchedulerService(
             conn, settings.scheduler_config,
             persistence=Persistence(snapshot_every_events=settings.snapshot_every_events,
@@ -235,8 +236,9 @@ async def lead(settings: Settings, stop: asyncio.Event, lease: LeaderLease) -> N
         if pool is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(pool.close(), timeout=5)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(conn.close(), timeout=5)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), timeout=5)
 
 
 async def _until_either(stop: asyncio.Event, keeper: asyncio.Task[None], leading: asyncio.Event) -> None:
