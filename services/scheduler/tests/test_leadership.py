@@ -4,12 +4,18 @@ session is gone, never while renewed; a superseded leader's commits are refused 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import asyncpg
 import pytest
+from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
+from gpuorch_scheduler.handlers import SchedulerService
 from gpuorch_scheduler.leadership import LeaderLease, LeadershipLost
+from gpuorch_scheduling.testing import registered_node as node
 
 pytestmark = pytest.mark.integration
+
+RUN = ProcessRun(argv=["python", "-c", "pass"])
 
 
 async def test_a_renewed_lease_is_kept_an_unrenewed_one_is_taken_over_and_the_old_leader_is_fenced(
@@ -28,7 +34,7 @@ async def test_a_renewed_lease_is_kept_an_unrenewed_one_is_taken_over_and_the_ol
             await first.fence(writer)  # still the leader: the commit may go on
         await asyncio.sleep(2.1)  # first stops renewing (paused) but keeps every session
         assert await second.try_acquire() and second.epoch == 2
-        assert writer.is_closed()  # the old leader's write session was ended by the takeover
+        assert await _ends(writer)  # the old leader's write session was ended by the takeover
         writer = await asyncpg.connect(migrated_dsn)
         with pytest.raises(LeadershipLost):
             async with writer.transaction():
@@ -56,6 +62,44 @@ async def test_a_dead_leader_is_replaced_at_once_and_a_released_lease_too(migrat
             await lease.close()
 
 
+async def _ends(conn: asyncpg.Connection, timeout_s: float = 10.0) -> bool:
+    """Whether the server ends ``conn``'s session (seen by the client within ``timeout_s``)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not conn.is_closed() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+    return conn.is_closed()
+
+
 async def _acquired(lease: LeaderLease) -> LeaderLease:
     assert await lease.try_acquire()
     return lease
+
+
+async def test_a_leaders_commands_carry_its_epoch_and_a_superseded_leader_commits_nothing(migrated_dsn: str) -> None:
+    """The service fenced by a lease: its LaunchJobs carry the epoch; once another instance took the lease, a batch
+    fails as a whole with ``LeadershipLost`` (for the broker to redeliver to the next leader), nothing of it
+    committed, instead of each message being answered with an error alone."""
+    lease = await _acquired(LeaderLease(migrated_dsn, "first", lease_s=30.0, renew_s=1.0))
+    conn = await asyncpg.connect(migrated_dsn, server_settings=lease.session_settings())
+    successor = LeaderLease(migrated_dsn, "second", lease_s=30.0, renew_s=1.0)
+    try:
+        service = SchedulerService(conn, fence=lease.fence, leader_epoch=lease.epoch)
+        await service.recover()
+        await service.handle(node("n1", gpus=2))
+        await service.handle(SubmitJob(spec=JobSpec(run=RUN, resources=GpuRequest(gpus=1))))
+        [body] = await conn.fetch("SELECT body FROM outbox WHERE type = 'launch_job'")
+        assert json.loads(bytes(body["body"]))["leader_epoch"] == 1
+        await lease.close()  # its lease session died (the process kept its other sessions: a network split)
+        assert await successor.try_acquire() and successor.epoch == 2
+        assert await _ends(conn)  # the takeover ended the old leader's write session too
+        conn = await asyncpg.connect(migrated_dsn)
+        service = SchedulerService(conn, fence=lease.fence, leader_epoch=1)
+        await service.recover()
+        logged = await conn.fetchval("SELECT count(*) FROM events")
+        with pytest.raises(LeadershipLost):
+            await service.handle_batch([SubmitJob(spec=JobSpec(run=RUN, resources=GpuRequest(gpus=1)))
+                                        for _ in range(2)])
+        assert await conn.fetchval("SELECT count(*) FROM events") == logged
+    finally:
+        await conn.close()
+        await successor.close()
