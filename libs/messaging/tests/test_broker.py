@@ -505,3 +505,19 @@ async def test_unrouted_and_dead_letter_queues_are_bounded_in_bytes_and_an_older
         assert [m.body for m in kept] == [b"dead 2"]  # 6 bytes each under a 10-byte bound: the oldest dropped
     finally:
         await broker.close()
+
+
+async def test_queue_depths_reads_each_queue_that_exists_and_leaves_out_the_others(amqp_url: str) -> None:
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    try:
+        await broker.declare_queue(QueueSpec("t.depth", [(EVENTS_EXCHANGE, "job.accepted")]))
+        for n in range(2):
+            await broker.publish_raw(DEAD_LETTER_EXCHANGE, "t.depth", b"dead", message_id=f"d{n}")
+        names = ["t.missing.dlq", "t.depth.dlq", "t.other-missing.dlq", UNROUTED]
+        deadline = time.monotonic() + 10
+        while (depths := await broker.queue_depths(names)) != {"t.depth.dlq": 2, UNROUTED: 0}:
+            assert time.monotonic() < deadline, depths
+            await asyncio.sleep(0.1)
+    finally:
+        await broker.close()

@@ -6,6 +6,7 @@ import asyncpg
 import pytest
 from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
 from gpuorch_scheduler.handlers import SchedulerService
+from gpuorch_scheduler.metrics import export_bounded_queues
 from gpuorch_scheduling.queueing import QueuePolicy, Quota
 from gpuorch_scheduling.scheduler import SchedulerConfig
 from gpuorch_scheduling.testing import registered_node as node
@@ -70,3 +71,11 @@ async def test_a_preemption_is_counted_for_the_tenant_it_makes_room_for(migrated
                      reason="InClusterQueue") is None
     finally:
         await conn.close()
+
+
+def test_a_bounded_queue_at_its_bound_is_reported_full() -> None:
+    export_bounded_queues({"t.a.dlq": 3, "t.b.dlq": 2}, {"t.a.dlq": 3, "t.b.dlq": 3})
+    value = REGISTRY.get_sample_value
+    assert value("gpuorch_bounded_queue_messages", {"queue": "t.a.dlq"}) == 3
+    assert value("gpuorch_bounded_queue_full", {"queue": "t.a.dlq"}) == 1  # at its bound: dropping its oldest
+    assert value("gpuorch_bounded_queue_full", {"queue": "t.b.dlq"}) == 0

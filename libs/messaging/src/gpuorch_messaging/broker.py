@@ -37,7 +37,7 @@ from gpuorch_messaging.connection import BrokerConnection
 from gpuorch_messaging.consuming import ConsumerPolicy, Consumers, Decoder, Handler, SenderAwareHandler
 from gpuorch_messaging.publishing import ConfirmedPublisher
 from gpuorch_messaging.senders import IdentityMode
-from gpuorch_messaging.topology import DEFAULT_WAIT_S, QueueSpec, declare_queue, unbind
+from gpuorch_messaging.topology import DEFAULT_WAIT_S, QueueSpec, declare_queue, queue_depths, unbind
 
 
 @dataclass
@@ -132,6 +132,10 @@ class Broker:
             await declare_queue(channel, spec)
         finally:
             await channel.close()
+
+    async def queue_depths(self, names: Collection[str]) -> dict[str, int]:
+        """Messages in each named queue that exists (``topology.queue_depths``; no right needed)."""
+        return await queue_depths(self._link, names)
 
     async def unbind(self, queue: str, bindings: Sequence[tuple[str, str]]) -> None:
         """Remove ``bindings`` (exchange, key) from ``queue`` where they exist: a topology change for a queue that

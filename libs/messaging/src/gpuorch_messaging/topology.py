@@ -248,6 +248,26 @@ async def look_up(connection: BrokerConnection, *, exchanges: Collection[str] = 
         missing = await _missing(connection, exchanges, queues)
 
 
+async def queue_depths(connection: BrokerConnection, names: Collection[str]) -> dict[str, int]:
+    """Messages in each named queue that exists (passive declares, which need no right); a missing one is left
+    out. What a bounded queue's fullness is read from (``drop-head`` drops are not counted by RabbitMQ)."""
+    depths: dict[str, int] = {}
+    channel = await connection.channel()
+    try:
+        for name in names:
+            try:
+                queue = await channel.declare_queue(name, passive=True)
+                depths[name] = int(queue.declaration_result.message_count or 0)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+                channel = await connection.channel()
+    finally:
+        with contextlib.suppress(Exception):
+            await channel.close()
+    return depths
+
+
 async def _missing(connection: BrokerConnection, exchanges: Collection[str], queues: Collection[str]) -> list[str]:
     """The names (``exchange X`` / ``queue Q``) that do not exist; a NOT_FOUND closes its channel, so each check
     that fails costs a new one."""

@@ -49,6 +49,7 @@ from gpuorch_contracts import (
 from gpuorch_contracts.jobs import DEFAULT_TENANT
 from gpuorch_identity import IdentityMap
 from gpuorch_messaging import Broker, QueueSpec, answer_invalid_submission, queues
+from gpuorch_messaging.topology import DEAD_LETTER_MAX_LENGTH, UNROUTED, UNROUTED_MAX_LENGTH
 from gpuorch_observability import (
     READINESS,
     configure,
@@ -71,6 +72,7 @@ from gpuorch_scheduler.settings import Settings
 log = get_logger(__name__)
 
 SCHEDULER_QUEUE, SUBMIT_QUEUE, HEARTBEAT_QUEUE = queues.SCHEDULER_QUEUE, queues.SUBMIT_QUEUE, queues.HEARTBEAT_QUEUE
+TELEMETRY_QUEUE = queues.TELEMETRY_QUEUE
 DELIVERY_LIMIT = queues.SCHEDULER_DELIVERY_LIMIT
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
@@ -198,8 +200,11 @@ async def lead(settings: Settings, stop: asyncio.Event, lease: LeaderLease) -> N
                                              name="outbox-relay-process")
         else:
             relay_task = asyncio.create_task(relay.run_forever(), name="outbox-relay")
-        tasks += [relay_task, asyncio.create_task(_export_outbox(pool), name="outbox-gauges")]
         main_queue, heartbeat_queue = scheduler_queues(settings.identity_map)
+        lanes = submission_lanes(lane_tenants(settings), settings.identity_map)
+        own = [main_queue, heartbeat_queue, *lanes]
+        tasks += [relay_task, asyncio.create_task(_export_outbox(pool), name="outbox-gauges"),
+                  asyncio.create_task(_export_bounded_queues(broker, own), name="bounded-queue-gauges")]
 
         async def on_heartbeat(message: Message) -> None:
             if isinstance(message, NodeHeartbeat):
@@ -211,7 +216,7 @@ async def lead(settings: Settings, stop: asyncio.Event, lease: LeaderLease) -> N
                           settings.batch_budget_s)
         # The lanes first: once "scheduler" and "scheduler.heartbeats" exist (what tests and tools wait for),
         # every submission is routable.
-        for lane in submission_lanes(lane_tenants(settings), settings.identity_map):
+        for lane in lanes:
             await broker.consume(lane, batcher.lane(lane.name), with_sender=True)
         await broker.unbind(SCHEDULER_QUEUE, queues.DROPPED_BINDINGS[SCHEDULER_QUEUE])  # declare mode only
         await broker.consume(main_queue, batcher.lane(main_queue.name, submissions=False), with_sender=True)
@@ -258,6 +263,20 @@ async def _export_outbox(pool: Any, period_s: float = 5.0) -> None:
             scheduler_metrics.export_outbox(await outbox_backlog(pool), datetime.now(UTC))
         except Exception as exc:  # noqa: BLE001 - a gauge missed is retried at the next period
             log.warning("scheduler.outbox_gauges_failed", error=repr(exc))
+        await asyncio.sleep(period_s)
+
+
+async def _export_bounded_queues(broker: Broker, own: list[QueueSpec], period_s: float = 15.0) -> None:
+    """Keep the bounded-queue gauges (``metrics.export_bounded_queues``) current while leader: ``gpuorch.unrouted``
+    and the dead-letter queues of the scheduler's queues and telemetry's (a few passive declares; the nodes'
+    dead-letter queues, one per node, are left to ``gpuctl dlq`` and RabbitMQ's own per-queue metrics)."""
+    bounds = {UNROUTED: UNROUTED_MAX_LENGTH, f"{TELEMETRY_QUEUE}.dlq": DEAD_LETTER_MAX_LENGTH}
+    bounds.update({spec.dead_letter_queue: spec.dead_letter_max_length for spec in own if spec.dead_letter})
+    while True:
+        try:
+            scheduler_metrics.export_bounded_queues(await broker.queue_depths(bounds), bounds)
+        except Exception as exc:  # noqa: BLE001 - a gauge missed is retried at the next period
+            log.warning("scheduler.bounded_queue_gauges_failed", error=repr(exc))
         await asyncio.sleep(period_s)
 
 
