@@ -22,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import aio_pika
 import aiormq.exceptions
@@ -42,6 +42,8 @@ from gpuorch_messaging.rejections import InvalidHook
 from gpuorch_messaging.senders import Accepts
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 EXCHANGES = (SUBMIT_EXCHANGE, EVENTS_EXCHANGE, COMMANDS_EXCHANGE, DEAD_LETTER_EXCHANGE)
 """The topic exchanges every publisher addresses."""
@@ -251,42 +253,44 @@ async def look_up(connection: BrokerConnection, *, exchanges: Collection[str] = 
 async def queue_depths(connection: BrokerConnection, names: Collection[str]) -> dict[str, int]:
     """Messages in each named queue that exists (passive declares, which need no right); a missing one is left
     out. What a bounded queue's fullness is read from (``drop-head`` drops are not counted by RabbitMQ)."""
-    depths: dict[str, int] = {}
+    async def depth(channel: Any, name: str) -> int:
+        queue = await channel.declare_queue(name, passive=True)
+        return int(queue.declaration_result.message_count or 0)
+
+    return {name: found for name, found in (await _passively(connection, names, depth)).items() if found is not None}
+
+
+async def _missing(connection: BrokerConnection, exchanges: Collection[str], queues: Collection[str]) -> list[str]:
+    """The names (``exchange X`` / ``queue Q``) that do not exist."""
+    async def exchange(channel: Any, name: str) -> bool:
+        await channel.get_exchange(name, ensure=True)
+        return True
+
+    async def queue(channel: Any, name: str) -> bool:
+        await channel.declare_queue(name, passive=True)
+        return True
+
+    found = {f"exchange {n}": v for n, v in (await _passively(connection, exchanges, exchange)).items()}
+    found.update({f"queue {n}": v for n, v in (await _passively(connection, queues, queue)).items()})
+    return [name for name, exists in found.items() if exists is None]
+
+
+async def _passively(connection: BrokerConnection, names: Collection[str],
+                     look: Callable[[Any, str], Awaitable[T]]) -> dict[str, T | None]:
+    """``look(channel, name)`` for each name, None where it does not exist (a NOT_FOUND closes its channel, so
+    each name that is missing costs a new one)."""
+    results: dict[str, T | None] = {}
     channel = await connection.channel()
     try:
         for name in names:
             try:
-                queue = await channel.declare_queue(name, passive=True)
-                depths[name] = int(queue.declaration_result.message_count or 0)
+                results[name] = await look(channel, name)
             except aiormq.exceptions.ChannelNotFoundEntity:
+                results[name] = None
                 with contextlib.suppress(Exception):
                     await channel.close()
                 channel = await connection.channel()
     finally:
         with contextlib.suppress(Exception):
             await channel.close()
-    return depths
-
-
-async def _missing(connection: BrokerConnection, exchanges: Collection[str], queues: Collection[str]) -> list[str]:
-    """The names (``exchange X`` / ``queue Q``) that do not exist; a NOT_FOUND closes its channel, so each check
-    that fails costs a new one."""
-    missing: list[str] = []
-    channel = await connection.channel()
-    try:
-        for kind, names in (("exchange", exchanges), ("queue", queues)):
-            for name in names:
-                try:
-                    if kind == "exchange":
-                        await channel.get_exchange(name, ensure=True)
-                    else:
-                        await channel.declare_queue(name, passive=True)
-                except aiormq.exceptions.ChannelNotFoundEntity:
-                    missing.append(f"{kind} {name}")
-                    with contextlib.suppress(Exception):
-                        await channel.close()
-                    channel = await connection.channel()
-    finally:
-        with contextlib.suppress(Exception):
-            await channel.close()
-    return missing
+    return results
