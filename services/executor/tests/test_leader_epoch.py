@@ -35,10 +35,15 @@ async def test_a_command_of_an_older_leader_is_refused_and_the_newest_epoch_surv
     stale_stop = StopJob(node_id=NODE, job_id=current.job_id, placement_id=current.placement_id, grace_s=0,
                          leader_epoch=2)
     await harness.executor.handle(stale_stop)
-    assert harness.executor.records.get(stale_launch.placement_id) is None  # never recorded, never run
+    # the stale launch never ran; it is reported lost, for a leader that still counts on it to requeue the job
+    [lost] = terminal(harness.publisher, stale_launch.placement_id)
+    assert isinstance(lost, JobFailed) and lost.cause == "lost" and "epoch 2" in lost.reason
+    assert stale_launch.placement_id not in {s.placement_id for s in harness.publisher.of_type(JobStarted)}
+    await harness.executor.handle(stale_launch)  # a redelivery is not reported again
+    assert len(terminal(harness.publisher, stale_launch.placement_id)) == 1
     assert harness.executor.records[current.placement_id].state == "running"  # the stale stop did nothing
     assert Harness(harness.state_dir).executor.newest_leader_epoch == 3  # kept in the state directory
     await harness.executor.handle(StopJob(node_id=NODE, job_id=current.job_id, placement_id=current.placement_id,
                                           grace_s=0, leader_epoch=3))
     outcome = await harness.until_ended(current.placement_id)
-    assert isinstance(outcome, JobFailed) and terminal(harness.publisher, stale_launch.placement_id) == []
+    assert isinstance(outcome, JobFailed) and outcome.cause == "killed"

@@ -5,6 +5,8 @@ Guarantees (what the broker adapter may rely on):
   launch error is recorded) and the resulting event was confirmed by the publisher; it raises otherwise, and the
   redelivery is safe: a placement already known starts nothing (its pending events are published again, with the
   same message ids).
+- A command of a scheduler leader older than the newest this node has seen (``domain.leader_epoch``) acts on
+  nothing; a LaunchJob of a placement never seen here is reported lost (never started), so that it is requeued.
 - ``handle(StopJob)`` returns once the stop is recorded and the checkpoint signal was sent; the SIGKILL after the
   grace is the watch's (``watch.PlacementWatch``), and survives an executor restart (``kill_at`` is in the record).
 - Events leave through the outbox (``outbox.EventOutbox``): at-least-once, deterministic message ids.
@@ -127,11 +129,26 @@ class NodeExecutor:
             self.newest_leader_epoch = verdict.newest_seen
         return True
 
+    async def _report_stale_launch(self, command: LaunchJob) -> None:
+        """A refused LaunchJob of a placement this node never had is reported lost (``JobFailed`` cause ``lost``,
+        never started): a leader that still counts on the placement (a command its predecessor committed, delivered
+        late) requeues the job; one that does not ignores the report. A placement already known starts nothing
+        and is not reported again."""
+        async with self.node.command_lock(command.placement_id):
+            if command.placement_id in self.records:
+                return
+            record = PlacementRecord(placement_id=command.placement_id, job_id=command.job_id, node_id=self.node_id,
+                                     traceparent=inject_trace({}).get("traceparent"))
+            await self.watch.end_unstarted(record, Outcome(
+                "failed", "lost", f"not started: decided by scheduler leader epoch {command.leader_epoch}, older "
+                f"than epoch {self.newest_leader_epoch} this node has seen", None, 0.0))
+
     async def launch(self, command: LaunchJob) -> None:
         if command.node_id != self.node_id:
             log.warning("launch.wrong_node", node_id=self.node_id, target=command.node_id)
             return
         if not self._from_current_leader(command):
+            await self._report_stale_launch(command)
             return
         async with self.node.command_lock(command.placement_id):
             known = self.records.get(command.placement_id)
