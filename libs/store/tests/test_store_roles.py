@@ -69,6 +69,10 @@ async def test_the_scheduler_writes_its_log_outbox_and_read_models_only(logins: 
         async with conn.transaction():
             assert len(await append(conn, [new_event()])) == 1
             await add_to_outbox(conn, [JobQueued(job_id=uuid.uuid4(), pending_reason="test")])
+            # the leader lease (scheduler leadership.py): fenced reads and renewals
+            assert await conn.fetchval("SELECT epoch FROM scheduler_leadership WHERE id = 1 FOR SHARE") == 0
+        assert await conn.fetchval("UPDATE scheduler_leadership SET epoch = epoch + 1, expires_at = "
+                                   "clock_timestamp() WHERE id = 1 RETURNING epoch") == 1
         assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
     finally:
         await conn.close()
