@@ -14,15 +14,9 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-
-@dataclass(order=True)
-class _Action:
-    at: float
-    order: int
-    run: Callable[[], None] = field(compare=False)
-    label: str = field(compare=False, default="")
+_Action = tuple[float, int, Callable[[], None], str]
+"""(when, order of scheduling, what to run, its label): a tuple, so the heap compares two numbers."""
 
 
 class SimLoop:
@@ -40,7 +34,7 @@ class SimLoop:
         """The label of the action running now (for failure reports)."""
 
     def at(self, when: float, run: Callable[[], None], label: str = "") -> None:
-        heapq.heappush(self._heap, _Action(max(when, self.now), next(self._order), run, label))
+        heapq.heappush(self._heap, (max(when, self.now), next(self._order), run, label))
 
     def after(self, delay: float, run: Callable[[], None], label: str = "") -> None:
         self.at(self.now + delay, run, label)
@@ -53,12 +47,10 @@ class SimLoop:
 
     def run_until(self, until: float, after_each: Callable[[], None] | None = None) -> None:
         """Run every action due up to ``until``; ``after_each`` (the invariants) after each one."""
-        while self._heap and self._heap[0].at <= until:
-            action = heapq.heappop(self._heap)
-            self.now = action.at
-            self.label = action.label
+        while self._heap and self._heap[0][0] <= until:
+            self.now, _, run, self.label = heapq.heappop(self._heap)
             self.steps += 1
-            action.run()
+            run()
             if after_each is not None:
                 after_each()
         self.now = max(self.now, until)

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -42,9 +43,9 @@ from gpuorch_contracts import (
 )
 
 from gpuorch_dst.broker import Delivery, SimBroker
-from gpuorch_dst.stale_commands import EpochGuard, predates_recovery
 from gpuorch_dst.loop import SimLoop
 from gpuorch_dst.process import SimProcess
+from gpuorch_dst.stale_commands import EpochGuard, predates_recovery
 
 SCHEDULER_QUEUE, HEARTBEAT_QUEUE = "scheduler", "scheduler.heartbeats"
 
@@ -80,15 +81,19 @@ class Truth:
 
     live: dict[tuple[str, uuid.UUID], Run] = field(default_factory=dict)
     runs: list[Run] = field(default_factory=list)
+    version: int = 0
+    """Changes whenever a run starts or ends (the checker looks again only then)."""
 
     def start(self, run: Run) -> None:
         self.live[(run.node_id, run.placement_id)] = run
         self.runs.append(run)
+        self.version += 1
 
     def end(self, run: Run, at: float) -> None:
         if run.ended_at is None:
             run.ended_at = at
             self.live.pop((run.node_id, run.placement_id), None)
+            self.version += 1
 
 
 @dataclass
@@ -141,6 +146,8 @@ class SimExecutor(SimProcess):
         self.recovered_at: float | None = None
         """Wall time of its last start or of its first renewal after a fence (``predates_recovery``)."""
         self.launches_refused = 0
+        self.buggify: Callable[[str], bool] | None = None
+        """Asked at each fault point of its own (``LeaderObserver.buggify``)."""
         broker.queue(command_queue(self.node_id)).notify = self._wake
         self.power = True
         """False while the whole node is lost (the supervisors and their jobs are dead too)."""
@@ -198,6 +205,10 @@ class SimExecutor(SimProcess):
         delivery = taken[0]
         self._handle(delivery)
         self._flush()
+        if self.buggify is not None and self.buggify("executor crash between handling a command and its ack"):
+            self.crash()
+            self.loop.after(self.loop.jitter(0.1, 3.0), self.restart, f"restart {self.name}")
+            return
         self.broker.ack(command_queue(self.node_id), delivery, self.connection)
         self._wake()
 

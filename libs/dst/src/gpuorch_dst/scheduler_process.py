@@ -159,6 +159,8 @@ class SchedulerProcess(SimProcess):
                               known=self.db.known([i.message for i in inputs]))
         epoch, connection = self.epoch, self.connection
         self.schedule(self.timings.commit_s, lambda: self._commit(step, taken, epoch, connection), "commit")  # type: ignore[arg-type]
+        if self.observer.buggify("pause between a step and its commit"):
+            self._stall()
 
     def _commit(self, step: Step, taken: list[tuple[str, Delivery]], epoch: int, connection: int | None) -> None:
         try:
@@ -178,6 +180,10 @@ class SchedulerProcess(SimProcess):
                 self.step_down("its commit was refused: a newer leader holds the lease")
             return
         self.observer.committed(self, step)
+        if self.observer.buggify("crash between a commit and its acks"):
+            self.crash()
+            self.loop.after(self.loop.jitter(0.1, 2.0), self.restart, f"restart {self.name}")
+            return
         for queue, delivery in taken:
             if self.observer.ack_lost():
                 self.disconnect()
@@ -199,6 +205,13 @@ class SchedulerProcess(SimProcess):
         if rows:
             self._relaying = True
             self.schedule(self.timings.relay_s, lambda: self._publish(rows), "relay publishes")
+            if self.observer.buggify("pause between reading the outbox and publishing it"):
+                self._stall()
+
+    def _stall(self) -> None:
+        """A pause longer than the lease, right here (a VM stall, a long GC)."""
+        self.pause()
+        self.loop.after(self.loop.jitter(1.0, 3.0) * self.timings.lease_s, self.resume, f"resume {self.name}")
 
     def _publish(self, rows: list[OutboxRow]) -> None:
         """Publish rows read earlier (perhaps before a pause: a relay does not re-check leadership), then mark
@@ -223,6 +236,10 @@ class LeaderObserver:
     def committed(self, process: SchedulerProcess, step: Step) -> None: ...
 
     def commit_fails(self) -> bool:
+        return False
+
+    def buggify(self, point: str) -> bool:
+        """Whether to inject the fault named ``point`` here and now (FoundationDB's BUGGIFY)."""
         return False
 
     def ack_lost(self) -> bool:

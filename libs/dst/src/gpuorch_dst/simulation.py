@@ -59,12 +59,16 @@ class SimConfig:
     commit_fail_p: float = 0.03
     ack_lost_p: float = 0.02
     max_skew_s: float = 2.0
-    gang_p: float = 0.08
-    """Share of jobs that are gangs of two nodes."""
+    gang_p: float = 0.0
+    """Share of jobs that are gangs of two nodes (0 until the gang-rank bug is fixed: docs/RELIABILITY.md)."""
+    buggify_p: float = 0.02
+    """Chance of a fault at each fault point in the code (a pause between a step and its commit, ...)."""
     fence_commits: bool = True
     """The database refuses a commit of an epoch older than the lease's."""
     epoch_check: bool = True
-    """Executors refuse commands of an epoch older than the newest they accepted (``epochs.refuses``)."""
+    """Executors refuse commands of an epoch older than the newest they accepted (``stale_commands.refuses``)."""
+    refuse_launches_before_recovery: bool = True
+    """Executors refuse a LaunchJob decided before their last recovery (``stale_commands.predates_recovery``)."""
 
     def without_epoch_fencing(self) -> SimConfig:
         return replace(self, fence_commits=False, epoch_check=False)
@@ -101,6 +105,12 @@ class _Observer(Checker):
     def ack_lost(self) -> bool:
         return self.sim.faulty and self.sim.loop.chance(self.sim.config.ack_lost_p)
 
+    def buggify(self, point: str) -> bool:
+        if self.sim.faulty and self.sim.loop.chance(self.sim.config.buggify_p):
+            self.sim.faults_injected[point] = self.sim.faults_injected.get(point, 0) + 1
+            return True
+        return False
+
 
 class Simulation:
     def __init__(self, seed: int, config: SimConfig | None = None,
@@ -133,7 +143,9 @@ class Simulation:
                 for g in range(self.config.gpus_per_node)])
             host_skew = rng.uniform(-skew, skew)
             self.executors.append(SimExecutor(self.loop, self.broker, self.truth, inventory, self.runtimes,
-                                              self.timings, self.config.epoch_check, host_skew))
+                                              self.timings, self.config.epoch_check, host_skew,
+                                              self.config.refuse_launches_before_recovery))
+            self.executors[-1].buggify = self.checker.buggify
             self.agents.append(SimNodeAgent(self.loop, self.broker, inventory, self.timings, host_skew))
         self.submitted: list[SubmitJob] = []
         self.faults_injected: dict[str, int] = {}
@@ -170,7 +182,7 @@ class Simulation:
         return Outcome(self.seed, True, step=self.loop.steps, at=self.loop.now, stats=self.stats())
 
     def stats(self) -> dict[str, int]:
-        return {"steps": self.loop.steps, "events_logged": len(self.db.log), "commits": self.db.commits,
+        return {"steps": self.loop.steps, "launches_refused": sum(e.launches_refused for e in self.executors), "events_logged": len(self.db.log), "commits": self.db.commits,
                 "commits_refused": self.db.refused, "takeovers": sum(s.takeovers for s in self.schedulers),
                 "commands_refused": sum(e.guard.refused for e in self.executors),
                 "redelivered": self.broker.redelivered, "duplicated": self.broker.duplicated,
@@ -190,8 +202,8 @@ class Simulation:
         leader = self._leader()
         if leader is None or any(s.job_id not in self.db.known_jobs for s in self.submitted):
             return False
-        self.checker._catch_up()
-        return all(job.state in TERMINAL_STATES and not job.stopping_nodes or
+        self.checker.catch_up()
+        return all((job.state in TERMINAL_STATES and not job.stopping_nodes) or
                    (job.state == "queued" and job.job_id in leader.scheduler.pending)  # type: ignore[union-attr]
                    for job in self.checker.log_state.jobs.values()) and not self.truth.live
 
@@ -295,9 +307,8 @@ class Simulation:
         """The fault window is over: everything comes back, and no new fault happens."""
         self.faulty = False
         self.broker.faults.duplicate_p = 0.0
-        for executor, agent in zip(self.executors, self.agents, strict=True):
-            if not executor.power:
-                executor.power = True
+        for executor in self.executors:
+            executor.power = True
         for process in self.processes:
             process.restart()
             process.resume()
