@@ -146,6 +146,9 @@ class SimExecutor(SimProcess):
         self.recovered_at: float | None = None
         """Wall time of its last start or of its first renewal after a fence (``predates_recovery``)."""
         self.launches_refused = 0
+        self.rebooted = True
+        """Its host started afresh (first start, or back from a node loss): no lease.json to measure the silence
+        by (a reboot resets the monotonic clock), so its start counts as a recovery."""
         self.buggify: Callable[[str], bool] | None = None
         """Asked at each fault point of its own (``LeaderObserver.buggify``)."""
         broker.queue(command_queue(self.node_id)).notify = self._wake
@@ -159,9 +162,12 @@ class SimExecutor(SimProcess):
 
     def on_start(self) -> None:
         self._handling = False
+        stop_after = self.timings.fencing_deadline_s - self.timings.fencing_grace_s
+        if self.rebooted or self.loop.now - self.lease_json >= stop_after:
+            self.recovered_at = self.wall  # silent long enough for its node to be declared lost meanwhile
+        self.rebooted = False
         self.renewed_at = self.loop.now  # the lease counts from the executor's start before its first renewal
         self.fenced = False
-        self.recovered_at = self.wall
         for record in self.records.values():  # reconcile: adopt what still runs, report what vanished
             if record.active and record.ending is None and (record.run is None or record.run.ended_at is not None):
                 record.ending = JobLost(message_id=event_id(record.placement_id, "outcome", self.node_id),
@@ -182,7 +188,7 @@ class SimExecutor(SimProcess):
 
     def lose_power(self) -> None:
         """The node is lost: every job process dies with it, unreported."""
-        self.power = False
+        self.power, self.rebooted = False, True
         for record in self.records.values():
             if record.run is not None:
                 self.truth.end(record.run, self.loop.now)

@@ -167,6 +167,8 @@ class SchedulerProcess(SimProcess):
             if not self.database_up or self.observer.commit_fails():
                 raise CommitFailed("the transaction failed")
             self.db.commit(epoch, step)
+            if self.observer.buggify("a commit that succeeded but whose answer was lost"):
+                raise CommitFailed("the connection dropped during COMMIT")  # the service cannot tell: retries
         except CommitFailed:
             self.needs_reload = True
             for queue, delivery in taken:

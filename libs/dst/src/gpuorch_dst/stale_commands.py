@@ -8,9 +8,11 @@
 
 2. Launches that predate a recovery. A node cut off (or powered off) past the scheduler's lost deadline has its
    jobs requeued elsewhere, but the LaunchJobs that waited in its durable command queue are still delivered when
-   it comes back: started then, the job runs twice. A LaunchJob decided before the executor's last recovery (its
-   start, or the first renewal after a fence) is refused and reported lost (``predates_recovery``): the scheduler
-   requeues it if the placement was still current, and ignores it as history if not. Found by this simulation
+   it comes back: started then, the job runs twice. A LaunchJob decided before the executor's last recovery is
+   refused and reported lost (``predates_recovery``): the scheduler requeues it if the placement was still current,
+   and ignores it as history if not. A recovery is the first renewal after a lapse of ``fencing_deadline_s -
+   grace_s`` or more (a fence, a pause that outlived it, a restart after that long: lease.json says how long),
+   or a start after a reboot; a shorter silence cannot have let the scheduler declare the node lost. Found by this simulation
    (seed 51 of the CI config before the rule); the real executor does not have it yet.
    The two times come from different hosts' wall clocks: the rule is exact while their skew stays below the
    scheduler's ``lost_after_s - suspect_after_s`` (a launch decided while the node was alive is at least that
