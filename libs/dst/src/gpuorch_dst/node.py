@@ -146,9 +146,9 @@ class SimExecutor(SimProcess):
         self.recovered_at: float | None = None
         """Wall time of its last start or of its first renewal after a fence (``predates_recovery``)."""
         self.launches_refused = 0
-        self.rebooted = True
-        """Its host started afresh (first start, or back from a node loss): no lease.json to measure the silence
-        by (a reboot resets the monotonic clock), so its start counts as a recovery."""
+        self.rebooted = False
+        """Its host was lost and is back: a reboot resets the monotonic clock, so lease.json cannot say how long
+        it was silent; the start counts as a recovery. (A first start has no queue to be stale.)"""
         self.buggify: Callable[[str], bool] | None = None
         """Asked at each fault point of its own (``LeaderObserver.buggify``)."""
         broker.queue(command_queue(self.node_id)).notify = self._wake
@@ -156,6 +156,10 @@ class SimExecutor(SimProcess):
         """False while the whole node is lost (the supervisors and their jobs are dead too)."""
 
     # -- lifecycle --------------------------------------------------------------------------------------------
+
+    def restart(self) -> None:
+        if self.power:  # nothing starts on a node that is off
+            super().restart()
 
     def on_crash(self) -> None:
         self._handling = False  # the handler it had scheduled died with it
@@ -353,10 +357,14 @@ class SimNodeAgent(SimProcess):
     """One node's node-agent: registers, then heartbeats."""
 
     def __init__(self, loop: SimLoop, broker: SimBroker, inventory: NodeInventory, timings: Timings,
-                 skew_s: float = 0.0) -> None:
+                 skew_s: float = 0.0, powered: Callable[[], bool] = lambda: True) -> None:
         super().__init__(loop, broker, f"node-agent/{inventory.node_id}", skew_s)
-        self.inventory, self.timings = inventory, timings
+        self.inventory, self.timings, self.powered = inventory, timings, powered
         self.sequence = 0
+
+    def restart(self) -> None:
+        if self.powered():
+            super().restart()
 
     def on_start(self) -> None:
         self.broker.publish(SCHEDULER_QUEUE, NodeRegistered(

@@ -146,7 +146,9 @@ class Simulation:
                                               self.timings, self.config.epoch_check, host_skew,
                                               self.config.refuse_launches_before_recovery))
             self.executors[-1].buggify = self.checker.buggify
-            self.agents.append(SimNodeAgent(self.loop, self.broker, inventory, self.timings, host_skew))
+            executor = self.executors[-1]
+            self.agents.append(SimNodeAgent(self.loop, self.broker, inventory, self.timings, host_skew,
+                                            lambda executor=executor: executor.power))  # type: ignore[misc]
         self.submitted: list[SubmitJob] = []
         self.faults_injected: dict[str, int] = {}
         self.broker.trace = trace
@@ -291,10 +293,7 @@ class Simulation:
         return inject
 
     def _restart(self, process: SimProcess) -> Callable[[], None]:
-        def restart() -> None:
-            if not (isinstance(process, SimExecutor) and not process.power):
-                process.restart()
-        return restart
+        return process.restart
 
     def _node_back(self, executor: SimExecutor, agent: SimNodeAgent) -> Callable[[], None]:
         def back() -> None:
