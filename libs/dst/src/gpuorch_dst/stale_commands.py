@@ -12,8 +12,9 @@
    refused and reported lost (``predates_recovery``): the scheduler requeues it if the placement was still current,
    and ignores it as history if not. A recovery is the first renewal after a lapse of ``fencing_deadline_s -
    grace_s`` or more (a fence, a pause that outlived it, a restart after that long: lease.json says how long),
-   or a start after a reboot; a shorter silence cannot have let the scheduler declare the node lost. Found by this simulation
-   (seed 51 of the CI config before the rule); the real executor does not have it yet.
+   or a start after a reboot; a shorter silence cannot have let the scheduler declare the node lost. Found by
+   this simulation (seed 51 of the CI config); the real executor has the same rule
+   (``gpuorch_executor.domain.fencing.predates_recovery``; libraries may not import services, hence this copy).
    The two times come from different hosts' wall clocks: the rule is exact while their skew stays below the
    scheduler's ``lost_after_s - suspect_after_s`` (a launch decided while the node was alive is at least that
    much older than the recovery that follows a loss).
