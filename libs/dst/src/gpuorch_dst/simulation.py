@@ -142,11 +142,10 @@ class Simulation:
                 GpuInfo(uuid=f"GPU-{n}-{g}", index=g, model="A100-80GB", memory_total_mib=81920)
                 for g in range(self.config.gpus_per_node)])
             host_skew = rng.uniform(-skew, skew)
-            self.executors.append(SimExecutor(self.loop, self.broker, self.truth, inventory, self.runtimes,
-                                              self.timings, self.config.epoch_check, host_skew,
-                                              self.config.refuse_launches_before_recovery))
-            self.executors[-1].buggify = self.checker.buggify
-            executor = self.executors[-1]
+            executor = SimExecutor(self.loop, self.broker, self.truth, inventory, self.runtimes, self.timings,
+                                   self.config.epoch_check, host_skew, self.config.refuse_launches_before_recovery)
+            executor.buggify = self.checker.buggify
+            self.executors.append(executor)
             self.agents.append(SimNodeAgent(self.loop, self.broker, inventory, self.timings, host_skew,
                                             lambda executor=executor: executor.power))  # type: ignore[misc]
         self.submitted: list[SubmitJob] = []
@@ -154,8 +153,11 @@ class Simulation:
         self.broker.trace = trace
         self._after_each = self.checker.after_each if trace is None else self._traced
 
+    ROUTINE = ("heartbeat", "lead", "relay polls", "supervisors read lease.json", "to scheduler.heartbeats")
+    """Actions a trace leaves out (they happen every second on every process)."""
+
     def _traced(self) -> None:
-        if self.trace is not None and not self.loop.label.endswith(("heartbeat", "lead", "relay polls", "supervisors read lease.json", "to scheduler.heartbeats")):
+        if self.trace is not None and not self.loop.label.endswith(self.ROUTINE):
             self.trace(f"{self.loop.now:9.3f} {self.loop.label}")
         self.checker.after_each()
 
