@@ -2,7 +2,7 @@
 UV ?= uv
 export PATH := $(HOME)/.local/bin:$(PATH)
 
-.PHONY: demo test lint bench schemas asyncapi-check env servers clean chaos security
+.PHONY: demo test lint bench schemas asyncapi-check env servers clean chaos security sim
 
 env:
 	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet uv
@@ -26,6 +26,10 @@ chaos: env servers  ## faults and hostile input against real processes, checked 
 
 security: env servers  ## each escalation of issue 29 performed against the real services and seen refused (docs/SECURITY.md); also in make test
 	@$(UV) run pytest -q -p no:cacheprovider -m security tests/security
+
+SEEDS ?= 1000
+sim: env  ## deterministic simulation of the control plane, SEEDS seeds (a failing seed prints its replay command; docs/RELIABILITY.md)
+	@$(UV) run python -m gpuorch_dst --seeds $(SEEDS) $(SIM_ARGS)
 
 bench: env servers  ## speed and scale figures, written as tables under bench/results/
 	@$(UV) run python bench/run_all.py

@@ -17,7 +17,7 @@ from gpuorch_executor.domain.allowlist import (
     load_allow_list,
 )
 from gpuorch_executor.domain.environment import job_environment
-from gpuorch_executor.domain.fencing import LeaseFence
+from gpuorch_executor.domain.fencing import LeaseFence, predates_recovery
 from gpuorch_executor.domain.lifecycle import IllegalTransition, check_transition, event_id
 from gpuorch_executor.domain.outcome import ExitReport, classify
 
@@ -188,6 +188,13 @@ def test_renewals_within_the_deadline_never_fence() -> None:
     fence = LeaseFence(deadline_s=60, grace_s=10)
     for now in range(0, 1000, 7):
         assert fence.observe(now - 49, now).action == "none"
+
+
+@pytest.mark.parametrize(("decided", "recovered", "refused"), [
+    (10.0, None, False), (10.0, 12.0, True), (12.0, 12.0, False), (13.0, 12.0, False)])
+def test_a_launch_decided_before_the_last_recovery_is_stale(decided: float, recovered: float | None,
+                                                            refused: bool) -> None:
+    assert predates_recovery(decided, recovered) is refused
 
 
 def test_grace_is_clamped_to_the_deadline() -> None:

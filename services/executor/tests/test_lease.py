@@ -86,6 +86,27 @@ async def test_unconfirmed_renewals_fence_every_job_and_a_refusal_still_renews(h
     assert (await renewer.check()).action == "recovered"
 
 
+async def test_a_launch_decided_before_a_recovery_is_refused_and_reported_lost(harness: Harness) -> None:
+    """A LaunchJob that waited in the node's queue while its lease lapsed (the scheduler may have declared the node
+    lost and placed the job elsewhere) must not start when the node is back (found by libs/dst, seed 51)."""
+    clock = FakeMonotonic()
+    publisher = GatedPublisher(harness.publisher)
+    renewer = LeaseRenewer(publisher, [harness.executor], interval_s=1, fencing_deadline_s=6, fencing_grace_s=2,
+                           monotonic=clock)
+    assert await renewer.renew() and harness.executor.recovered_at is None
+    queued = launch_job(["python", "-c", SLEEPS])  # decided while the node was cut off
+    publisher.mode = "down"
+    clock.now += 3
+    assert not await renewer.renew()
+    publisher.mode = "ok"
+    clock.now += 1  # renewed 4 s (deadline - grace) after the last renewal: a recovery
+    assert await renewer.renew() and harness.executor.recovered_at is not None
+    await harness.executor.handle(queued)
+    outcome = await harness.until_ended(queued.placement_id)
+    assert isinstance(outcome, JobFailed) and outcome.cause == "lost" and outcome.stop_reason == "fenced"
+    assert not [m for m in harness.publisher.of_type(JobStarted) if m.placement_id == queued.placement_id]
+
+
 def test_an_interval_that_one_lost_heartbeat_would_fence_is_refused(harness: Harness) -> None:
     with pytest.raises(ValueError):
         LeaseRenewer(harness.publisher, [harness.executor], interval_s=3, fencing_deadline_s=6, fencing_grace_s=2)

@@ -38,6 +38,7 @@ from gpuorch_executor.backends.base import JobLaunch
 from gpuorch_executor.backends.container import container_user
 from gpuorch_executor.domain.allowlist import Refusal
 from gpuorch_executor.domain.leader_epoch import judge_leader_epoch
+from gpuorch_executor.domain.fencing import predates_recovery
 from gpuorch_executor.domain.outcome import Outcome
 from gpuorch_executor.domain.placement import PlacementRecord
 from gpuorch_executor.node import NodeContext, NodeSettings
@@ -75,6 +76,9 @@ class NodeExecutor:
         self.node_id = settings.node_id
         self.store = store
         self.records = self.node.records
+        self.recovered_at: float | None = None
+        """Epoch seconds of this executor's last recovery from a lapsed lease (set by ``lease.LeaseRenewer``): a
+        LaunchJob decided before it is refused and reported lost (``domain.fencing.predates_recovery``)."""
         self.lease: tuple[float, float, float] | None = None
         """(renewed monotonic, fencing deadline, grace) of the last confirmed renewal, set by ``lease.LeaseRenewer``;
         written to ``lease.json`` before each supervisor starts, so a new job never reads a stale lease."""
@@ -157,6 +161,17 @@ class NodeExecutor:
                 if known.state == "launching":  # the first delivery's handler was interrupted mid-start
                     await self.watch.await_job_start(known)
                 await self.node.outbox.flush(known, raise_errors=True)
+                return
+            if predates_recovery(command.occurred_at.timestamp(), self.recovered_at):
+                # it waited in this node's queue while the node was cut off: the job may run elsewhere by now
+                log.warning("launch.predates_recovery", placement_id=str(command.placement_id),
+                            decided_at=command.occurred_at.isoformat(), recovered_at=self.recovered_at)
+                stale = PlacementRecord(placement_id=command.placement_id, job_id=command.job_id,
+                                        node_id=self.node_id, launch=command,
+                                        traceparent=inject_trace({}).get("traceparent"))
+                await self.watch.end_unstarted(stale, Outcome(
+                    "failed", "lost", "its LaunchJob was decided before this executor recovered from a lapsed "
+                    "lease (the node may have been declared lost meanwhile)", None, 0.0, "fenced"))
                 return
             record = PlacementRecord(
                 placement_id=command.placement_id, job_id=command.job_id, node_id=self.node_id, launch=command,

@@ -13,6 +13,9 @@ Contract:
   for ``deadline - grace`` it fences every node's executor (all jobs dead by ``renewed_at + deadline``), and says
   so once when a renewal succeeds again. Every time here is ``time.monotonic()``: a wall-clock step (NTP, a VM
   resumed) neither fences early nor late.
+- a renewal sent ``deadline - grace`` or more after the previous one (a fence, a pause that outlived it, a restart
+  that long after the last ``lease.json``), or a start after a reboot, is a *recovery*: every node's executor gets
+  ``recovered_at`` and refuses LaunchJobs decided before it (``domain.fencing.predates_recovery``).
 - ``run`` renews every ``interval_s`` and checks every ``check_interval_s`` until cancelled; a publish that hangs
   is abandoned after ``interval_s`` at the most per attempt (the lease simply is not renewed by it).
 """
@@ -54,8 +57,12 @@ class LeaseRenewer:
         self.isolation = isolation
         self.logs_url = logs_url
         now = monotonic()
-        previous = [r for r in (e.store.read_lease_renewed() for e in self.executors) if r is not None and r <= now]
+        written = [r for r in (e.store.read_lease_renewed() for e in self.executors) if r is not None]
+        previous = [r for r in written if r <= now]
         self.renewed_at = min(previous) if previous else now
+        if len(previous) < len(written):  # a lease renewed "later" than now: the host rebooted (monotonic reset)
+            for executor in self.executors:
+                executor.recovered_at = executor.clock()
         """Monotonic send time of the newest confirmed round. Before the first: the last renewal a previous executor
         confirmed (its adopted jobs' lease runs on from there, as the scheduler's count does), else the start."""
         self.sequence = 0
@@ -94,6 +101,11 @@ class LeaseRenewer:
             return False
         else:
             self._refusal_logged = False
+        if sent_at - self.renewed_at >= self.fence.stop_after_s:  # renewed after a lapse: a recovery
+            log.warning("lease.recovered", unrenewed_for_s=round(sent_at - self.renewed_at, 1),
+                        effect="LaunchJobs decided before now are refused and reported lost")
+            for executor in self.executors:
+                executor.recovered_at = executor.clock()
         self.renewed_at = max(self.renewed_at, sent_at)
         lease = (self.renewed_at, self.fence.deadline_s, self.fence.grace_s)
         for executor in self.executors:

@@ -8,6 +8,14 @@ stopping its jobs by then: the fence starts the stop ``grace_s`` before the dead
 job is killed at the deadline at the latest. A broker that is down, unreachable, or blocking publishers (a memory
 alarm) all look the same here: no confirmed renewal.
 
+A node cut off (or powered off) past the scheduler's lost deadline has its jobs requeued elsewhere, yet the
+LaunchJobs that waited in its durable command queue are delivered when it is back: started then, a job runs twice.
+So a LaunchJob decided before this executor's last *recovery* (the first renewal after a lapse of ``stop_after_s``
+or more, or a start after a reboot) is refused and reported lost (``predates_recovery``): the scheduler requeues it
+if that placement is still current and ignores it as history if not. Found by the deterministic simulation
+(``libs/dst``, docs/RELIABILITY.md); the rule compares the scheduler's wall clock with this host's, and is exact
+while their skew stays below the scheduler's ``lost_after_s - suspect_after_s``.
+
 ``LeaseFence`` is pure: it is fed observations (when the lease was last renewed, and now, both monotonic seconds)
 and answers with the action to take. It fires ``fence`` once per lapse and ``recovered`` once when a renewal
 succeeds again after a fence.
@@ -57,3 +65,9 @@ class LeaseFence:
             self.fenced = True
             return FenceDecision("fence", kill_by=renewed_at + self.deadline_s, unrenewed_for_s=unrenewed_for)
         return FenceDecision("none", unrenewed_for_s=unrenewed_for)
+
+
+def predates_recovery(decided_at: float, recovered_at: float | None) -> bool:
+    """Whether a LaunchJob decided at ``decided_at`` (epoch seconds, the scheduler's clock) was decided before this
+    executor's last recovery at ``recovered_at`` (epoch seconds, this host's clock; None: no recovery yet)."""
+    return recovered_at is not None and decided_at < recovered_at

@@ -1,0 +1,3 @@
+from gpuorch_dst.cli import main
+
+raise SystemExit(main())
