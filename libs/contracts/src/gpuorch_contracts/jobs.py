@@ -320,10 +320,14 @@ class JobFailed(TenantRouted):
     reason: ShortText
     exit_code: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
     duration_s: Seconds | None = None
-    stop_reason: Literal["cancel", "preempt", "max_runtime", "drain", "fenced"] | None = Field(
+    stop_reason: Literal["cancel", "preempt", "max_runtime", "drain", "fenced", "gpu_memory_exceeded"] | None = Field(
         default=None, description="set by the executor when the placement ended because it was stopped "
-        "(a StopJob's reason, max runtime, or fencing); None when the job ended by itself",
+        "(a StopJob's reason, max runtime, fencing, or its share's GPU memory watchdog); None when the job ended "
+        "by itself",
     )
+    gpu_memory_peak_mib: int | None = Field(default=None, ge=0, le=16_777_216, description=(
+        "with stop_reason gpu_memory_exceeded: the most GPU memory the job's processes held, in MiB (the "
+        "scheduler sizes the job's next ask from it)"))
 
 
 class JobCheckpointed(TenantRouted):
@@ -366,6 +370,9 @@ class JobRequeued(TenantRouted):
     preempted: bool = Field(
         default=False, description="requeued after a preemption (does not count against max_requeues)",
     )
+    resources: GpuRequest | None = Field(default=None, description=(
+        "the GPU ask the job is queued with from now on, when the requeue changed it (a share escalated after it "
+        "outgrew its GPU memory); None keeps the ask it had"))
 
 
 class JobCancelled(TenantRouted):

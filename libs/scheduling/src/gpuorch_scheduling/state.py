@@ -424,6 +424,8 @@ class SchedulerState:
                         job.stopped_nodes.append(event.node_id)
                     elif event.node_id is None:
                         job.stopped_nodes = [a.node_id for a in job.assignments]
+                elif job is not None and current and job.holds_capacity and outgrew_share(event):
+                    job.reason = event.reason  # stays active until the scheduler decides (escalation.py)
                 elif job is not None and current and (
                     job.holds_capacity or (event.placement_id is None and job.state == "queued")
                 ):
@@ -450,6 +452,8 @@ class SchedulerState:
                     job.requeues, job.reason, job.enqueued_at = event.requeues, event.reason, at
                     job.queued_seq = self._next_seq()
                     job.preempting_at, job.stopped_nodes = None, []
+                    if event.resources is not None:  # an escalated share (escalation.py)
+                        job.spec = job.spec.model_copy(update={"resources": event.resources})
                     if event.preempted:
                         job.preemptions += 1
             case JobCancelled():
@@ -676,6 +680,11 @@ class SchedulerState:
             state._ended.append((t, uuid.UUID(j)))
             state._ending.add(uuid.UUID(j))
         return state
+
+
+def outgrew_share(event: JobFailed) -> bool:
+    """Did the executor stop this placement because its share's GPU memory was exceeded (``escalation.py``)?"""
+    return event.stop_reason == "gpu_memory_exceeded" and event.node_id is not None
 
 
 def stopped_as_asked(event: JobFailed) -> bool:

@@ -30,6 +30,7 @@ from gpuorch_executor.backends.process import ProcessBackend
 from gpuorch_executor.config import ConfigError, ExecutorConfig
 from gpuorch_executor.domain.allowlist import load_allow_list
 from gpuorch_executor.domain.job_users import JobUidsError, JobUserPool, parse_job_uids
+from gpuorch_executor.gpu_memory import probe_for
 from gpuorch_executor.handlers import NodeExecutor, NodeSettings
 from gpuorch_executor.lease import LeaseRenewer
 from gpuorch_executor.logs_http import LogServer, start_log_endpoint
@@ -175,11 +176,16 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     refuse_unsandboxed(config, job_users)
     prepare_state_root(config.state_root, job_users)
     backends, isolation = build_backends(config, job_users)
+    gpu_memory = probe_for(config.gpu_memory_probe)
+    log.info("executor.share_watchdog", probe=gpu_memory.name if gpu_memory else "off",
+             tolerance_pct=config.share_tolerance_pct, sustain_s=config.share_sustain_s)
     executors = [
         NodeExecutor(NodeSettings(node_id=node_id, state_dir=config.state_dir(node_id), backends=backends,
                                   allow_list=allow_list, producer=f"executor/{node_id}",
                                   poll_interval_s=config.poll_interval_s, job_users=job_users,
-                                  unsandboxed=config.unsandboxed), broker)
+                                  unsandboxed=config.unsandboxed, gpu_memory=gpu_memory,
+                                  share_tolerance_pct=config.share_tolerance_pct,
+                                  share_sustain_s=config.share_sustain_s), broker)
         for node_id in config.node_ids
     ]
     for executor in executors:
