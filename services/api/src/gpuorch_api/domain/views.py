@@ -128,11 +128,13 @@ def tenant_views(use: list[dict[str, Any]], quotas: dict[str, dict[str, Any]],
 
 
 def gpu_text(assignments: list[dict[str, Any]]) -> str:
-    """``0,1`` for whole GPUs, ``2:250m`` for a share, ``3:1g.10gb`` for a MIG instance."""
+    """``0,1`` for whole GPUs, ``2:250m/4096MiB`` for a share (its memory when it has one), ``3:1g.10gb`` for a MIG
+    instance."""
     parts = []
     for assignment in assignments:
         for gpu in assignment.get("gpus", []):
-            label = gpu.get("mig_profile") or ("" if gpu.get("milli", 1000) == 1000 else f"{gpu['milli']}m")
+            label = gpu.get("mig_profile") or ("" if gpu.get("milli", 1000) == 1000 else f"{gpu['milli']}m" + (
+                f"/{gpu['memory_mib']}MiB" if gpu.get("memory_mib") else ""))
             parts.append(f"{gpu['gpu_index']}{':' + label if label else ''}")
     return ",".join(parts)
 
