@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from pathlib import Path
 
 from gpuorch_contracts import GpuAllocation, GpuRequest, JobFailed, JobFinished, JobSpec, LaunchJob, ProcessRun
 
+from gpuorch_executor.backends.base import JobLaunch
+from gpuorch_executor.backends.mps import MpsControl
+from gpuorch_executor.backends.process import ProcessBackend
 from gpuorch_executor.domain.outcome import ExitReport, classify
 from gpuorch_executor.domain.share_memory import Exceeded, ShareMemoryWatch, share_memory_limit, tolerance_mib
 from gpuorch_executor.gpu_memory import DeclaredGpuMemory
@@ -64,3 +69,22 @@ async def test_the_job_over_its_share_is_stopped_and_its_neighbour_runs_to_succe
     assert outcome.gpu_memory_peak_mib == 30720
     assert harness.executor.records[neighbour.placement_id].state == "running"  # untouched
     assert isinstance(await harness.until_ended(neighbour.placement_id), JobFinished)
+
+
+def test_a_share_starts_as_an_mps_client_with_its_limits_only_while_the_daemon_runs(tmp_path: Path) -> None:
+    pipes = tmp_path / "mps"
+    backend = ProcessBackend(mps=MpsControl(str(pipes)))
+
+    def env_of(launch: LaunchJob) -> dict[str, str]:
+        job = JobLaunch(launch=launch, placement_dir=tmp_path / "p", log_path=tmp_path / "log",
+                        checkpoint_file=tmp_path / "ckpt", executor_env={}, executable=sys.executable)
+        return backend.prepare(job).env
+
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env_of(share_job("", 1))  # no daemon: the watchdog alone
+    pipes.mkdir()
+    os.mkfifo(pipes / "control")
+    env = env_of(share_job("", 1))
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipes)
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env_of(share_job("", 1, GpuRequest(gpus=1)))  # whole GPU

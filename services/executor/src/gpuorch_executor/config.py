@@ -63,6 +63,10 @@ class ExecutorConfig(BrokerSettings):
                                          "share before the watchdog counts it as over", ge=0, le=1000)
     share_sustain_s: float = setting("GPUORCH_EXECUTOR_SHARE_SUSTAIN_S", 3.0, "a share job over its GPU memory "
                                      "this long is stopped (gpu_memory_exceeded)", ge=0, le=3600)
+    mps_pipe_directory: str = setting("GPUORCH_EXECUTOR_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps", "where the node's "
+                                      "MPS control daemon listens (its CUDA_MPS_PIPE_DIRECTORY); while it runs, "
+                                      "share jobs start as MPS clients with their memory and thread limits; 'off': "
+                                      "never (docs/sharing.md)")
     metrics_port: int = setting("GPUORCH_METRICS_PORT", 0, "port of /metrics, /healthz and /readyz (0: off)",
                                 ge=0, le=65535)
 

@@ -26,6 +26,7 @@ from gpuorch_executor.backends.cgroups import CgroupV1, CgroupV2
 from gpuorch_executor.backends.container import ContainerBackend
 from gpuorch_executor.backends.devices import DeviceConfinement, GpuDeviceNodes
 from gpuorch_executor.backends.job_users import can_switch_users, named_uids, privileged_gids
+from gpuorch_executor.backends.mps import MpsControl
 from gpuorch_executor.backends.process import ProcessBackend
 from gpuorch_executor.config import ConfigError, ExecutorConfig
 from gpuorch_executor.domain.allowlist import load_allow_list
@@ -150,7 +151,8 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
         devices_kind = confinement.kind
         mig_slices = devices_kind if confinement.cgroup is not None and confinement.devices.confines_mig else (
             "env_only")
-        backends["process"] = ProcessBackend(cgroups, confinement)
+        mps = MpsControl(config.mps_pipe_directory) if config.mps_pipe_directory != "off" else None
+        backends["process"] = ProcessBackend(cgroups, confinement, mps)
     if "container" in config.runtimes:
         try:
             backends["container"] = ContainerBackend(config.docker)

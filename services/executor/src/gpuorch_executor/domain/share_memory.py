@@ -62,3 +62,25 @@ class ShareMemoryWatch:
 def tolerance_mib(limit_mib: int, tolerance_pct: float) -> int:
     """The tolerance above a share's limit: ``tolerance_pct`` of it, at least 64 MiB (allocator rounding)."""
     return max(64, int(limit_mib * tolerance_pct / 100))
+
+
+def mps_client_environment(launch: LaunchJob, pipe_directory: str) -> dict[str, str]:
+    """The MPS client variables that make the CUDA driver itself hold a share to its limits, on a node whose MPS
+    control daemon listens at ``pipe_directory``; empty for anything but a share.
+
+    - ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<M>M``: allocations past the share's memory fail in the job
+      (device ordinal 0: the job sees only its one GPU, ``CUDA_VISIBLE_DEVICES``);
+    - ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``: its SMs, ``gpu_milli`` / 10 percent (at least 1), when it has a
+      ``gpu_milli``;
+    - ``CUDA_MPS_PIPE_DIRECTORY``: where its client finds the daemon.
+    """
+    if launch.spec.resources.kind != "share" or len(launch.gpus) != 1:
+        return {}
+    env = {"CUDA_MPS_PIPE_DIRECTORY": pipe_directory}
+    limit = share_memory_limit(launch)
+    if limit is not None:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={limit}M"
+    milli = launch.spec.resources.gpu_milli
+    if milli is not None:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, -(-milli // 10)))
+    return env
