@@ -157,6 +157,22 @@ class ReadModels:
                             "last_sample_at": r["last_sample_at"]})
         return {"devices": devices, "gpu_hours": round(gpu_hours, 6)}
 
+    async def run_peaks(self, name: str, tenant: str, runs: int) -> list[int]:
+        """The peak GPU memory (MiB, per device) of each of the latest ``runs`` ended jobs named ``name`` of
+        ``tenant`` that telemetry measured (raw samples and rollups: a run just ended has no rollup yet)."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """WITH recent AS (SELECT job_id FROM telemetry_jobs WHERE name = $1 AND tenant = $2
+                                   AND ended_at IS NOT NULL ORDER BY ended_at DESC LIMIT $3)
+                   SELECT job_id, max(peak) AS peak FROM (
+                       SELECT job_id, memory_used_max AS peak FROM telemetry_job_rollups
+                       WHERE job_id IN (SELECT job_id FROM recent)
+                       UNION ALL
+                       SELECT job_id, memory_used_mib FROM telemetry_job_samples
+                       WHERE job_id IN (SELECT job_id FROM recent)) AS peaks
+                   GROUP BY job_id""", name, tenant, runs)
+        return [int(r["peak"]) for r in rows if r["peak"] is not None]
+
     async def advice(self, job_id: uuid.UUID) -> list[dict[str, Any]]:
         """Telemetry's alerts and recommendations about the job, newest first."""
         async with self.pool.acquire() as conn:
