@@ -59,6 +59,17 @@ def test_child_process_on_a_gpu_held_alone_belongs_to_the_job() -> None:
     assert result.usage[0].alloc_memory_mib == 81920
 
 
+def test_a_share_never_takes_a_process_it_did_not_start() -> None:
+    job = uuid.uuid4()
+    sample = GpuSample(index=0, uuid="GPU-a", utilization_pct=70, memory_total_mib=81920, processes=[
+        ProcessUsage(pid=101, pgid=100, gpu_memory_mib=3000),  # the share's own child
+        ProcessUsage(pid=999, gpu_memory_mib=30720),  # a neighbour whose allocation telemetry does not know
+    ])
+    result = attribute_gpu_sample(sample, [_alloc(job, "GPU-a", milli=250, pid=100)])
+    assert result.process_jobs == [job, None]
+    assert result.usage[0].memory_used_mib == 3000
+
+
 def test_shared_gpu_attributes_by_process_group_and_splits_utilisation_by_memory() -> None:
     a, b = uuid.uuid4(), uuid.uuid4()
     sample = GpuSample(index=0, uuid="GPU-a", utilization_pct=60, memory_total_mib=40000, processes=[
