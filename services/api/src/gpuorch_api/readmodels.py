@@ -184,7 +184,8 @@ class ReadModels:
     async def nodes(self) -> list[dict[str, Any]]:
         """Every node with its inventory, liveness, isolation and when it was last heard of (its newest GPU sample,
         else the scheduler's last change of its row); the newest sample of each GPU, and of each MIG instance a
-        job used in the last minutes (telemetry's job samples: a MIG instance has no sample of its own)."""
+        job used in the last minutes (telemetry's job samples: a MIG instance has no sample of its own); with each
+        active allocation, its job's newest sample per device (``usage``: memory and utilisation of its share)."""
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 """SELECT n.node_id, n.liveness, n.inventory::text AS inventory, n.isolation::text AS isolation,
@@ -206,6 +207,11 @@ class ReadModels:
             active = await conn.fetch(
                 "SELECT job_id, tenant, assignments::text AS assignments FROM jobs WHERE state = ANY($1::text[])",
                 list(ACTIVE_STATES))
+            job_samples = await conn.fetch(
+                """SELECT DISTINCT ON (job_id, device_uuid) job_id, device_uuid, util_pct, memory_used_mib,
+                          alloc_memory_mib
+                   FROM telemetry_job_samples WHERE sampled_at > now() - interval '1 minute'
+                   ORDER BY job_id, device_uuid, sampled_at DESC""")
         latest = {(s["node_id"], s["gpu_uuid"]): dict(s) for s in samples}
         out = []
         for r in rows:
@@ -214,7 +220,9 @@ class ReadModels:
                         "last_seen": r["last_sample_at"] or r["updated_at"],
                         "samples": {uuid_: s for (node, uuid_), s in latest.items() if node == r["node_id"]},
                         "slice_samples": {s["device_uuid"]: dict(s) for s in slices if s["node_id"] == r["node_id"]}})
-        allocations = [{"job_id": a["job_id"], "tenant": a["tenant"], "assignments": json.loads(a["assignments"])}
+        used = {(str(s["job_id"]), s["device_uuid"]): dict(s) for s in job_samples}
+        allocations = [{"job_id": a["job_id"], "tenant": a["tenant"], "assignments": json.loads(a["assignments"]),
+                        "usage": {device: u for (job, device), u in used.items() if job == str(a["job_id"])}}
                        for a in active]
         return [{**node, "allocations": allocations} for node in out]
 
