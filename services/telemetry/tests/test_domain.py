@@ -8,6 +8,7 @@ import pytest
 from gpuorch_contracts import GpuSample, ProcessUsage
 from gpuorch_telemetry.domain.attribution import ActiveAllocation, attribute_gpu_sample, throttle_flags
 from gpuorch_telemetry.domain.detection import (
+    CONTENDED,
     IDLE,
     MEMORY_PRESSURE,
     OVERSIZED,
@@ -16,6 +17,7 @@ from gpuorch_telemetry.domain.detection import (
     DetectionConfig,
     DeviceWindow,
     JobFacts,
+    Neighbour,
     evaluate_job,
     health_event_finding,
 )
@@ -154,6 +156,25 @@ def test_oversized_advice_names_profile_share_and_precisions() -> None:
     assert "1g.10gb" in (finding.advice or "") and "fp16" in (finding.advice or "")
     assert finding.evidence["fp16_weights_mib"] == 2862 and finding.evidence["int8_weights_mib"] == 1431
     assert finding.evidence["recommended_share_milli"] == 600
+
+
+def test_a_share_starved_by_a_busy_neighbour_on_a_saturated_gpu_is_contended() -> None:
+    serving = JobFacts(job_id=uuid.uuid4(), tenant="serving", name="chat", tier="inference", state="running",
+                       cpu_milli=1000, model_parameter_count=None, model_dtype=None, running_for_s=600.0)
+    batch = JobFacts(job_id=uuid.uuid4(), tenant="research", name="embed", tier="batch", state="running",
+                     cpu_milli=1000, model_parameter_count=None, model_dtype=None, running_for_s=600.0)
+    share = dict(alloc_milli=250, alloc_memory_mib=8192, peak_memory_mib=6000, lifetime_peak_memory_mib=6000,
+                 mean_gpu_util_pct=98.0, mean_host_cpu_pct=20.0)
+    victim = _window(**share, mean_util_pct=35.0)
+    noisy = Neighbour(batch, _window(**share, mean_util_pct=100.0))
+    [finding] = evaluate_job(serving, [victim], DetectionConfig(), [noisy]).findings
+    assert finding.kind == CONTENDED and finding.severity == "warning"  # inference: latency-sensitive
+    assert "got 35 % of its 250-milli share" in finding.explanation and "embed" in finding.explanation
+    calm = evaluate_job(serving, [victim], DetectionConfig(), [Neighbour(batch, _window(**share, mean_util_pct=50.0))])
+    assert calm.findings == [] and CONTENDED in calm.cleared  # the neighbour keeps to its share
+    unsaturated = _window(**{**share, "mean_gpu_util_pct": 60.0}, mean_util_pct=35.0)
+    assert evaluate_job(serving, [unsaturated], DetectionConfig(), [noisy]).findings == []
+    assert CONTENDED not in evaluate_job(JOB, [_window()], DetectionConfig(), [noisy]).cleared  # a whole GPU
 
 
 def test_xid_health_event_explains_the_class() -> None:
