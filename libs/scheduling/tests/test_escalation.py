@@ -1,11 +1,12 @@
-"""A share stopped for exceeding its GPU memory is requeued once with a larger share, or fails: never loops."""
+"""A job that outgrew its GPU memory (a share stopped by the watchdog, a MIG job out of memory in its slice) is
+requeued with a larger ask, or fails: never loops."""
 
 from __future__ import annotations
 
 import uuid
 
 from gpuorch_contracts import GpuRequest, JobFailed, JobRequeued, JobSpec, ProcessRun, SubmitJob
-from gpuorch_scheduling.escalation import next_share
+from gpuorch_scheduling.escalation import next_mig_profiles, next_share
 from gpuorch_scheduling.scheduler import Scheduler
 from gpuorch_scheduling.state import SchedulerState
 from gpuorch_scheduling.step import Input
@@ -85,3 +86,32 @@ def test_a_report_from_another_node_or_placement_changes_nothing() -> None:
     forged = exceeded(scheduler, job_id, 30720, node="n2")
     step = scheduler.step([Input(forged)], 3.0)
     assert step.events == [] and scheduler.state.jobs[job_id].state == "placed"
+
+
+def test_a_mig_job_out_of_memory_in_its_slice_is_requeued_one_profile_size_up() -> None:
+    scheduler = Scheduler()
+    scheduler.step([Input(registered_node("n1", gpus=1, mig=True))], 1.0)
+    submit = SubmitJob(spec=JobSpec(name="infer", run=RUN, resources=GpuRequest(mig_profiles=["1g.10gb"])))
+    scheduler.step([Input(submit)], 2.0)
+    job = scheduler.state.jobs[submit.job_id]
+    assert job.state == "placed"
+    oom = JobFailed(job_id=job.job_id, placement_id=job.placement_id, node_id="n1", cause="gpu_oom",
+                    reason="GPU out of memory (exited 1)")
+    step = scheduler.step([Input(oom)], 3.0)
+    [requeued] = [e for e, _ in step.events if isinstance(e, JobRequeued)]
+    assert requeued.resources is not None and requeued.resources.mig_profiles == ["1g.20gb", "2g.20gb"]
+    job = scheduler.state.jobs[submit.job_id]
+    assert job.state == "queued" and job.spec.resources.mig_profiles == ["1g.20gb", "2g.20gb"]  # awaits a layout
+    assert next_mig_profiles(GpuRequest(mig_profiles=["7g.80gb"]), [("A100-80GB", 81920)]) is None
+
+
+def test_a_mig_job_ending_by_itself_or_stopped_is_not_escalated() -> None:
+    scheduler = Scheduler()
+    scheduler.step([Input(registered_node("n1", gpus=1, mig=True))], 1.0)
+    submit = SubmitJob(spec=JobSpec(name="infer", run=RUN, resources=GpuRequest(mig_profiles=["1g.10gb"])))
+    scheduler.step([Input(submit)], 2.0)
+    job = scheduler.state.jobs[submit.job_id]
+    failed = JobFailed(job_id=job.job_id, placement_id=job.placement_id, node_id="n1", cause="nonzero_exit",
+                       reason="exited 3")
+    scheduler.step([Input(failed)], 3.0)
+    assert scheduler.state.jobs[submit.job_id].state == "failed"

@@ -424,7 +424,7 @@ class SchedulerState:
                         job.stopped_nodes.append(event.node_id)
                     elif event.node_id is None:
                         job.stopped_nodes = [a.node_id for a in job.assignments]
-                elif job is not None and current and job.holds_capacity and outgrew_share(event):
+                elif job is not None and current and job.holds_capacity and outgrew_gpu_memory(event, job):
                     job.reason = event.reason  # stays active until the scheduler decides (escalation.py)
                 elif job is not None and current and (
                     job.holds_capacity or (event.placement_id is None and job.state == "queued")
@@ -682,9 +682,14 @@ class SchedulerState:
         return state
 
 
-def outgrew_share(event: JobFailed) -> bool:
-    """Did the executor stop this placement because its share's GPU memory was exceeded (``escalation.py``)?"""
-    return event.stop_reason == "gpu_memory_exceeded" and event.node_id is not None
+def outgrew_gpu_memory(event: JobFailed, job: JobRecord) -> bool:
+    """Did this placement end because it outgrew its GPU memory: a share stopped by the executor's watchdog, or a
+    MIG job out of memory in its slice (``escalation.py`` decides what follows)? Only an executor's report (it
+    names the node); the scheduler's own failure after an escalation does not."""
+    if event.node_id is None:
+        return False
+    return event.stop_reason == "gpu_memory_exceeded" or (
+        event.cause == "gpu_oom" and event.stop_reason is None and job.spec.resources.kind == "mig")
 
 
 def stopped_as_asked(event: JobFailed) -> bool:
