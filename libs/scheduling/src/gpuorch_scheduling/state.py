@@ -424,7 +424,8 @@ class SchedulerState:
                         job.stopped_nodes.append(event.node_id)
                     elif event.node_id is None:
                         job.stopped_nodes = [a.node_id for a in job.assignments]
-                elif job is not None and current and job.holds_capacity and outgrew_gpu_memory(event, job):
+                elif job is not None and current and job.state in ("placed", "running") \
+                        and outgrew_gpu_memory(event, job):
                     job.reason = event.reason  # stays active until the scheduler decides (escalation.py)
                 elif job is not None and current and (
                     job.holds_capacity or (event.placement_id is None and job.state == "queued")
