@@ -15,7 +15,7 @@ from gpuorch_contracts import GpuAllocation, GpuRequest, JobFailed, JobFinished,
 
 from gpuorch_executor.gpu_memory import NvmlGpuMemory
 
-from .conftest import NODE, Harness
+from .conftest import NODE, Harness, terminal
 from .test_gpu import gpu_uuids
 
 pytestmark = pytest.mark.gpu
@@ -60,6 +60,14 @@ async def test_the_share_allocating_past_its_memory_is_stopped_and_its_neighbour
     neighbour = share_job(gpu, 64, 8)  # its context and 64 MiB: well inside its share
     await harness.executor.handle(neighbour)
     await harness.executor.handle(greedy)
+    record = harness.executor.records[greedy.placement_id]
+    log = Path(record.log_path or "")
+    await harness.until(lambda: "holding" in log.read_text() or bool(terminal(harness.publisher, greedy.placement_id)),
+                        timeout_s=60)
+    if not terminal(harness.publisher, greedy.placement_id):
+        handle = pynvml.nvmlDeviceGetHandleByUUID(gpu)
+        if record.job_pid not in {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}:
+            pytest.skip("NVML reports other pids than ours here (a container's pid namespace): nothing to watch")
     outcome = await harness.until_ended(greedy.placement_id)
     assert isinstance(outcome, JobFailed), outcome
     if outcome.stop_reason is None:  # an MPS daemon runs here: the driver refused the allocation itself

@@ -6,6 +6,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 from gpuorch_contracts import GpuAllocation, GpuRequest, JobFailed, JobFinished, JobSpec, LaunchJob, ProcessRun
 
@@ -14,7 +15,7 @@ from gpuorch_executor.backends.mps import MpsControl
 from gpuorch_executor.backends.process import ProcessBackend
 from gpuorch_executor.domain.outcome import ExitReport, classify
 from gpuorch_executor.domain.share_memory import Exceeded, ShareMemoryWatch, share_memory_limit, tolerance_mib
-from gpuorch_executor.gpu_memory import DeclaredGpuMemory
+from gpuorch_executor.gpu_memory import DeclaredGpuMemory, NvmlGpuMemory
 
 from .conftest import NODE, Harness
 
@@ -88,3 +89,27 @@ def test_a_share_starts_as_an_mps_client_with_its_limits_only_while_the_daemon_r
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipes)
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env_of(share_job("", 1, GpuRequest(gpus=1)))  # whole GPU
+
+
+async def test_nvml_memory_counts_only_the_jobs_own_processes(tmp_path: Path) -> None:
+    class FakeNvml:
+        """NVML's two calls the probe makes: the job's process and a neighbour's hold memory on the GPU."""
+
+        def __init__(self) -> None:
+            self.job_pid = 0
+
+        def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:  # noqa: N802 - NVML's name
+            return uuid
+
+        def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[SimpleNamespace]:  # noqa: N802
+            return [SimpleNamespace(pid=self.job_pid, usedGpuMemory=3000 << 20),
+                    SimpleNamespace(pid=1, usedGpuMemory=30720 << 20)]
+
+    nvml = FakeNvml()
+    harness = Harness(tmp_path / "state")
+    job = share_job("", 5)
+    await harness.executor.handle(job)
+    record = harness.executor.records[job.placement_id]
+    nvml.job_pid = record.job_pid or 0
+    assert NvmlGpuMemory(nvml).job_memory_mib(record) == 3000
+    await harness.executor.settings.backends["process"].kill(record)
