@@ -31,7 +31,7 @@ from gpuorch_executor.backends.process import ProcessBackend
 from gpuorch_executor.config import ConfigError, ExecutorConfig
 from gpuorch_executor.domain.allowlist import load_allow_list
 from gpuorch_executor.domain.job_users import JobUidsError, JobUserPool, parse_job_uids
-from gpuorch_executor.gpu_memory import probe_for
+from gpuorch_executor.gpu_memory import GpuMemoryProbe, probe_for
 from gpuorch_executor.handlers import NodeExecutor, NodeSettings
 from gpuorch_executor.lease import LeaseRenewer
 from gpuorch_executor.logs_http import LogServer, start_log_endpoint
@@ -114,13 +114,15 @@ def closed_ancestor(path: Path) -> Path | None:
     return None
 
 
-def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None) -> tuple[dict[str, Backend],
-                                                                                         JobIsolation]:
-    """The runtimes this node offers, and what they enforce (logged now; sent on every heartbeat)."""
+def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None,
+                   gpu_memory: GpuMemoryProbe | None = None) -> tuple[dict[str, Backend], JobIsolation]:
+    """The runtimes this node offers, and what they enforce (logged now; sent on every heartbeat); ``gpu_memory``:
+    the share watchdog's probe (None: shares are not watched)."""
     backends: dict[str, Backend] = {}
     notes: list[str] = []
     limits: str = "none"
     devices_kind = mig_slices = "env_only"
+    mps: MpsControl | None = None
     if job_users is None:
         notes.append("process jobs run as the executor's user (GPUORCH_EXECUTOR_JOB_UIDS off, or not root): "
                      "they can read its state and signal each other")
@@ -164,6 +166,7 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
         limits=limits,  # type: ignore[arg-type]
         containers="gpus_flag" if "container" in backends else "disabled", notes=notes[:8],
         mig_slices=mig_slices if "process" in config.runtimes else None,  # type: ignore[arg-type]
+        shares="none" if gpu_memory is None else "mps" if mps is not None and mps.pipe_directory() else "watchdog",
     )
     log.info("executor.isolation", **isolation.model_dump())
     return backends, isolation
@@ -177,8 +180,8 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     job_users = build_job_users(config)
     refuse_unsandboxed(config, job_users)
     prepare_state_root(config.state_root, job_users)
-    backends, isolation = build_backends(config, job_users)
     gpu_memory = probe_for(config.gpu_memory_probe)
+    backends, isolation = build_backends(config, job_users, gpu_memory)
     log.info("executor.share_watchdog", probe=gpu_memory.name if gpu_memory else "off",
              tolerance_pct=config.share_tolerance_pct, sustain_s=config.share_sustain_s)
     executors = [

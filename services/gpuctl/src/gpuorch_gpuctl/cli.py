@@ -630,7 +630,9 @@ def isolation_text(isolation: dict[str, Any] | None) -> str:
     limits = isolation.get("limits", "none")
     limits = f"limits {limits}" if limits != "none" else "[yellow]no limits[/yellow]"
     containers = ", containers --gpus" if isolation.get("containers") == "gpus_flag" else ""
-    return f"{users}, {devices}, {limits}{containers}"
+    shares = {"mps": ", shares MPS+watchdog", "watchdog": ", shares watchdog",
+              "none": ", [yellow]shares unenforced[/yellow]"}.get(isolation.get("shares") or "", "")
+    return f"{users}, {devices}, {limits}{containers}{shares}"
 
 
 def _colour(state: str) -> str:
