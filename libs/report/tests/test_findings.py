@@ -86,3 +86,16 @@ def test_the_retrospective_plan_serves_mig_demand_unless_the_mig_plan_hosts_it()
     hosted = waiting("no free MIG instance of 1g.10gb; the MIG plan (mode advise) would repartition a1 GPU 0 for it")
     plan = _retrospective_plan(nodes, [hosted], NOW - timedelta(hours=1), NOW)
     assert not plan.unservable and not plan.scale_outs
+
+
+def test_share_sizing_names_oversized_and_undersized_shares() -> None:
+    def job(name: str, peak: int, alloc: int = 4096, gpus: float = 0.25) -> dict[str, object]:
+        return {"job_id": f"{name}-id", "name": name, "tenant": "serving", "devices": 1, "gpus": gpus,
+                "alloc_memory_mib_per_gpu": alloc, "peak_memory_mib_per_gpu": peak}
+
+    found = findings.share_sizing([job("greedy", 30720), job("tiny", 500), job("fits", 3500),
+                                   job("whole", 500, 81920, 1.0)])
+    assert [(c.kind, c.subject) for c in found] == [("share_size", "greedy"), ("share_size", "tiny")]
+    assert "undersized share: its GPU memory peaked at 30720 MiB of the 4096 MiB share" in found[0].text
+    assert "a share of 36864 MiB" in found[0].text
+    assert "oversized share" in found[1].text and "a share of 768 MiB" in found[1].text

@@ -122,7 +122,8 @@ async def test_a_submitter_sees_its_tenants_and_an_operator_sees_all(api: Runnin
         assert (node["mig_slices_total"], node["mig_slices_free"]) == (7, 6)
         held = next(s for s in node["gpus"][2]["mig_slices"] if s["allocated"])
         assert (held["utilization_pct"], held["memory_used_mib"]) == (55.0, 3000)
-        assert node["gpus"][0]["jobs"] == [{"job_id": None, "tenant": "other tenant", "milli": 1000, "mig_profile": None}]
+        assert node["gpus"][0]["jobs"] == [{"job_id": None, "tenant": "other tenant", "milli": 1000, "mig_profile": None,
+                                            "memory_mib": None, "memory_used_mib": None, "utilization_pct": None}]
         assert node["last_seen"] is not None
 
         queues = {q["tier"]: q for q in (await http.get("/api/v1/queues", headers=auth("ops"))).json()}

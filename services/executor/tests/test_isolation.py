@@ -39,6 +39,7 @@ from gpuorch_executor.config import ConfigError, ExecutorConfig
 from gpuorch_executor.domain.allowlist import AllowList, TenantPolicy
 from gpuorch_executor.domain.job_users import JobUidsError, JobUserPool, parse_job_uids
 from gpuorch_executor.entrypoint import build_backends, build_job_users, prepare_state_root
+from gpuorch_executor.gpu_memory import DeclaredGpuMemory
 
 from .conftest import NODE, Harness, launch_job, terminal
 
@@ -612,6 +613,9 @@ def test_the_executor_reports_what_it_does_not_enforce() -> None:
     assert any("not device-confined" in note for note in isolation.notes)
     _, isolated = build_backends(_config(**off), JobUserPool(61000, 61001))
     assert isolated.job_users == "per_job_uid"
+    assert isolation.shares == "none"  # no GPU memory probe: share jobs are not held to their memory
+    _, watched = build_backends(_config(**off, GPUORCH_EXECUTOR_MPS_PIPE_DIRECTORY="off"), None, DeclaredGpuMemory())
+    assert watched.shares == "watchdog"
 
 
 def test_a_device_cgroup_is_reported(any_device_cgroup: DeviceCgroupV1 | DeviceCgroupV2) -> None:

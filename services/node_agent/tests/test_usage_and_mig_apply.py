@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -57,6 +58,17 @@ def test_declared_usage_of_a_process_shows_on_its_gpu(spawn):
     assert busy.power_w > idle.power_w and busy.temperature_c > idle.temperature_c
     heartbeat = agent.heartbeat_messages()[-1]
     assert heartbeat.gpus[1].utilization_pct == 85 and heartbeat.gpus[1].memory_used_mib == 20000
+
+
+def test_declared_memory_grows_while_the_process_runs(spawn):
+    agent = _node(node_id="usage-node-3")
+    job = spawn({"CUDA_VISIBLE_DEVICES": agent.uuid_of(0), "GPUORCH_SIM_USAGE": "mem_mib=3000,mem_mib_from=0.5:30720"})
+    seen = [_samples(agent)[0].memory_used_mib]
+    give_up = time.monotonic() + 30  # guards against a hang only: the step shows once the process is 0.5 s old
+    while seen[-1] != 30720:
+        assert seen[-1] in (0, 3000) and job.poll() is None and time.monotonic() < give_up, seen[-5:]
+        seen.append(_samples(agent)[0].memory_used_mib)
+    assert 3000 in seen or seen[0] == 30720  # on a slow machine the first scan may already be past the step
 
 
 def test_default_usage_is_plausible_and_throttle_can_be_declared(spawn):

@@ -8,6 +8,7 @@ import pytest
 from gpuorch_contracts import GpuSample, ProcessUsage
 from gpuorch_telemetry.domain.attribution import ActiveAllocation, attribute_gpu_sample, throttle_flags
 from gpuorch_telemetry.domain.detection import (
+    CONTENDED,
     IDLE,
     MEMORY_PRESSURE,
     OVERSIZED,
@@ -16,6 +17,7 @@ from gpuorch_telemetry.domain.detection import (
     DetectionConfig,
     DeviceWindow,
     JobFacts,
+    Neighbour,
     evaluate_job,
     health_event_finding,
 )
@@ -57,6 +59,17 @@ def test_child_process_on_a_gpu_held_alone_belongs_to_the_job() -> None:
     assert result.process_jobs == [job]
     assert result.usage[0].memory_used_mib == 5000 and result.usage[0].util_pct == 70
     assert result.usage[0].alloc_memory_mib == 81920
+
+
+def test_a_share_never_takes_a_process_it_did_not_start() -> None:
+    job = uuid.uuid4()
+    sample = GpuSample(index=0, uuid="GPU-a", utilization_pct=70, memory_total_mib=81920, processes=[
+        ProcessUsage(pid=101, pgid=100, gpu_memory_mib=3000),  # the share's own child
+        ProcessUsage(pid=999, gpu_memory_mib=30720),  # a neighbour whose allocation telemetry does not know
+    ])
+    result = attribute_gpu_sample(sample, [_alloc(job, "GPU-a", milli=250, pid=100)])
+    assert result.process_jobs == [job, None]
+    assert result.usage[0].memory_used_mib == 3000
 
 
 def test_shared_gpu_attributes_by_process_group_and_splits_utilisation_by_memory() -> None:
@@ -143,6 +156,25 @@ def test_oversized_advice_names_profile_share_and_precisions() -> None:
     assert "1g.10gb" in (finding.advice or "") and "fp16" in (finding.advice or "")
     assert finding.evidence["fp16_weights_mib"] == 2862 and finding.evidence["int8_weights_mib"] == 1431
     assert finding.evidence["recommended_share_milli"] == 600
+
+
+def test_a_share_starved_by_a_busy_neighbour_on_a_saturated_gpu_is_contended() -> None:
+    serving = JobFacts(job_id=uuid.uuid4(), tenant="serving", name="chat", tier="inference", state="running",
+                       cpu_milli=1000, model_parameter_count=None, model_dtype=None, running_for_s=600.0)
+    batch = JobFacts(job_id=uuid.uuid4(), tenant="research", name="embed", tier="batch", state="running",
+                     cpu_milli=1000, model_parameter_count=None, model_dtype=None, running_for_s=600.0)
+    share = dict(alloc_milli=250, alloc_memory_mib=8192, peak_memory_mib=6000, lifetime_peak_memory_mib=6000,
+                 mean_gpu_util_pct=98.0, mean_host_cpu_pct=20.0)
+    victim = _window(**share, mean_util_pct=35.0)
+    noisy = Neighbour(batch, _window(**share, mean_util_pct=100.0))
+    [finding] = evaluate_job(serving, [victim], DetectionConfig(), [noisy]).findings
+    assert finding.kind == CONTENDED and finding.severity == "warning"  # inference: latency-sensitive
+    assert "got 35 % of its 250-milli share" in finding.explanation and "embed" in finding.explanation
+    calm = evaluate_job(serving, [victim], DetectionConfig(), [Neighbour(batch, _window(**share, mean_util_pct=50.0))])
+    assert calm.findings == [] and CONTENDED in calm.cleared  # the neighbour keeps to its share
+    unsaturated = _window(**{**share, "mean_gpu_util_pct": 60.0}, mean_util_pct=35.0)
+    assert evaluate_job(serving, [unsaturated], DetectionConfig(), [noisy]).findings == []
+    assert CONTENDED not in evaluate_job(JOB, [_window()], DetectionConfig(), [noisy]).cleared  # a whole GPU
 
 
 def test_xid_health_event_explains_the_class() -> None:

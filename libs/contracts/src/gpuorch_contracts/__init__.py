@@ -10,6 +10,7 @@ from gpuorch_contracts.capacity import FleetScaleRequested
 from gpuorch_contracts.commands import ApplyMigLayout, LaunchJob, MigGpuLayout, StopJob
 from gpuorch_contracts.envelope import MAX_MESSAGE_BYTES, Message, utc_now
 from gpuorch_contracts.jobs import (
+    AUTO_SHARE_DEFAULT_MIB,
     MAX_DEPENDENCIES,
     MAX_GANG_GPUS,
     MAX_GANG_NODES,
@@ -86,7 +87,7 @@ from gpuorch_contracts.telemetry import AlertRaised, AlertResolved, Recommendati
 from gpuorch_contracts.text import output_tail_text, reason_text, strip_terminal_controls
 
 __all__ = [
-    "COMMANDS_EXCHANGE", "DEAD_LETTER_EXCHANGE", "EVENTS_EXCHANGE", "MAX_MESSAGE_BYTES", "MESSAGE_TYPES",
+    "AUTO_SHARE_DEFAULT_MIB", "COMMANDS_EXCHANGE", "DEAD_LETTER_EXCHANGE", "EVENTS_EXCHANGE", "MAX_MESSAGE_BYTES", "MESSAGE_TYPES",
     "PRIORITY_VALUE", "SUBMIT_EXCHANGE", "SUBMIT_SHARED_EXCHANGE", "TERMINAL_STATES",
     "ApplyMigLayout", "ExecutorHeartbeat", "FleetAlert", "MigGpuOutcome", "MigLayoutApplied", "MigPlanProposed", "MigProposalView", "MigReconfiguration", "MigSlot",
     "NodeLivenessChanged", "CancelJob", "Checkpoint", "ContainerRun", "Gang", "GpuAllocation", "GpuHealthChanged",

@@ -61,16 +61,34 @@ class ContainerRun(Strict):
     env: Annotated[dict[Name, Arg], Field(max_length=128)] = {}
 
 
+AUTO_SHARE_DEFAULT_MIB = 8192
+"""The memory of a ``gpu_memory_auto`` share with no history (nor a ``gpu_memory_mib`` of its own)."""
+
+
 class GpuRequest(Strict):
     """GPUs a job needs on each node it runs on."""
 
     gpus: int = Field(default=0, ge=0, le=64, description="whole GPUs per node")
     gpu_milli: int | None = Field(default=None, ge=1, le=999, description="share of one GPU, in thousandths")
-    gpu_memory_mib: int | None = Field(default=None, ge=1, le=1_048_576, description="GPU memory of a share")
+    gpu_memory_mib: int | None = Field(default=None, ge=1, le=1_048_576, description=(
+        "GPU memory of a share; \"auto\" is accepted as input for gpu_memory_auto"))
+    gpu_memory_auto: bool = Field(default=False, description=(
+        "size the share's memory from use: the API asks for the p95 of the peak GPU memory of earlier runs with the "
+        "same name and tenant, or gpu_memory_mib (default AUTO_SHARE_DEFAULT_MIB) without history"))
     mig_profiles: Annotated[list[MigProfileName], Field(max_length=16)] = []
     gpu_models: Annotated[list[Name], Field(max_length=32)] = Field(
         default=[], description="accepted GPU models; empty accepts any"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_memory(cls, data: object) -> object:
+        """``gpu_memory_mib: auto`` (a YAML spec, ``gpuctl submit --share auto``) is ``gpu_memory_auto: true``."""
+        if isinstance(data, dict) and data.get("gpu_memory_mib") == "auto":
+            data = {k: v for k, v in data.items() if k != "gpu_memory_mib"} | {"gpu_memory_auto": True}
+        if isinstance(data, dict) and data.get("gpu_memory_auto") and data.get("gpu_memory_mib") is None:
+            data = data | {"gpu_memory_mib": AUTO_SHARE_DEFAULT_MIB}
+        return data
 
     @model_validator(mode="after")
     def _one_shape(self) -> GpuRequest:
@@ -320,10 +338,14 @@ class JobFailed(TenantRouted):
     reason: ShortText
     exit_code: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
     duration_s: Seconds | None = None
-    stop_reason: Literal["cancel", "preempt", "max_runtime", "drain", "fenced"] | None = Field(
+    stop_reason: Literal["cancel", "preempt", "max_runtime", "drain", "fenced", "gpu_memory_exceeded"] | None = Field(
         default=None, description="set by the executor when the placement ended because it was stopped "
-        "(a StopJob's reason, max runtime, or fencing); None when the job ended by itself",
+        "(a StopJob's reason, max runtime, fencing, or its share's GPU memory watchdog); None when the job ended "
+        "by itself",
     )
+    gpu_memory_peak_mib: int | None = Field(default=None, ge=0, le=16_777_216, description=(
+        "with stop_reason gpu_memory_exceeded: the most GPU memory the job's processes held, in MiB (the "
+        "scheduler sizes the job's next ask from it)"))
 
 
 class JobCheckpointed(TenantRouted):
@@ -366,6 +388,9 @@ class JobRequeued(TenantRouted):
     preempted: bool = Field(
         default=False, description="requeued after a preemption (does not count against max_requeues)",
     )
+    resources: GpuRequest | None = Field(default=None, description=(
+        "the GPU ask the job is queued with from now on, when the requeue changed it (a share escalated after it "
+        "outgrew its GPU memory); None keeps the ask it had"))
 
 
 class JobCancelled(TenantRouted):

@@ -200,6 +200,10 @@ class JobIsolation(Strict):
         "slice's capability nodes (``cgroup_*``), or told apart from the other slices of the same GPU by "
         "``CUDA_VISIBLE_DEVICES`` only (``env_only``: the driver's capabilities are not device nodes, or devices "
         "are not confined at all); None from an executor older than this field")
+    shares: Literal["mps", "watchdog", "none"] | None = Field(
+        default=None, description="GPU memory of share jobs: MPS limits (the node's MPS daemon ran when the executor "
+        "started) and the watchdog, the watchdog alone, or not enforced (its probe is off); docs/sharing.md. None "
+        "from an executor older than this field")
     notes: Annotated[list[ShortText], Field(max_length=8)] = []
 
 

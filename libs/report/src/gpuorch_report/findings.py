@@ -3,6 +3,8 @@
     jobs (allocated vs used, idle GPU-h) ──► idle_tenants        who holds idle GPUs, and what that cost
     oversized advice (evidence)          ──► right_sizing        which jobs to move to a MIG profile or a share,
                                                                  and how many GPUs that frees
+    shares (peak vs share memory)        ──► share_sizing        shares oversized or undersized, and the size
+                                                                 that fits
     scheduler jobs (shape, wait, state)  ──► short_of            request shapes that waited or can never run:
                                                                  is the fleet short of a GPU model or profile?
     GPU rollups (throttled_s, temp)      ──► throttling          nodes whose GPUs throttle (hot-spots)
@@ -33,7 +35,7 @@ THROTTLE_SHARE = 0.10
 @dataclass(frozen=True)
 class Conclusion:
     kind: str
-    """idle_gpus | right_size | short_of | throttling | autoscaler"""
+    """idle_gpus | right_size | share_size | short_of | throttling | autoscaler"""
     subject: str
     text: str
     gpu_hours: float | None = None
@@ -97,6 +99,38 @@ def right_sizing(jobs: list[dict[str, Any]], oversized: list[dict[str, Any]]) ->
             gpus_freed=freed,
         ))
     return sorted(out, key=lambda c: -(c.gpus_freed or 0))
+
+
+SHARE_OVERSIZED = 0.5
+"""A share whose peak GPU memory stayed below this fraction of its memory is oversized."""
+SHARE_HEADROOM = 0.2
+
+
+def share_sizing(jobs: list[dict[str, Any]]) -> list[Conclusion]:
+    """Shares (less than one GPU, with a memory size) whose peak GPU memory was above their share (undersized: the
+    watchdog stops them, docs/sharing.md) or below ``SHARE_OVERSIZED`` of it (oversized), with the size that holds
+    the peak plus ``SHARE_HEADROOM`` (``--share auto`` asks for it from the runs' p95)."""
+    out = []
+    for job in jobs:
+        alloc, peak = job.get("alloc_memory_mib_per_gpu"), job.get("peak_memory_mib_per_gpu")
+        gpus = job.get("gpus")
+        if not alloc or peak is None or gpus is None or gpus >= (job.get("devices") or 1):
+            continue
+        if peak > alloc:
+            verdict = "undersized"
+        elif peak < SHARE_OVERSIZED * alloc:
+            verdict = "oversized"
+        else:
+            continue
+        fits = int(-(-peak * (1 + SHARE_HEADROOM) // 256) * 256)
+        name = job.get("name") or job["job_id"][:8]
+        out.append(Conclusion(
+            "share_size", name,
+            f"Job {name} of tenant {job.get('tenant') or '?'} has an {verdict} share: its GPU memory peaked at "
+            f"{peak} MiB of the {alloc} MiB share; a share of {fits} MiB holds the peak plus "
+            f"{SHARE_HEADROOM:.0%} (or --share auto).",
+        ))
+    return sorted(out, key=lambda c: c.subject)
 
 
 def shape_of(spec: dict[str, Any]) -> str:

@@ -218,6 +218,7 @@ async def read_report(conn: asyncpg.Connection, period: Period, *, tenants: Coll
     conclusions = [
         *findings.idle_tenants(ordered, jobs),
         *findings.right_sizing(jobs, oversized),
+        *findings.share_sizing(jobs),
         *findings.short_of(waits),
         *findings.throttling(throttle),
         *findings.autoscaler(plan, recorded),

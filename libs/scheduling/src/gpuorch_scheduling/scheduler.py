@@ -60,7 +60,7 @@ from gpuorch_contracts import (
 from gpuorch_contracts.jobs import TenantRouted
 from gpuorch_identity import IdentityMap, Rejection, acting_user, authorize_cancel, authorize_submission
 
-from gpuorch_scheduling import dependencies, mig
+from gpuorch_scheduling import dependencies, escalation, mig
 from gpuorch_scheduling.applier import apply_plan
 from gpuorch_scheduling.cycle import CycleLimits, CycleResult, Waiting, schedule
 from gpuorch_scheduling.decisions import (
@@ -214,6 +214,8 @@ class Scheduler:
                 return  # already applied: a redelivery
             if isinstance(incoming, JobLost):
                 decision, follow_up = after_lost(self.state, incoming), None
+            elif isinstance(incoming, JobFailed) and escalation.escalates(self.state, incoming):
+                decision, follow_up = escalation.after_gpu_memory_exceeded(self.state, incoming), None
             known.logged_ids.add(incoming.message_id)
             self._record(step, incoming, item.trace, stamp=False)
             if not isinstance(incoming, JobStarted | JobCheckpointed):

@@ -424,6 +424,9 @@ class SchedulerState:
                         job.stopped_nodes.append(event.node_id)
                     elif event.node_id is None:
                         job.stopped_nodes = [a.node_id for a in job.assignments]
+                elif job is not None and current and job.state in ("placed", "running") \
+                        and outgrew_gpu_memory(event, job):
+                    job.reason = event.reason  # stays active until the scheduler decides (escalation.py)
                 elif job is not None and current and (
                     job.holds_capacity or (event.placement_id is None and job.state == "queued")
                 ):
@@ -450,6 +453,8 @@ class SchedulerState:
                     job.requeues, job.reason, job.enqueued_at = event.requeues, event.reason, at
                     job.queued_seq = self._next_seq()
                     job.preempting_at, job.stopped_nodes = None, []
+                    if event.resources is not None:  # an escalated share (escalation.py)
+                        job.spec = job.spec.model_copy(update={"resources": event.resources})
                     if event.preempted:
                         job.preemptions += 1
             case JobCancelled():
@@ -676,6 +681,16 @@ class SchedulerState:
             state._ended.append((t, uuid.UUID(j)))
             state._ending.add(uuid.UUID(j))
         return state
+
+
+def outgrew_gpu_memory(event: JobFailed, job: JobRecord) -> bool:
+    """Did this placement end because it outgrew its GPU memory: a share stopped by the executor's watchdog, or a
+    MIG job out of memory in its slice (``escalation.py`` decides what follows)? Only an executor's report (it
+    names the node); the scheduler's own failure after an escalation does not."""
+    if event.node_id is None:
+        return False
+    return event.stop_reason == "gpu_memory_exceeded" or (
+        event.cause == "gpu_oom" and event.stop_reason is None and job.spec.resources.kind == "mig")
 
 
 def stopped_as_asked(event: JobFailed) -> bool:

@@ -12,14 +12,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+from gpuorch_contracts import JobSpec
 from gpuorch_identity import IdentityMap
 from gpuorch_messaging import Broker
 from gpuorch_messaging.senders import IdentityMode
+from gpuorch_observability import get_logger
 
+from gpuorch_api.domain import share_sizing
 from gpuorch_api.gateway import Gateway
 from gpuorch_api.live import EventStreams
 from gpuorch_api.node_logs import NodeLogEndpoints
 from gpuorch_api.readmodels import ReadModels
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -75,6 +80,17 @@ async def open_backends(*, amqp_url: str, database_url: str, identity_map: Ident
     await streams.connect()
     logs = NodeLogEndpoints(logs_secret, identity=identity, node_scopes=identity_map.node_scopes)
     await logs.watch(streams.connection)
-    return Backends(identity_map=identity_map, read=ReadModels(pool), gateway=Gateway(broker, identity_map),
+    read = ReadModels(pool)
+
+    async def size_share(spec: JobSpec) -> JobSpec:
+        """Without telemetry's tables (or the right to read them) the share keeps its default size."""
+        try:
+            peaks = await read.run_peaks(spec.name, spec.tenant, share_sizing.RUNS)
+        except asyncpg.PostgresError as exc:
+            log.warning("api.share_history_unread", error=repr(exc))
+            peaks = []
+        return share_sizing.sized_from_use(spec, peaks)
+
+    return Backends(identity_map=identity_map, read=read, gateway=Gateway(broker, identity_map, size_share),
                     streams=streams, broker=broker, pool=pool, logs=logs, quotas=quotas or {},
                     jaeger_url=jaeger_url, dlq_amqp_url=dlq_amqp_url or amqp_url)

@@ -2,6 +2,7 @@
 
     caller (token) --auth--> identity name
         submit: authorize_submission(map, name, spec)  refused -> Forbidden (403), nothing published
+                a gpu_memory_auto share: sized from earlier runs (size_share, domain.share_sizing)
                 SubmitJob(spec as authorized, on_behalf_of=name) -> gpuorch.submit / job.submit.<tenant>
         cancel: authorize_job_access(map, name, job's tenant)  refused -> Forbidden (403)
                 CancelJob(job_id, tenant, on_behalf_of=name) -> gpuorch.submit / job.cancel.<tenant>
@@ -18,6 +19,7 @@ caller as 503.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuorch_contracts import CancelJob, JobSpec, SetArrayParallelism, SubmitJob
@@ -30,9 +32,12 @@ from gpuorch_api.auth import Caller, Forbidden
 
 
 class Gateway:
-    def __init__(self, broker: Broker, identity_map: IdentityMap) -> None:
+    def __init__(self, broker: Broker, identity_map: IdentityMap,
+                 size_share: Callable[[JobSpec], Awaitable[JobSpec]] | None = None) -> None:
+        """``size_share``: resolves a ``gpu_memory_auto`` share of an authorized spec (``domain.share_sizing``)."""
         self.broker = broker
         self.identity_map = identity_map
+        self.size_share = size_share
 
     async def submit(self, caller: Caller, spec: JobSpec, job_id: uuid.UUID | None = None) -> SubmitJob:
         """Publish the caller's submission; returns the message (its ``job_id``) once the broker confirmed it.
@@ -40,6 +45,8 @@ class Gateway:
         verdict = authorize_submission(self.identity_map, caller.name, spec)
         if isinstance(verdict, Rejection):
             raise Forbidden(verdict.reason)
+        if verdict.resources.gpu_memory_auto and self.size_share is not None:
+            verdict = await self.size_share(verdict)
         message = SubmitJob(spec=verdict, producer="gpuorch-api", on_behalf_of=caller.name,
                             **({"job_id": job_id} if job_id else {}))
         # the root of the job's trace: the scheduler's spans join it from the headers; ``job_id`` as on every span of

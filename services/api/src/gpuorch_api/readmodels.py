@@ -157,6 +157,22 @@ class ReadModels:
                             "last_sample_at": r["last_sample_at"]})
         return {"devices": devices, "gpu_hours": round(gpu_hours, 6)}
 
+    async def run_peaks(self, name: str, tenant: str, runs: int) -> list[int]:
+        """The peak GPU memory (MiB, per device) of each of the latest ``runs`` ended jobs named ``name`` of
+        ``tenant`` that telemetry measured (raw samples and rollups: a run just ended has no rollup yet)."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """WITH recent AS (SELECT job_id FROM telemetry_jobs WHERE name = $1 AND tenant = $2
+                                   AND ended_at IS NOT NULL ORDER BY ended_at DESC LIMIT $3)
+                   SELECT job_id, max(peak) AS peak FROM (
+                       SELECT job_id, memory_used_max AS peak FROM telemetry_job_rollups
+                       WHERE job_id IN (SELECT job_id FROM recent)
+                       UNION ALL
+                       SELECT job_id, memory_used_mib FROM telemetry_job_samples
+                       WHERE job_id IN (SELECT job_id FROM recent)) AS peaks
+                   GROUP BY job_id""", name, tenant, runs)
+        return [int(r["peak"]) for r in rows if r["peak"] is not None]
+
     async def advice(self, job_id: uuid.UUID) -> list[dict[str, Any]]:
         """Telemetry's alerts and recommendations about the job, newest first."""
         async with self.pool.acquire() as conn:
@@ -168,7 +184,8 @@ class ReadModels:
     async def nodes(self) -> list[dict[str, Any]]:
         """Every node with its inventory, liveness, isolation and when it was last heard of (its newest GPU sample,
         else the scheduler's last change of its row); the newest sample of each GPU, and of each MIG instance a
-        job used in the last minutes (telemetry's job samples: a MIG instance has no sample of its own)."""
+        job used in the last minutes (telemetry's job samples: a MIG instance has no sample of its own); with each
+        active allocation, its job's newest sample per device (``usage``: memory and utilisation of its share)."""
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 """SELECT n.node_id, n.liveness, n.inventory::text AS inventory, n.isolation::text AS isolation,
@@ -190,6 +207,11 @@ class ReadModels:
             active = await conn.fetch(
                 "SELECT job_id, tenant, assignments::text AS assignments FROM jobs WHERE state = ANY($1::text[])",
                 list(ACTIVE_STATES))
+            job_samples = await conn.fetch(
+                """SELECT DISTINCT ON (job_id, device_uuid) job_id, device_uuid, util_pct, memory_used_mib,
+                          alloc_memory_mib
+                   FROM telemetry_job_samples WHERE sampled_at > now() - interval '1 minute'
+                   ORDER BY job_id, device_uuid, sampled_at DESC""")
         latest = {(s["node_id"], s["gpu_uuid"]): dict(s) for s in samples}
         out = []
         for r in rows:
@@ -198,7 +220,9 @@ class ReadModels:
                         "last_seen": r["last_sample_at"] or r["updated_at"],
                         "samples": {uuid_: s for (node, uuid_), s in latest.items() if node == r["node_id"]},
                         "slice_samples": {s["device_uuid"]: dict(s) for s in slices if s["node_id"] == r["node_id"]}})
-        allocations = [{"job_id": a["job_id"], "tenant": a["tenant"], "assignments": json.loads(a["assignments"])}
+        used = {(str(s["job_id"]), s["device_uuid"]): dict(s) for s in job_samples}
+        allocations = [{"job_id": a["job_id"], "tenant": a["tenant"], "assignments": json.loads(a["assignments"]),
+                        "usage": {device: u for (job, device), u in used.items() if job == str(a["job_id"])}}
                        for a in active]
         return [{**node, "allocations": allocations} for node in out]
 

@@ -102,10 +102,17 @@ class JobDetail(JobSummary):
 
 
 class JobRef(BaseModel):
+    """A job on a GPU or MIG slice; for a visible job, what it holds and uses of it now (its newest sample)."""
+
     job_id: str | None
     tenant: str
     milli: int
     mig_profile: str | None = None
+    memory_mib: int | None = None
+    """The GPU memory of its share (None: a whole GPU or a MIG slice, or not shown)."""
+    memory_used_mib: int | None = None
+    utilization_pct: float | None = None
+    """SM utilisation of its allocation (100: it uses all of its share)."""
 
 
 class MigSlice(BaseModel):

@@ -54,6 +54,19 @@ class ExecutorConfig(BrokerSettings):
                                               "min(5, (deadline - grace) / 3); at most (deadline - grace) / 2)", gt=0)
     poll_interval_s: float = setting("GPUORCH_EXECUTOR_POLL_S", 0.1, "watch interval of exit files, kills and max "
                                      "runtimes", gt=0)
+    gpu_memory_probe: str = setting("GPUORCH_EXECUTOR_GPU_MEMORY_PROBE", "auto", "how the share watchdog reads a "
+                                    "job's GPU memory: nvml, declared (GPUORCH_SIM_USAGE, the simulated fleet), off "
+                                    "(shares are not watched) or auto (nvml where NVML initialises, else declared)",
+                                    pattern="^(auto|nvml|declared|off)$")
+    share_tolerance_pct: float = setting("GPUORCH_EXECUTOR_SHARE_TOLERANCE_PCT", 10.0, "a share job may hold this "
+                                         "much (percent of its share, at least 64 MiB) more GPU memory than its "
+                                         "share before the watchdog counts it as over", ge=0, le=1000)
+    share_sustain_s: float = setting("GPUORCH_EXECUTOR_SHARE_SUSTAIN_S", 3.0, "a share job over its GPU memory "
+                                     "this long is stopped (gpu_memory_exceeded)", ge=0, le=3600)
+    mps_pipe_directory: str = setting("GPUORCH_EXECUTOR_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps", "where the node's "
+                                      "MPS control daemon listens (its CUDA_MPS_PIPE_DIRECTORY); while it runs, "
+                                      "share jobs start as MPS clients with their memory and thread limits; 'off': "
+                                      "never (docs/sharing.md)")
     metrics_port: int = setting("GPUORCH_METRICS_PORT", 0, "port of /metrics, /healthz and /readyz (0: off)",
                                 ge=0, le=65535)
 

@@ -26,10 +26,12 @@ from gpuorch_executor.backends.cgroups import CgroupV1, CgroupV2
 from gpuorch_executor.backends.container import ContainerBackend
 from gpuorch_executor.backends.devices import DeviceConfinement, GpuDeviceNodes
 from gpuorch_executor.backends.job_users import can_switch_users, named_uids, privileged_gids
+from gpuorch_executor.backends.mps import MpsControl
 from gpuorch_executor.backends.process import ProcessBackend
 from gpuorch_executor.config import ConfigError, ExecutorConfig
 from gpuorch_executor.domain.allowlist import load_allow_list
 from gpuorch_executor.domain.job_users import JobUidsError, JobUserPool, parse_job_uids
+from gpuorch_executor.gpu_memory import GpuMemoryProbe, probe_for
 from gpuorch_executor.handlers import NodeExecutor, NodeSettings
 from gpuorch_executor.lease import LeaseRenewer
 from gpuorch_executor.logs_http import LogServer, start_log_endpoint
@@ -112,13 +114,15 @@ def closed_ancestor(path: Path) -> Path | None:
     return None
 
 
-def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None) -> tuple[dict[str, Backend],
-                                                                                         JobIsolation]:
-    """The runtimes this node offers, and what they enforce (logged now; sent on every heartbeat)."""
+def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None,
+                   gpu_memory: GpuMemoryProbe | None = None) -> tuple[dict[str, Backend], JobIsolation]:
+    """The runtimes this node offers, and what they enforce (logged now; sent on every heartbeat); ``gpu_memory``:
+    the share watchdog's probe (None: shares are not watched)."""
     backends: dict[str, Backend] = {}
     notes: list[str] = []
     limits: str = "none"
     devices_kind = mig_slices = "env_only"
+    mps: MpsControl | None = None
     if job_users is None:
         notes.append("process jobs run as the executor's user (GPUORCH_EXECUTOR_JOB_UIDS off, or not root): "
                      "they can read its state and signal each other")
@@ -149,7 +153,8 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
         devices_kind = confinement.kind
         mig_slices = devices_kind if confinement.cgroup is not None and confinement.devices.confines_mig else (
             "env_only")
-        backends["process"] = ProcessBackend(cgroups, confinement)
+        mps = MpsControl(config.mps_pipe_directory) if config.mps_pipe_directory != "off" else None
+        backends["process"] = ProcessBackend(cgroups, confinement, mps)
     if "container" in config.runtimes:
         try:
             backends["container"] = ContainerBackend(config.docker)
@@ -161,6 +166,7 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
         limits=limits,  # type: ignore[arg-type]
         containers="gpus_flag" if "container" in backends else "disabled", notes=notes[:8],
         mig_slices=mig_slices if "process" in config.runtimes else None,  # type: ignore[arg-type]
+        shares="none" if gpu_memory is None else "mps" if mps is not None and mps.pipe_directory() else "watchdog",
     )
     log.info("executor.isolation", **isolation.model_dump())
     return backends, isolation
@@ -174,12 +180,17 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     job_users = build_job_users(config)
     refuse_unsandboxed(config, job_users)
     prepare_state_root(config.state_root, job_users)
-    backends, isolation = build_backends(config, job_users)
+    gpu_memory = probe_for(config.gpu_memory_probe)
+    backends, isolation = build_backends(config, job_users, gpu_memory)
+    log.info("executor.share_watchdog", probe=gpu_memory.name if gpu_memory else "off",
+             tolerance_pct=config.share_tolerance_pct, sustain_s=config.share_sustain_s)
     executors = [
         NodeExecutor(NodeSettings(node_id=node_id, state_dir=config.state_dir(node_id), backends=backends,
                                   allow_list=allow_list, producer=f"executor/{node_id}",
                                   poll_interval_s=config.poll_interval_s, job_users=job_users,
-                                  unsandboxed=config.unsandboxed), broker)
+                                  unsandboxed=config.unsandboxed, gpu_memory=gpu_memory,
+                                  share_tolerance_pct=config.share_tolerance_pct,
+                                  share_sustain_s=config.share_sustain_s), broker)
         for node_id in config.node_ids
     ]
     for executor in executors:

@@ -14,6 +14,7 @@ from gpuorch_executor.backends.base import Backend
 from gpuorch_executor.domain.allowlist import DEFAULT_ALLOW_LIST, AllowList
 from gpuorch_executor.domain.job_users import JobUserPool
 from gpuorch_executor.domain.placement import PlacementRecord
+from gpuorch_executor.gpu_memory import GpuMemoryProbe
 from gpuorch_executor.outbox import EventOutbox
 from gpuorch_executor.placement_store import PlacementStore
 from gpuorch_executor.supervision import Supervisors
@@ -36,6 +37,14 @@ class NodeSettings:
     job_users: JobUserPool | None = None
     """The uids process jobs run as, one per job (shared by every node of this process); ``None``: jobs run as
     the executor's own user (reported in ``ExecutorHeartbeat.isolation``), and only with ``unsandboxed``."""
+    gpu_memory: GpuMemoryProbe | None = None
+    """Reads a placement's GPU memory for the share watchdog (``share_watchdog``); None: shares are not watched."""
+    share_tolerance_pct: float = 10.0
+    """A share may exceed its memory by this much (at least 64 MiB) before the watchdog counts it as over."""
+    share_sustain_s: float = 3.0
+    """... and must stay over that long before it is stopped."""
+    share_sample_s: float = 1.0
+    """Seconds between two samples of one share placement's GPU memory."""
     unsandboxed: bool = False
     """The operator's opt-out (``GPUORCH_EXECUTOR_UNSANDBOXED``): without ``job_users``, process jobs run as the
     executor's own user; unset, every process job is refused instead."""

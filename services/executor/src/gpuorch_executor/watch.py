@@ -12,7 +12,8 @@ Guarantees:
 
 Pipeline per tick: supervisor handles reaped -> for each active placement not under a command: ``exit.json``?
 -> classify (``domain.outcome``) -> outcome; stopping? -> checkpoint file? -> JobCheckpointed; kill time passed?
--> SIGKILL; max runtime passed? -> stop; supervisor and job gone? -> JobLost.
+-> SIGKILL; max runtime passed? -> stop; share over its GPU memory (``share_watchdog``)? -> stop; supervisor and
+job gone? -> JobLost.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from gpuorch_executor.domain.lifecycle import StopReason
 from gpuorch_executor.domain.outcome import ExitReport, Outcome, classify
 from gpuorch_executor.domain.placement import PlacementRecord, StopRequest
 from gpuorch_executor.domain.reports import checkpointed_event, lost_event, outcome_event, started_event
+from gpuorch_executor.domain.share_memory import Exceeded
 from gpuorch_executor.node import NodeContext
 from gpuorch_executor.placement_store import read_tail
+from gpuorch_executor.share_watchdog import ShareWatchdog
 
 log = get_logger(__name__)
 
@@ -53,6 +56,7 @@ ADOPTION_START_TOLERANCE_S = 5.0
 class PlacementWatch:
     def __init__(self, node: NodeContext) -> None:
         self.node = node
+        self.shares = ShareWatchdog(node)
 
     # -- launching --------------------------------------------------------------------------------------------
 
@@ -119,10 +123,12 @@ class PlacementWatch:
 
     # -- stopping ---------------------------------------------------------------------------------------------
 
-    async def begin_stop(self, record: PlacementRecord, reason: StopReason, grace_s: float) -> None:
+    async def begin_stop(self, record: PlacementRecord, reason: StopReason, grace_s: float,
+                         exceeded: Exceeded | None = None) -> None:
         """Record the stop, send the checkpoint signal, and leave the SIGKILL at ``now + grace_s`` to ``tick``.
 
         A second stop of a placement already stopping only brings its kill time closer, never further.
+        ``exceeded``: the share watchdog's verdict (reason ``gpu_memory_exceeded``), kept in the record.
         """
         now, now_monotonic = self.node.clock(), self.node.monotonic()
         if record.stop is not None:
@@ -133,7 +139,9 @@ class PlacementWatch:
             return
         signal_name = record.launch.spec.checkpoint.signal if record.launch else "SIGTERM"
         record.stop = StopRequest(reason=reason, requested_at=now, kill_at=now + grace_s,
-                                  kill_at_monotonic=now_monotonic + grace_s, signal=signal_name)
+                                  kill_at_monotonic=now_monotonic + grace_s, signal=signal_name,
+                                  gpu_memory_used_mib=exceeded.used_mib if exceeded else None,
+                                  gpu_memory_limit_mib=exceeded.limit_mib if exceeded else None)
         if record.state == "running":
             record.advance("stopping")
         self.node.store.save(record)  # durable before the signal: a restart resumes the stop where it was
@@ -219,6 +227,9 @@ class PlacementWatch:
         elif self._max_runtime_exceeded(record, now):
             assert record.launch is not None
             await self.begin_stop(record, "max_runtime", record.launch.spec.checkpoint.grace_s)
+        elif (exceeded := self.shares.check(record)) is not None:
+            assert record.launch is not None
+            await self.begin_stop(record, "gpu_memory_exceeded", record.launch.spec.checkpoint.grace_s, exceeded)
         if self.node.supervisors.alive(record):
             return
         exit_status = self.node.store.read_exit(record.placement_id)  # it may have written it just before exiting
@@ -267,7 +278,10 @@ class PlacementWatch:
             memory_limited=record.memory_limited, container=record.runtime == "container",
         )
         stop_reason = record.stop.reason if record.stop else ("fenced" if exit_status.get("fenced") else None)
-        outcome = classify(report, stop_reason, record.checkpoint_reported)
+        stop = record.stop
+        exceeded = Exceeded(stop.gpu_memory_used_mib, stop.gpu_memory_limit_mib) if stop is not None \
+            and stop.gpu_memory_used_mib is not None and stop.gpu_memory_limit_mib is not None else None
+        outcome = classify(report, stop_reason, record.checkpoint_reported, exceeded)
         finished_at = exit_status.get("finished_at")
         ended_at = datetime.fromtimestamp(float(finished_at), UTC) if isinstance(finished_at, int | float) else None
         self.conclude_outcome(record, outcome, ended_at)
@@ -283,6 +297,7 @@ class PlacementWatch:
         log.warning("job.lost", placement_id=str(record.placement_id), reason=reason)
 
     def _end(self, record: PlacementRecord, event: Message) -> None:
+        self.shares.forget(record.placement_id)
         record.advance("ended")
         record.outcome_type = event.TYPE
         record.traceparent = _run_span(record, event) or record.traceparent

@@ -135,6 +135,9 @@ def submit(
     gpus: Annotated[int | None, typer.Option(help="whole GPUs per node")] = None,
     gpu_milli: Annotated[int | None, typer.Option(help="share of one GPU in thousandths (1-999)")] = None,
     gpu_memory: Annotated[int | None, typer.Option(help="GPU memory of a share, MiB")] = None,
+    share: Annotated[str | None, typer.Option(help="'auto': a share whose GPU memory is the p95 peak of earlier "
+                                              "runs with this name and tenant (a default without history; "
+                                              "docs/sharing.md)")] = None,
     mig: Annotated[list[str] | None, typer.Option(help="acceptable MIG profile (repeatable)")] = None,
     gpu_model: Annotated[list[str] | None, typer.Option(help="accepted GPU model (repeatable)")] = None,
     nodes: Annotated[int | None, typer.Option(help="gang: number of nodes (all or nothing)")] = None,
@@ -171,6 +174,10 @@ def submit(
     spec.update({k: v for k, v in fields.items() if v is not None})
     resources = {"gpus": gpus, "gpu_milli": gpu_milli, "gpu_memory_mib": gpu_memory, "mig_profiles": mig,
                  "gpu_models": gpu_model}
+    if share is not None:
+        if share != "auto":
+            fail(f"--share takes 'auto', not {share!r} (a fixed share: --gpu-milli and --gpu-memory)", USAGE)
+        resources["gpu_memory_auto"] = True
     if any(v is not None for v in resources.values()):
         spec["resources"] = {**spec.get("resources", {}), **{k: v for k, v in resources.items() if v is not None}}
     if nodes is not None:
@@ -623,7 +630,9 @@ def isolation_text(isolation: dict[str, Any] | None) -> str:
     limits = isolation.get("limits", "none")
     limits = f"limits {limits}" if limits != "none" else "[yellow]no limits[/yellow]"
     containers = ", containers --gpus" if isolation.get("containers") == "gpus_flag" else ""
-    return f"{users}, {devices}, {limits}{containers}"
+    shares = {"mps": ", shares MPS+watchdog", "watchdog": ", shares watchdog",
+              "none": ", [yellow]shares unenforced[/yellow]"}.get(isolation.get("shares") or "", "")
+    return f"{users}, {devices}, {limits}{containers}{shares}"
 
 
 def _colour(state: str) -> str:

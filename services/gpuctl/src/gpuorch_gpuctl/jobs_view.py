@@ -116,7 +116,8 @@ def gpu_text(row: dict[str, Any]) -> str:
     parts = []
     for a in assignments or []:
         for g in a.get("gpus", []):
-            label = g.get("mig_profile") or ("" if g.get("milli", 1000) == 1000 else f"{g['milli']}m")
+            label = g.get("mig_profile") or ("" if g.get("milli", 1000) == 1000 else f"{g['milli']}m" + (
+                f"/{g['memory_mib']}MiB" if g.get("memory_mib") else ""))
             parts.append(f"{g['gpu_index']}{':' + label if label else ''}")
     return ",".join(parts) or "-"
 

@@ -1,6 +1,7 @@
 """gpuctl top: a live terminal view of the fleet from the API, refreshed every few seconds.
 
-    /api/v1/nodes   -> per node and GPU (and MIG slice): utilisation, memory, temperature, health, jobs
+    /api/v1/nodes   -> per node and GPU (and MIG slice): utilisation, memory, temperature, health, jobs (a share
+                       with the memory and SM it uses of its share)
     /api/v1/queues  -> per tier: depth, oldest wait, why jobs wait
     /api/v1/jobs?state=running -> top jobs by GPU-hours so far (GPUs held x time since start)
 
@@ -48,6 +49,15 @@ def _pct(value: Any) -> str:
     return "-" if value is None else f"{value:.0f}%"
 
 
+def holder(job: dict[str, Any]) -> str:
+    """A job on a GPU: its tenant; for a share, what it uses of it: ``serving 250m 3000/4096MiB 40%``."""
+    if job.get("milli", 1000) >= 1000 or job.get("mig_profile"):
+        return cell(job["tenant"])
+    used = job.get("memory_used_mib")
+    memory = f" {'-' if used is None else used}/{job['memory_mib']}MiB" if job.get("memory_mib") else ""
+    return f"{cell(job['tenant'])} {job['milli']}m{memory} {_pct(job.get('utilization_pct'))}"
+
+
 def frame(nodes: list[dict[str, Any]], queues: list[dict[str, Any]], running: list[dict[str, Any]],
           now: datetime, height: int | None = None) -> Group:
     """One screen: GPUs (and MIG slices), queues per tier, top jobs by GPU-hours; at most ``height`` lines when
@@ -81,7 +91,7 @@ def _frame(nodes: list[dict[str, Any]], queues: list[dict[str, Any]], running: l
         for gpu in node["gpus"]:
             memory = "-" if gpu["memory_used_mib"] is None else f"{gpu['memory_used_mib']}/{gpu['memory_total_mib']} MiB"
             health = "[green]ok[/green]" if gpu["health"] == "healthy" else f"[red]{cell(gpu['health'])}[/red]"
-            holders = ", ".join(cell(j["tenant"]) for j in gpu["jobs"]) or "[dim]free[/dim]"
+            holders = ", ".join(holder(j) for j in gpu["jobs"]) or "[dim]free[/dim]"
             rows.append((cell(node["node_id"]) + ("" if node["liveness"] == "alive"
                                                   else f" [red]({cell(node['liveness'])})[/red]"),
                          str(gpu["index"]), cell(gpu["model"]), _pct(gpu["utilization_pct"]), memory,

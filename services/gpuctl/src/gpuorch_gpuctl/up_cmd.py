@@ -93,7 +93,7 @@ def executor_isolation(log_path: Path, timeout_s: float = 60.0) -> dict[str, Any
                 if '"executor.isolation"' in line:
                     found: dict[str, Any] = json.loads(line)
                     return {k: v for k, v in found.items() if k in ("job_users", "devices", "limits", "mig_slices",
-                                                                     "containers", "notes")}
+                                                                     "containers", "notes", "shares")}
         time.sleep(0.2)
     return {"notes": ["the executor did not report its isolation within a minute (see its log)"]}
 
@@ -101,7 +101,8 @@ def executor_isolation(log_path: Path, timeout_s: float = 60.0) -> dict[str, Any
 def describe_isolation(isolation: dict[str, Any]) -> list[str]:
     """Lines for people: what is enforced, then each thing that is missing and why."""
     lines = [f"sandbox: jobs run as {'uids of their own' if isolation.get('job_users') == 'per_job_uid' else 'YOUR OWN USER (unsandboxed)'}; "
-             f"GPU devices: {isolation.get('devices', '?')}; host limits: {isolation.get('limits', '?')}"]
+             f"GPU devices: {isolation.get('devices', '?')}; host limits: {isolation.get('limits', '?')}"
+             + (f"; GPU shares: {isolation['shares']}" if isolation.get("shares") else "")]
     lines += [f"  missing: {note}" for note in isolation.get("notes", [])]
     return lines
 def up(

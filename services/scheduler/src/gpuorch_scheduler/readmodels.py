@@ -99,8 +99,8 @@ _SPEC_JSON: dict[int, tuple[Any, str]] = {}
 
 
 def _spec_json(spec: Any) -> str:
-    """A job's spec as JSON, encoded once per spec object (a job's row is written at every step of its life, its
-    spec never changes)."""
+    """A job's spec as JSON, encoded once per spec object (a job's row is written at every step of its life; its
+    spec changes only with a requeue that escalates a share, and the row's spec is rewritten only at a requeue)."""
     cached = _SPEC_JSON.get(id(spec))
     if cached is not None and cached[0] is spec:
         return cached[1]
@@ -143,6 +143,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10::text::jsonb, $11, 
         $20, $21, $22, $23::text::jsonb)
 ON CONFLICT (job_id) DO UPDATE SET
     state = excluded.state, placement_id = excluded.placement_id, node_ids = excluded.node_ids,
+    spec = CASE WHEN excluded.requeues <> jobs.requeues THEN excluded.spec ELSE jobs.spec END,
     assignments = excluded.assignments, exit_code = excluded.exit_code, reason = excluded.reason,
     pending_reason = excluded.pending_reason, requeues = excluded.requeues, log_path = excluded.log_path,
     placed_at = excluded.placed_at, started_at = excluded.started_at, ended_at = excluded.ended_at,

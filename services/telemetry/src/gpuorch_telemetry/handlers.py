@@ -59,6 +59,7 @@ from gpuorch_telemetry.domain.detection import (
     DetectionConfig,
     Evaluation,
     Finding,
+    Neighbour,
     evaluate_job,
     gpu_dedup_key,
     health_event_finding,
@@ -308,8 +309,15 @@ class TelemetryHandlers:
         windows = await self.store.device_windows(
             [j.job_id for j in jobs], now, self.detection.window_s, self.detection.pressure_memory_ratio
         )
+        neighbours = await self.store.share_neighbours([j.job_id for j in jobs], now)
+        windows.update(await self.store.device_windows(
+            [n.job_id for n in neighbours if n.job_id not in windows], now, self.detection.window_s,
+            self.detection.pressure_memory_ratio))
+        beside = [Neighbour(n, w) for n in [*jobs, *neighbours] for w in windows.get(n.job_id, [])]
         evaluations: list[tuple[uuid.UUID, Evaluation]] = [
-            (job.job_id, evaluate_job(job, windows.get(job.job_id, []), self.detection)) for job in jobs
+            (job.job_id, evaluate_job(job, windows.get(job.job_id, []), self.detection,
+                                      [b for b in beside if b.job.job_id != job.job_id]))
+            for job in jobs
         ]
         raised, resolved = await self.store.apply_evaluations(evaluations, now)
         if self.job_traces:

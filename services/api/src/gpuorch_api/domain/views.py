@@ -20,7 +20,8 @@ TIERS = ("training", "inference", "batch")
 
 
 def _gpu_allocations(node_id: str, allocations: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """GPU uuid (or MIG instance uuid) -> the allocations on it: ``{"job_id", "tenant", "milli", "mig_profile"}``."""
+    """GPU uuid (or MIG instance uuid) -> the allocations on it: ``{"job_id", "tenant", "milli", "mig_profile",
+    "memory_mib", "used"}`` (``used``: the job's newest telemetry sample on that device, or {})."""
     out: dict[str, list[dict[str, Any]]] = {}
     for allocation in allocations:
         for assignment in allocation["assignments"]:
@@ -30,7 +31,8 @@ def _gpu_allocations(node_id: str, allocations: list[dict[str, Any]]) -> dict[st
                 out.setdefault(gpu["gpu_uuid"], []).append({
                     "job_id": str(allocation["job_id"]), "tenant": allocation["tenant"],
                     "milli": gpu.get("milli", 1000), "mig_profile": gpu.get("mig_profile"),
-                    "gpu_index": gpu.get("gpu_index")})
+                    "gpu_index": gpu.get("gpu_index"), "memory_mib": gpu.get("memory_mib"),
+                    "used": (allocation.get("usage") or {}).get(gpu["gpu_uuid"], {})})
     return out
 
 
@@ -82,8 +84,10 @@ def node_view(node: dict[str, Any], allocations: list[dict[str, Any]], now: date
 def _job_ref(allocation: dict[str, Any], visible: frozenset[str] | None) -> dict[str, Any]:
     if visible is not None and allocation["tenant"] not in visible:
         return {"job_id": None, "tenant": "other tenant", "milli": allocation["milli"]}
+    used = allocation.get("used") or {}
     return {"job_id": allocation["job_id"], "tenant": allocation["tenant"], "milli": allocation["milli"],
-            "mig_profile": allocation["mig_profile"]}
+            "mig_profile": allocation["mig_profile"], "memory_mib": allocation.get("memory_mib"),
+            "memory_used_mib": used.get("memory_used_mib"), "utilization_pct": used.get("util_pct")}
 
 
 def queue_views(queued: list[dict[str, Any]], now: datetime, *, next_starts: int = 5) -> list[dict[str, Any]]:
@@ -128,11 +132,13 @@ def tenant_views(use: list[dict[str, Any]], quotas: dict[str, dict[str, Any]],
 
 
 def gpu_text(assignments: list[dict[str, Any]]) -> str:
-    """``0,1`` for whole GPUs, ``2:250m`` for a share, ``3:1g.10gb`` for a MIG instance."""
+    """``0,1`` for whole GPUs, ``2:250m/4096MiB`` for a share (its memory when it has one), ``3:1g.10gb`` for a MIG
+    instance."""
     parts = []
     for assignment in assignments:
         for gpu in assignment.get("gpus", []):
-            label = gpu.get("mig_profile") or ("" if gpu.get("milli", 1000) == 1000 else f"{gpu['milli']}m")
+            label = gpu.get("mig_profile") or ("" if gpu.get("milli", 1000) == 1000 else f"{gpu['milli']}m" + (
+                f"/{gpu['memory_mib']}MiB" if gpu.get("memory_mib") else ""))
             parts.append(f"{gpu['gpu_index']}{':' + label if label else ''}")
     return ",".join(parts)
 

@@ -48,6 +48,13 @@ function pct(value) { return value === null || value === undefined ? "-" : `${Ma
 
 // -- pages ------------------------------------------------------------------------------------------------------
 
+// A job on a GPU: its tenant; a share with what it uses of its share (memory, SM utilisation of the share).
+function jobOnGpu(j) {
+  if (j.milli >= 1000 || j.mig_profile) return j.tenant;
+  const memory = j.memory_mib ? ` ${j.memory_used_mib === null ? "-" : (j.memory_used_mib / 1024).toFixed(1)}/${(j.memory_mib / 1024).toFixed(1)} GiB` : "";
+  return `${j.tenant} ${j.milli}m${memory} ${pct(j.utilization_pct)}`;
+}
+
 function gpuTile(gpu) {
   const slices = gpu.mig_slices.length ? el("div", { class: "slices" }, gpu.mig_slices.map((s) =>
     el("span", { class: `slice${s.allocated ? " held" : ""}`, title: `${s.profile}` + (s.allocated ?
@@ -63,7 +70,7 @@ function gpuTile(gpu) {
   el("div", { class: "bar" }, el("span", { style: `width:${gpu.utilization_pct || 0}%` })),
   el("div", {}, memory),
   el("div", {}, gpu.temperature_c === null ? "" : `${Math.round(gpu.temperature_c)} °C `, stateCell(gpu.health, "health")),
-  el("div", { class: "hint" }, gpu.jobs.map((j) => j.tenant).join(", ") || "free"),
+  el("div", { class: "hint" }, gpu.jobs.map(jobOnGpu).join(", ") || "free"),
   slices);
 }
 

@@ -4,7 +4,8 @@ Isolation: the job's own uid when the node has a pool (``domain.job_users``; its
 directory are then its private ``home/``), GPU visibility through ``CUDA_VISIBLE_DEVICES``/``NVIDIA_VISIBLE_DEVICES``
 (UUIDs) and, where the host allows, the cgroup device controller denying every other GPU's device node
 (``backends.devices``), host memory and CPU through a cgroup v2 per job when ``cgroups`` is given (see
-``backends.cgroups``), and a minimal environment (``domain.environment``). Signals go to the job's process group, and only after its pid
+``backends.cgroups``), a minimal environment (``domain.environment``), and for a share on a node whose MPS
+daemon runs its MPS memory and thread limits (``backends.mps``). Signals go to the job's process group, and only after its pid
 *and* start time were checked.
 """
 
@@ -19,16 +20,20 @@ from gpuorch_contracts import ProcessRun
 from gpuorch_executor.backends.base import Backend, JobLaunch, SupervisedCommand, signal_process_group
 from gpuorch_executor.backends.cgroups import CgroupV1, CgroupV2
 from gpuorch_executor.backends.devices import DeviceConfinement
+from gpuorch_executor.backends.mps import MpsControl
 from gpuorch_executor.domain.environment import job_environment
 from gpuorch_executor.domain.placement import PlacementRecord
+from gpuorch_executor.domain.share_memory import mps_client_environment
 
 
 class ProcessBackend(Backend):
     runtime: ClassVar[str] = "process"
 
-    def __init__(self, cgroups: CgroupV2 | CgroupV1 | None = None, devices: DeviceConfinement | None = None) -> None:
+    def __init__(self, cgroups: CgroupV2 | CgroupV1 | None = None, devices: DeviceConfinement | None = None,
+                 mps: MpsControl | None = None) -> None:
         self.cgroups = cgroups
         self.devices = devices
+        self.mps = mps
 
     def prepare(self, job: JobLaunch) -> SupervisedCommand:
         run = job.launch.spec.run
@@ -42,6 +47,9 @@ class ProcessBackend(Backend):
         own_user = job.job_uid is not None
         home = job.home_dir if own_user else None
         env = job_environment(job.launch, job.checkpoint_file, job.executor_env, home=home, uid=job.job_uid)
+        pipe = self.mps.pipe_directory() if self.mps is not None else None
+        if pipe is not None:
+            env.update(mps_client_environment(job.launch, pipe))
         if cwd is None and home is not None:
             cwd = str(home)
         cgroup = None

@@ -26,7 +26,7 @@ import uuid
 from typing import Literal
 
 PlacementState = Literal["launching", "running", "stopping", "ended"]
-StopReason = Literal["cancel", "preempt", "max_runtime", "drain", "fenced"]
+StopReason = Literal["cancel", "preempt", "max_runtime", "drain", "fenced", "gpu_memory_exceeded"]
 EventKind = Literal["started", "checkpointed", "outcome"]
 
 ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {

@@ -6,15 +6,18 @@ Rules, first match wins (``classify``):
    run`` exiting 125, 126 or 127) -> ``launch_error``;
 2. the executor stopped it because its max runtime ran out -> ``max_runtime``;
 3. the executor stopped it because it lost the broker past the fencing deadline -> ``lost`` (reason says fenced);
-4. the scheduler stopped it (cancel, preempt, drain) -> ``killed`` (whatever the exit code: a job that exits 0
-   after its checkpoint signal did not complete, it was stopped). Rules 2-4 set ``Outcome.stop_reason``
+4. the executor's share watchdog stopped it because it held more GPU memory than its share
+   (``domain.share_memory``) -> ``gpu_oom``, reason ``gpu_memory_exceeded: used N MiB of M`` and the peak in
+   ``Outcome.gpu_memory_peak_mib`` (the scheduler escalates the share from it);
+5. the scheduler stopped it (cancel, preempt, drain) -> ``killed`` (whatever the exit code: a job that exits 0
+   after its checkpoint signal did not complete, it was stopped). Rules 2-5 set ``Outcome.stop_reason``
    (``JobFailed.stop_reason``), so the scheduler can tell "stopped as asked" from "failed by itself";
-5. the kernel OOM-killed a process of the job's cgroup (``memory.events`` ``oom_kill`` grew), or a container
+6. the kernel OOM-killed a process of the job's cgroup (``memory.events`` ``oom_kill`` grew), or a container
    with a memory limit exited 137 -> ``host_oom``;
-6. the job failed (non-zero exit or a signal) and the tail of its output names a CUDA out-of-memory error
+7. the job failed (non-zero exit or a signal) and the tail of its output names a CUDA out-of-memory error
    -> ``gpu_oom``;
-7. killed by a signal -> ``killed``;
-8. exit code 0 -> finished (``JobFinished``); any other exit code -> ``nonzero_exit``.
+8. killed by a signal -> ``killed``;
+9. exit code 0 -> finished (``JobFinished``); any other exit code -> ``nonzero_exit``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuorch_executor.domain.lifecycle import StopReason
+from gpuorch_executor.domain.share_memory import Exceeded
 
 GPU_OOM_MARKERS: tuple[str, ...] = (
     "CUDA out of memory",
@@ -69,6 +73,8 @@ class Outcome:
     duration_s: float
     stop_reason: StopReason | None = None
     """Why the executor stopped the job, when it ended because it was stopped (``JobFailed.stop_reason``)."""
+    gpu_memory_peak_mib: int | None = None
+    """With stop reason ``gpu_memory_exceeded``: the most GPU memory the job held (``JobFailed``'s field)."""
 
 
 def signal_name(number: int) -> str:
@@ -78,8 +84,10 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def classify(report: ExitReport, stop_reason: StopReason | None = None, checkpointed: bool = False) -> Outcome:
-    """Apply the rules of this module's docstring to one ended job."""
+def classify(report: ExitReport, stop_reason: StopReason | None = None, checkpointed: bool = False,
+             exceeded: Exceeded | None = None) -> Outcome:
+    """Apply the rules of this module's docstring to one ended job (``exceeded``: the share watchdog's verdict,
+    with stop reason ``gpu_memory_exceeded``)."""
     how = _how_it_ended(report)
     exit_code = report.exit_code if report.exit_code is not None else (
         128 + report.signal if report.signal is not None else None
@@ -98,6 +106,10 @@ def classify(report: ExitReport, stop_reason: StopReason | None = None, checkpoi
     if stop_reason is not None:
         if stop_reason == "max_runtime":
             cause, reason = "max_runtime", f"max runtime exceeded; stopped by the executor ({how})"
+        elif stop_reason == "gpu_memory_exceeded":
+            what = exceeded.reason if exceeded is not None else "gpu_memory_exceeded"
+            return Outcome("failed", "gpu_oom", f"{what}; stopped by the executor ({how})"[:1024], exit_code,
+                           report.duration_s, stop_reason, exceeded.used_mib if exceeded is not None else None)
         elif stop_reason == "fenced":
             cause, reason = "lost", (f"fenced: the executor lost the broker past its fencing deadline and stopped "
                                      f"the job ({how})")

@@ -35,6 +35,10 @@ class StopRequest(BaseModel):
     signal: str = "SIGTERM"
     signal_sent: bool = False
     killed: bool = False
+    gpu_memory_used_mib: int | None = None
+    """With reason ``gpu_memory_exceeded``: the job's peak GPU memory (``domain.share_memory``) ..."""
+    gpu_memory_limit_mib: int | None = None
+    """... and its share's memory."""
 
 
 class PlacementRecord(BaseModel):

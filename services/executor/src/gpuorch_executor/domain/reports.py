@@ -55,7 +55,8 @@ def outcome_event(record: PlacementRecord, outcome: Outcome, producer: str,
     # the reason may quote the job's own output (launch errors, the last line of `docker run`): clean it, or a job
     # that printed an escape sequence or a NUL could never report its end (the event would not validate)
     return JobFailed(**common, cause=outcome.cause, reason=reason_text(outcome.reason), exit_code=outcome.exit_code,
-                     duration_s=duration, stop_reason=outcome.stop_reason)
+                     duration_s=duration, stop_reason=outcome.stop_reason,
+                     gpu_memory_peak_mib=outcome.gpu_memory_peak_mib)
 
 
 def lost_event(record: PlacementRecord, reason: str, producer: str) -> JobLost:

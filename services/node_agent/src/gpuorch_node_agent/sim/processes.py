@@ -5,14 +5,9 @@ The executor starts a job with ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVIC
 and maps each ``GPU-...`` / ``MIG-...`` UUID named there to the processes naming it. One scan serves every simulated
 node of the process (a fleet scans once per ``max_age_s``, not once per GPU).
 
-A job may declare the usage it should show with ``GPUORCH_SIM_USAGE``, a comma-separated ``key=value`` list:
-
-- ``util=<0-100>``: SM utilisation the process causes, in percent;
-- ``mem_mib=<int>``: GPU memory it holds, in MiB (capped at the device's or MIG instance's memory);
-- ``mem_pct=<0-100>``: the same as a share of the device's/instance's memory (``mem_mib`` wins if both given);
-- ``throttle=thermal|power``: the GPU it runs on throttles for that reason while it runs.
-Example: ``GPUORCH_SIM_USAGE=util=85,mem_mib=20000``. Missing keys get deterministic defaults (see
-``SimulatedNvml``); unparsable values are ignored.
+A job may declare the usage it should show with ``GPUORCH_SIM_USAGE`` (format: ``gpuorch_contracts.simulated_usage``,
+e.g. ``util=85,mem_mib=20000``); a scan resolves usage that changes over time (``mem_mib_from``) at the process's
+age then, so a job's memory can grow while it runs. Missing keys get deterministic defaults (see ``SimulatedNvml``).
 """
 
 from __future__ import annotations
@@ -23,46 +18,19 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpuorch_contracts.simulated_usage import USAGE_VARIABLE as DECLARED_USAGE_VARIABLE
+from gpuorch_contracts.simulated_usage import DeclaredUsage, parse_usage
+
+__all__ = ["DeclaredUsage", "ProcessTable", "SimProcess", "StaticProcessTable", "parse_environ", "parse_usage"]
+
 VISIBLE_DEVICE_VARIABLES = (b"CUDA_VISIBLE_DEVICES", b"NVIDIA_VISIBLE_DEVICES")
-USAGE_VARIABLE = b"GPUORCH_SIM_USAGE"
-
-
-@dataclass(frozen=True)
-class DeclaredUsage:
-    util_pct: float | None = None
-    mem_mib: int | None = None
-    mem_pct: float | None = None
-    throttle: str | None = None
+USAGE_VARIABLE = DECLARED_USAGE_VARIABLE.encode()
 
 
 @dataclass(frozen=True)
 class SimProcess:
     pid: int
     usage: DeclaredUsage
-
-
-def parse_usage(text: str) -> DeclaredUsage:
-    """Parse a ``GPUORCH_SIM_USAGE`` value (format in the module docstring)."""
-    values: dict[str, str] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        if sep:
-            values[key.strip().lower()] = value.strip()
-
-    def number(key: str, low: float, high: float) -> float | None:
-        try:
-            return min(max(float(values[key]), low), high)
-        except (KeyError, ValueError):
-            return None
-
-    mem = number("mem_mib", 0, 1 << 30)
-    throttle = values.get("throttle")
-    return DeclaredUsage(
-        util_pct=number("util", 0, 100),
-        mem_mib=int(mem) if mem is not None else None,
-        mem_pct=number("mem_pct", 0, 100),
-        throttle=throttle if throttle in ("thermal", "power") else None,
-    )
 
 
 def parse_environ(data: bytes) -> tuple[list[str], DeclaredUsage] | None:
@@ -127,22 +95,37 @@ class ProcessTable:
             parsed = parse_environ(data)
             if parsed is None:
                 continue
-            if _is_zombie(self.proc_root, entry):
+            stat = _stat(self.proc_root, entry)
+            if stat is None or stat[0] in (b"Z", b"X"):
                 continue
             uuids, usage = parsed
+            if usage.mem_steps:
+                usage = usage.at_age(_age_s(self.proc_root, stat[1]))
             process = SimProcess(int(entry), usage)
             for uuid in uuids:
                 found.setdefault(uuid, []).append(process)
         return found
 
 
-def _is_zombie(proc_root: str, pid: str) -> bool:
+def _stat(proc_root: str, pid: str) -> tuple[bytes, int] | None:
+    """(state letter, start time in clock ticks after boot) of a process, from ``/proc/<pid>/stat``."""
     try:
         with open(f"{proc_root}/{pid}/stat", "rb") as fh:
             stat = fh.read()
-        return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
-    except OSError:
-        return True
+        fields = stat[stat.rfind(b")") + 2:].split()
+        return fields[0][:1], int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _age_s(proc_root: str, start_ticks: int) -> float:
+    """Seconds a process that started ``start_ticks`` after boot has run (``/proc/uptime``)."""
+    try:
+        with open(f"{proc_root}/uptime", "rb") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 class StaticProcessTable(ProcessTable):

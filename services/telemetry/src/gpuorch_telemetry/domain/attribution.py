@@ -7,8 +7,11 @@ Rule for one process seen on one GPU (``attribute_gpu_sample``):
    instance is unknown is a candidate of every MIG allocation on that GPU).
 2. A candidate whose job started pid equals the process's pid or process group id (the executor starts each job in
    its own process group, so children share it), or whose container id matches, owns the process.
-3. Otherwise, when every candidate belongs to one job, that job owns it (children we could not match by pid, on a
-   device the job holds alone). Otherwise the process stays unattributed (stored with ``job_id`` NULL).
+3. Otherwise, when every candidate belongs to one job that holds the device whole (a whole GPU or a MIG instance),
+   that job owns it (children we could not match by pid, on a device the job holds alone). A share never takes an
+   unmatched process: the GPU is shared, and the process may be a neighbour's whose allocation telemetry does not
+   know yet (or no longer), such as a share just stopped for exceeding its memory and placed again. Otherwise the
+   process stays unattributed (stored with ``job_id`` NULL).
 
 Per job and allocated device, each sample gives one usage row:
 
@@ -68,6 +71,10 @@ class ActiveAllocation:
             a, b = self.container_id, process.container_id
             return a.startswith(b) or b.startswith(a)
         return False
+
+    @property
+    def is_share(self) -> bool:
+        return self.mig_profile is None and self.milli < 1000
 
     @property
     def fraction(self) -> float:
@@ -138,7 +145,7 @@ def attribute_gpu_sample(sample: GpuSample, allocations: Sequence[ActiveAllocati
     for process in sample.processes:
         candidates = [a for a in here if a.holds_device_of(process, sample)]
         owner = next((a for a in candidates if a.started(process)), None)
-        if owner is None and len({a.job_id for a in candidates}) == 1:
+        if owner is None and len({a.job_id for a in candidates}) == 1 and not candidates[0].is_share:
             owner = candidates[0]
         owners.append(owner)
         process_jobs.append(owner.job_id if owner else None)

@@ -2,7 +2,8 @@
 
 ``evaluate_job`` is pure: it gets the job's facts, one ``DeviceWindow`` per allocated device (aggregates over the
 last ``DetectionConfig.window_s``) and returns the findings that hold now plus the kinds it could judge and found
-clear (so their open alerts can be resolved). A rule without enough data neither fires nor clears.
+clear (so their open alerts can be resolved). A rule without enough data neither fires nor clears. The
+``contended`` rule (a share slowed by a neighbour share on a saturated GPU) also reads the neighbours' windows.
 
 GPU health (``gpu_unhealthy``) is not windowed: it comes from ``gpu.health_changed`` events and from samples that
 report uncorrectable ECC errors or row remapping (``gpu_health_findings``).
@@ -11,6 +12,7 @@ report uncorrectable ECC errors or row remapping (``gpu_health_findings``).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -24,8 +26,9 @@ OVERSIZED = "oversized"
 STARVED = "starved"
 THROTTLED = "throttled"
 MEMORY_PRESSURE = "memory_pressure"
+CONTENDED = "contended"
 GPU_UNHEALTHY = "gpu_unhealthy"
-JOB_KINDS = (IDLE, OVERSIZED, STARVED, THROTTLED, MEMORY_PRESSURE)
+JOB_KINDS = (IDLE, OVERSIZED, STARVED, THROTTLED, MEMORY_PRESSURE, CONTENDED)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,10 @@ class DetectionConfig:
     pressure_memory_ratio: float = 0.9
     pressure_fraction: float = 0.5
     """Memory above ``pressure_memory_ratio`` of the allocation for at least this fraction of the samples."""
+    contention_gpu_util_pct: float = 90.0
+    """A shared GPU at least this busy on average is saturated: a share there may get less than it was given."""
+    contention_victim_util_pct: float = 60.0
+    """A share below this use of its allocation on a saturated GPU, beside a share using all of its own, is slowed."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,14 @@ class DeviceWindow:
 
 
 @dataclass(frozen=True)
+class Neighbour:
+    """Another job's share on a GPU the evaluated job shares (its window over the same time)."""
+
+    job: JobFacts
+    window: DeviceWindow
+
+
+@dataclass(frozen=True)
 class Finding:
     category: Category
     kind: str
@@ -147,8 +162,10 @@ def _round(value: float | None, digits: int = 1) -> float:
     return round(value, digits) if value is not None else -1.0
 
 
-def evaluate_job(job: JobFacts, devices: list[DeviceWindow], config: DetectionConfig) -> Evaluation:
-    """Apply every windowed rule to one job; see the module docstring for what is returned."""
+def evaluate_job(job: JobFacts, devices: list[DeviceWindow], config: DetectionConfig,
+                 neighbours: Sequence[Neighbour] = ()) -> Evaluation:
+    """Apply every windowed rule to one job; see the module docstring for what is returned. ``neighbours``: the
+    other shares on the GPUs this job shares (the ``contended`` rule judges only shares that have some)."""
     result = Evaluation()
     if not devices or job.state not in ("placed", "running"):
         return result
@@ -164,6 +181,8 @@ def evaluate_job(job: JobFacts, devices: list[DeviceWindow], config: DetectionCo
         THROTTLED: _throttled(job, devices, config),
         MEMORY_PRESSURE: _memory_pressure(job, devices, config),
     }
+    if any(_is_share(d) for d in devices):
+        checks[CONTENDED] = _contended(job, devices, neighbours, config)
     for kind, finding in checks.items():
         if finding is None:
             result.cleared.add(kind)
@@ -177,6 +196,41 @@ def evaluate_job(job: JobFacts, devices: list[DeviceWindow], config: DetectionCo
         else:
             result.findings.append(finding)
     return result
+
+
+def _is_share(device: DeviceWindow) -> bool:
+    return device.mig_profile is None and device.alloc_milli < 1000
+
+
+def _contended(job: JobFacts, devices: list[DeviceWindow], neighbours: Sequence[Neighbour],
+               config: DetectionConfig) -> Finding | None:
+    """A share slowed by a neighbour: on a saturated GPU (``contention_gpu_util_pct``) it got less than
+    ``contention_victim_util_pct`` of its share while another share there used all of its own (utilisation of an
+    allocation is capped at 100 %, so "all" may be more). Worse for a latency-sensitive (inference) share."""
+    for device in (d for d in devices if _is_share(d)):
+        busy, got = device.mean_gpu_util_pct, device.mean_util_pct
+        if busy is None or got is None or busy < config.contention_gpu_util_pct \
+                or got >= config.contention_victim_util_pct:
+            continue
+        noisy = [n for n in neighbours if (n.window.node_id, n.window.gpu_uuid) == (device.node_id, device.gpu_uuid)
+                 and n.job.job_id != job.job_id and _is_share(n.window) and (n.window.mean_util_pct or 0.0) >= 99.0]
+        if not noisy:
+            continue
+        names = ", ".join(f"{_label(n.job)} of tenant {n.job.tenant} ({n.window.alloc_milli} milli)" for n in noisy)
+        return Finding(
+            category="alert", kind=CONTENDED, severity="warning" if job.tier == "inference" else "info",
+            dedup_key=job_dedup_key(CONTENDED, job.job_id), job_id=job.job_id, tenant=job.tenant,
+            node_id=device.node_id, gpu_uuid=device.gpu_uuid,
+            explanation=f"{_label(job)} got {got:.0f} % of its {device.alloc_milli}-milli share over the last "
+                        f"{_span(config.window_s)} while its GPU was {busy:.0f} % busy: {names} used all of its "
+                        f"share there, so its work slows this one.",
+            evidence={"mean_util_pct": _round(got), "gpu_util_pct": _round(busy), "alloc_milli": device.alloc_milli,
+                      "noisy_neighbours": len(noisy)},
+            advice="Give the latency-sensitive share a MIG slice (hardware isolation), or move the busy neighbour "
+                   "to a MIG profile or whole GPU; where MPS runs, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE caps each "
+                   "share's SMs (docs/sharing.md).",
+        )
+    return None
 
 
 def _idle(job: JobFacts, devices: list[DeviceWindow], config: DetectionConfig) -> Finding | None:

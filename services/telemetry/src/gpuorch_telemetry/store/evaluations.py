@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from gpuorch_telemetry.domain.detection import (
     DeviceWindow,
@@ -34,15 +35,15 @@ class EvaluationStore(AlertStore):
             """,
             now, limit, interval_s,
         )
-        return [
-            JobFacts(
-                job_id=r["job_id"], tenant=r["tenant"], name=r["name"], tier=r["tier"], state=r["state"],
-                cpu_milli=r["cpu_milli"], model_parameter_count=r["model_parameter_count"],
-                model_dtype=r["model_dtype"],
-                running_for_s=(now - r["started_at"]).total_seconds() if r["started_at"] else None,
-            )
-            for r in rows
-        ]
+        return [self._facts(r, now) for r in rows]
+
+    @staticmethod
+    def _facts(r: Any, now: datetime) -> JobFacts:
+        return JobFacts(
+            job_id=r["job_id"], tenant=r["tenant"], name=r["name"], tier=r["tier"], state=r["state"],
+            cpu_milli=r["cpu_milli"], model_parameter_count=r["model_parameter_count"], model_dtype=r["model_dtype"],
+            running_for_s=(now - r["started_at"]).total_seconds() if r["started_at"] else None,
+        )
 
     async def device_windows(
         self, job_ids: Sequence[uuid.UUID], now: datetime, window_s: float, pressure_ratio: float
@@ -120,6 +121,23 @@ class EvaluationStore(AlertStore):
                 mean_sm_clock_mhz=r["mean_clock"],
             ))
         return result
+
+    async def share_neighbours(self, job_ids: Sequence[uuid.UUID], now: datetime) -> list[JobFacts]:
+        """The jobs that hold a share (or any allocation) on a GPU where one of ``job_ids`` holds a share now,
+        themselves excluded."""
+        rows = await self.pool.fetch(
+            """
+            WITH shared AS (
+                SELECT DISTINCT node_id, device_uuid FROM telemetry_job_allocations
+                WHERE job_id = ANY($1::uuid[]) AND released_at IS NULL AND milli < 1000 AND mig_profile IS NULL
+            )
+            SELECT DISTINCT j.* FROM telemetry_job_allocations a JOIN shared USING (node_id, device_uuid)
+            JOIN telemetry_jobs j ON j.job_id = a.job_id
+            WHERE a.released_at IS NULL AND NOT a.job_id = ANY($1::uuid[])
+            """,
+            list(job_ids),
+        )
+        return [self._facts(r, now) for r in rows]
 
     async def apply_evaluations(
         self, evaluations: Sequence[tuple[uuid.UUID, Evaluation]], now: datetime

@@ -1,0 +1,120 @@
+"""How much GPU memory a placement's processes hold now: the input of the share watchdog (``share_watchdog``).
+
+A placement's processes are its job process and every descendant (the job's process tree, as ``psutil`` sees it).
+Two probes, chosen by ``GPUORCH_EXECUTOR_GPU_MEMORY_PROBE`` (``probe_for``):
+
+- ``NvmlGpuMemory`` (a real GPU node): NVML's per-process memory (``nvmlDeviceGetComputeRunningProcesses``, the
+  call the node-agent samples with) on each GPU or MIG device of the placement, summed over the job's processes;
+- ``DeclaredGpuMemory`` (no NVML: the simulated fleet): the memory each of the job's processes declares in
+  ``GPUORCH_SIM_USAGE`` (``gpuorch_contracts.simulated_usage``: ``mem_mib``, and ``mem_mib_from`` steps resolved at
+  the process's age), the same declaration the node-agent's simulated NVML shows; a process that declares no
+  ``mem_mib`` counts 0 here (the simulated NVML then shows a seeded share of the device).
+
+``job_memory_mib`` returns None when it cannot tell (no job process, NVML error, a container job: its processes are
+not the job process's descendants); the watchdog then skips that sample. Never raises.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import psutil
+from gpuorch_contracts.simulated_usage import USAGE_VARIABLE, parse_usage
+from gpuorch_observability import get_logger
+
+from gpuorch_executor.domain.placement import PlacementRecord
+
+log = get_logger(__name__)
+
+
+class GpuMemoryProbe(Protocol):
+    name: str
+
+    def job_memory_mib(self, record: PlacementRecord) -> int | None: ...
+
+
+def job_processes(record: PlacementRecord) -> list[psutil.Process] | None:
+    """The job process of a process placement and its descendants; None for a container job or when it is gone."""
+    if record.job_pid is None or record.runtime != "process":
+        return None
+    try:
+        job = psutil.Process(record.job_pid)
+        if record.job_create_time is not None and abs(job.create_time() - record.job_create_time) > 1.0:
+            return None  # a recycled pid is not the job
+        return [job, *job.children(recursive=True)]
+    except psutil.Error:
+        return None
+
+
+class DeclaredGpuMemory:
+    """GPU memory as the job's processes declare it in ``GPUORCH_SIM_USAGE`` (module docstring)."""
+
+    name = "declared"
+
+    def __init__(self, clock: Any = time.time) -> None:
+        self.clock = clock
+
+    def job_memory_mib(self, record: PlacementRecord) -> int | None:
+        processes = job_processes(record)
+        if processes is None:
+            return None
+        total = 0
+        now = self.clock()
+        for process in processes:
+            try:
+                env = process.environ()
+                started = process.create_time()
+            except psutil.Error:
+                continue
+            if not any(token.strip().startswith(("GPU-", "MIG-"))
+                       for token in env.get("CUDA_VISIBLE_DEVICES", "").split(",")):
+                continue
+            held = parse_usage(env.get(USAGE_VARIABLE, "")).memory_at(now - started)
+            total += held or 0
+        return total
+
+
+class NvmlGpuMemory:
+    """GPU memory as NVML reports it per process on the placement's devices (module docstring)."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+
+    def job_memory_mib(self, record: PlacementRecord) -> int | None:
+        processes = job_processes(record)
+        if processes is None or record.launch is None:
+            return None
+        pids = {p.pid for p in processes}
+        total = 0
+        try:
+            for gpu in record.launch.gpus:
+                handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu.gpu_uuid)
+                for info in self.nvml.nvmlDeviceGetComputeRunningProcesses(handle) or []:
+                    used = getattr(info, "usedGpuMemory", None)
+                    if info.pid in pids and isinstance(used, int):
+                        total += used >> 20
+        except Exception as exc:  # NVML errors are many classes; one bad read only skips a sample
+            log.debug("gpu_memory.nvml_failed", placement_id=str(record.placement_id), error=str(exc))
+            return None
+        return total
+
+
+def probe_for(setting: str) -> GpuMemoryProbe | None:
+    """The probe ``GPUORCH_EXECUTOR_GPU_MEMORY_PROBE`` names: ``nvml``, ``declared``, ``off`` (None), or ``auto``
+    (NVML where it initialises, else ``declared``)."""
+    if setting == "off":
+        return None
+    if setting == "declared":
+        return DeclaredGpuMemory()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return NvmlGpuMemory(pynvml)
+    except Exception as exc:  # no driver, no library: there is no NVML here
+        if setting == "nvml":
+            raise ValueError(f"GPUORCH_EXECUTOR_GPU_MEMORY_PROBE=nvml but NVML does not initialise: {exc}") from exc
+        return DeclaredGpuMemory()
