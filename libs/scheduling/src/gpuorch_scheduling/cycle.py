@@ -5,7 +5,7 @@ them, and why every other job waits.
 its decisions are taken inside ``Fleet.plan()`` so later jobs see earlier ones, and given back when the cycle ends.
 The plan it returns goes through the plan applier (``gpuorch_scheduling.applier``) before anything is logged::
 
-    queued jobs ──► queueing.fair_order (tiers, priority + ageing, DRF between tenants)
+    queued jobs ──► queueing.fair_order (tiers, priority + ageing, DRF between tenants with decayed past usage)
         for each job:
           dependencies not all met (dependencies.unmet)                                ──► waits for them
           a task of an array already running ``parallelism`` tasks                     ──► waits for one to end
@@ -131,7 +131,7 @@ def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = Non
     fleet = state.fleet
     if refresh_mix:
         fleet.update_mix(fleet.ask(j.spec).request for j in (queued[:500] + state.active_jobs()[:500]))
-    usage = TenantUsage.of(state)
+    usage = TenantUsage.of(state, policy, now)
     with fleet.plan():
         cycle = _Cycle(state, now, policy, limits, fleet, usage, decision)
         for job in fair_order(queued, now, policy, usage):

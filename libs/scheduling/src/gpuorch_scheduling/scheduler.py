@@ -78,6 +78,7 @@ from gpuorch_scheduling.mig_loop import MigLoop
 from gpuorch_scheduling.queueing import QueuePolicy, SubmissionRates
 from gpuorch_scheduling.state import DEFAULT_RETENTION_S, SchedulerState, field_of
 from gpuorch_scheduling.step import Input, Known, NoHooks, Step, StepHooks, moved
+from gpuorch_scheduling.usage import DecayedUsage
 
 LOGGED_INCOMING = (JobStarted, JobFinished, JobFailed, JobCheckpointed, JobLost, NodeRegistered, GpuHealthChanged)
 """Incoming facts the log keeps (the fold of the log needs them)."""
@@ -120,7 +121,8 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig | None = None, state: SchedulerState | None = None) -> None:
         self.config = config or SchedulerConfig()
-        self.state = state or SchedulerState(retention_s=self.config.retention_s)
+        self.state = state or SchedulerState(retention_s=self.config.retention_s,
+                                             usage=DecayedUsage(self.config.queues.fair_share.half_life_s))
         self.leases = Leases()
         """Both halves of every node's lease, on the lease clock (``liveness.Leases``)."""
         self.deadlines = Deadlines()

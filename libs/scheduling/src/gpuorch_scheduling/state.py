@@ -54,6 +54,7 @@ from gpuorch_contracts import (
 from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, Fleet, gpu_units
 
 from gpuorch_scheduling.arrays import ArrayRecord
+from gpuorch_scheduling.usage import DEFAULT_HALF_LIFE_S, DecayedUsage
 
 _FIELDS: dict[type, frozenset[str]] = {}
 
@@ -216,11 +217,16 @@ class SchedulerState:
     dependents: dict[uuid.UUID, set[uuid.UUID]] = field(default_factory=dict)
     """Job or array id -> the jobs and arrays that depend on it and have not ended (derived). A job with
     dependents is not forgotten at retention: they still need its outcome."""
+    usage: DecayedUsage = field(default_factory=DecayedUsage)
+    """Decayed GPU-seconds per tenant and GPU model (``usage``): what fair share over time reads. Changed by the
+    fold when a job starts or stops holding GPUs, at log time."""
     _ended: deque[tuple[float, uuid.UUID]] = field(default_factory=deque)
     _ending: set[uuid.UUID] = field(default_factory=set)
     _json: dict[object, str] = field(default_factory=dict)
     """Each record's JSON in the snapshot, dropped when the fold touches the record (snapshots cost O(changes))."""
     _held_amounts: dict[uuid.UUID, tuple[float, float, float, float]] = field(default_factory=dict)
+    _held_models: dict[uuid.UUID, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    """Job -> (GPU model, GPUs) it holds, as counted into ``usage`` (given back by the same amounts)."""
     _holders: dict[str, set[uuid.UUID]] = field(default_factory=dict)
     _held_on: dict[uuid.UUID, tuple[str, ...]] = field(default_factory=dict)
     """Node -> the jobs holding capacity there, kept by the fold apart from the fleet's own index, so that
@@ -311,6 +317,24 @@ class SchedulerState:
         row = self.tenant_held.setdefault(job.spec.tenant, [0.0, 0.0, 0.0, 0.0])
         for k, value in enumerate(amounts):
             row[k] += sign * value
+        models = self._held_models.pop(job.job_id, ()) if sign < 0 else self._models(job)
+        if sign > 0:
+            self._held_models[job.job_id] = models
+        for model, gpus in models:
+            self.usage.change(job.spec.tenant, model, sign * gpus, self.clock)
+
+    def _models(self, job: JobRecord) -> tuple[tuple[str, float], ...]:
+        """(GPU model, GPUs) a placed job holds: whole GPUs count 1, a share or MIG slice its fraction."""
+        by_model: dict[str, float] = {}
+        for assignment in job.assignments:
+            node = self.nodes.get(assignment.node_id)
+            gpus = {g.index: g for g in node.inventory.gpus} if node else {}
+            for alloc in assignment.gpus:
+                gpu = gpus.get(alloc.gpu_index)
+                units, _ = gpu_units(alloc, gpu.memory_total_mib if gpu else DEFAULT_GPU_MEMORY_MIB)
+                model = gpu.model if gpu else "unknown"
+                by_model[model] = by_model.get(model, 0.0) + units
+        return tuple(by_model.items())
 
     def _amounts(self, job: JobRecord) -> tuple[float, float, float, float]:
         gpus = mem = 0.0
@@ -615,7 +639,7 @@ class SchedulerState:
             nodes.append(text)
         head = json.dumps({"version": 2, "position": self.position, "clock": self.clock, "queue_seq": self.queue_seq,
                            "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot(),
-                           "arrays": [a.to_dict() for a in self.arrays.values()]})
+                           "arrays": [a.to_dict() for a in self.arrays.values()], "usage": self.usage.to_list()})
         return f'{head[:-1]}, "jobs": [{", ".join(jobs)}], "nodes": [{", ".join(nodes)}]}}'
 
     def to_snapshot(self) -> dict[str, Any]:
@@ -624,7 +648,7 @@ class SchedulerState:
             "jobs": [j.to_dict() for j in self.jobs.values()],
             "nodes": [n.to_dict() for n in self.nodes.values()],
             "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot(),
-            "arrays": [a.to_dict() for a in self.arrays.values()],
+            "arrays": [a.to_dict() for a in self.arrays.values()], "usage": self.usage.to_list(),
         }
 
     def _mig_snapshot(self) -> dict[str, Any]:
@@ -632,10 +656,11 @@ class SchedulerState:
                 "mig_history": [[n, g, times] for (n, g), times in self.mig_history.items()]}
 
     @classmethod
-    def from_snapshot(cls, raw: dict[str, Any], retention_s: float = DEFAULT_RETENTION_S) -> SchedulerState:
+    def from_snapshot(cls, raw: dict[str, Any], retention_s: float = DEFAULT_RETENTION_S,
+                      half_life_s: float = DEFAULT_HALF_LIFE_S) -> SchedulerState:
         """The state a snapshot holds, with the fleet and the indexes rebuilt from it."""
         state = cls(position=raw["position"], retention_s=retention_s, clock=raw.get("clock", 0.0),
-                    queue_seq=raw.get("queue_seq", 0))
+                    queue_seq=raw.get("queue_seq", 0), usage=DecayedUsage(half_life_s))
         for node in raw["nodes"]:
             record_n = NodeRecord.from_dict(node)
             state.nodes[record_n.node_id] = record_n
@@ -675,6 +700,8 @@ class SchedulerState:
         for t, j in raw.get("ended", []):
             state._ended.append((t, uuid.UUID(j)))
             state._ending.add(uuid.UUID(j))
+        # the ledger as logged (holding the jobs above counted them again: the snapshot's rows already do)
+        state.usage = DecayedUsage.from_list(raw.get("usage", []), half_life_s)
         return state
 
 

@@ -45,6 +45,7 @@ from gpuorch_observability import get_logger, inject_trace, tracing_exported
 from gpuorch_scheduling import SchedulerState, decision_id
 from gpuorch_scheduling.scheduler import LOGGED_INCOMING, Scheduler, SchedulerConfig
 from gpuorch_scheduling.step import Input, Known, Step
+from gpuorch_scheduling.usage import DecayedUsage
 from gpuorch_store import (
     NewEvent,
     ParkedRow,
@@ -123,9 +124,9 @@ class SchedulerService:
         """Load the newest snapshot, replay the log after it, and give every node lease a fresh grace period."""
         started = time.perf_counter()
         snapshot = await load_latest_snapshot(self._conn, STREAM)
-        retention = self.config.retention_s
-        state = SchedulerState.from_snapshot(snapshot[1], retention) if snapshot \
-            else SchedulerState(retention_s=retention)
+        retention, half_life = self.config.retention_s, self.config.queues.fair_share.half_life_s
+        state = SchedulerState.from_snapshot(snapshot[1], retention, half_life) if snapshot \
+            else SchedulerState(retention_s=retention, usage=DecayedUsage(half_life))
         replayed = 0
         while True:
             batch = await read(self._conn, after_position=state.position, limit=5000, stream=STREAM)
