@@ -138,6 +138,20 @@ async def test_a_submitter_sees_its_tenants_and_an_operator_sees_all(api: Runnin
                             "mean_util_pct": 55.0, "queued": 0, "running": 1}]
 
 
+        assert (await http.get("/api/v1/share", headers=auth("acme"))).json()["tenants"] == []  # not written yet
+        line = {"share": 1.0, "normalized_share": 0.5, "usage_gpu_hours": 2.0, "normalized_usage": 0.5,
+                "factor": 0.5, "gpus_held": 1.0}
+        conn = await asyncpg.connect(migrated_dsn)
+        await conn.execute(  # the row the scheduler writes (its readmodels.write_fair_share)
+            "INSERT INTO fair_share (id, half_life_s, model_weights, lines, computed_at) VALUES "
+            "(1, 604800, '{\"h100\": 2}', $1::text::jsonb, now())",
+            json.dumps([{"tenant": "acme", **line}, {"tenant": "research", **line}]))
+        await conn.close()
+        share = (await http.get("/api/v1/share", headers=auth("acme"))).json()
+        assert [t["tenant"] for t in share["tenants"]] == ["acme"] and share["model_weights"] == {"h100": 2}
+        assert len((await http.get("/api/v1/share", headers=auth("ops"))).json()["tenants"]) == 2
+
+
 async def test_submit_and_cancel_are_published_on_the_callers_behalf(api: RunningApi, migrated_dsn: str) -> None:
     ids = await seed(migrated_dsn)
     async with httpx.AsyncClient(base_url=api.url) as http:

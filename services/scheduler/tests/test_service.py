@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 
 import asyncpg
 import pytest
 from gpuorch_contracts import GpuRequest, JobFinished, JobSpec, JobStarted, ProcessRun, SubmitJob
+from gpuorch_scheduler import readmodels
 from gpuorch_scheduler.handlers import Persistence, SchedulerService
 from gpuorch_scheduling.scheduler import SchedulerConfig
 from gpuorch_scheduling.testing import registered_node as node
@@ -49,6 +51,10 @@ async def test_submit_is_placed_with_commands_in_the_outbox_and_replay_matches(m
 
         row = await conn.fetchrow("SELECT state, exit_code, log_path FROM jobs WHERE job_id = $1", placed.job_id)
         assert dict(row) == {"state": "succeeded", "exit_code": 0, "log_path": "/x"}
+        assert await conn.fetchval("SELECT count(*) FROM fair_share") == 1  # written by the first step
+        await readmodels.write_fair_share(conn, service.state, service.config.queues.fair_share, time.time() + 3600)
+        [line] = json.loads(await conn.fetchval("SELECT lines::text FROM fair_share"))
+        assert (line["tenant"], line["gpus_held"], line["usage_gpu_hours"] > 1.9) == ("default", 2.0, True)
 
         snapshots = await conn.fetchval("SELECT count(*) FROM snapshots")
         assert snapshots >= 1

@@ -267,6 +267,16 @@ class ReadModels:
         return {"mode": row["mode"], "plan": json.loads(row["plan"]), "under_way": json.loads(row["under_way"]),
                 "history": json.loads(row["history"]), "updated_at": row["updated_at"]}
 
+    async def fair_share(self) -> dict[str, Any] | None:
+        """The scheduler's fair share row (``fair_share``, migration 0105), or None before a scheduler wrote it."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow("SELECT half_life_s, model_weights::text AS model_weights, lines::text AS lines, "
+                                      "computed_at FROM fair_share WHERE id = 1")
+        if row is None:
+            return None
+        return {"half_life_s": row["half_life_s"], "model_weights": json.loads(row["model_weights"]),
+                "computed_at": row["computed_at"], "tenants": json.loads(row["lines"])}
+
     async def report(self, period: Period, *, tenants: Collection[str] | None,
                      tenant: str | None) -> WeeklyReport:
         """The weekly review of ``period`` (``gpuorch_report``), limited to ``tenants`` (None: all)."""

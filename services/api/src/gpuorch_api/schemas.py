@@ -211,6 +211,30 @@ class Replayed(BaseModel):
     """What was not replayed and why (no first publisher to replay it as, too large ...): still dead-lettered."""
 
 
+class TenantShare(BaseModel):
+    """One tenant's fair share over time (as Slurm's ``sshare``): its configured and normalised share, its decayed
+    usage (GPU-hours weighted by GPU model) and normalised usage, and the factor 2^(-usage/share) (1: used nothing,
+    0.5: used exactly its share) that orders tenants together with today's dominant share."""
+
+    tenant: str
+    share: float
+    normalized_share: float
+    usage_gpu_hours: float
+    normalized_usage: float
+    factor: float
+    gpus_held: float
+
+
+class FairShare(BaseModel):
+    """The scheduler's fair share view: its decay half-life and model weights, when it computed the values, and a
+    line per tenant the caller sees (normalised over every tenant)."""
+
+    half_life_s: float | None = None
+    model_weights: dict[str, float] = {}
+    computed_at: datetime | None = None
+    tenants: list[TenantShare] = []
+
+
 class MigPlan(BaseModel):
     """The scheduler's MIG planner: its mode, what it would change now (``proposals``, each with its reason), the
     reconfigurations under way and when each GPU was last reconfigured. For a caller who is not an operator, job ids

@@ -24,6 +24,7 @@ decide the same events (tested).
 from __future__ import annotations
 
 import asyncio
+import math
 import gc
 import time
 from collections.abc import Awaitable, Callable
@@ -99,6 +100,7 @@ class SchedulerService:
         self._needs_reload = True
         self._events_since_snapshot = 0
         self._last_snapshot_at = clock()
+        self._fair_share_written_at = -math.inf
         self.isolation: dict[str, str] = {}
         """Per node, the JSON of the isolation its executor last reported: a read-model column only (``gpuctl
         nodes``), never a scheduling input; written when it changes."""
@@ -327,6 +329,9 @@ class SchedulerService:
         if step.mig_changed:
             await readmodels.write_mig_plan(self._conn, self.config.mig.mode, self.scheduler.mig.read_model(),
                                             self.state)
+        if step.now - self._fair_share_written_at >= readmodels.FAIR_SHARE_EVERY_S:
+            await readmodels.write_fair_share(self._conn, self.state, self.config.queues.fair_share, step.now)
+            self._fair_share_written_at = step.now
 
     def _after_commit(self, step: Step, tick: bool) -> None:
         metrics.observe_step(step, self.state)

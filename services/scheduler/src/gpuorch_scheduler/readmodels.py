@@ -5,6 +5,7 @@
                                                                          rows of their own (array_id, array_index)
     executor heartbeats' isolation (changed since last written)     ──► nodes.isolation
     the MIG loop (``mig_plan`` due)                                  ──► mig_plan (one row)
+    fair share over time (every ``FAIR_SHARE_EVERY_S`` at most)      ──► fair_share (one row: ``fairshare``)
 
 Written inside the batch's transaction, so a read model never shows a decision the log does not hold. Rows are
 rebuilt from the scheduler's state: writing a row twice is harmless.
@@ -20,6 +21,10 @@ from typing import Any
 
 from gpuorch_contracts import JobRejected, MigPlanProposed, SubmitJob
 from gpuorch_scheduling import ArrayRecord, JobRecord, SchedulerState, Waiting
+from gpuorch_scheduling.fairshare import FairSharePolicy, fair_shares
+
+FAIR_SHARE_EVERY_S = 10.0
+"""Seconds between writes of the ``fair_share`` row (its values decay continuously; a view, not the truth)."""
 
 
 async def write_jobs_and_nodes(conn: Any, state: SchedulerState, pending: dict[uuid.UUID, Waiting],
@@ -60,6 +65,17 @@ async def write_mig_plan(conn: Any, mode: str, plan: MigPlanProposed, state: Sch
                under_way = excluded.under_way, history = excluded.history, updated_at = now()""",
         mode, plan.model_dump_json(), json.dumps([e.model_dump(mode="json") for e in state.mig.values()]),
         json.dumps([[n, g, times] for (n, g), times in state.mig_history.items()]))
+
+
+async def write_fair_share(conn: Any, state: SchedulerState, policy: FairSharePolicy, now: float) -> None:
+    """The ``fair_share`` row: every tenant's share, decayed usage and factor at ``now``."""
+    lines = [line.as_dict() for line in fair_shares(state, policy, now)]
+    await conn.execute(
+        """INSERT INTO fair_share (id, half_life_s, model_weights, lines, computed_at)
+           VALUES (1, $1, $2::text::jsonb, $3::text::jsonb, $4)
+           ON CONFLICT (id) DO UPDATE SET half_life_s = excluded.half_life_s, model_weights = excluded.model_weights,
+               lines = excluded.lines, computed_at = excluded.computed_at, updated_at = now()""",
+        policy.half_life_s, json.dumps(policy.model_weights), json.dumps(lines), _ts(now))
 
 
 async def known_submissions(conn: Any, job_ids: list[uuid.UUID]) -> set[uuid.UUID]:
