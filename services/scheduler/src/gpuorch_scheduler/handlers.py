@@ -24,8 +24,8 @@ decide the same events (tested).
 from __future__ import annotations
 
 import asyncio
-import math
 import gc
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
