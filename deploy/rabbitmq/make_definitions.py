@@ -99,13 +99,14 @@ HTTP_API_SUBMITTERS = ("submitter",)
 SCHEDULER_EVENTS = (
     "job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting", "job.requeued", "job.cancelled",
     "job.array_parallelism_changed", "job.failed", "node.liveness_changed", "alert.fleet", "gpu.mig_reconfiguration", "mig.plan_proposed",
+    "reservation.created", "reservation.refused", "reservation.deleted",
 )
 SCHEDULER_COMMANDS = ("launch_job", "stop_job", "apply_mig_layout")
 EXECUTOR_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed", "executor.heartbeat")
 NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", "gpu.usage_sampled",
                      "node.mig_layout_applied")
 TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made", "fleet.scale_requested")
-SUBMIT_KEY_PATTERN = r"job\.(submit|cancel|array_set)"
+SUBMIT_KEY_PATTERN = r"(job\.(submit|cancel|array_set)|reservation\.(create|delete))"
 NOTHING = "^$"
 
 

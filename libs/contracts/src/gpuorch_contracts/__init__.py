@@ -66,6 +66,13 @@ from gpuorch_contracts.nodes import (
     ProcessUsage,
     RunningPlacement,
 )
+from gpuorch_contracts.reservations import (
+    CreateReservation,
+    DeleteReservation,
+    ReservationCreated,
+    ReservationDeleted,
+    ReservationRefused,
+)
 from gpuorch_contracts.routing import (
     COMMANDS_EXCHANGE,
     DEAD_LETTER_EXCHANGE,
@@ -98,5 +105,6 @@ __all__ = [
     "AlertRaised", "AlertResolved", "RecommendationMade", "FleetScaleRequested",
     "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "reason_text",
     "strip_terminal_controls", "TENANT_ROUTED_TYPES", "ArraySpec", "ArrayTask", "array_task_id", "parse_array",
+    "CreateReservation", "DeleteReservation", "ReservationCreated", "ReservationDeleted", "ReservationRefused",
     "parse_indices", "MAX_DEPENDENCIES", "ArrayParallelismChanged", "Dependency", "SetArrayParallelism", "event_binding", "submit_routing_key", "tenant_binding",
 ]

@@ -10,7 +10,7 @@ holding capacity and gives them back when it stops; ``queued`` and ``active`` in
 ``tenant_held`` sums what each tenant holds; ``mig`` holds the MIG reconfigurations under way (their GPUs are
 closed to placements in the fleet) and ``mig_history`` when each GPU's last ones ended (``domain.mig``). Finished
 jobs leave memory ``retention_s`` after they end (log time), unless a waiting job depends on them (``dependents``);
-the log and the read model keep them. Arrays (``arrays``) are records of their own whose next tasks the fold
+the log and the read model keep them. Advance reservations (``reservations``) are records of their own. Arrays (``arrays``) are records of their own whose next tasks the fold
 materializes as queued jobs (``_fill``: a pure function of the log, so a replay makes the same tasks).
 
 ``capacity_violations`` re-derives usage from the jobs alone (independently of the fleet's arrays): tests and the
@@ -21,6 +21,7 @@ logged and ``capacity_violations(nodes)`` on the nodes a committed plan touched.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -49,6 +50,9 @@ from gpuorch_contracts import (
     NodeInventory,
     NodeLivenessChanged,
     NodeRegistered,
+    ReservationCreated,
+    ReservationDeleted,
+    ReservationRefused,
     parse_indices,
 )
 from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, Fleet, gpu_units
@@ -177,6 +181,36 @@ class NodeRecord:
         )
 
 
+@dataclass
+class Reservation:
+    """Whole nodes promised to ``tenant`` from ``start`` to ``end`` (unix seconds), as logged
+    (``gpuorch_scheduling.reservations``)."""
+
+    reservation_id: uuid.UUID
+    tenant: str
+    gpus: int
+    gpu_model: str | None
+    nodes: frozenset[str]
+    start: float
+    end: float
+    created_by: str | None = None
+    deleted_at: float | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reservation_id": str(self.reservation_id), "tenant": self.tenant, "gpus": self.gpus,
+                "gpu_model": self.gpu_model, "nodes": sorted(self.nodes), "start": self.start, "end": self.end,
+                "created_by": self.created_by, "deleted_at": self.deleted_at, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Reservation:
+        return cls(uuid.UUID(raw["reservation_id"]), raw["tenant"], raw["gpus"], raw["gpu_model"],
+                   frozenset(raw["nodes"]), raw["start"], raw["end"], raw.get("created_by"), raw.get("deleted_at"),
+                   raw.get("reason"))
+
+
+RESERVATION_MEMORY_S = 7 * 86400.0
+"""Reservations that ended (or were deleted) longer ago than this leave memory (the read model keeps them)."""
 DEFAULT_RETENTION_S = 3600.0
 MIG_HISTORY = 8
 """Ended reconfigurations remembered per GPU (the planner's cap counts those of the last hour)."""
@@ -217,6 +251,8 @@ class SchedulerState:
     dependents: dict[uuid.UUID, set[uuid.UUID]] = field(default_factory=dict)
     """Job or array id -> the jobs and arrays that depend on it and have not ended (derived). A job with
     dependents is not forgotten at retention: they still need its outcome."""
+    reservations: dict[uuid.UUID, Reservation] = field(default_factory=dict)
+    """Advance reservations by id (``reservations``), from ReservationCreated / ReservationDeleted."""
     usage: DecayedUsage = field(default_factory=DecayedUsage)
     """Decayed GPU-seconds per tenant and GPU model (``usage``): what fair share over time reads. Changed by the
     fold when a job starts or stops holding GPUs, at log time."""
@@ -519,6 +555,18 @@ class SchedulerState:
                             job.stopping_nodes.remove(event.node_id)
             case MigReconfiguration():
                 self._fold_mig(event, at)
+            case ReservationCreated():
+                self.reservations = {k: r for k, r in self.reservations.items()
+                                     if min(r.end, r.deleted_at or math.inf) > at - RESERVATION_MEMORY_S}
+                self.reservations[event.reservation_id] = Reservation(
+                    event.reservation_id, event.tenant, event.gpus, event.gpu_model, frozenset(event.nodes),
+                    event.start_at.timestamp(), event.end_at.timestamp(), event.created_by)
+            case ReservationDeleted():
+                reservation = self.reservations.get(event.reservation_id)
+                if reservation is not None and reservation.deleted_at is None:
+                    reservation.deleted_at, reservation.reason = at, event.reason
+            case ReservationRefused():
+                pass  # a refusal is history (the read model shows it); nothing is held
             case _:
                 raise TypeError(f"the scheduler log holds no {event.TYPE!r} events")
 
@@ -584,6 +632,10 @@ class SchedulerState:
         found = {j for n in nodes for j in self._holders.get(n, ()) if j in self.jobs and self.jobs[j].holds_capacity}
         return [self.jobs[j] for j in sorted(found, key=str) if j in self.jobs]  # type: ignore[index]
 
+    def jobs_on(self, node_id: str) -> list[JobRecord]:
+        """The jobs holding capacity on ``node_id`` (from the fold's index of holders per node)."""
+        return self._holding({node_id})
+
     def gpu_usage(self, nodes: set[str] | None = None) -> dict[tuple[str, str], tuple[int, int]]:
         """(node_id, gpu uuid) -> (milli used, memory MiB used) over active placements."""
         usage: dict[tuple[str, str], tuple[int, int]] = {}
@@ -639,7 +691,8 @@ class SchedulerState:
             nodes.append(text)
         head = json.dumps({"version": 2, "position": self.position, "clock": self.clock, "queue_seq": self.queue_seq,
                            "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot(),
-                           "arrays": [a.to_dict() for a in self.arrays.values()], "usage": self.usage.to_list()})
+                           "arrays": [a.to_dict() for a in self.arrays.values()], "usage": self.usage.to_list(),
+                           "reservations": [r.to_dict() for r in self.reservations.values()]})
         return f'{head[:-1]}, "jobs": [{", ".join(jobs)}], "nodes": [{", ".join(nodes)}]}}'
 
     def to_snapshot(self) -> dict[str, Any]:
@@ -649,6 +702,7 @@ class SchedulerState:
             "nodes": [n.to_dict() for n in self.nodes.values()],
             "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot(),
             "arrays": [a.to_dict() for a in self.arrays.values()], "usage": self.usage.to_list(),
+            "reservations": [r.to_dict() for r in self.reservations.values()],
         }
 
     def _mig_snapshot(self) -> dict[str, Any]:
@@ -702,6 +756,9 @@ class SchedulerState:
             state._ending.add(uuid.UUID(j))
         # the ledger as logged (holding the jobs above counted them again: the snapshot's rows already do)
         state.usage = DecayedUsage.from_list(raw.get("usage", []), half_life_s)
+        for raw_reservation in raw.get("reservations", []):
+            reservation = Reservation.from_dict(raw_reservation)
+            state.reservations[reservation.reservation_id] = reservation
         return state
 
 
