@@ -12,7 +12,7 @@ import aio_pika
 import asyncpg
 import httpx
 import pytest
-from gpuorch_contracts import ExecutorHeartbeat, JobPlaced, JobQueued, array_task_id, decode
+from gpuorch_contracts import SUBMIT_EXCHANGE, ExecutorHeartbeat, JobPlaced, JobQueued, array_task_id, decode
 from gpuorch_contracts.jobs import GpuAllocation, NodeAssignment
 from gpuorch_identity import log_credential
 from gpuorch_messaging import Broker
@@ -442,3 +442,40 @@ async def test_recent_events_are_listed_newest_first_to_whom_they_concern(api: R
         assert len((await http.get("/api/v1/events/recent", params={"limit": 1}, headers=auth("ops"))).json()) == 1
         bad = await http.get("/api/v1/events/recent", params={"since": "a while"}, headers=auth("acme"))
         assert bad.status_code == 422 and bad.json()["detail"].startswith("since:")
+
+
+async def test_operators_reserve_and_delete_and_tenants_see_their_reservations(
+        api: RunningApi, migrated_dsn: str, amqp_url: str) -> None:
+    await seed(migrated_dsn)
+    connection = await aio_pika.connect(amqp_url)
+    channel = await connection.channel()
+    queue = await channel.declare_queue("test.reservations", exclusive=True)
+    await queue.bind(SUBMIT_EXCHANGE, "reservation.#")
+    body = {"tenant": "acme", "gpus": 2, "gpu_model": "a100", "start_at": "2030-01-02T14:00:00Z", "duration_s": 3600}
+    try:
+        async with httpx.AsyncClient(base_url=api.url) as http:
+            assert (await http.post("/api/v1/reservations", json=body, headers=auth("acme"))).status_code == 403
+            answer = await http.post("/api/v1/reservations", json=body, headers=auth("ops"))
+            assert answer.status_code == 202, answer.text
+            incoming = await queue.get(timeout=10, fail=True)
+            asked = decode(incoming.body)
+            assert (asked.TYPE, str(asked.reservation_id), asked.on_behalf_of) == (  # type: ignore[attr-defined]
+                "reservation.create", answer.json()["reservation_id"], "ops")
+            conn = await asyncpg.connect(migrated_dsn)
+            await conn.execute(  # the row the scheduler writes when it logs ReservationCreated
+                "INSERT INTO reservations (reservation_id, tenant, gpus, gpu_model, nodes, start_at, end_at, outcome) "
+                "VALUES ($1, 'acme', 2, 'a100', ARRAY['n1', 'gone-node'], now() - interval '1 minute', "
+                "now() + interval '1 hour', 'created')", asked.reservation_id)  # type: ignore[attr-defined]
+            await conn.close()
+            [mine] = (await http.get("/api/v1/reservations", headers=auth("acme"))).json()
+            assert (mine["state"], mine["nodes"]) == ("active", ["n1", "gone-node"])
+            assert mine["problems"] == ["cannot be honoured: some of its nodes are not alive", "node gone-node is gone"]
+            assert (await http.get("/api/v1/reservations", headers=auth("research"))).json() == []
+            path = f"/api/v1/reservations/{mine['reservation_id']}"
+            assert (await http.get(path, headers=auth("research"))).status_code == 404
+            assert (await http.delete(path, headers=auth("acme"))).status_code == 403
+            assert (await http.delete(path, headers=auth("ops"))).status_code == 202
+            deleted = decode((await queue.get(timeout=10, fail=True)).body)
+            assert deleted.TYPE == "reservation.delete"
+    finally:
+        await connection.close()

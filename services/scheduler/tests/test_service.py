@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-from gpuorch_contracts import GpuRequest, JobFinished, JobSpec, JobStarted, ProcessRun, SubmitJob
+from gpuorch_contracts import (
+    CreateReservation,
+    DeleteReservation,
+    GpuRequest,
+    JobFinished,
+    JobSpec,
+    JobStarted,
+    ProcessRun,
+    SubmitJob,
+)
 from gpuorch_scheduler import readmodels
 from gpuorch_scheduler.handlers import Persistence, SchedulerService
 from gpuorch_scheduling.scheduler import SchedulerConfig
@@ -139,5 +149,26 @@ async def test_a_rejected_job_keeps_its_spec_and_reason_in_the_read_model(migrat
         assert "20" in row["reason"]
         [event] = await conn.fetch("SELECT routing_key FROM outbox WHERE type = 'job.rejected'")
         assert event["routing_key"] == "job.rejected.acme"  # the tenant's subscribers see their rejection
+    finally:
+        await conn.close()
+
+
+async def test_a_reservation_is_logged_and_written_to_its_read_model(migrated_dsn: str) -> None:
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        service = SchedulerService(conn)
+        await service.recover()
+        await service.handle(node("n1", gpus=2))
+        start = datetime.now(UTC) + timedelta(hours=1)
+        request = CreateReservation(tenant="acme", gpus=2, start_at=start, duration_s=3600)
+        await service.handle(request)
+        row = await conn.fetchrow("SELECT nodes, outcome, end_at FROM reservations WHERE reservation_id = $1",
+                                  request.reservation_id)
+        assert (row["nodes"], row["outcome"], row["end_at"]) == (["n1"], "created", start + timedelta(hours=1))
+        await service.handle(DeleteReservation(reservation_id=request.reservation_id))
+        assert await conn.fetchval("SELECT outcome FROM reservations") == "deleted"
+        rebuilt = SchedulerService(conn)
+        await rebuilt.recover()
+        assert rebuilt.state.reservations[request.reservation_id].deleted_at is not None
     finally:
         await conn.close()

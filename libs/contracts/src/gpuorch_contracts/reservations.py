@@ -26,7 +26,12 @@ MAX_RESERVATION_S = 366 * 86400.0
 ReservationNodes = Annotated[list[Name], Field(max_length=10_000)]
 
 
-class CreateReservation(Message):
+class _OperatorCommand(Message):
+    on_behalf_of: Name | None = Field(default=None, description=(
+        "the identity a gateway acts for (see SubmitJob.on_behalf_of)"))
+
+
+class CreateReservation(_OperatorCommand):
     """Ask the scheduler to reserve ``gpus`` GPUs (of ``gpu_model``, on ``nodes`` when given) for ``tenant`` from
     ``start_at`` for ``duration_s``. Only operators may."""
 
@@ -39,19 +44,15 @@ class CreateReservation(Message):
     nodes: ReservationNodes = Field(default=[], description="choose among these nodes only (empty: any)")
     start_at: datetime
     duration_s: float = Field(gt=0, le=MAX_RESERVATION_S)
-    on_behalf_of: Name | None = Field(default=None, description=(
-        "the identity a gateway acts for (see SubmitJob.on_behalf_of)"))
 
 
-class DeleteReservation(Message):
+class DeleteReservation(_OperatorCommand):
     """Ask the scheduler to end a reservation now (operators only)."""
 
     TYPE = "reservation.delete"
     type: Literal["reservation.delete"] = "reservation.delete"
     reservation_id: uuid.UUID
     reason: ShortText = "deleted by an operator"
-    on_behalf_of: Name | None = Field(default=None, description=(
-        "the identity a gateway acts for (see SubmitJob.on_behalf_of)"))
 
 
 class ReservationCreated(Message):

@@ -277,6 +277,21 @@ class ReadModels:
         return {"half_life_s": row["half_life_s"], "model_weights": json.loads(row["model_weights"]),
                 "computed_at": row["computed_at"], "tenants": json.loads(row["lines"])}
 
+    async def reservations(self, *, tenants: Collection[str] | None,
+                           reservation_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
+        """Reservation rows (``reservations``, migration 0106) of ``tenants`` (None: all), newest start first, each
+        with the liveness of its nodes (``node_liveness``: [[node, liveness]])."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT r.*, (SELECT array_agg(ARRAY[n.node_id, n.liveness]) FROM nodes n
+                                WHERE n.node_id = ANY(r.nodes)) AS node_liveness
+                   FROM reservations r
+                   WHERE ($1::text[] IS NULL OR r.tenant = ANY($1::text[]))
+                     AND ($2::uuid IS NULL OR r.reservation_id = $2)
+                   ORDER BY r.start_at DESC NULLS LAST, r.created_at DESC LIMIT 1000""",
+                sorted(tenants) if tenants is not None else None, reservation_id)
+        return [dict(r) for r in rows]
+
     async def report(self, period: Period, *, tenants: Collection[str] | None,
                      tenant: str | None) -> WeeklyReport:
         """The weekly review of ``period`` (``gpuorch_report``), limited to ``tenants`` (None: all)."""

@@ -6,6 +6,7 @@ a missing one is a server error: the document cannot drift from the answers with
 
 from __future__ import annotations
 
+import uuid
 from datetime import date, datetime
 from typing import Any
 
@@ -233,6 +234,24 @@ class FairShare(BaseModel):
     model_weights: dict[str, float] = {}
     computed_at: datetime | None = None
     tenants: list[TenantShare] = []
+
+
+class Reservation(BaseModel):
+    """An advance reservation as the scheduler logged it: whole nodes for a tenant in a window. ``state``: pending,
+    active, ended (from the clock), refused (``reason`` says why) or deleted; ``problems``: why it cannot be
+    honoured now (nodes lost or gone)."""
+
+    reservation_id: uuid.UUID
+    tenant: str
+    gpus: int
+    gpu_model: str | None
+    nodes: list[str]
+    start_at: datetime | None
+    end_at: datetime | None
+    created_by: str | None
+    state: str
+    reason: str | None
+    problems: list[str]
 
 
 class MigPlan(BaseModel):

@@ -329,6 +329,8 @@ class SchedulerService:
         if step.mig_changed:
             await readmodels.write_mig_plan(self._conn, self.config.mig.mode, self.scheduler.mig.read_model(),
                                             self.state)
+        if any(e.TYPE.startswith("reservation.") for e in step.decided):
+            await readmodels.write_reservations(self._conn, step.decided)
         if step.now - self._fair_share_written_at >= readmodels.FAIR_SHARE_EVERY_S:
             await readmodels.write_fair_share(self._conn, self.state, self.config.queues.fair_share, step.now)
             self._fair_share_written_at = step.now
