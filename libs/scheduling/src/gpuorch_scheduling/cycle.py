@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuorch_contracts import PRIORITY_VALUE, ArrayTask, JobPlaced, JobPreempting, LaunchJob, NodeAssignment
-from gpuorch_policy.fleet import Ask, Fleet
+from gpuorch_policy.fleet import Ask, Fleet, TopologyBlocks
 
 from gpuorch_scheduling.decisions import PLACEMENT, Decision, at, decision_id, derived_id, stops
 from gpuorch_scheduling.dependencies import Unmet, unmet
@@ -399,8 +399,9 @@ class _Cycle:
         sim = self.fleet.copy()
         fitting = sim.fitting_nodes(ask) - closed if closed else sim.fitting_nodes(ask)
         result: tuple[float | None, frozenset[str]] = (None, frozenset())
-        if len(fitting) >= ask.nodes:
-            result = (None, frozenset(sorted(fitting)[: ask.nodes]))
+        holds = TopologyBlocks.enough(sim, ask, fitting)  # a required topology level: all in one block
+        if holds is not None:
+            result = (None, frozenset(holds))
         else:
             for count, (end, job) in enumerate(self._releases()):
                 if count >= self.limits.estimate_releases:
@@ -409,8 +410,9 @@ class _Cycle:
                 for assignment in job.assignments:
                     if assignment.node_id not in closed and sim.node_fits(ask, assignment.node_id):
                         fitting.add(assignment.node_id)
-                if len(fitting) >= ask.nodes:
-                    result = (None if math.isinf(end) else end, frozenset(sorted(fitting)[: ask.nodes]))
+                holds = TopologyBlocks.enough(sim, ask, fitting) if len(fitting) >= ask.nodes else None
+                if holds is not None:
+                    result = (None if math.isinf(end) else end, frozenset(holds))
                     break
         self.estimates[key] = result
         return result
