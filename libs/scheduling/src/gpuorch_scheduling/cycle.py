@@ -374,11 +374,11 @@ class _Cycle:
         if blocked:
             why = ("its runtime estimate ends after the reserved start" if job.spec.runtime_estimate_s
                    else "it has no runtime estimate, so it cannot run ahead of them (backfill)")
+            whom = "earlier waiting jobs or advance reservations" if closed else "earlier waiting jobs"
             if reason.startswith("the nodes it fits on are reserved"):
-                words = f"the nodes where it fits are reserved for earlier waiting jobs or advance reservations; {why}"
+                words = f"the nodes where it fits are reserved for {whom}; {why}"
             else:
-                words = f"{reason}; nodes reserved for earlier waiting jobs or advance reservations are left out: " \
-                        f"{why}"
+                words = f"{reason}; nodes reserved for {whom} are left out: {why}"
         return Waiting(words, start, estimated)
 
     def _releases(self) -> list[tuple[float, JobRecord]]:
