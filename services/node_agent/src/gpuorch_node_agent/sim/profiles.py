@@ -112,10 +112,10 @@ def parse_profile_mix(mix: str, *, prefix: str = "sim-node") -> list[NodeSpec]:
         part, *levels = part.split("@")
         sizes: dict[str, int] = {}
         for level in levels:
-            name, _, size = level.partition("=")
-            if name not in TOPOLOGY_LEVELS or not size.isdigit() or int(size) < 1:
+            name, _, per_block = level.partition("=")
+            if name not in TOPOLOGY_LEVELS or not per_block.isdigit() or int(per_block) < 1:
                 raise ValueError(f"bad topology {level!r}: use {'|'.join(TOPOLOGY_LEVELS)}=<nodes per block>")
-            sizes[name] = int(size)
+            sizes[name] = int(per_block)
         first = len(specs)
         profile_text, _, count_text = part.partition(":")
         profile, gpus = parse_node_profile(profile_text)
@@ -123,13 +123,13 @@ def parse_profile_mix(mix: str, *, prefix: str = "sim-node") -> list[NodeSpec]:
         if count < 0 or gpus < 0 or gpus > 64:
             raise ValueError(f"bad fleet part {part!r}")
         for k in range(count):
-            labels = {f"topology.gpuorch.io/{name}": f"{name}-{blocks_seen.get(name, 0) + k // size}"
-                      for name, size in sizes.items()}
+            labels = {f"topology.gpuorch.io/{name}": f"{name}-{blocks_seen.get(name, 0) + k // nodes}"
+                      for name, nodes in sizes.items()}
             specs.append(NodeSpec(f"{prefix}-{len(specs):05d}", profile, gpus,
                                   cpu_milli=gpus * 16000 or 16000, memory_mib=max(gpus, 1) * 128 * 1024,
                                   labels=labels))
-        for name, size in sizes.items():
-            blocks_seen[name] = blocks_seen.get(name, 0) + -(-(len(specs) - first) // size)
+        for name, nodes in sizes.items():
+            blocks_seen[name] = blocks_seen.get(name, 0) + -(-(len(specs) - first) // nodes)
     return specs
 
 
