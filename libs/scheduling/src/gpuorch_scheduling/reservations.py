@@ -81,7 +81,7 @@ def create(state: SchedulerState, request: CreateReservation, now: float, create
         held += count
     if held < request.gpus:
         model = f" {request.gpu_model}" if request.gpu_model else ""
-        return _refused(request, f"only {held} free{model} GPUs on nodes that are alive and not reserved in that "
+        return _refused(request, f"only {held}{model} GPUs on nodes that are alive and not reserved in that "
                                  f"window; {request.gpus} asked")
     chosen.sort()
     return Decision(logged=[ReservationCreated(

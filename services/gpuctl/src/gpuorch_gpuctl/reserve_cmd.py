@@ -20,6 +20,7 @@ import typer
 from gpuorch_report.period import parse_since
 
 from gpuorch_gpuctl.api_client import api
+from gpuorch_gpuctl.errors import fail
 from gpuorch_gpuctl.output import Column, Format, JsonOpt, NoHeadersOpt, OutputOpt, chosen, dump, emit
 from gpuorch_gpuctl.output import console as output_console
 from gpuorch_gpuctl.terminal_text import cell
@@ -107,12 +108,23 @@ def list_(
     emit(rows, COLUMNS, chosen(output, as_json), no_headers=no_headers, out=console)
 
 
+def _resolve(client: Any, reference: str) -> str:
+    """A reservation's full id from its id or a unique prefix of it (as ``list`` shows it)."""
+    if len(reference) == 36:
+        return reference
+    matches = [r["reservation_id"] for r in client.get("/api/v1/reservations", ended=True)
+               if str(r["reservation_id"]).startswith(reference)]
+    if len(matches) != 1:
+        fail(f"{'no' if not matches else 'more than one'} reservation whose id starts with {reference!r}")
+    return str(matches[0])
+
+
 @reserve_app.command("show")
-def show(reservation_id: Annotated[str, typer.Argument(help="the reservation's id")],
+def show(reservation_id: Annotated[str, typer.Argument(help="the reservation's id (or a unique prefix)")],
          as_json: JsonOpt = False) -> None:
     """One reservation: tenant, GPUs, nodes, window, state, problems."""
     with api() as client:
-        found: dict[str, Any] = client.get(f"/api/v1/reservations/{reservation_id}")
+        found: dict[str, Any] = client.get(f"/api/v1/reservations/{_resolve(client, reservation_id)}")
     if as_json:
         dump(found, Format.json)
         return
@@ -122,10 +134,11 @@ def show(reservation_id: Annotated[str, typer.Argument(help="the reservation's i
 
 
 @reserve_app.command("delete")
-def delete(reservation_id: Annotated[str, typer.Argument(help="the reservation's id")],
+def delete(reservation_id: Annotated[str, typer.Argument(help="the reservation's id (or a unique prefix)")],
            reason: Annotated[str, typer.Option(help="why (kept with it)")] = "deleted by an operator",
            as_json: JsonOpt = False) -> None:
     """Delete a reservation (operators): its nodes are open to every tenant again."""
     with api() as client:
+        reservation_id = _resolve(client, reservation_id)
         answer = client.delete(f"/api/v1/reservations/{reservation_id}", reason=reason)
     print(json.dumps(answer) if as_json else f"deletion of {reservation_id} requested")
