@@ -138,6 +138,8 @@ def submit(
     mig: Annotated[list[str] | None, typer.Option(help="acceptable MIG profile (repeatable)")] = None,
     gpu_model: Annotated[list[str] | None, typer.Option(help="accepted GPU model (repeatable)")] = None,
     nodes: Annotated[int | None, typer.Option(help="gang: number of nodes (all or nothing)")] = None,
+    topology: Annotated[str | None, typer.Option(help="gang: keep its nodes in one block of a topology level, "
+                                                 "required:LEVEL or preferred:LEVEL (required:rack)")] = None,
     cpu: Annotated[int | None, typer.Option(help="host CPU, milli-cores")] = None,
     memory: Annotated[int | None, typer.Option(help="host memory, MiB")] = None,
     preemptible: Annotated[bool | None, typer.Option("--preemptible/--not-preemptible",
@@ -175,6 +177,11 @@ def submit(
         spec["resources"] = {**spec.get("resources", {}), **{k: v for k, v in resources.items() if v is not None}}
     if nodes is not None:
         spec["gang"] = {**spec.get("gang", {}), "nodes": nodes}
+    if topology is not None:
+        mode, _, level = topology.partition(":")
+        if mode not in ("required", "preferred") or not level:
+            fail(f"invalid --topology {topology!r}: required:LEVEL or preferred:LEVEL", USAGE)
+        spec["gang"] = {**spec.get("gang", {}), "topology": {mode: level}}
     try:
         if array is not None:
             spec["array"] = array_field(array)
