@@ -117,6 +117,7 @@ def test_only_operators_reserve_and_a_reservation_that_lost_its_nodes_says_so() 
     h = Harness(config, keep_steps=True, heartbeat_s=2.0)
     for k in range(2):
         h.add_node(registered_node(f"n{k}", gpus=8, model="H100").inventory)
+    before = h.submit(spec("lab", 4), at=0.5, runtime_s=10_000, sender="ops")  # may not be stopped
     refused = reservation(5000.0, gpus=8)
     h.send(refused, at=1.0, sender="alice")
     accepted = reservation(5000.0, gpus=8)
@@ -128,6 +129,7 @@ def test_only_operators_reserve_and_a_reservation_that_lost_its_nodes_says_so() 
     assert "only operators" in reasons[refused.reservation_id] and "64 asked" in reasons[too_big.reservation_id]
     found = h.state.reservations[accepted.reservation_id]
     assert status(h.state, found, h.now) == {"state": "pending", "problems": []}
+    assert not {a.node_id for a in h.state.jobs[before.job_id].assignments} & found.nodes  # the other node chosen
     [node] = found.nodes
     h.lose_node(node, at=10.0)
     h.run(until=100.0)

@@ -1,7 +1,8 @@
 """Advance reservations: whole nodes promised to one tenant for a window, used by backfill until it starts.
 
     CreateReservation (an operator) ──► create(): nodes chosen now (alive, of the model, among those named, not
-                                        reserved by an overlapping reservation; the fewest that hold ``gpus``)
+                                        reserved by an overlapping reservation; the fewest that hold ``gpus``,
+                                        preferring nodes no job that may not be stopped holds)
                                         ──► ReservationCreated (logged: the fold keeps ``state.reservations``)
                                             or ReservationRefused (why)
     DeleteReservation (an operator) ──► ReservationDeleted
@@ -10,7 +11,9 @@
             (until their stop is due) may use them (backfill);
         from the start to the end: only the reservation's tenant
     the tick: ``due_stops`` ──► JobPreempting + StopJob for every other tenant's job still on the nodes once its
-        stop is due (start - its checkpoint grace - ``STOP_LEAD_S``): it checkpoints and leaves in time
+        stop is due (preemptible: start - its checkpoint grace - ``STOP_LEAD_S``, so it checkpoints and leaves in
+        time; with a runtime estimate or limit, which was to end in time: at the start); a job with neither,
+        placed before the reservation existed, is not stopped (``status`` says it holds GPUs)
     reading: ``status`` ──► pending / active / ended / deleted, and why it cannot be honoured (nodes lost)
 
 A reservation holds whole nodes (``gpus`` rounds up to the nodes that hold them): a node is the unit that a
@@ -70,11 +73,12 @@ def create(state: SchedulerState, request: CreateReservation, now: float, create
             continue
         count = sum(1 for g in node.inventory.gpus if _model_matches(g.model, request.gpu_model))
         if count:
-            candidates.append((count, node_id))
-    candidates.sort(key=lambda c: (-c[0], c[1]))
+            staying = sum(1 for j in state.jobs_on(node_id) if not _stoppable(j.spec))
+            candidates.append((count, staying, node_id))
+    candidates.sort(key=lambda c: (-c[0], c[1], c[2]))  # fewest nodes; then those no unstoppable job holds
     chosen: list[str] = []
     held = 0
-    for count, node_id in candidates:
+    for count, _staying, node_id in candidates:
         if held >= request.gpus:
             break
         chosen.append(node_id)
@@ -129,8 +133,8 @@ def closed_nodes(reservations: list[Reservation], spec: JobSpec, now: float, end
 
 def due_stops(state: SchedulerState, now: float) -> Decision:
     """Stop, with their checkpoint grace, the jobs of other tenants still on a reservation's nodes once their stop
-    is due (preemptible ones ``STOP_LEAD_S`` + grace before the start; others, which were to end in time, at the
-    start): each is requeued as a preempted job."""
+    is due (preemptible ones ``STOP_LEAD_S`` + grace before the start; those with a runtime estimate or limit,
+    which were to end in time, at the start): each is requeued as a preempted job."""
     decision = Decision()
     reservations = [r for r in open_reservations(state, now) if now >= r.start - 86400.0]
     if not reservations:
@@ -139,7 +143,8 @@ def due_stops(state: SchedulerState, now: float) -> Decision:
     for r in reservations:
         for node_id in sorted(r.nodes):
             for job in state.jobs_on(node_id):
-                if job.job_id in seen or job.spec.tenant == r.tenant or job.state not in ("placed", "running"):
+                if job.job_id in seen or job.spec.tenant == r.tenant or job.state not in ("placed", "running") \
+                        or not _stoppable(job.spec):
                     continue
                 due = _stop_due(job.spec, r) if job.spec.preemptible else r.start
                 if now < due:
@@ -154,6 +159,12 @@ def due_stops(state: SchedulerState, now: float) -> Decision:
                            f"{r.reservation_id})"))
                 decision.published.extend(stops(job, "preempt"))
     return decision
+
+
+def _stoppable(spec: JobSpec) -> bool:
+    """Preemptible, or said when it would end (so it could only have been placed to end in time): a job with
+    neither was there before the reservation and is not stopped for it (``status`` reports it)."""
+    return spec.preemptible or spec.runtime_estimate_s is not None or spec.max_runtime_s is not None
 
 
 def status(state: SchedulerState, reservation: Reservation, now: float) -> dict[str, Any]:
@@ -180,6 +191,11 @@ def status(state: SchedulerState, reservation: Reservation, now: float) -> dict[
                     and node.gpu_health.get(g.index, "healthy") == "healthy")
     if gpus < reservation.gpus and phase in ("pending", "active"):
         problems.insert(0, f"cannot be honoured: {gpus} of {reservation.gpus} GPUs available")
+    staying = {j.job_id for n in reservation.nodes for j in state.jobs_on(n)
+               if j.spec.tenant != reservation.tenant and not _stoppable(j.spec)}
+    if staying and phase in ("pending", "active"):
+        problems.append(f"{len(staying)} job(s) placed before it, neither preemptible nor with a runtime "
+                        f"estimate or limit, still hold some of its GPUs (they are not stopped for it)")
     return {"state": phase, "problems": problems}
 
 
