@@ -67,7 +67,7 @@ def create(state: SchedulerState, request: CreateReservation, now: float, create
     unknown = sorted(named - set(state.nodes))
     if unknown:
         return _refused(request, f"unknown nodes: {', '.join(unknown[:5])}")
-    candidates: list[tuple[int, str]] = []
+    candidates: list[tuple[int, int, str]] = []
     for node_id, node in state.nodes.items():
         if (named and node_id not in named) or node_id in taken or not node.schedulable:
             continue
