@@ -145,8 +145,8 @@ def reservation_part(seed: int) -> None:
         now = harness.now
         if found is not None and now <= start:
             seen["gpu_s"] += borrowed_gpus(harness.state, found) * (now - seen["last"])
-            seen["busy_gpu_s"] += harness.state.fleet.totals[0] * 0 + sum(
-                row[0] for row in harness.state.tenant_held.values()) * (now - seen["last"])
+            held = sum(row[0] for row in harness.state.tenant_held.values())
+            seen["busy_gpu_s"] += held * (now - seen["last"])
         if found is not None and seen["at_start"] < 0 and now >= start:
             seen["at_start"] = borrowed_gpus(harness.state, found)
         seen["last"] = now
