@@ -44,7 +44,7 @@ STOP_LEAD_S = 60.0
 """Seconds before (start - grace) a preemptible job on reserved nodes is asked to stop: room for the stop to reach
 the executor and the job to leave before the reservation starts."""
 
-__all__ = ["STOP_LEAD_S", "Reservation", "borrowed_gpus", "closed_nodes", "create", "delete", "due_stops", "open_reservations",
+__all__ = ["STOP_LEAD_S", "Reservation", "borrowed_gpus", "closed_nodes", "create", "delete", "due_stops", "idle_gpus", "open_reservations",
            "status"]
 
 
@@ -197,6 +197,20 @@ def status(state: SchedulerState, reservation: Reservation, now: float) -> dict[
         problems.append(f"{len(staying)} job(s) placed before it, neither preemptible nor with a runtime "
                         f"estimate or limit, still hold some of its GPUs (they are not stopped for it)")
     return {"state": phase, "problems": problems}
+
+
+def idle_gpus(state: SchedulerState, reservation: Reservation) -> int:
+    """Reserved GPUs (of its model, on its nodes) that nothing is allocated on now: an idle reservation while it
+    is active."""
+    used = state.gpu_usage(set(reservation.nodes))
+    idle = 0
+    for node_id in reservation.nodes:
+        node = state.nodes.get(node_id)
+        if node is None:
+            continue
+        idle += sum(1 for g in node.inventory.gpus if _model_matches(g.model, reservation.gpu_model)
+                    and used.get((node_id, g.uuid), (0, 0))[0] == 0)
+    return idle
 
 
 def borrowed_gpus(state: SchedulerState, reservation: Reservation) -> float:

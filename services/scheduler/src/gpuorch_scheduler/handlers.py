@@ -346,7 +346,7 @@ class SchedulerService:
             if isinstance(message, FleetAlert) and message.kind == "mass_silence":
                 log.error("scheduler.mass_silence", explanation=message.explanation)
         if tick:
-            metrics.export_gauges(self.state, self.config.queues)
+            metrics.export_gauges(self.state, self.config.queues, step.now)
 
     async def _read_mig_peaks(self) -> None:
         """Before a tick that plans MIG layouts: the observed peaks of the waiting MIG jobs' names. Without
