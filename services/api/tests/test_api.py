@@ -282,6 +282,11 @@ async def test_metrics_count_requests_by_route_template(api: RunningApi) -> None
 async def test_the_report_shows_a_submitter_its_tenants_and_an_operator_everything(
         api: RunningApi, migrated_dsn: str) -> None:
     ids = await seed(migrated_dsn)
+    conn = await asyncpg.connect(migrated_dsn)
+    await conn.execute(  # 4 GPUs of n1 reserved for acme over the last two hours (its job there used at most 1.14)
+        "INSERT INTO reservations (reservation_id, tenant, gpus, nodes, start_at, end_at, outcome) VALUES "
+        "($1, 'acme', 4, ARRAY['n1'], now() - interval '2 hours', now(), 'created')", uuid.uuid4())
+    await conn.close()
     async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
         answer = await http.get("/api/v1/report", params={"since": "1d"}, headers=auth("acme"))
         assert answer.status_code == 200, answer.text
@@ -291,6 +296,8 @@ async def test_the_report_shows_a_submitter_its_tenants_and_an_operator_everythi
         assert mine["tenants"][0]["allocated_gpu_hours"] >= 0 and mine["series_source"]
         assert "research" not in answer.text and str(ids["research_queued"]) not in answer.text
         assert all(w["tier"] != "batch" for w in mine["queue_waits"])
+        [idle] = [c for c in mine["conclusions"] if c["kind"] == "idle_reservation"]
+        assert idle["subject"] == "acme" and 5.5 < idle["gpu_hours"] <= 8.0, idle
 
         everything = (await http.get("/api/v1/report", params={"since": "1d"}, headers=auth("ops"))).json()
         assert everything["tenants_shown"] is None
