@@ -208,7 +208,8 @@ async def read_report(conn: asyncpg.Connection, period: Period, *, tenants: Coll
     queue = [dict(r) for r in await conn.fetch(QUEUE_SQL, *window)]
     throttle = [dict(r) for r in await conn.fetch(THROTTLE_SQL, period.start, period.upper)]
     nodes = [dict(r) for r in await conn.fetch(NODES_SQL, period.upper)]
-    reserved = [dict(r) for r in await conn.fetch(RESERVATIONS_SQL, *window)]
+    # reserved time counts up to the end of the period as read (now at the latest), never the future part
+    reserved = [dict(r) for r in await conn.fetch(RESERVATIONS_SQL, period.start, min(period.end, period.now), scope)]
     recorded = []
     if await conn.fetchval("SELECT to_regclass('capacity_decisions') IS NOT NULL"):
         recorded = [dict(r) for r in await conn.fetch(DECISIONS_SQL, period.start, period.upper)]
