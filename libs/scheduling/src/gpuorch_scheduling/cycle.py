@@ -172,6 +172,8 @@ class _Cycle:
         """Tasks of each array placed in this cycle (its parallelism counts them)."""
         self.promised = open_reservations(state, now) if state.reservations else []
         """Advance reservations not yet ended: their nodes are closed to the jobs they do not admit now."""
+        self.reopening: dict[object, float | None] = {}
+        """(shape, closed nodes) -> when closed nodes where it fits now reopen to it (``_reopens``)."""
 
     @property
     def active(self) -> list[JobRecord]:
@@ -366,10 +368,9 @@ class _Cycle:
             if start is not None and later:
                 start = None if any(s is None for s in later) else max([start, *later])  # type: ignore[type-var]
             if closed:  # or where it fits now, once the reservations closing those nodes end
-                fits_now = self.fleet.fitting_nodes(ask)
-                ends = [r.end for r in self.promised if r.nodes & closed & fits_now]
-                if len(fits_now) >= ask.nodes and ends:
-                    start = max(ends) if start is None else min(start, max(ends))
+                reopens = self._reopens(ask, closed)
+                if reopens is not None:
+                    start = reopens if start is None else min(start, reopens)
         words = reason
         if blocked:
             why = ("its runtime estimate ends after the reserved start" if job.spec.runtime_estimate_s
@@ -380,6 +381,16 @@ class _Cycle:
             else:
                 words = f"{reason}; nodes reserved for {whom} are left out: {why}"
         return Waiting(words, start, estimated)
+
+    def _reopens(self, ask: Ask, closed: frozenset[str]) -> float | None:
+        """When ``ask`` could start on nodes where it fits now but advance reservations close to it: the latest
+        end of those reservations (None: it does not fit there either). Once per shape and closed set."""
+        key = (ask.shape, closed)
+        if key not in self.reopening:
+            fits_now = self.fleet.fitting_nodes(ask)
+            ends = [r.end for r in self.promised if r.nodes & closed & fits_now]
+            self.reopening[key] = max(ends) if ends and len(fits_now) >= ask.nodes else None
+        return self.reopening[key]
 
     def _releases(self) -> list[tuple[float, JobRecord]]:
         cached: list[tuple[float, JobRecord]] | None = getattr(self, "_release_list", None)
