@@ -44,8 +44,8 @@ STOP_LEAD_S = 60.0
 """Seconds before (start - grace) a preemptible job on reserved nodes is asked to stop: room for the stop to reach
 the executor and the job to leave before the reservation starts."""
 
-__all__ = ["STOP_LEAD_S", "Reservation", "borrowed_gpus", "closed_nodes", "create", "delete", "due_stops", "idle_gpus", "open_reservations",
-           "status"]
+__all__ = ["STOP_LEAD_S", "Reservation", "borrowed_gpus", "closed_nodes", "create", "delete", "due_stops",
+           "idle_gpus", "open_reservations", "status"]
 
 
 def _model_matches(model: str, wanted: str | None) -> bool:

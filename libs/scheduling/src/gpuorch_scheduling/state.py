@@ -7,11 +7,13 @@ round-trips through ``to_snapshot``/``from_snapshot`` (JSON-safe dicts) for snap
 The fold also keeps what the scheduling cycle reads current, so nothing is rebuilt per cycle: the live ``fleet``
 (gpuorch_policy.Fleet: free capacity per node, placement indexes) gets a job's assignments when the job starts
 holding capacity and gives them back when it stops; ``queued`` and ``active`` index the jobs by state;
-``tenant_held`` sums what each tenant holds; ``mig`` holds the MIG reconfigurations under way (their GPUs are
+``tenant_held`` sums what each tenant holds and ``usage`` its decayed GPU-seconds per GPU model (fair share over
+time, ``gpuorch_scheduling.usage``); ``mig`` holds the MIG reconfigurations under way (their GPUs are
 closed to placements in the fleet) and ``mig_history`` when each GPU's last ones ended (``domain.mig``). Finished
 jobs leave memory ``retention_s`` after they end (log time), unless a waiting job depends on them (``dependents``);
-the log and the read model keep them. Advance reservations (``reservations``) are records of their own. Arrays (``arrays``) are records of their own whose next tasks the fold
-materializes as queued jobs (``_fill``: a pure function of the log, so a replay makes the same tasks).
+the log and the read model keep them. Arrays (``arrays``) are records of their own whose next tasks the fold
+materializes as queued jobs (``_fill``: a pure function of the log, so a replay makes the same tasks); so are
+advance reservations (``reservations``, with the nodes each holds as logged).
 
 ``capacity_violations`` re-derives usage from the jobs alone (independently of the fleet's arrays): tests and the
 crash drill check the whole state with it; the plan applier checks each decision with ``Fleet.check`` before it is
