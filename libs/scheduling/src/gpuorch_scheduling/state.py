@@ -347,44 +347,39 @@ class SchedulerState:
             self._ending.add(job_id)
 
     def _count_held(self, job: JobRecord, sign: int) -> None:
-        amounts = self._held_amounts.pop(job.job_id, None) if sign < 0 else self._amounts(job)
-        if amounts is None:
-            return
         if sign > 0:
-            self._held_amounts[job.job_id] = amounts
+            amounts, models = self._measure(job)
+            self._held_amounts[job.job_id], self._held_models[job.job_id] = amounts, models
+        else:
+            found = self._held_amounts.pop(job.job_id, None)
+            if found is None:
+                return
+            amounts, models = found, self._held_models.pop(job.job_id, ())
         row = self.tenant_held.setdefault(job.spec.tenant, [0.0, 0.0, 0.0, 0.0])
         for k, value in enumerate(amounts):
             row[k] += sign * value
-        models = self._held_models.pop(job.job_id, ()) if sign < 0 else self._models(job)
-        if sign > 0:
-            self._held_models[job.job_id] = models
         for model, gpus in models:
             self.usage.change(job.spec.tenant, model, sign * gpus, self.clock)
 
-    def _models(self, job: JobRecord) -> tuple[tuple[str, float], ...]:
-        """(GPU model, GPUs) a placed job holds: whole GPUs count 1, a share or MIG slice its fraction."""
+    def _measure(self, job: JobRecord) -> tuple[tuple[float, float, float, float], tuple[tuple[str, float], ...]]:
+        """What a placed job holds: (GPUs, GPU memory MiB, host mCPU, host memory MiB), and (GPU model, GPUs) per
+        model (whole GPUs count 1, a share or MIG slice its fraction)."""
+        gpus = mem = 0.0
         by_model: dict[str, float] = {}
         for assignment in job.assignments:
             node = self.nodes.get(assignment.node_id)
-            gpus = {g.index: g for g in node.inventory.gpus} if node else {}
+            devices = node.inventory.gpus if node else []
             for alloc in assignment.gpus:
-                gpu = gpus.get(alloc.gpu_index)
-                units, _ = gpu_units(alloc, gpu.memory_total_mib if gpu else DEFAULT_GPU_MEMORY_MIB)
-                model = gpu.model if gpu else "unknown"
-                by_model[model] = by_model.get(model, 0.0) + units
-        return tuple(by_model.items())
-
-    def _amounts(self, job: JobRecord) -> tuple[float, float, float, float]:
-        gpus = mem = 0.0
-        for assignment in job.assignments:
-            node = self.nodes.get(assignment.node_id)
-            totals = {g.index: g.memory_total_mib for g in node.inventory.gpus} if node else {}
-            for alloc in assignment.gpus:
-                g, m = gpu_units(alloc, totals.get(alloc.gpu_index, DEFAULT_GPU_MEMORY_MIB))
+                index = alloc.gpu_index
+                gpu = devices[index] if index < len(devices) and devices[index].index == index else next(
+                    (d for d in devices if d.index == index), None)
+                g, m = gpu_units(alloc, gpu.memory_total_mib if gpu else DEFAULT_GPU_MEMORY_MIB)
                 gpus += g
                 mem += m
+                model = gpu.model if gpu else "unknown"
+                by_model[model] = by_model.get(model, 0.0) + g
         n = len(job.assignments)
-        return gpus, mem, float(job.spec.cpu_milli * n), float(job.spec.memory_mib * n)
+        return (gpus, mem, float(job.spec.cpu_milli * n), float(job.spec.memory_mib * n)), tuple(by_model.items())
 
     def _forget_ended(self) -> None:
         cutoff = self.clock - self.retention_s
