@@ -2,7 +2,8 @@
 
 - ``gpuorch.submit`` (topic): the public entry point; only ``job.submit`` (SubmitJob), ``job.cancel``,
   ``job.array_set`` (SetArrayParallelism, which no tenant lane binds: it always takes the shared lane) and the
-  operators' ``reservation.create``/``reservation.delete`` (the shared lane too). A
+  operators' ``reservation.create``/``reservation.delete`` (the shared lane too; only the operator's and the API's
+  broker users may publish them). A
   submission whose spec names a tenant routes ``job.submit.<tenant>``: the scheduler gives every tenant it knows
   (identity map, quotas) a queue of its own and takes from them in turn, so one tenant's flood does not wait in
   front of another's jobs. Every other key (``job.submit``, ``job.cancel``, a tenant the scheduler does not know)
