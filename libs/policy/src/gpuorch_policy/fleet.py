@@ -428,7 +428,8 @@ class Fleet:
 
     def find(self, ask: Ask, blocked: frozenset[str] = frozenset()) -> list[NodeAssignment] | str:
         """Assignments for ``ask`` (one per gang rank, each on a different node), or why it does not fit now.
-        ``blocked`` nodes are left out (reserved for a waiting job). Does not change the fleet."""
+        ``blocked`` nodes are left out (reserved for a waiting job or an advance reservation); a gang with a topology
+        level is kept to the blocks ``TopologyBlocks`` chooses. Does not change the fleet."""
         cluster = self.cluster
         if cluster.size == 0:
             return "no nodes registered yet"
