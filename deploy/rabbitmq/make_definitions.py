@@ -104,6 +104,7 @@ HTTP_API_SUBMITTERS = ("submitter",)
 SCHEDULER_EVENTS = (
     "job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting", "job.requeued", "job.cancelled",
     "job.array_parallelism_changed", "job.failed", "node.liveness_changed", "alert.fleet", "gpu.mig_reconfiguration", "mig.plan_proposed",
+    "reservation.created", "reservation.refused", "reservation.deleted",
 )
 SCHEDULER_COMMANDS = ("launch_job", "stop_job", "apply_mig_layout")
 EXECUTOR_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job.checkpointed", "executor.heartbeat")
@@ -111,6 +112,9 @@ NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", 
                      "node.mig_layout_applied")
 TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made", "fleet.scale_requested")
 SUBMIT_KEY_PATTERN = r"job\.(submit|cancel|array_set)"
+OPERATOR_KEY_PATTERN = r"(job\.(submit|cancel|array_set)|reservation\.(create|delete))"
+"""What an operator (and the API on its behalf) may publish on ``gpuorch.submit``: a submitter's keys and the
+reservation commands (the scheduler takes those from operators only)."""
 NOTHING = "^$"
 
 
@@ -242,7 +246,7 @@ def operator(user: str = "gpuctl-operator") -> Grant:
     publish events or commands."""
     return Grant(
         user, configure=NOTHING, write=exactly([SUBMIT]), read=r"^.+\.dlq$",
-        topics={SUBMIT: (rf"^{SUBMIT_KEY_PATTERN}(\.{TENANT_WORD})?$", NOTHING), EVENTS: (NOTHING, NOTHING),
+        topics={SUBMIT: (rf"^{OPERATOR_KEY_PATTERN}(\.{TENANT_WORD})?$", NOTHING), EVENTS: (NOTHING, NOTHING),
                 COMMANDS: (NOTHING, NOTHING), DLX: (NOTHING, NOTHING)},
         purpose="gpuctl operator: submit/cancel for any tenant, dlq list and replay of submissions",
     )
@@ -264,7 +268,7 @@ def api(user: str = "api") -> Grant:
     return Grant(
         user, configure=f"^{API_STREAM_QUEUES}$", write=rf"^(gpuorch\.submit|{API_STREAM_QUEUES})$",
         read=rf"^(gpuorch\.events|{API_STREAM_QUEUES})$",
-        topics={SUBMIT: (rf"^{SUBMIT_KEY_PATTERN}(\.{TENANT_WORD})?$", NOTHING),
+        topics={SUBMIT: (rf"^{OPERATOR_KEY_PATTERN}(\.{TENANT_WORD})?$", NOTHING),
                 EVENTS: (NOTHING, "^(" + "|".join(API_EVENT_BINDINGS) + ")$")},
         purpose="the HTTP API: submit/cancel on behalf of token holders; live event streams api.live.*",
     )

@@ -21,6 +21,16 @@ def test_idle_tenants_need_a_tenth_of_their_allocation_idle_and_name_the_jobs() 
     assert "6.00 GPU-hours" in only.text and "60 %" in only.text and "notebook, bbbbbbbb" in only.text
 
 
+def test_an_idle_reservation_is_what_its_tenant_did_not_use_of_it() -> None:
+    rows = [{"reservation_id": "r" * 36, "tenant": "vip", "gpus": 16, "nodes": ["n1", "n2"],
+             "reserved_gpu_hours": 64.0, "used_gpu_hours": 16.0},
+            {"reservation_id": "s" * 36, "tenant": "vip", "gpus": 8, "nodes": ["n3"], "reserved_gpu_hours": 8.0,
+             "used_gpu_hours": 8.0}]
+    (only,) = findings.idle_reservations(rows)
+    assert (only.kind, only.subject, only.gpu_hours) == ("idle_reservation", "vip", 48.0)
+    assert "rrrrrrrr" in only.text and "48 GPU-hours of the 64 GPU-hours" in only.text and "n1, n2" in only.text
+
+
 def test_right_sizing_counts_the_gpus_a_share_frees() -> None:
     jobs = [{"job_id": "j1", "tenant": "nlp", "name": "big", "gpus": 2.0}]
     oversized = [{"job_id": "j1", "advice": "Ask for the MIG profile 1g.10gb (10.0 GiB) or a share of 5 GiB and 250 "

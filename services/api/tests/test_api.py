@@ -12,7 +12,7 @@ import aio_pika
 import asyncpg
 import httpx
 import pytest
-from gpuorch_contracts import ExecutorHeartbeat, JobPlaced, JobQueued, array_task_id, decode
+from gpuorch_contracts import SUBMIT_EXCHANGE, ExecutorHeartbeat, JobPlaced, JobQueued, array_task_id, decode
 from gpuorch_contracts.jobs import GpuAllocation, NodeAssignment
 from gpuorch_identity import log_credential
 from gpuorch_messaging import Broker
@@ -137,6 +137,20 @@ async def test_a_submitter_sees_its_tenants_and_an_operator_sees_all(api: Runnin
         tenants = (await http.get("/api/v1/tenants", headers=auth("acme"))).json()
         assert tenants == [{"tenant": "acme", "allocated_gpus": 1.142, "quota_gpus": 4, "used_gpus": 0.628,
                             "mean_util_pct": 55.0, "queued": 0, "running": 1}]
+
+
+        assert (await http.get("/api/v1/share", headers=auth("acme"))).json()["tenants"] == []  # not written yet
+        line = {"share": 1.0, "normalized_share": 0.5, "usage_gpu_hours": 2.0, "normalized_usage": 0.5,
+                "factor": 0.5, "gpus_held": 1.0}
+        conn = await asyncpg.connect(migrated_dsn)
+        await conn.execute(  # the row the scheduler writes (its readmodels.write_fair_share)
+            "INSERT INTO fair_share (id, half_life_s, model_weights, lines, computed_at) VALUES "
+            "(1, 604800, '{\"h100\": 2}', $1::text::jsonb, now())",
+            json.dumps([{"tenant": "acme", **line}, {"tenant": "research", **line}]))
+        await conn.close()
+        share = (await http.get("/api/v1/share", headers=auth("acme"))).json()
+        assert [t["tenant"] for t in share["tenants"]] == ["acme"] and share["model_weights"] == {"h100": 2}
+        assert len((await http.get("/api/v1/share", headers=auth("ops"))).json()["tenants"]) == 2
 
 
 async def test_submit_and_cancel_are_published_on_the_callers_behalf(api: RunningApi, migrated_dsn: str) -> None:
@@ -269,6 +283,12 @@ async def test_metrics_count_requests_by_route_template(api: RunningApi) -> None
 async def test_the_report_shows_a_submitter_its_tenants_and_an_operator_everything(
         api: RunningApi, migrated_dsn: str) -> None:
     ids = await seed(migrated_dsn)
+    conn = await asyncpg.connect(migrated_dsn)
+    await conn.execute(  # 4 GPUs of n1 reserved for acme over the last two hours (its job there used at most 1.14)
+        "INSERT INTO reservations (reservation_id, tenant, gpus, nodes, start_at, end_at, outcome) VALUES "
+        "($1, 'acme', 4, ARRAY['n1'], now() - interval '2 hours', now() + interval '5 hours', 'created')",
+        uuid.uuid4())  # its future part is not counted
+    await conn.close()
     async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
         answer = await http.get("/api/v1/report", params={"since": "1d"}, headers=auth("acme"))
         assert answer.status_code == 200, answer.text
@@ -278,6 +298,8 @@ async def test_the_report_shows_a_submitter_its_tenants_and_an_operator_everythi
         assert mine["tenants"][0]["allocated_gpu_hours"] >= 0 and mine["series_source"]
         assert "research" not in answer.text and str(ids["research_queued"]) not in answer.text
         assert all(w["tier"] != "batch" for w in mine["queue_waits"])
+        [idle] = [c for c in mine["conclusions"] if c["kind"] == "idle_reservation"]
+        assert idle["subject"] == "acme" and 5.5 < idle["gpu_hours"] <= 8.0, idle
 
         everything = (await http.get("/api/v1/report", params={"since": "1d"}, headers=auth("ops"))).json()
         assert everything["tenants_shown"] is None
@@ -429,3 +451,40 @@ async def test_recent_events_are_listed_newest_first_to_whom_they_concern(api: R
         assert len((await http.get("/api/v1/events/recent", params={"limit": 1}, headers=auth("ops"))).json()) == 1
         bad = await http.get("/api/v1/events/recent", params={"since": "a while"}, headers=auth("acme"))
         assert bad.status_code == 422 and bad.json()["detail"].startswith("since:")
+
+
+async def test_operators_reserve_and_delete_and_tenants_see_their_reservations(
+        api: RunningApi, migrated_dsn: str, amqp_url: str) -> None:
+    await seed(migrated_dsn)
+    connection = await aio_pika.connect(amqp_url)
+    channel = await connection.channel()
+    queue = await channel.declare_queue("test.reservations", exclusive=True)
+    await queue.bind(SUBMIT_EXCHANGE, "reservation.#")
+    body = {"tenant": "acme", "gpus": 2, "gpu_model": "a100", "start_at": "2030-01-02T14:00:00Z", "duration_s": 3600}
+    try:
+        async with httpx.AsyncClient(base_url=api.url) as http:
+            assert (await http.post("/api/v1/reservations", json=body, headers=auth("acme"))).status_code == 403
+            answer = await http.post("/api/v1/reservations", json=body, headers=auth("ops"))
+            assert answer.status_code == 202, answer.text
+            incoming = await queue.get(timeout=10, fail=True)
+            asked = decode(incoming.body)
+            assert (asked.TYPE, str(asked.reservation_id), asked.on_behalf_of) == (  # type: ignore[attr-defined]
+                "reservation.create", answer.json()["reservation_id"], "ops")
+            conn = await asyncpg.connect(migrated_dsn)
+            await conn.execute(  # the row the scheduler writes when it logs ReservationCreated
+                "INSERT INTO reservations (reservation_id, tenant, gpus, gpu_model, nodes, start_at, end_at, outcome) "
+                "VALUES ($1, 'acme', 2, 'a100', ARRAY['n1', 'gone-node'], now() - interval '1 minute', "
+                "now() + interval '1 hour', 'created')", asked.reservation_id)  # type: ignore[attr-defined]
+            await conn.close()
+            [mine] = (await http.get("/api/v1/reservations", headers=auth("acme"))).json()
+            assert (mine["state"], mine["nodes"]) == ("active", ["n1", "gone-node"])
+            assert mine["problems"] == ["cannot be honoured: some of its nodes are not alive", "node gone-node is gone"]
+            assert (await http.get("/api/v1/reservations", headers=auth("research"))).json() == []
+            path = f"/api/v1/reservations/{mine['reservation_id']}"
+            assert (await http.get(path, headers=auth("research"))).status_code == 404
+            assert (await http.delete(path, headers=auth("acme"))).status_code == 403
+            assert (await http.delete(path, headers=auth("ops"))).status_code == 202
+            deleted = decode((await queue.get(timeout=10, fail=True)).body)
+            assert deleted.TYPE == "reservation.delete"
+    finally:
+        await connection.close()

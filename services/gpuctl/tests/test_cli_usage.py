@@ -28,6 +28,7 @@ def test_options_after_the_double_dash_are_the_jobs(gpuctl: Gpuctl) -> None:
 @pytest.mark.parametrize(("args", "says"), [
     (["--gpus", "1"], "no command to run: gpuctl submit [OPTIONS] -- COMMAND"),
     (["--gpu-milli", "5000", "--", "python", "x.py"], "invalid job: resources.gpu_milli: Input should be less than"),
+    (["--nodes", "2", "--topology", "rack", "--", "python", "x.py"], "invalid --topology 'rack': required:LEVEL"),
 ])
 def test_a_job_that_does_not_validate_is_one_clear_line(gpuctl: Gpuctl, args: list[str], says: str) -> None:
     done = gpuctl("--server", NOWHERE, "submit", *args)

@@ -252,3 +252,24 @@ def test_mig_plan_shows_the_schedulers_plan_through_the_api(gpuctl: Gpuctl, live
     assert described["state"] == "queued"  # type: ignore[index]  # advise changes nothing
     assert "would repartition node-1 GPU" in described["pending_reason"]  # type: ignore[index,operator]
     gpuctl.ok("cancel", job_id)
+
+
+def test_share_and_reservations_through_the_api(gpuctl: Gpuctl, live_api: LiveApi) -> None:
+    for name, token in (("acme", "acme-team"), ("ops", "ops")):
+        gpuctl.ok("config", "set-context", name, "--server", live_api.url, "--token", TOKENS[token], "--no-use")
+    gpuctl.ok("config", "use-context", "acme")
+    refused = gpuctl("reserve", "create", "--gpus", "1", "--start", "now+1h", "--duration", "1h", "--tenant", "acme")
+    assert refused.exit_code == 1 and "not an operator" in refused.stderr
+    share = wait_for("the scheduler's fair share row", lambda: (lambda d: d if d.get("half_life_s") else None)(
+        gpuctl.json("share")))
+    assert share["half_life_s"] == 7 * 86400 and all(t["tenant"] == "acme" for t in share["tenants"])  # type: ignore[index]
+    gpuctl.ok("config", "use-context", "ops")
+    made = gpuctl.json("reserve", "create", "--gpus", "1", "--start", "now+1h", "--duration", "2h", "--tenant", "acme")
+    assert made["state"] == "pending" and len(made["nodes"]) == 1, made  # type: ignore[index,arg-type]
+    gpuctl.ok("config", "use-context", "acme")
+    [mine] = gpuctl.json("reserve", "list")  # type: ignore[misc]
+    assert mine["reservation_id"] == made["reservation_id"]  # type: ignore[index]
+    gpuctl.ok("config", "use-context", "ops")
+    gpuctl.ok("reserve", "delete", str(made["reservation_id"])[:8])  # type: ignore[index]
+    wait_for("the deletion", lambda: gpuctl.json("reserve", "show", str(made["reservation_id"]))["state"]  # type: ignore[index]
+             == "deleted")

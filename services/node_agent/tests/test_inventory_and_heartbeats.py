@@ -105,6 +105,18 @@ def test_profile_mix_and_openb_csv():
     assert agents[0].inventory.gpus[0].model == "P100" and agents[0].inventory.cpu_milli == 64000
 
 
+def test_a_fleet_mix_describes_its_racks_as_topology_labels():
+    specs = parse_profile_mix("h100x8:3@rack=2,a100x8:2@block=4@rack=2", prefix="t")
+    racks = [s.labels["topology.gpuorch.io/rack"] for s in specs]
+    assert racks == ["rack-0", "rack-0", "rack-1", "rack-2", "rack-2"]
+    assert [s.labels.get("topology.gpuorch.io/block") for s in specs] == [None, None, None, "block-0", "block-0"]
+    agents = build_simulated_agents(specs[:1], seed=0, inventory_s=60, processes=StaticProcessTable())
+    agents[0].start()
+    assert agents[0].inventory.labels["topology.gpuorch.io/rack"] == "rack-0"
+    with pytest.raises(ValueError, match="bad topology"):
+        parse_profile_mix("h100x8:2@row=2")
+
+
 def test_config_from_environment_and_flags():
     env = {"GPUORCH_NVML": "sim", "GPUORCH_HEARTBEAT_S": "5", "GPUORCH_FLEET_NODES": "l4x4:3",
            "GPUORCH_NODE_ID": "n7"}

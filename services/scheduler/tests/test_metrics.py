@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import asyncpg
 import pytest
-from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
+from gpuorch_contracts import CreateReservation, GpuRequest, JobSpec, ProcessRun, SubmitJob
 from gpuorch_scheduler.handlers import SchedulerService
 from gpuorch_scheduler.metrics import export_bounded_queues
 from gpuorch_scheduling.queueing import QueuePolicy, Quota
@@ -46,6 +48,13 @@ async def test_pending_running_waits_and_quota_per_tenant_and_tier(migrated_dsn:
         assert value("gpuorch_cluster_queue_nominal_quota", **{**quota, "resource": "gpu_memory_mib"}) is None
         assert (value("gpuorch_task_scheduling_latency_milliseconds_count") or 0) >= 2
         assert value("gpuorch_e2e_scheduling_latency_milliseconds") is not None
+        assert 0 < (value("gpuorch_fair_share_factor", tenant=tenant) or 0) <= 1
+
+        reserved = CreateReservation(tenant="metrics-vip", gpus=1, start_at=datetime.now(UTC), duration_s=3600)
+        await service.handle(reserved)
+        await service.tick()
+        assert value("gpuorch_reservation_gpus", tenant="metrics-vip", phase="active") == 1
+        assert value("gpuorch_reservation_idle_gpus", tenant="metrics-vip") == 2  # the node's 2 free GPUs
     finally:
         await conn.close()
 

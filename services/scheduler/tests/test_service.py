@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-from gpuorch_contracts import GpuRequest, JobFinished, JobSpec, JobStarted, ProcessRun, SubmitJob
+from gpuorch_contracts import (
+    CreateReservation,
+    DeleteReservation,
+    GpuRequest,
+    JobFinished,
+    JobSpec,
+    JobStarted,
+    ProcessRun,
+    SubmitJob,
+)
+from gpuorch_scheduler import readmodels
 from gpuorch_scheduler.handlers import Persistence, SchedulerService
 from gpuorch_scheduling.scheduler import SchedulerConfig
 from gpuorch_scheduling.testing import registered_node as node
@@ -49,6 +61,10 @@ async def test_submit_is_placed_with_commands_in_the_outbox_and_replay_matches(m
 
         row = await conn.fetchrow("SELECT state, exit_code, log_path FROM jobs WHERE job_id = $1", placed.job_id)
         assert dict(row) == {"state": "succeeded", "exit_code": 0, "log_path": "/x"}
+        assert await conn.fetchval("SELECT count(*) FROM fair_share") == 1  # written by the first step
+        await readmodels.write_fair_share(conn, service.state, service.config.queues.fair_share, time.time() + 3600)
+        [line] = json.loads(await conn.fetchval("SELECT lines::text FROM fair_share"))
+        assert (line["tenant"], line["gpus_held"], line["usage_gpu_hours"] > 1.9) == ("default", 2.0, True)
 
         snapshots = await conn.fetchval("SELECT count(*) FROM snapshots")
         assert snapshots >= 1
@@ -133,5 +149,26 @@ async def test_a_rejected_job_keeps_its_spec_and_reason_in_the_read_model(migrat
         assert "20" in row["reason"]
         [event] = await conn.fetch("SELECT routing_key FROM outbox WHERE type = 'job.rejected'")
         assert event["routing_key"] == "job.rejected.acme"  # the tenant's subscribers see their rejection
+    finally:
+        await conn.close()
+
+
+async def test_a_reservation_is_logged_and_written_to_its_read_model(migrated_dsn: str) -> None:
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        service = SchedulerService(conn)
+        await service.recover()
+        await service.handle(node("n1", gpus=2))
+        start = datetime.now(UTC) + timedelta(hours=1)
+        request = CreateReservation(tenant="acme", gpus=2, start_at=start, duration_s=3600)
+        await service.handle(request)
+        row = await conn.fetchrow("SELECT nodes, outcome, end_at FROM reservations WHERE reservation_id = $1",
+                                  request.reservation_id)
+        assert (row["nodes"], row["outcome"], row["end_at"]) == (["n1"], "created", start + timedelta(hours=1))
+        await service.handle(DeleteReservation(reservation_id=request.reservation_id))
+        assert await conn.fetchval("SELECT outcome FROM reservations") == "deleted"
+        rebuilt = SchedulerService(conn)
+        await rebuilt.recover()
+        assert rebuilt.state.reservations[request.reservation_id].deleted_at is not None
     finally:
         await conn.close()

@@ -17,12 +17,14 @@ from gpuorch_contracts.jobs import (
     MAX_SPEC_BYTES,
     PRIORITY_VALUE,
     TERMINAL_STATES,
+    TOPOLOGY_LABEL_PREFIX,
     ArrayParallelismChanged,
     CancelJob,
     Checkpoint,
     ContainerRun,
     Dependency,
     Gang,
+    GangTopology,
     GpuAllocation,
     GpuRequest,
     JobAccepted,
@@ -67,6 +69,13 @@ from gpuorch_contracts.nodes import (
     ProcessUsage,
     RunningPlacement,
 )
+from gpuorch_contracts.reservations import (
+    CreateReservation,
+    DeleteReservation,
+    ReservationCreated,
+    ReservationDeleted,
+    ReservationRefused,
+)
 from gpuorch_contracts.routing import (
     COMMANDS_EXCHANGE,
     DEAD_LETTER_EXCHANGE,
@@ -99,5 +108,6 @@ __all__ = [
     "AlertRaised", "AlertResolved", "RecommendationMade", "FleetScaleRequested",
     "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "reason_text",
     "strip_terminal_controls", "TENANT_ROUTED_TYPES", "ArraySpec", "ArrayTask", "array_task_id", "parse_array",
-    "parse_indices", "MAX_DEPENDENCIES", "ArrayParallelismChanged", "Dependency", "SetArrayParallelism", "event_binding", "submit_routing_key", "tenant_binding",
+    "CreateReservation", "DeleteReservation", "ReservationCreated", "ReservationDeleted", "ReservationRefused",
+    "GangTopology", "TOPOLOGY_LABEL_PREFIX", "parse_indices", "MAX_DEPENDENCIES", "ArrayParallelismChanged", "Dependency", "SetArrayParallelism", "event_binding", "submit_routing_key", "tenant_binding",
 ]

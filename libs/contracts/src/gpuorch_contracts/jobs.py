@@ -120,10 +120,35 @@ any admissible spec fits each of them with room to spare; ``libs/contracts/tests
 it."""
 
 
+TOPOLOGY_LABEL_PREFIX = "topology.gpuorch.io/"
+"""A node's place in a topology level is its label ``topology.gpuorch.io/<level>`` (``.../rack: r07``)."""
+
+
+class GangTopology(Strict):
+    """Keep a gang's nodes inside one block of a topology level (``rack``, ``block``, ``nvlink-domain``: whatever
+    the nodes' ``topology.gpuorch.io/<level>`` labels name): ``required`` waits until one block has room;
+    ``preferred`` takes the fewest blocks when no single one has room."""
+
+    required: Name | None = None
+    preferred: Name | None = None
+
+    @model_validator(mode="after")
+    def _one_level(self) -> GangTopology:
+        if (self.required is None) == (self.preferred is None):
+            raise ValueError("gang.topology names one level, as required or as preferred")
+        return self
+
+    @property
+    def level(self) -> str:
+        return self.required or self.preferred or ""
+
+
 class Gang(Strict):
     """All-or-nothing shape: ``nodes`` nodes, each holding ``GpuRequest`` (whole GPUs) for this job."""
 
     nodes: int = Field(default=1, ge=1, le=MAX_GANG_NODES)
+    topology: GangTopology | None = Field(default=None, description=(
+        "place the gang inside one block of a topology level: {required: rack} or {preferred: rack}"))
 
 
 class Checkpoint(Strict):

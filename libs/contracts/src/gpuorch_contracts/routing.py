@@ -1,7 +1,9 @@
 """Where each message travels: exchanges, routing keys, and the type -> model registry used to decode.
 
-- ``gpuorch.submit`` (topic): the public entry point; only ``job.submit`` (SubmitJob), ``job.cancel`` and
-  ``job.array_set`` (SetArrayParallelism, which no tenant lane binds: it always takes the shared lane). A
+- ``gpuorch.submit`` (topic): the public entry point; only ``job.submit`` (SubmitJob), ``job.cancel``,
+  ``job.array_set`` (SetArrayParallelism, which no tenant lane binds: it always takes the shared lane) and the
+  operators' ``reservation.create``/``reservation.delete`` (the shared lane too; only the operator's and the API's
+  broker users may publish them). A
   submission whose spec names a tenant routes ``job.submit.<tenant>``: the scheduler gives every tenant it knows
   (identity map, quotas) a queue of its own and takes from them in turn, so one tenant's flood does not wait in
   front of another's jobs. Every other key (``job.submit``, ``job.cancel``, a tenant the scheduler does not know)
@@ -22,7 +24,7 @@ import re
 
 from pydantic import BaseModel
 
-from gpuorch_contracts import capacity, commands, jobs, nodes, telemetry
+from gpuorch_contracts import capacity, commands, jobs, nodes, reservations, telemetry
 from gpuorch_contracts.envelope import Message
 
 SUBMIT_EXCHANGE = "gpuorch.submit"
@@ -45,10 +47,13 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         commands.LaunchJob, commands.StopJob, commands.ApplyMigLayout,
         telemetry.AlertRaised, telemetry.AlertResolved, telemetry.RecommendationMade,
         capacity.FleetScaleRequested,
+        reservations.CreateReservation, reservations.DeleteReservation, reservations.ReservationCreated,
+        reservations.ReservationRefused, reservations.ReservationDeleted,
     )
 }
 COMMAND_TYPES = frozenset({commands.LaunchJob.TYPE, commands.StopJob.TYPE, commands.ApplyMigLayout.TYPE})
-SUBMIT_TYPES = frozenset({jobs.SubmitJob.TYPE, jobs.CancelJob.TYPE, jobs.SetArrayParallelism.TYPE})
+SUBMIT_TYPES = frozenset({jobs.SubmitJob.TYPE, jobs.CancelJob.TYPE, jobs.SetArrayParallelism.TYPE,
+                          reservations.CreateReservation.TYPE, reservations.DeleteReservation.TYPE})
 TENANT_ROUTED_TYPES = frozenset(t for t, cls in MESSAGE_TYPES.items() if issubclass(cls, jobs.TenantRouted))
 """Job lifecycle events whose routing key carries the tenant: ``<type>.<tenant>``."""
 

@@ -77,6 +77,9 @@ class IdentityMap(BaseModel):
 
     identities: dict[str, Identity] = {}
     tokens: dict[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")], str] = {}
+    shares: dict[TenantName | Literal["*"], Annotated[float, Field(gt=0, le=1e9)]] = Field(
+        default={}, description="tenant (or \"*\") -> its fair share, relative (tenants not named get the \"*\" "
+                                "entry, else 1): what decayed past usage is measured against")
 
     @model_validator(mode="after")
     def _tokens_name_identities(self) -> IdentityMap:

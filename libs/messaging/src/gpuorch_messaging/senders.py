@@ -131,8 +131,8 @@ ANY_IDENTIFIED = (Sender("*"),)
 def scheduler_accepts() -> dict[str, tuple[Sender, ...]]:
     """Allow-list of the scheduler's queues (``scheduler`` and ``scheduler.heartbeats``; one table serves both).
 
-    Submissions, cancels and array parallelism changes from any identified user (tenant and priority are then
-    checked against the identity map at admission); job lifecycle facts from the executor of the node named in the body (``job.failed`` also
+    Submissions, cancels, array parallelism changes and reservations from any identified user (tenant and
+    priority are then checked against the identity map at admission; a reservation must come from an operator); job lifecycle facts from the executor of the node named in the body (``job.failed`` also
     from the scheduler itself, which publishes it when a launch is undeliverable); node facts and ``NodeHeartbeat``
     from that node's agent; ``ExecutorHeartbeat`` (the other half of the lease) from that node's executor.
     """
@@ -140,6 +140,8 @@ def scheduler_accepts() -> dict[str, tuple[Sender, ...]]:
         "job.submit": ANY_IDENTIFIED,
         "job.cancel": ANY_IDENTIFIED,
         "job.array_set": ANY_IDENTIFIED,
+        "reservation.create": ANY_IDENTIFIED,
+        "reservation.delete": ANY_IDENTIFIED,
         "job.started": (EXECUTOR_OF_NODE,),
         "job.finished": (EXECUTOR_OF_NODE,),
         "job.failed": (EXECUTOR_OF_NODE, *SCHEDULER),

@@ -8,8 +8,9 @@
             ──► Fleet.find(ask, blocked):
                   whole GPUs / shares / CPU-only: PlacementIndex (the policy's filters, its scorer wrapped by the
                                                   NvlinkLocality plugin), a gang's ranks each on a node of their own
-                                                  (all or nothing, in ``find``), GPUs on the node NVLink-first
-                                                  (``nvlink_chooser``)
+                                                  (all or nothing, in ``find``; inside the fewest blocks of its
+                                                  topology level: ``TopologyBlocks``), GPUs on the node
+                                                  NVLink-first (``nvlink_chooser``)
                   MIG profiles:                   MigInstances (free instances per node, lowest node name first)
             ──► list[NodeAssignment]  or  a plain-words reason
 
@@ -30,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
-from gpuorch_contracts import GpuAllocation, JobSpec, NodeAssignment, NodeInventory
+from gpuorch_contracts import TOPOLOGY_LABEL_PREFIX, GpuAllocation, JobSpec, NodeAssignment, NodeInventory
 
 from gpuorch_policy.cluster import Cluster, IntArray
 from gpuorch_policy.filters import DEFAULT_FILTERS
@@ -59,11 +60,13 @@ class Ask:
     request: Request
     nodes: int
     mig_profiles: tuple[str, ...] = ()
+    topology: tuple[str, bool] | None = None
+    """A gang's topology level and whether it is required (else preferred): ``TopologyBlocks``."""
 
     @property
     def shape(self) -> Hashable:
         """Equal shapes fit exactly the same places (used to remember 'does not fit' within a cycle)."""
-        return (self.kind, self.request, self.nodes, self.mig_profiles)
+        return (self.kind, self.request, self.nodes, self.mig_profiles, self.topology)
 
 
 def ask_for(spec: JobSpec, largest_gpu_memory_mib: int = DEFAULT_GPU_MEMORY_MIB) -> Ask:
@@ -81,7 +84,9 @@ def ask_for(spec: JobSpec, largest_gpu_memory_mib: int = DEFAULT_GPU_MEMORY_MIB)
             request = Request(num_gpu=1, gpu_milli=milli, gpu_memory_mib=res.gpu_memory_mib or 0, **base)  # type: ignore[arg-type]
         case _:
             request = Request(**base)  # type: ignore[arg-type]
-    return Ask(res.kind, request, spec.gang.nodes, tuple(res.mig_profiles))
+    topology = spec.gang.topology
+    level = (topology.level, topology.required is not None) if topology is not None and spec.gang.nodes > 1 else None
+    return Ask(res.kind, request, spec.gang.nodes, tuple(res.mig_profiles), level)
 
 
 def demand_of(spec: JobSpec, largest_gpu_memory_mib: int = DEFAULT_GPU_MEMORY_MIB) -> tuple[float, int]:
@@ -249,6 +254,64 @@ class MigInstances:
         return next((m for p in ask.mig_profiles for m in free if m.profile == p), None)
 
 
+class TopologyBlocks:
+    """Placement plugin for gangs with a topology level (``gang.topology``): the blocks of a level are the values
+    of the nodes' ``topology.gpuorch.io/<level>`` label. The gang goes into the *smallest* block where enough nodes
+    fit a rank now (best fit: the big free blocks stay for the next big gang); with none, a ``required`` level
+    waits (the reason says how many nodes the roomiest block has), a ``preferred`` one takes the fewest blocks
+    (roomiest first), and falls back to anywhere when even they do not add up."""
+
+    name = "TopologyBlocks"
+
+    @staticmethod
+    def choose(fleet: Fleet, ask: Ask, blocked: frozenset[str]) -> list[str] | str | None:
+        """The nodes the gang may use (None: any), or why it cannot be placed now."""
+        assert ask.topology is not None
+        level, required = ask.topology
+        key = TOPOLOGY_LABEL_PREFIX + level
+        blocks: dict[str, list[str]] = {}
+        labelled = False
+        for node_id, info in fleet.nodes.items():
+            block = info.inventory.labels.get(key)
+            if block is None:
+                continue
+            labelled = True
+            if node_id not in blocked and fleet.node_fits(ask, node_id):
+                blocks.setdefault(block, []).append(node_id)
+        if not labelled:
+            return f"no node carries the topology level {level!r} (label {key})" if required else None
+        ordered = sorted(blocks.items(), key=lambda b: (len(b[1]), b[0]))
+        for _block, nodes in ordered:
+            if len(nodes) >= ask.nodes:
+                return nodes
+        roomiest = max((len(n) for _, n in ordered), default=0)
+        if required:
+            return f"gang needs {ask.nodes} nodes in one {level}; the roomiest {level} has {roomiest} that fit now"
+        chosen: list[str] = []
+        for _block, nodes in reversed(ordered):
+            chosen.extend(nodes)
+            if len(chosen) >= ask.nodes:
+                return chosen
+        return None
+
+    @staticmethod
+    def enough(fleet: Fleet, ask: Ask, fitting: set[str]) -> list[str] | None:
+        """Nodes among ``fitting`` (each fits a rank) that can hold the whole gang: for a required level, those of
+        the smallest block with enough of them; else any ``ask.nodes`` of them; None when they cannot."""
+        if len(fitting) < ask.nodes:
+            return None
+        if ask.topology is None or not ask.topology[1]:
+            return sorted(fitting)[: ask.nodes]
+        key = TOPOLOGY_LABEL_PREFIX + ask.topology[0]
+        blocks: dict[str, list[str]] = {}
+        for node_id in fitting:
+            block = fleet.nodes[node_id].inventory.labels.get(key) if node_id in fleet.nodes else None
+            if block is not None:
+                blocks.setdefault(block, []).append(node_id)
+        roomy = [sorted(nodes) for nodes in blocks.values() if len(nodes) >= ask.nodes]
+        return min(roomy, key=lambda nodes: (len(nodes), nodes))[: ask.nodes] if roomy else None
+
+
 # -- the fleet ----------------------------------------------------------------------------------------------------
 
 
@@ -365,12 +428,20 @@ class Fleet:
 
     def find(self, ask: Ask, blocked: frozenset[str] = frozenset()) -> list[NodeAssignment] | str:
         """Assignments for ``ask`` (one per gang rank, each on a different node), or why it does not fit now.
-        ``blocked`` nodes are left out (reserved for a waiting job). Does not change the fleet."""
+        ``blocked`` nodes are left out (reserved for a waiting job or an advance reservation); a gang with a topology
+        level is kept to the blocks ``TopologyBlocks`` chooses. Does not change the fleet."""
         cluster = self.cluster
         if cluster.size == 0:
             return "no nodes registered yet"
         if ask.kind == "mig":
             return self.mig.find(ask, cluster, blocked)
+        if ask.topology is not None:
+            within = TopologyBlocks.choose(self, ask, blocked)
+            if isinstance(within, str):
+                return within
+            if within is not None:  # only the nodes of the chosen blocks
+                allowed = {cluster.index_of[n] for n in within}
+                blocked = blocked | frozenset(n for n in cluster.index_of if cluster.index_of[n] not in allowed)
         exclude = {cluster.index_of[n] for n in blocked if n in cluster.index_of}
         result: list[NodeAssignment] = []
         for rank in range(ask.nodes):  # a gang: every rank on its own node, all or nothing

@@ -85,7 +85,7 @@ class QueueWait(BaseModel):
 
 class Conclusion(BaseModel):
     kind: str
-    """idle_gpus | right_size | short_of | throttling | autoscaler"""
+    """idle_gpus | idle_reservation | right_size | short_of | throttling | autoscaler"""
     subject: str
     text: str
     gpu_hours: float | None = None

@@ -35,7 +35,7 @@ THROTTLE_SHARE = 0.10
 @dataclass(frozen=True)
 class Conclusion:
     kind: str
-    """idle_gpus | right_size | share_size | short_of | throttling | autoscaler"""
+    """idle_gpus | idle_reservation | right_size | share_size | short_of | throttling | autoscaler"""
     subject: str
     text: str
     gpu_hours: float | None = None
@@ -64,6 +64,27 @@ def idle_tenants(tenants: list[Any], jobs: list[dict[str, Any]]) -> list[Conclus
             f"{_gpu_hours(t.allocated_gpu_hours)} it was allocated), most in {', '.join(idlest[t.tenant]) or '-'}: "
             "stop idle jobs or ask for less.",
             gpu_hours=t.idle_gpu_hours,
+        ))
+    return sorted(out, key=lambda c: -(c.gpu_hours or 0))
+
+
+def idle_reservations(rows: list[dict[str, Any]]) -> list[Conclusion]:
+    """Advance reservations whose GPUs sat idle in the period: GPU-hours reserved (window within the period) minus
+    those its tenant's jobs used on its nodes; largest first. A row: ``reservation_id``, ``tenant``, ``gpus``,
+    ``nodes``, ``reserved_gpu_hours``, ``used_gpu_hours``."""
+    out = []
+    for row in rows:
+        reserved = float(row["reserved_gpu_hours"] or 0.0)
+        used = min(reserved, float(row["used_gpu_hours"] or 0.0))
+        idle = reserved - used
+        if idle <= 0:
+            continue
+        out.append(Conclusion(
+            "idle_reservation", row["tenant"],
+            f"Reservation {row['reservation_id'][:8]} of tenant {row['tenant']} ({row['gpus']} GPUs on "
+            f"{', '.join(row['nodes'])}) sat idle for {_gpu_hours(idle)} of the {_gpu_hours(reserved)} reserved in "
+            "the period: reserve less, or later, or delete it when plans change.",
+            gpu_hours=idle,
         ))
     return sorted(out, key=lambda c: -(c.gpu_hours or 0))
 

@@ -5,6 +5,7 @@
     telemetry_alerts                     detections and advice per job; oversized evidence
     telemetry_job_allocations, nodes     how busy each node was (what the autoscaler would have drained)
     jobs                                 queue waits by request shape
+    reservations, jobs                   advance reservations and what their tenant used of them (idle ones)
     capacity_decisions                   what the autoscaler decided (when it ran)
           |
           v
@@ -174,6 +175,26 @@ _FLOATS = ("gpus", "mean_util_pct", "p95_util_pct", "allocated_gpu_hours", "used
            "energy_kwh")
 
 
+RESERVATIONS_SQL = """
+WITH r AS (
+    SELECT reservation_id, tenant, gpus, nodes, greatest(start_at, $1) AS from_at,
+           least(end_at, $2, CASE WHEN outcome = 'deleted' THEN updated_at END) AS to_at
+    FROM reservations
+    WHERE outcome <> 'refused' AND start_at < $2 AND end_at > $1 AND ($3::text[] IS NULL OR tenant = ANY($3))
+)
+SELECT r.reservation_id::text AS reservation_id, r.tenant, r.gpus, r.nodes,
+       r.gpus * greatest(extract(epoch FROM r.to_at - r.from_at), 0) / 3600.0 AS reserved_gpu_hours,
+       coalesce((SELECT sum(greatest(extract(epoch FROM least(coalesce(j.ended_at, r.to_at), r.to_at)
+                                                - greatest(j.started_at, r.from_at)), 0)
+                            * (SELECT coalesce(sum((g->>'milli')::int), 0) FROM jsonb_array_elements(j.assignments) a,
+                                      jsonb_array_elements(a->'gpus') g WHERE a->>'node_id' = ANY(r.nodes)) / 1000.0)
+                 FROM jobs j
+                 WHERE j.tenant = r.tenant AND j.node_ids && r.nodes AND j.started_at < r.to_at
+                   AND coalesce(j.ended_at, r.to_at) > r.from_at), 0) / 3600.0 AS used_gpu_hours
+FROM r WHERE r.to_at > r.from_at
+"""
+
+
 async def read_report(conn: asyncpg.Connection, period: Period, *, tenants: Collection[str] | None = None,
                       tenant: str | None = None) -> WeeklyReport:
     """The review of ``period`` limited to ``tenants`` (None: all; ``tenant`` is the one asked for, kept as a
@@ -187,6 +208,8 @@ async def read_report(conn: asyncpg.Connection, period: Period, *, tenants: Coll
     queue = [dict(r) for r in await conn.fetch(QUEUE_SQL, *window)]
     throttle = [dict(r) for r in await conn.fetch(THROTTLE_SQL, period.start, period.upper)]
     nodes = [dict(r) for r in await conn.fetch(NODES_SQL, period.upper)]
+    # reserved time counts up to the end of the period as read (now at the latest), never the future part
+    reserved = [dict(r) for r in await conn.fetch(RESERVATIONS_SQL, period.start, min(period.end, period.now), scope)]
     recorded = []
     if await conn.fetchval("SELECT to_regclass('capacity_decisions') IS NOT NULL"):
         recorded = [dict(r) for r in await conn.fetch(DECISIONS_SQL, period.start, period.upper)]
@@ -217,6 +240,7 @@ async def read_report(conn: asyncpg.Connection, period: Period, *, tenants: Coll
     plan = None if recorded else _retrospective_plan(nodes, waits, period.start, period.end)
     conclusions = [
         *findings.idle_tenants(ordered, jobs),
+        *findings.idle_reservations(reserved),
         *findings.right_sizing(jobs, oversized),
         *findings.share_sizing(jobs),
         *findings.short_of(waits),

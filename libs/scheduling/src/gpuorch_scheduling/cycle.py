@@ -5,7 +5,7 @@ them, and why every other job waits.
 its decisions are taken inside ``Fleet.plan()`` so later jobs see earlier ones, and given back when the cycle ends.
 The plan it returns goes through the plan applier (``gpuorch_scheduling.applier``) before anything is logged::
 
-    queued jobs ──► queueing.fair_order (tiers, priority + ageing, DRF between tenants)
+    queued jobs ──► queueing.fair_order (tiers, priority + ageing, DRF between tenants with decayed past usage)
         for each job:
           dependencies not all met (dependencies.unmet)                                ──► waits for them
           a task of an array already running ``parallelism`` tasks                     ──► waits for one to end
@@ -17,6 +17,9 @@ The plan it returns goes through the plan applier (``gpuorch_scheduling.applier`
             stop                                                                       ──► JobPreempting + StopJob
           (either way the nodes of that room are reserved for it until the victims' grace ends: later jobs use
             what is free there only if they end before that, so no one takes a victim's GPU as it frees)
+          advance reservations (``reservations.closed_nodes``): their nodes are left out for a job they do not
+            admit now (before the start: one that ends too late and is not preemptible; from the start: another
+            tenant's), and its estimate waits for their end
           else: the first blocked job of each tier reserves the nodes where it will fit first, at the estimated
             time (simulating running jobs ending by their runtime estimates); every waiting job gets a pending
             reason in plain words and, where known, an estimated start time
@@ -31,11 +34,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuorch_contracts import PRIORITY_VALUE, ArrayTask, JobPlaced, JobPreempting, LaunchJob, NodeAssignment
-from gpuorch_policy.fleet import Ask, Fleet
+from gpuorch_policy.fleet import Ask, Fleet, TopologyBlocks
 
 from gpuorch_scheduling.decisions import PLACEMENT, Decision, at, decision_id, derived_id, stops
 from gpuorch_scheduling.dependencies import Unmet, unmet
 from gpuorch_scheduling.queueing import QueuePolicy, TenantUsage, fair_order
+from gpuorch_scheduling.reservations import closed_nodes, open_reservations
 from gpuorch_scheduling.state import JobRecord, SchedulerState
 
 
@@ -131,7 +135,7 @@ def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = Non
     fleet = state.fleet
     if refresh_mix:
         fleet.update_mix(fleet.ask(j.spec).request for j in (queued[:500] + state.active_jobs()[:500]))
-    usage = TenantUsage.of(state)
+    usage = TenantUsage.of(state, policy, now)
     with fleet.plan():
         cycle = _Cycle(state, now, policy, limits, fleet, usage, decision)
         for job in fair_order(queued, now, policy, usage):
@@ -166,6 +170,10 @@ class _Cycle:
         """Dependencies judged in this cycle: by job, or by array for tasks that wait for the same jobs."""
         self.array_placed: dict[uuid.UUID, int] = {}
         """Tasks of each array placed in this cycle (its parallelism counts them)."""
+        self.promised = open_reservations(state, now) if state.reservations else []
+        """Advance reservations not yet ended: their nodes are closed to the jobs they do not admit now."""
+        self.reopening: dict[object, float | None] = {}
+        """(shape, closed nodes) -> when closed nodes where it fits now reopen to it (``_reopens``)."""
 
     @property
     def active(self) -> list[JobRecord]:
@@ -215,9 +223,12 @@ class _Cycle:
         if not within_quota and not spec.preemptible:
             return Waiting(f"waits for its tenant's quota: {self.usage.quota_text(spec.tenant, self.policy)}; "
                            "only preemptible jobs may borrow idle capacity beyond it", None)
-        end = self.now + (spec.runtime_estimate_s or spec.max_runtime_s or math.inf)
+        end = self._end(job)
         blocking = [r for r in self.reservations if r.start is None or end > r.start]
         blocked = frozenset().union(*(r.nodes for r in blocking)) if blocking else frozenset()
+        closed = closed_nodes(self.promised, spec, self.now, end) if self.promised else frozenset()
+        if closed:
+            blocked = blocked | closed
         key = (ask.shape, blocked)
         fit: list[NodeAssignment] | str = self.unfit.get(key) or self.fleet.find(ask, blocked)
         if not isinstance(fit, str):
@@ -256,7 +267,11 @@ class _Cycle:
             if preempted is not None:
                 return preempted
             self.no_victims.add(ask.shape)
-        return self._wait(job, ask, fit, blocked, blocking)
+        return self._wait(job, ask, fit, blocked, blocking, closed)
+
+    def _end(self, job: JobRecord) -> float:
+        """When the job would end if it started now (its runtime estimate, else its limit; else never)."""
+        return self.now + (job.spec.runtime_estimate_s or job.spec.max_runtime_s or math.inf)
 
     # -- preemption -----------------------------------------------------------------------------------------
 
@@ -338,27 +353,44 @@ class _Cycle:
     # -- waiting: reservations, estimates, reasons ------------------------------------------------------------
 
     def _wait(self, job: JobRecord, ask: Ask, reason: str, blocked: frozenset[str],
-              blocking: list[_Reservation]) -> Waiting:
+              blocking: list[_Reservation], closed: frozenset[str]) -> Waiting:
+        """Why ``job`` waits and when it may start; ``closed``: nodes advance reservations close to it (its
+        estimate leaves them out)."""
         head = self.limits.estimates and not any(r.tier == job.spec.tier for r in self.reservations)
         estimated = head or (self.limits.estimates and (
-            ask.shape in self.estimates or len(self.estimates) < self.limits.estimate_shapes))
+            (ask.shape, closed) in self.estimates or len(self.estimates) < self.limits.estimate_shapes))
         start: float | None = None
         if estimated:
-            start, nodes = self._estimate(ask)
+            start, nodes = self._estimate(ask, closed)
             if head and nodes:
                 self.reservations.append(_Reservation(job.spec.tier, job.job_id, start, nodes))
             later = [r.start for r in blocking if r.nodes & nodes]
             if start is not None and later:
                 start = None if any(s is None for s in later) else max([start, *later])  # type: ignore[type-var]
+            if closed:  # or where it fits now, once the reservations closing those nodes end
+                reopens = self._reopens(ask, closed)
+                if reopens is not None:
+                    start = reopens if start is None else min(start, reopens)
         words = reason
         if blocked:
             why = ("its runtime estimate ends after the reserved start" if job.spec.runtime_estimate_s
                    else "it has no runtime estimate, so it cannot run ahead of them (backfill)")
+            whom = "earlier waiting jobs or advance reservations" if closed else "earlier waiting jobs"
             if reason.startswith("the nodes it fits on are reserved"):
-                words = f"the nodes where it fits are reserved for earlier waiting jobs; {why}"
+                words = f"the nodes where it fits are reserved for {whom}; {why}"
             else:
-                words = f"{reason}; nodes reserved for earlier waiting jobs are left out: {why}"
+                words = f"{reason}; nodes reserved for {whom} are left out: {why}"
         return Waiting(words, start, estimated)
+
+    def _reopens(self, ask: Ask, closed: frozenset[str]) -> float | None:
+        """When ``ask`` could start on nodes where it fits now but advance reservations close to it: the latest
+        end of those reservations (None: it does not fit there either). Once per shape and closed set."""
+        key = (ask.shape, closed)
+        if key not in self.reopening:
+            fits_now = self.fleet.fitting_nodes(ask)
+            ends = [r.end for r in self.promised if r.nodes & closed & fits_now]
+            self.reopening[key] = max(ends) if ends and len(fits_now) >= ask.nodes else None
+        return self.reopening[key]
 
     def _releases(self) -> list[tuple[float, JobRecord]]:
         cached: list[tuple[float, JobRecord]] | None = getattr(self, "_release_list", None)
@@ -369,26 +401,29 @@ class _Cycle:
             self._release_list = cached
         return cached
 
-    def _estimate(self, ask: Ask) -> tuple[float | None, frozenset[str]]:
-        """When and where ``ask`` first fits if running jobs end as their estimates say (None: unknown).
-        Simulated on a copy: only the nodes a finishing job frees are re-checked."""
-        if ask.shape in self.estimates:
-            return self.estimates[ask.shape]
+    def _estimate(self, ask: Ask, closed: frozenset[str] = frozenset()) -> tuple[float | None, frozenset[str]]:
+        """When and where ``ask`` first fits, leaving out the ``closed`` nodes, if running jobs end as their
+        estimates say (None: unknown). Simulated on a copy: only the nodes a finishing job frees are re-checked."""
+        key = (ask.shape, closed)
+        if key in self.estimates:
+            return self.estimates[key]
         sim = self.fleet.copy()
-        fitting = sim.fitting_nodes(ask)
+        fitting = sim.fitting_nodes(ask) - closed if closed else sim.fitting_nodes(ask)
         result: tuple[float | None, frozenset[str]] = (None, frozenset())
-        if len(fitting) >= ask.nodes:
-            result = (None, frozenset(sorted(fitting)[: ask.nodes]))
+        holds = TopologyBlocks.enough(sim, ask, fitting)  # a required topology level: all in one block
+        if holds is not None:
+            result = (None, frozenset(holds))
         else:
             for count, (end, job) in enumerate(self._releases()):
                 if count >= self.limits.estimate_releases:
                     break
                 sim.release_assignments(job.spec, job.assignments)
                 for assignment in job.assignments:
-                    if sim.node_fits(ask, assignment.node_id):
+                    if assignment.node_id not in closed and sim.node_fits(ask, assignment.node_id):
                         fitting.add(assignment.node_id)
-                if len(fitting) >= ask.nodes:
-                    result = (None if math.isinf(end) else end, frozenset(sorted(fitting)[: ask.nodes]))
+                holds = TopologyBlocks.enough(sim, ask, fitting) if len(fitting) >= ask.nodes else None
+                if holds is not None:
+                    result = (None if math.isinf(end) else end, frozenset(holds))
                     break
-        self.estimates[ask.shape] = result
+        self.estimates[key] = result
         return result

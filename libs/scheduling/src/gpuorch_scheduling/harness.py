@@ -161,6 +161,10 @@ class Harness:
                                      job_id=array_id, parallelism=parallelism)
         self._due(self.now if at is None else at, lambda: [change], sender)
 
+    def send(self, message: Message, *, at: float | None = None, sender: str | None = None) -> None:
+        """Any other message to the scheduler (an operator's ``CreateReservation``, ...) at ``at`` (now)."""
+        self._due(self.now if at is None else at, lambda: [message], sender)
+
     def add_node(self, inventory: NodeInventory, *, at: float | None = None) -> None:
         """A node registers (and heartbeats from then on while it is up)."""
         def register() -> list[Message]:

@@ -1,11 +1,13 @@
-"""The queue model: tiers, priority classes, ageing, tenant quotas with borrowing, dominant-resource fair share.
+"""The queue model: tiers, priority classes, ageing, tenant quotas with borrowing, dominant-resource fair share
+with memory (decayed past usage against each tenant's share: ``fairshare``).
 
     queued jobs ──► one queue per tier (training, inference, batch)
                       │ effective priority = class value + ageing points (waiting time)
                       ▼
-                 priority levels, highest first; within a level, tenants take turns by dominant share
-                 (lowest first, recomputed after every placement: DRF), each tenant's jobs oldest first (in the
-                 order the log queued them)
+                 priority levels, highest first; within a level, tenants take turns by dominant share plus
+                 the penalty of their decayed past usage (lowest first, recomputed after every placement: DRF
+                 with memory, ``fairshare.history_penalties``), each tenant's jobs oldest first (in the order
+                 the log queued them)
                       ▼
                  the scheduling cycle (decide.schedule) walks this order
 
@@ -28,6 +30,7 @@ from typing import Any
 from gpuorch_contracts import PRIORITY_VALUE, JobSpec
 from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, demand_of, gpu_units
 
+from gpuorch_scheduling.fairshare import FairSharePolicy, history_penalties
 from gpuorch_scheduling.state import JobRecord, SchedulerState
 
 TIERS = ("training", "inference", "batch")
@@ -53,6 +56,8 @@ class QueuePolicy:
     """Each tenant's sustained submission rate (a token bucket); beyond it submissions are rejected."""
     submission_burst: int = 5_000
     """How many submissions a tenant may make at once before the rate applies."""
+    fair_share: FairSharePolicy = field(default_factory=FairSharePolicy)
+    """Decayed usage against shares (``fairshare``): the tenants' shares come from the identity map."""
 
     def quota_of(self, tenant: str) -> Quota | None:
         return self.quotas.get(tenant, self.quotas.get("*"))
@@ -84,13 +89,18 @@ class TenantUsage:
 
     held: dict[str, list[float]] = field(default_factory=dict)
     totals: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)
+    history: dict[str, float] = field(default_factory=dict)
+    """Tenant -> what its decayed past usage adds to its dominant share (``fairshare.history_penalties``)."""
     _shares: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, state: SchedulerState) -> TenantUsage:
-        """What tenants hold now, from the sums the fold keeps (O(tenants), not O(jobs))."""
+    def of(cls, state: SchedulerState, policy: QueuePolicy | None = None, now: float | None = None) -> TenantUsage:
+        """What tenants hold now, from the sums the fold keeps (O(tenants), not O(jobs)); with ``policy`` and
+        ``now``, the penalties of their past usage too."""
         totals = tuple(max(t, 1.0) for t in state.fleet.totals)
-        return cls(held={t: list(row) for t, row in state.tenant_held.items()}, totals=totals)  # type: ignore[arg-type]
+        history = history_penalties(state, policy.fair_share, now) if policy is not None and now is not None else {}
+        return cls(held={t: list(row) for t, row in state.tenant_held.items()}, totals=totals,  # type: ignore[arg-type]
+                   history=history)
 
     def add(self, job: JobRecord, state: SchedulerState | None, sign: int) -> None:
         self.add_amounts(job.spec.tenant, self.amounts(job, state), sign)
@@ -140,6 +150,8 @@ class TenantUsage:
             totals = self.totals
             share = 0.0 if row is None else max(row[0] / totals[0], row[1] / totals[1], row[2] / totals[2],
                                                 row[3] / totals[3])
+            if self.history:
+                share += self.history.get(tenant, 0.0)
             self._shares[tenant] = share
         return share
 
@@ -202,8 +214,9 @@ def quota_never_fits(spec: JobSpec, policy: QueuePolicy, largest_gpu_memory_mib:
 
 
 def fair_order(jobs: list[JobRecord], now: float, policy: QueuePolicy, usage: TenantUsage) -> Iterator[JobRecord]:
-    """Queued jobs in scheduling order (see the module docstring). Dominant shares are read from ``usage`` at
-    every step, so a caller that records each placement in ``usage`` gets DRF turns between tenants."""
+    """Queued jobs in scheduling order (see the module docstring). Dominant shares (with the penalty of past usage)
+    are read from ``usage`` at every step, so a caller that records each placement in ``usage`` gets DRF turns
+    between tenants."""
     levels: dict[int, dict[str, list[JobRecord]]] = {}
     for job in jobs:
         levels.setdefault(-effective_priority(job, now, policy), {}).setdefault(job.spec.tenant, []).append(job)

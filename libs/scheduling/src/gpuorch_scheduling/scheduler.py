@@ -2,10 +2,10 @@
 
     Scheduler.step(inputs, now, tick=...)                                           ──► Step (the unit of work)
       1. fold     each input through the registry ``fold_handlers`` (message type -> its fold): a fact the log
-                  keeps is recorded; admission (identity, fit, quota, limits), cancel, requeue-or-fail and
-                  stop confirmations are decided and recorded at once
+                  keeps is recorded; admission (identity, fit, quota, limits), cancel, requeue-or-fail, stop
+                  confirmations and operators' reservations are decided and recorded at once
       2. tick     (when due) lease transitions, stray placements, overdue max runtimes, silent preemptions, the MIG
-                  loop (``mig_loop``)
+                  loop (``mig_loop``), jobs to stop before an advance reservation starts (``reservations``)
          deps     jobs (arrays, array tasks) touched in this step whose dependencies can never be met are cancelled
                   with the reason, down the chain (``dependencies.unmeetable``)
       3. cycle    ``cycle.schedule`` over the queue (every tick; after a batch that changed something, at most
@@ -37,6 +37,8 @@ from typing import Any
 from gpuorch_contracts import (
     ArrayParallelismChanged,
     CancelJob,
+    CreateReservation,
+    DeleteReservation,
     ExecutorHeartbeat,
     FleetAlert,
     GpuHealthChanged,
@@ -54,13 +56,14 @@ from gpuorch_contracts import (
     MigLayoutApplied,
     MigReconfiguration,
     NodeRegistered,
+    ReservationRefused,
     SetArrayParallelism,
     SubmitJob,
 )
 from gpuorch_contracts.jobs import TenantRouted
 from gpuorch_identity import IdentityMap, Rejection, acting_user, authorize_cancel, authorize_submission
 
-from gpuorch_scheduling import dependencies, escalation, mig
+from gpuorch_scheduling import dependencies, escalation, mig, reservations
 from gpuorch_scheduling.applier import apply_plan
 from gpuorch_scheduling.cycle import CycleLimits, CycleResult, Waiting, schedule
 from gpuorch_scheduling.decisions import (
@@ -78,6 +81,7 @@ from gpuorch_scheduling.mig_loop import MigLoop
 from gpuorch_scheduling.queueing import QueuePolicy, SubmissionRates
 from gpuorch_scheduling.state import DEFAULT_RETENTION_S, SchedulerState, field_of
 from gpuorch_scheduling.step import Input, Known, NoHooks, Step, StepHooks, moved
+from gpuorch_scheduling.usage import DecayedUsage
 
 LOGGED_INCOMING = (JobStarted, JobFinished, JobFailed, JobCheckpointed, JobLost, NodeRegistered, GpuHealthChanged)
 """Incoming facts the log keeps (the fold of the log needs them)."""
@@ -120,7 +124,8 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig | None = None, state: SchedulerState | None = None) -> None:
         self.config = config or SchedulerConfig()
-        self.state = state or SchedulerState(retention_s=self.config.retention_s)
+        self.state = state or SchedulerState(retention_s=self.config.retention_s,
+                                             usage=DecayedUsage(self.config.queues.fair_share.half_life_s))
         self.leases = Leases()
         """Both halves of every node's lease, on the lease clock (``liveness.Leases``)."""
         self.deadlines = Deadlines()
@@ -147,6 +152,8 @@ class Scheduler:
             JobStarted.TYPE: self._fold_job_fact,
             JobCheckpointed.TYPE: self._fold_job_fact,
             GpuHealthChanged.TYPE: self._fold_fact,
+            CreateReservation.TYPE: self._fold_reservation,
+            DeleteReservation.TYPE: self._fold_reservation,
         }
         """The registry: message type -> its fold (see ``gpuorch_messaging.registry`` for the idiom)."""
 
@@ -327,6 +334,35 @@ class Scheduler:
             message_id=decision_id("parallelism", message.message_id), job_id=message.job_id,
             parallelism=message.parallelism)]), None
 
+    def _fold_reservation(self, message: CreateReservation | DeleteReservation, step: Step, item: Input,
+                          known: Known) -> _Folded | None:
+        """Advance reservations, from operators only (``reservations``): created on nodes chosen now, or refused
+        with the reason; deleted."""
+        who = self._operator(message, item.sender)
+        if isinstance(who, Rejection):
+            if isinstance(message, DeleteReservation):
+                step.ignored.append((message, who.reason))
+                return None
+            return None, Decision(logged=[ReservationRefused(
+                message_id=decision_id("reservation", message.reservation_id),
+                reservation_id=message.reservation_id, tenant=message.tenant, reason=who.reason[:1000])]), None
+        if isinstance(message, DeleteReservation):
+            return None, reservations.delete(self.state, message), None
+        return None, reservations.create(self.state, message, step.now, who), None
+
+    def _operator(self, message: CreateReservation | DeleteReservation, sender: str | None) -> str | Rejection | None:
+        """The operator acting (None when there is no identity map: tests of other things), or why not."""
+        identity = self.config.identity
+        if identity is None:
+            return None
+        acting = acting_user(identity, self._sender(sender), message.on_behalf_of)
+        if isinstance(acting, Rejection):
+            return acting
+        found = identity.identity_of(acting)
+        if found is None or found.role != "operator":
+            return Rejection(f"only operators may create or delete reservations ({acting or 'unknown'} is not one)")
+        return acting
+
     def _fold_job_ended(self, message: JobFailed | JobLost | JobFinished, step: Step, item: Input,
                         known: Known) -> _Folded | None:
         if self._not_from_its_node(message):
@@ -426,6 +462,8 @@ class Scheduler:
         self._overdue_stopped.update(getattr(m, "placement_id", None) for m in stops.published)  # type: ignore[misc]
         decision.extend(stops)
         decision.extend(preemption_timeouts(self.state, now, self.config.preemption_margin_s))
+        if self.state.reservations:
+            decision.extend(reservations.due_stops(self.state, now))
         if self.mig.tick(self.state, now, lambda d: self._apply(step, d), hooks.mig_plan):
             step.mig_changed = True
         if alert and not self._alert_active:

@@ -7,11 +7,13 @@ round-trips through ``to_snapshot``/``from_snapshot`` (JSON-safe dicts) for snap
 The fold also keeps what the scheduling cycle reads current, so nothing is rebuilt per cycle: the live ``fleet``
 (gpuorch_policy.Fleet: free capacity per node, placement indexes) gets a job's assignments when the job starts
 holding capacity and gives them back when it stops; ``queued`` and ``active`` index the jobs by state;
-``tenant_held`` sums what each tenant holds; ``mig`` holds the MIG reconfigurations under way (their GPUs are
+``tenant_held`` sums what each tenant holds and ``usage`` its decayed GPU-seconds per GPU model (fair share over
+time, ``gpuorch_scheduling.usage``); ``mig`` holds the MIG reconfigurations under way (their GPUs are
 closed to placements in the fleet) and ``mig_history`` when each GPU's last ones ended (``domain.mig``). Finished
 jobs leave memory ``retention_s`` after they end (log time), unless a waiting job depends on them (``dependents``);
 the log and the read model keep them. Arrays (``arrays``) are records of their own whose next tasks the fold
-materializes as queued jobs (``_fill``: a pure function of the log, so a replay makes the same tasks).
+materializes as queued jobs (``_fill``: a pure function of the log, so a replay makes the same tasks); so are
+advance reservations (``reservations``, with the nodes each holds as logged).
 
 ``capacity_violations`` re-derives usage from the jobs alone (independently of the fleet's arrays): tests and the
 crash drill check the whole state with it; the plan applier checks each decision with ``Fleet.check`` before it is
@@ -21,6 +23,7 @@ logged and ``capacity_violations(nodes)`` on the nodes a committed plan touched.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -49,11 +52,15 @@ from gpuorch_contracts import (
     NodeInventory,
     NodeLivenessChanged,
     NodeRegistered,
+    ReservationCreated,
+    ReservationDeleted,
+    ReservationRefused,
     parse_indices,
 )
 from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, Fleet, gpu_units
 
 from gpuorch_scheduling.arrays import ArrayRecord
+from gpuorch_scheduling.usage import DEFAULT_HALF_LIFE_S, DecayedUsage
 
 _FIELDS: dict[type, frozenset[str]] = {}
 
@@ -176,6 +183,36 @@ class NodeRecord:
         )
 
 
+@dataclass
+class Reservation:
+    """Whole nodes promised to ``tenant`` from ``start`` to ``end`` (unix seconds), as logged
+    (``gpuorch_scheduling.reservations``)."""
+
+    reservation_id: uuid.UUID
+    tenant: str
+    gpus: int
+    gpu_model: str | None
+    nodes: frozenset[str]
+    start: float
+    end: float
+    created_by: str | None = None
+    deleted_at: float | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reservation_id": str(self.reservation_id), "tenant": self.tenant, "gpus": self.gpus,
+                "gpu_model": self.gpu_model, "nodes": sorted(self.nodes), "start": self.start, "end": self.end,
+                "created_by": self.created_by, "deleted_at": self.deleted_at, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Reservation:
+        return cls(uuid.UUID(raw["reservation_id"]), raw["tenant"], raw["gpus"], raw["gpu_model"],
+                   frozenset(raw["nodes"]), raw["start"], raw["end"], raw.get("created_by"), raw.get("deleted_at"),
+                   raw.get("reason"))
+
+
+RESERVATION_MEMORY_S = 7 * 86400.0
+"""Reservations that ended (or were deleted) longer ago than this leave memory (the read model keeps them)."""
 DEFAULT_RETENTION_S = 3600.0
 MIG_HISTORY = 8
 """Ended reconfigurations remembered per GPU (the planner's cap counts those of the last hour)."""
@@ -216,11 +253,18 @@ class SchedulerState:
     dependents: dict[uuid.UUID, set[uuid.UUID]] = field(default_factory=dict)
     """Job or array id -> the jobs and arrays that depend on it and have not ended (derived). A job with
     dependents is not forgotten at retention: they still need its outcome."""
+    reservations: dict[uuid.UUID, Reservation] = field(default_factory=dict)
+    """Advance reservations by id (``reservations``), from ReservationCreated / ReservationDeleted."""
+    usage: DecayedUsage = field(default_factory=DecayedUsage)
+    """Decayed GPU-seconds per tenant and GPU model (``usage``): what fair share over time reads. Changed by the
+    fold when a job starts or stops holding GPUs, at log time."""
     _ended: deque[tuple[float, uuid.UUID]] = field(default_factory=deque)
     _ending: set[uuid.UUID] = field(default_factory=set)
     _json: dict[object, str] = field(default_factory=dict)
     """Each record's JSON in the snapshot, dropped when the fold touches the record (snapshots cost O(changes))."""
     _held_amounts: dict[uuid.UUID, tuple[float, float, float, float]] = field(default_factory=dict)
+    _held_models: dict[uuid.UUID, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    """Job -> (GPU model, GPUs) it holds, as counted into ``usage`` (given back by the same amounts)."""
     _holders: dict[str, set[uuid.UUID]] = field(default_factory=dict)
     _held_on: dict[uuid.UUID, tuple[str, ...]] = field(default_factory=dict)
     """Node -> the jobs holding capacity there, kept by the fold apart from the fleet's own index, so that
@@ -303,26 +347,39 @@ class SchedulerState:
             self._ending.add(job_id)
 
     def _count_held(self, job: JobRecord, sign: int) -> None:
-        amounts = self._held_amounts.pop(job.job_id, None) if sign < 0 else self._amounts(job)
-        if amounts is None:
-            return
         if sign > 0:
-            self._held_amounts[job.job_id] = amounts
+            amounts, models = self._measure(job)
+            self._held_amounts[job.job_id], self._held_models[job.job_id] = amounts, models
+        else:
+            found = self._held_amounts.pop(job.job_id, None)
+            if found is None:
+                return
+            amounts, models = found, self._held_models.pop(job.job_id, ())
         row = self.tenant_held.setdefault(job.spec.tenant, [0.0, 0.0, 0.0, 0.0])
         for k, value in enumerate(amounts):
             row[k] += sign * value
+        for model, gpus in models:
+            self.usage.change(job.spec.tenant, model, sign * gpus, self.clock)
 
-    def _amounts(self, job: JobRecord) -> tuple[float, float, float, float]:
+    def _measure(self, job: JobRecord) -> tuple[tuple[float, float, float, float], tuple[tuple[str, float], ...]]:
+        """What a placed job holds: (GPUs, GPU memory MiB, host mCPU, host memory MiB), and (GPU model, GPUs) per
+        model (whole GPUs count 1, a share or MIG slice its fraction)."""
         gpus = mem = 0.0
+        by_model: dict[str, float] = {}
         for assignment in job.assignments:
             node = self.nodes.get(assignment.node_id)
-            totals = {g.index: g.memory_total_mib for g in node.inventory.gpus} if node else {}
+            devices = node.inventory.gpus if node else []
             for alloc in assignment.gpus:
-                g, m = gpu_units(alloc, totals.get(alloc.gpu_index, DEFAULT_GPU_MEMORY_MIB))
+                index = alloc.gpu_index
+                gpu = devices[index] if index < len(devices) and devices[index].index == index else next(
+                    (d for d in devices if d.index == index), None)
+                g, m = gpu_units(alloc, gpu.memory_total_mib if gpu else DEFAULT_GPU_MEMORY_MIB)
                 gpus += g
                 mem += m
+                model = gpu.model if gpu else "unknown"
+                by_model[model] = by_model.get(model, 0.0) + g
         n = len(job.assignments)
-        return gpus, mem, float(job.spec.cpu_milli * n), float(job.spec.memory_mib * n)
+        return (gpus, mem, float(job.spec.cpu_milli * n), float(job.spec.memory_mib * n)), tuple(by_model.items())
 
     def _forget_ended(self) -> None:
         cutoff = self.clock - self.retention_s
@@ -500,6 +557,18 @@ class SchedulerState:
                             job.stopping_nodes.remove(event.node_id)
             case MigReconfiguration():
                 self._fold_mig(event, at)
+            case ReservationCreated():
+                self.reservations = {k: r for k, r in self.reservations.items()
+                                     if min(r.end, r.deleted_at or math.inf) > at - RESERVATION_MEMORY_S}
+                self.reservations[event.reservation_id] = Reservation(
+                    event.reservation_id, event.tenant, event.gpus, event.gpu_model, frozenset(event.nodes),
+                    event.start_at.timestamp(), event.end_at.timestamp(), event.created_by)
+            case ReservationDeleted():
+                reservation = self.reservations.get(event.reservation_id)
+                if reservation is not None and reservation.deleted_at is None:
+                    reservation.deleted_at, reservation.reason = at, event.reason
+            case ReservationRefused():
+                pass  # a refusal is history (the read model shows it); nothing is held
             case _:
                 raise TypeError(f"the scheduler log holds no {event.TYPE!r} events")
 
@@ -565,6 +634,10 @@ class SchedulerState:
         found = {j for n in nodes for j in self._holders.get(n, ()) if j in self.jobs and self.jobs[j].holds_capacity}
         return [self.jobs[j] for j in sorted(found, key=str) if j in self.jobs]  # type: ignore[index]
 
+    def jobs_on(self, node_id: str) -> list[JobRecord]:
+        """The jobs holding capacity on ``node_id`` (from the fold's index of holders per node)."""
+        return self._holding({node_id})
+
     def gpu_usage(self, nodes: set[str] | None = None) -> dict[tuple[str, str], tuple[int, int]]:
         """(node_id, gpu uuid) -> (milli used, memory MiB used) over active placements."""
         usage: dict[tuple[str, str], tuple[int, int]] = {}
@@ -620,7 +693,8 @@ class SchedulerState:
             nodes.append(text)
         head = json.dumps({"version": 2, "position": self.position, "clock": self.clock, "queue_seq": self.queue_seq,
                            "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot(),
-                           "arrays": [a.to_dict() for a in self.arrays.values()]})
+                           "arrays": [a.to_dict() for a in self.arrays.values()], "usage": self.usage.to_list(),
+                           "reservations": [r.to_dict() for r in self.reservations.values()]})
         return f'{head[:-1]}, "jobs": [{", ".join(jobs)}], "nodes": [{", ".join(nodes)}]}}'
 
     def to_snapshot(self) -> dict[str, Any]:
@@ -629,7 +703,8 @@ class SchedulerState:
             "jobs": [j.to_dict() for j in self.jobs.values()],
             "nodes": [n.to_dict() for n in self.nodes.values()],
             "ended": [[t, str(j)] for t, j in self._ended], **self._mig_snapshot(),
-            "arrays": [a.to_dict() for a in self.arrays.values()],
+            "arrays": [a.to_dict() for a in self.arrays.values()], "usage": self.usage.to_list(),
+            "reservations": [r.to_dict() for r in self.reservations.values()],
         }
 
     def _mig_snapshot(self) -> dict[str, Any]:
@@ -637,10 +712,11 @@ class SchedulerState:
                 "mig_history": [[n, g, times] for (n, g), times in self.mig_history.items()]}
 
     @classmethod
-    def from_snapshot(cls, raw: dict[str, Any], retention_s: float = DEFAULT_RETENTION_S) -> SchedulerState:
+    def from_snapshot(cls, raw: dict[str, Any], retention_s: float = DEFAULT_RETENTION_S,
+                      half_life_s: float = DEFAULT_HALF_LIFE_S) -> SchedulerState:
         """The state a snapshot holds, with the fleet and the indexes rebuilt from it."""
         state = cls(position=raw["position"], retention_s=retention_s, clock=raw.get("clock", 0.0),
-                    queue_seq=raw.get("queue_seq", 0))
+                    queue_seq=raw.get("queue_seq", 0), usage=DecayedUsage(half_life_s))
         for node in raw["nodes"]:
             record_n = NodeRecord.from_dict(node)
             state.nodes[record_n.node_id] = record_n
@@ -680,6 +756,11 @@ class SchedulerState:
         for t, j in raw.get("ended", []):
             state._ended.append((t, uuid.UUID(j)))
             state._ending.add(uuid.UUID(j))
+        # the ledger as logged (holding the jobs above counted them again: the snapshot's rows already do)
+        state.usage = DecayedUsage.from_list(raw.get("usage", []), half_life_s)
+        for raw_reservation in raw.get("reservations", []):
+            reservation = Reservation.from_dict(raw_reservation)
+            state.reservations[reservation.reservation_id] = reservation
         return state
 
 

@@ -4,7 +4,7 @@
         RequestGuard (limits.py, outermost): NUL in the path -> 400, body over the limit -> 413 before it is read,
                      a caller over its rate limit -> 429, before any route parses or authenticates anything
         lifespan: migrate the database (0300_api: the API's role and table), open_backends (pool, broker, streams)
-        routes.router, dlq_routes.router (handlers) -> readmodels / gateway / live -> domain.views
+        routes.router, dlq_routes.router, reservation_routes.router (handlers) -> readmodels / gateway / live -> domain.views
         errors: problem details (problems.py, application/problem+json): ApiError with its status (401 with
                 WWW-Authenticate: Bearer); a bad query or body -> 422 with every invalid field; the broker
                 refusing a publish -> 503
@@ -37,6 +37,7 @@ from gpuorch_api.dlq_routes import router as dlq_router
 from gpuorch_api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_RATE_LIMIT, RateLimits, RequestGuard
 from gpuorch_api.node_logs import LogsUnavailable
 from gpuorch_api.problems import documented_as_problems, invalid_fields, problem, validation_detail
+from gpuorch_api.reservation_routes import router as reservation_router
 from gpuorch_api.routes import router
 
 log = get_logger(__name__)
@@ -144,6 +145,7 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
                               "caller's behalf; live events. Authenticate with `Authorization: Bearer <token>`; errors are problem details (RFC 9457).")
     app.include_router(router, responses=schemas.ERRORS)
     app.include_router(dlq_router, responses=schemas.ERRORS)
+    app.include_router(reservation_router, responses=schemas.ERRORS)
     plain_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:

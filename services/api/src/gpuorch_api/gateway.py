@@ -8,6 +8,8 @@
                 CancelJob(job_id, tenant, on_behalf_of=name) -> gpuorch.submit / job.cancel.<tenant>
         set an array's parallelism: the same check as cancel
                 SetArrayParallelism(job_id, tenant, on_behalf_of=name) -> gpuorch.submit / job.array_set.<tenant>
+        reserve / unreserve: operators only (else Forbidden)
+                CreateReservation / DeleteReservation(on_behalf_of=name) -> gpuorch.submit / reservation.*
 
 The API publishes as its own broker user (a ``gateway`` identity in the identity map); the scheduler judges the
 message as ``on_behalf_of`` only because that user is a gateway (``gpuorch_identity.acting_user``, decision 25),
@@ -22,7 +24,14 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gpuorch_contracts import CancelJob, JobSpec, SetArrayParallelism, SubmitJob
+from gpuorch_contracts import (
+    CancelJob,
+    CreateReservation,
+    DeleteReservation,
+    JobSpec,
+    SetArrayParallelism,
+    SubmitJob,
+)
 from gpuorch_identity import IdentityMap, Rejection, authorize_job_access, authorize_submission
 from gpuorch_messaging import Broker
 from gpuorch_observability import tracer
@@ -75,6 +84,25 @@ class Gateway:
                                       producer="gpuorch-api", on_behalf_of=caller.name)
         await self.broker.publish(message)
         return message
+
+    async def reserve(self, caller: Caller, request: dict[str, Any]) -> CreateReservation:
+        """Ask for an advance reservation (``request``: CreateReservation's fields); operators only."""
+        self._operator(caller)
+        message = CreateReservation(**request, producer="gpuorch-api", on_behalf_of=caller.name)
+        await self.broker.publish(message)
+        return message
+
+    async def unreserve(self, caller: Caller, reservation_id: uuid.UUID, reason: str) -> DeleteReservation:
+        self._operator(caller)
+        message = DeleteReservation(reservation_id=reservation_id, reason=reason, producer="gpuorch-api",
+                                    on_behalf_of=caller.name)
+        await self.broker.publish(message)
+        return message
+
+    @staticmethod
+    def _operator(caller: Caller) -> None:
+        if not caller.is_operator:
+            raise Forbidden(f"{caller.name} is not an operator: reservations are made and deleted by operators")
 
     def _may_act_on(self, caller: Caller, job: dict[str, Any]) -> None:
         refused = authorize_job_access(self.identity_map, caller.name, job["tenant"])

@@ -291,6 +291,31 @@ class ReadModels:
         return {"mode": row["mode"], "plan": json.loads(row["plan"]), "under_way": json.loads(row["under_way"]),
                 "history": json.loads(row["history"]), "updated_at": row["updated_at"]}
 
+    async def fair_share(self) -> dict[str, Any] | None:
+        """The scheduler's fair share row (``fair_share``, migration 0105), or None before a scheduler wrote it."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow("SELECT half_life_s, model_weights::text AS model_weights, lines::text AS lines, "
+                                      "computed_at FROM fair_share WHERE id = 1")
+        if row is None:
+            return None
+        return {"half_life_s": row["half_life_s"], "model_weights": json.loads(row["model_weights"]),
+                "computed_at": row["computed_at"], "tenants": json.loads(row["lines"])}
+
+    async def reservations(self, *, tenants: Collection[str] | None,
+                           reservation_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
+        """Reservation rows (``reservations``, migration 0106) of ``tenants`` (None: all), newest start first, each
+        with the liveness of its nodes (``node_liveness``: [[node, liveness]])."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT r.*, (SELECT array_agg(ARRAY[n.node_id, n.liveness]) FROM nodes n
+                                WHERE n.node_id = ANY(r.nodes)) AS node_liveness
+                   FROM reservations r
+                   WHERE ($1::text[] IS NULL OR r.tenant = ANY($1::text[]))
+                     AND ($2::uuid IS NULL OR r.reservation_id = $2)
+                   ORDER BY r.start_at DESC NULLS LAST, r.created_at DESC LIMIT 1000""",
+                sorted(tenants) if tenants is not None else None, reservation_id)
+        return [dict(r) for r in rows]
+
     async def report(self, period: Period, *, tenants: Collection[str] | None,
                      tenant: str | None) -> WeeklyReport:
         """The weekly review of ``period`` (``gpuorch_report``), limited to ``tenants`` (None: all)."""

@@ -13,6 +13,8 @@ and shapes the answer with ``domain.views``. Errors are problem details (problem
     GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor
     GET  /api/v1/nodes, /queues, /tenants         fleet, queues per tier, allocation against quota and use
     GET  /api/v1/usage?days=7                     GPU-hours per day and tenant: allocated, used, idle
+    GET  /api/v1/share                            fair share over time per tenant (as sshare): share, decayed usage,
+                                                  factor
     GET  /api/v1/report?since=7d&from=&to=&tenant= the weekly review (``gpuorch_report``) of the caller's tenants
     GET  /api/v1/events                           Server-Sent Events (``live``)
     GET  /api/v1/events/recent?since=1h&limit=    the newest logged events the caller sees, newest first
@@ -296,6 +298,16 @@ async def list_tenants(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]
     """Per tenant the caller sees: GPUs allocated, quota, GPUs used (allocation x mean utilisation)."""
     also = who.tenants if who.tenants is not None else frozenset(svc.quotas)
     return views.tenant_views(await svc.read.tenant_use(tenants=who.tenants), svc.quotas, also)
+
+
+@router.get("/api/v1/share", tags=["fleet"], response_model=schemas.FairShare)
+async def fair_share(who: CallerDep, svc: BackendsDep) -> dict[str, Any]:
+    """Fair share over time, per tenant the caller sees (as Slurm's sshare): share, decayed usage (GPU-hours
+    weighted by GPU model, halved every half-life) and the resulting factor, as the scheduler last computed them."""
+    found = await svc.read.fair_share()
+    if found is None:
+        return {"tenants": []}
+    return {**found, "tenants": [t for t in found["tenants"] if who.sees(t["tenant"])]}
 
 
 @router.get("/api/v1/usage", tags=["fleet"], response_model=list[schemas.DailyUsage])

@@ -6,6 +6,7 @@ a missing one is a server error: the document cannot drift from the answers with
 
 from __future__ import annotations
 
+import uuid
 from datetime import date, datetime
 from typing import Any
 
@@ -216,6 +217,48 @@ class Replayed(BaseModel):
     """What was published back, in order (``gpuorch_messaging.dead_letters.DeadLetter``)."""
     skipped: list[SkippedDeadLetter] = []
     """What was not replayed and why (no first publisher to replay it as, too large ...): still dead-lettered."""
+
+
+class TenantShare(BaseModel):
+    """One tenant's fair share over time (as Slurm's ``sshare``): its configured and normalised share, its decayed
+    usage (GPU-hours weighted by GPU model) and normalised usage, and the factor 2^(-usage/share) (1: used nothing,
+    0.5: used exactly its share) that orders tenants together with today's dominant share."""
+
+    tenant: str
+    share: float
+    normalized_share: float
+    usage_gpu_hours: float
+    normalized_usage: float
+    factor: float
+    gpus_held: float
+
+
+class FairShare(BaseModel):
+    """The scheduler's fair share view: its decay half-life and model weights, when it computed the values, and a
+    line per tenant the caller sees (normalised over every tenant)."""
+
+    half_life_s: float | None = None
+    model_weights: dict[str, float] = {}
+    computed_at: datetime | None = None
+    tenants: list[TenantShare] = []
+
+
+class Reservation(BaseModel):
+    """An advance reservation as the scheduler logged it: whole nodes for a tenant in a window. ``state``: pending,
+    active, ended (from the clock), refused (``reason`` says why) or deleted; ``problems``: why it cannot be
+    honoured now (nodes lost or gone)."""
+
+    reservation_id: uuid.UUID
+    tenant: str
+    gpus: int
+    gpu_model: str | None
+    nodes: list[str]
+    start_at: datetime | None
+    end_at: datetime | None
+    created_by: str | None
+    state: str
+    reason: str | None
+    problems: list[str]
 
 
 class MigPlan(BaseModel):

@@ -55,6 +55,9 @@ class ApiClient:
     def post(self, path: str, body: Any = None) -> Any:
         return self._json(self._send("POST", path, json=body))
 
+    def delete(self, path: str, **params: Any) -> Any:
+        return self._json(self._send("DELETE", path, params=_clean(params)))
+
     def stream_lines(self, path: str, **params: Any) -> Iterator[str]:
         """Lines of a long response as they arrive (``?follow`` logs, live events)."""
         request = self.http.build_request("GET", path, params=_clean(params),

@@ -141,6 +141,8 @@ def submit(
     mig: Annotated[list[str] | None, typer.Option(help="acceptable MIG profile (repeatable)")] = None,
     gpu_model: Annotated[list[str] | None, typer.Option(help="accepted GPU model (repeatable)")] = None,
     nodes: Annotated[int | None, typer.Option(help="gang: number of nodes (all or nothing)")] = None,
+    topology: Annotated[str | None, typer.Option(help="gang: keep its nodes in one block of a topology level, "
+                                                 "required:LEVEL or preferred:LEVEL (required:rack)")] = None,
     cpu: Annotated[int | None, typer.Option(help="host CPU, milli-cores")] = None,
     memory: Annotated[int | None, typer.Option(help="host memory, MiB")] = None,
     preemptible: Annotated[bool | None, typer.Option("--preemptible/--not-preemptible",
@@ -182,6 +184,11 @@ def submit(
         spec["resources"] = {**spec.get("resources", {}), **{k: v for k, v in resources.items() if v is not None}}
     if nodes is not None:
         spec["gang"] = {**spec.get("gang", {}), "nodes": nodes}
+    if topology is not None:
+        mode, _, level = topology.partition(":")
+        if mode not in ("required", "preferred") or not level:
+            fail(f"invalid --topology {topology!r}: required:LEVEL or preferred:LEVEL", USAGE)
+        spec["gang"] = {**spec.get("gang", {}), "topology": {mode: level}}
     try:
         if array is not None:
             spec["array"] = array_field(array)
@@ -609,6 +616,33 @@ def tenants(output: OutputOpt = Format.table, no_headers: NoHeadersOpt = False, 
     """Per tenant: GPUs allocated against quota and against what the allocations use."""
     with api() as client:
         emit(client.get("/api/v1/tenants"), TENANT_COLUMNS, chosen(output, as_json), no_headers=no_headers, out=console)
+
+
+SHARE_COLUMNS = [
+    Column("tenant", lambda t: cell(t["tenant"])), Column("share", lambda t: f"{t['share']:g}"),
+    Column("norm share", lambda t: f"{t['normalized_share']:.3f}"),
+    Column("decayed usage (GPU-h)", lambda t: f"{t['usage_gpu_hours']:.2f}"),
+    Column("norm usage", lambda t: f"{t['normalized_usage']:.3f}"), Column("factor", lambda t: f"{t['factor']:.3f}"),
+    Column("gpus held", lambda t: f"{t['gpus_held']:g}"),
+]
+
+
+@app.command()
+def share(output: OutputOpt = Format.table, no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
+    """Fair share over time per tenant (as Slurm's sshare): share, decayed usage, and the factor that orders
+    tenants (1: used nothing lately, 0.5: used exactly its share, lower: more)."""
+    with api() as client:
+        document = client.get("/api/v1/share")
+    fmt = chosen(output, as_json)
+    if fmt in (Format.json, Format.yaml):
+        dump(document, fmt)
+        return
+    half_life = document.get("half_life_s")
+    if half_life is not None:
+        weights = ", ".join(f"{m} x{w:g}" for m, w in document.get("model_weights", {}).items()) or "all 1"
+        console.print(f"usage halves every {half_life / 86400:g} days; GPU model weights: {cell(weights)}; "
+                      f"computed {cell(str(document.get('computed_at')))}")
+    emit(document["tenants"], SHARE_COLUMNS, fmt, no_headers=no_headers, out=console)
 
 
 @app.command()

@@ -112,7 +112,7 @@ def build_simulated_agents(specs: Iterable[NodeSpec], *, seed: int, inventory_s:
         nvml = SimulatedNvml(spec.node_id, spec.gpu_profile, spec.gpu_count, seed=seed, processes=processes,
                              events=hub)
         agents.append(NodeAgent(spec.node_id, nvml, cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib,
-                                hostname=spec.node_id, labels={"gpuorch.io/simulated": "true"},
+                                hostname=spec.node_id, labels={"gpuorch.io/simulated": "true", **spec.labels},
                                 inventory_refresh_s=inventory_s))
     return agents
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from gpuorch_observability import get_logger, inject_trace, tracing_exported
 from gpuorch_scheduling import SchedulerState, decision_id
 from gpuorch_scheduling.scheduler import LOGGED_INCOMING, Scheduler, SchedulerConfig
 from gpuorch_scheduling.step import Input, Known, Step
+from gpuorch_scheduling.usage import DecayedUsage
 from gpuorch_store import (
     NewEvent,
     ParkedRow,
@@ -108,6 +110,7 @@ class SchedulerService:
         self._needs_reload = True
         self._events_since_snapshot = 0
         self._last_snapshot_at = clock()
+        self._fair_share_written_at = -math.inf
         self.isolation: dict[str, str] = {}
         """Per node, the JSON of the isolation its executor last reported: a read-model column only (``gpuctl
         nodes``), never a scheduling input; written when it changes."""
@@ -133,9 +136,9 @@ class SchedulerService:
         """Load the newest snapshot, replay the log after it, and give every node lease a fresh grace period."""
         started = time.perf_counter()
         snapshot = await load_latest_snapshot(self._conn, STREAM)
-        retention = self.config.retention_s
-        state = SchedulerState.from_snapshot(snapshot[1], retention) if snapshot \
-            else SchedulerState(retention_s=retention)
+        retention, half_life = self.config.retention_s, self.config.queues.fair_share.half_life_s
+        state = SchedulerState.from_snapshot(snapshot[1], retention, half_life) if snapshot \
+            else SchedulerState(retention_s=retention, usage=DecayedUsage(half_life))
         replayed = 0
         while True:
             batch = await read(self._conn, after_position=state.position, limit=5000, stream=STREAM)
@@ -342,6 +345,11 @@ class SchedulerService:
         if step.mig_changed:
             await readmodels.write_mig_plan(self._conn, self.config.mig.mode, self.scheduler.mig.read_model(),
                                             self.state)
+        if any(e.TYPE.startswith("reservation.") for e in step.decided):
+            await readmodels.write_reservations(self._conn, step.decided)
+        if step.now - self._fair_share_written_at >= readmodels.FAIR_SHARE_EVERY_S:
+            await readmodels.write_fair_share(self._conn, self.state, self.config.queues.fair_share, step.now)
+            self._fair_share_written_at = step.now
 
     def _stamped(self, message: Message) -> Message:
         """A command carries the epoch of the leader that decided it (``leader_epoch``; executors refuse older
@@ -361,7 +369,7 @@ class SchedulerService:
             if isinstance(message, FleetAlert) and message.kind == "mass_silence":
                 log.error("scheduler.mass_silence", explanation=message.explanation)
         if tick:
-            metrics.export_gauges(self.state, self.config.queues)
+            metrics.export_gauges(self.state, self.config.queues, step.now)
 
     async def _read_mig_peaks(self) -> None:
         """Before a tick that plans MIG layouts: the observed peaks of the waiting MIG jobs' names. Without

@@ -22,6 +22,10 @@ names (``kai_`` -> ``gpuorch_``).
 - ``gpuorch_task_scheduling_latency_milliseconds``: a job's first placement, accepted -> placed (KAI: pod creation
   -> bind attempt); ``gpuorch_e2e_scheduling_latency_milliseconds``: the last scheduling cycle (KAI's gauge).
 
+Fair over time and space: ``gpuorch_fair_share_factor{tenant}`` (``gpuctl share``'s factor),
+``gpuorch_reservation_gpus{tenant,phase}`` (pending, active) and ``gpuorch_reservation_idle_gpus{tenant}``: GPUs of
+an active reservation that nothing is allocated on (an idle reservation).
+
 The outbox (``export_outbox``, every few seconds by the leader): ``gpuorch_outbox_unsent_rows``,
 ``gpuorch_outbox_oldest_unsent_seconds`` (0 when none waits), ``gpuorch_outbox_parked_rows``,
 ``gpuorch_outbox_head_failed_attempts``: what the "outbox stuck" alert reads.
@@ -48,7 +52,9 @@ from typing import Any
 
 from gpuorch_contracts import JobPlaced, JobPreempting, JobRequeued, Message
 from gpuorch_scheduling import CycleResult
+from gpuorch_scheduling.fairshare import fair_shares
 from gpuorch_scheduling.queueing import QueuePolicy
+from gpuorch_scheduling.reservations import idle_gpus, open_reservations
 from gpuorch_scheduling.state import SchedulerState
 from gpuorch_scheduling.step import Step
 from gpuorch_store import OutboxBacklog
@@ -101,6 +107,12 @@ SCHEDULE_SECONDS = Histogram("gpuorch_scheduler_decision_seconds",
 PLACEMENTS = Counter("gpuorch_scheduler_placements_total", "Jobs placed")
 PREEMPTIONS = Counter("gpuorch_scheduler_preemptions_total", "Placements asked to stop for a preemption")
 REQUEUES = Counter("gpuorch_scheduler_requeues_total", "Jobs requeued", ["cause"])
+RESERVED = Gauge("gpuorch_reservation_gpus", "GPUs of advance reservations, per tenant and phase (pending, active)",
+                 ["tenant", "phase"])
+RESERVED_IDLE = Gauge("gpuorch_reservation_idle_gpus", "GPUs of active advance reservations that nothing is "
+                      "allocated on (an idle reservation)", ["tenant"])
+FAIR_SHARE = Gauge("gpuorch_fair_share_factor", "Fair share over time: 2^(-usage/share), 1 = used nothing lately",
+                   ["tenant"])
 QUEUE_DEPTH = Gauge("gpuorch_scheduler_queue_depth", "Jobs waiting", ["tier"])
 NODES = Gauge("gpuorch_scheduler_nodes", "Nodes by liveness", ["liveness"])
 MIG_PLAN_SECONDS = Histogram("gpuorch_scheduler_mig_plan_seconds", "Time of one MIG plan (gpuorch_policy.plan_mig)",
@@ -171,8 +183,11 @@ def observe(events: Iterable[Message], state: SchedulerState) -> None:
             PREEMPTED.labels(preemptor.spec.tenant, "InClusterQueue" if same else "InCohortReclamation").inc()
 
 
-def export_gauges(state: SchedulerState, queues: QueuePolicy) -> None:
-    """Refresh the queue, node and per-tenant gauges (O(queued + active jobs + nodes + tenants))."""
+def export_gauges(state: SchedulerState, queues: QueuePolicy, now: float | None = None) -> None:
+    """Refresh the queue, node and per-tenant gauges (O(queued + active jobs + nodes + tenants)); with ``now``,
+    the reservation and fair share gauges too (O(reserved nodes + tenants))."""
+    if now is not None:
+        _export_fairness(state, queues, now)
     depth: dict[str, int] = dict.fromkeys(TIERS, 0)
     for job in state.queued.values():
         depth[job.spec.tier] = depth.get(job.spec.tier, 0) + 1
@@ -223,3 +238,23 @@ def export_outbox(backlog: OutboxBacklog, now: datetime) -> None:
     OUTBOX_OLDEST.set(max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0)
     OUTBOX_PARKED.set(backlog.parked)
     OUTBOX_HEAD_FAILURES.set(backlog.failing_attempts)
+
+
+def _export_fairness(state: SchedulerState, queues: QueuePolicy, now: float) -> None:
+    RESERVED.clear()
+    RESERVED_IDLE.clear()
+    reserved: dict[tuple[str, str], float] = {}
+    idle: dict[str, float] = {}
+    for reservation in open_reservations(state, now):
+        phase = "active" if now >= reservation.start else "pending"
+        reserved[(reservation.tenant, phase)] = reserved.get((reservation.tenant, phase), 0) + reservation.gpus
+        if phase == "active":
+            idle[reservation.tenant] = idle.get(reservation.tenant, 0) + idle_gpus(state, reservation)
+    for (tenant, phase), gpus in reserved.items():
+        RESERVED.labels(tenant, phase).set(gpus)
+    for tenant, gpus in idle.items():
+        RESERVED_IDLE.labels(tenant).set(gpus)
+    FAIR_SHARE.clear()
+    for line in fair_shares(state, queues.fair_share, now):
+        FAIR_SHARE.labels(line.tenant).set(line.factor)
+

@@ -5,6 +5,8 @@
                                                                          rows of their own (array_id, array_index)
     executor heartbeats' isolation (changed since last written)     ──► nodes.isolation
     the MIG loop (``mig_plan`` due)                                  ──► mig_plan (one row)
+    fair share over time (every ``FAIR_SHARE_EVERY_S`` at most)      ──► fair_share (one row: ``fairshare``)
+    ReservationCreated / Refused / Deleted logged in the step        ──► reservations (a row each)
 
 Written inside the batch's transaction, so a read model never shows a decision the log does not hold. Rows are
 rebuilt from the scheduler's state: writing a row twice is harmless.
@@ -18,8 +20,20 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuorch_contracts import JobRejected, MigPlanProposed, SubmitJob
+from gpuorch_contracts import (
+    JobRejected,
+    Message,
+    MigPlanProposed,
+    ReservationCreated,
+    ReservationDeleted,
+    ReservationRefused,
+    SubmitJob,
+)
 from gpuorch_scheduling import ArrayRecord, JobRecord, SchedulerState, Waiting
+from gpuorch_scheduling.fairshare import FairSharePolicy, fair_shares
+
+FAIR_SHARE_EVERY_S = 10.0
+"""Seconds between writes of the ``fair_share`` row (its values decay continuously; a view, not the truth)."""
 
 
 async def write_jobs_and_nodes(conn: Any, state: SchedulerState, pending: dict[uuid.UUID, Waiting],
@@ -60,6 +74,37 @@ async def write_mig_plan(conn: Any, mode: str, plan: MigPlanProposed, state: Sch
                under_way = excluded.under_way, history = excluded.history, updated_at = now()""",
         mode, plan.model_dump_json(), json.dumps([e.model_dump(mode="json") for e in state.mig.values()]),
         json.dumps([[n, g, times] for (n, g), times in state.mig_history.items()]))
+
+
+async def write_fair_share(conn: Any, state: SchedulerState, policy: FairSharePolicy, now: float) -> None:
+    """The ``fair_share`` row: every tenant's share, decayed usage and factor at ``now``."""
+    lines = [line.as_dict() for line in fair_shares(state, policy, now)]
+    await conn.execute(
+        """INSERT INTO fair_share (id, half_life_s, model_weights, lines, computed_at)
+           VALUES (1, $1, $2::text::jsonb, $3::text::jsonb, $4)
+           ON CONFLICT (id) DO UPDATE SET half_life_s = excluded.half_life_s, model_weights = excluded.model_weights,
+               lines = excluded.lines, computed_at = excluded.computed_at, updated_at = now()""",
+        policy.half_life_s, json.dumps(policy.model_weights), json.dumps(lines), _ts(now))
+
+
+async def write_reservations(conn: Any, events: Iterable[Message]) -> None:
+    """A ``reservations`` row for each reservation event of the step (created, refused, deleted)."""
+    for event in events:
+        if isinstance(event, ReservationCreated):
+            await conn.execute(
+                """INSERT INTO reservations (reservation_id, tenant, gpus, gpu_model, nodes, start_at, end_at,
+                       created_by, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'created')
+                   ON CONFLICT (reservation_id) DO NOTHING""",
+                event.reservation_id, event.tenant, event.gpus, event.gpu_model, list(event.nodes), event.start_at,
+                event.end_at, event.created_by)
+        elif isinstance(event, ReservationRefused):
+            await conn.execute(
+                """INSERT INTO reservations (reservation_id, tenant, gpus, outcome, reason) VALUES ($1, $2, 0,
+                       'refused', $3) ON CONFLICT (reservation_id) DO NOTHING""",
+                event.reservation_id, event.tenant, event.reason)
+        elif isinstance(event, ReservationDeleted):
+            await conn.execute("UPDATE reservations SET outcome = 'deleted', reason = $2, updated_at = now() "
+                               "WHERE reservation_id = $1", event.reservation_id, event.reason)
 
 
 async def known_submissions(conn: Any, job_ids: list[uuid.UUID]) -> set[uuid.UUID]:

@@ -2,7 +2,8 @@
 validated at start; ``gpuorch-scheduler --help`` lists them).
 
 Derived at load, and validated with the rest: ``queues`` (the quotas of ``GPUORCH_QUOTAS`` or
-``GPUORCH_QUOTAS_FILE``, the ageing rate and the admission limits) and ``identity_map`` (``GPUORCH_IDENTITY_MAP``,
+``GPUORCH_QUOTAS_FILE``, the ageing rate, the admission limits, and fair share over time: ``GPUORCH_FAIR_SHARE``
+with the shares of the identity map) and ``identity_map`` (``GPUORCH_IDENTITY_MAP``,
 or everyone an operator with ``GPUORCH_IDENTITY=trust_all``).
 """
 
@@ -17,6 +18,7 @@ from gpuorch_messaging import BrokerSettings
 from gpuorch_policy.mig_execution import ExecutionSettings
 from gpuorch_policy.mig_planner import PlannerSettings
 from gpuorch_scheduling import LivenessPolicy
+from gpuorch_scheduling.fairshare import FairSharePolicy
 from gpuorch_scheduling.mig import MigControl
 from gpuorch_scheduling.queueing import QueuePolicy
 from gpuorch_scheduling.scheduler import SchedulerConfig
@@ -59,6 +61,9 @@ class Settings(BrokerSettings):
                                        "rate; faster submissions are rejected", gt=0)
     submission_burst: int = setting("GPUORCH_SUBMISSION_BURST", 5000, "submissions a tenant may make at once "
                                     "before the rate applies", ge=1)
+    fair_share: str = setting("GPUORCH_FAIR_SHARE", "", 'fair share over time as JSON: {"half_life_s": 604800, '
+                              '"model_weights": {"h100": 2.0}, "weight": 1.0} (all optional; shares come from the '
+                              'identity map)')
     preemption_margin_s: float = setting("GPUORCH_PREEMPTION_MARGIN_S", 60.0, "seconds past a victim's checkpoint "
                                          "grace before a silent preemption is requeued", ge=0)
     snapshot_every_events: int = setting("GPUORCH_SNAPSHOT_EVERY_EVENTS", 20000, "snapshot the state every N "
@@ -114,9 +119,6 @@ class Settings(BrokerSettings):
             queues = QueuePolicy.from_json(quotas_text, self.ageing_points_per_minute)
         except ValueError as exc:
             raise ValueError(f"GPUORCH_QUOTAS: {exc}") from exc
-        self._queues = dataclasses.replace(
-            queues, max_queued_per_tenant=self.max_queued_per_tenant, submissions_per_s=self.submissions_per_s,
-            submission_burst=self.submission_burst)
         if self.identity_map_path:
             try:
                 self._identity_map = load_identity_map(self.identity_map_path)
@@ -127,6 +129,13 @@ class Settings(BrokerSettings):
         else:
             raise ValueError("GPUORCH_IDENTITY_MAP is required (who may submit for which tenant); "
                              "GPUORCH_IDENTITY=trust_all only for local development")
+        try:
+            fair_share = FairSharePolicy.from_json(self.fair_share, dict(self._identity_map.shares))
+        except ValueError as exc:
+            raise ValueError(f"GPUORCH_FAIR_SHARE: {exc}") from exc
+        self._queues = dataclasses.replace(
+            queues, max_queued_per_tenant=self.max_queued_per_tenant, submissions_per_s=self.submissions_per_s,
+            submission_burst=self.submission_burst, fair_share=fair_share)
         return self
 
     @property

@@ -173,3 +173,25 @@ def job_view(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
         out.update({"spec": row["spec"], "placement_id": str(row["placement_id"]) if row["placement_id"] else None,
                     "placed_at": row["placed_at"], "assignments": row["assignments"]})
     return out
+
+
+def reservation_view(row: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """A reservation row as shown: its phase (refused, deleted, pending, active, ended) from the clock, and the
+    problems that keep it from being honoured (nodes not alive or gone), from the nodes' liveness."""
+    start, end = row["start_at"], row["end_at"]
+    if row["outcome"] != "created":
+        phase = row["outcome"]
+    elif now >= end:
+        phase = "ended"
+    elif now >= start:
+        phase = "active"
+    else:
+        phase = "pending"
+    liveness = dict(row.get("node_liveness") or [])
+    problems = [f"node {n} is {liveness.get(n, 'gone')}" for n in row["nodes"] if liveness.get(n) != "alive"]
+    if problems and phase in ("pending", "active"):
+        problems.insert(0, "cannot be honoured: some of its nodes are not alive")
+    return {"reservation_id": row["reservation_id"], "tenant": row["tenant"], "gpus": row["gpus"],
+            "gpu_model": row["gpu_model"], "nodes": list(row["nodes"]), "start_at": start, "end_at": end,
+            "created_by": row["created_by"], "state": phase, "reason": row["reason"], "problems": problems}
+

@@ -184,8 +184,15 @@ async function jobPage(id) {
 }
 
 async function tenantsPage() {
-  const tenants = await api("/api/v1/tenants");
+  const [tenants, share] = await Promise.all([api("/api/v1/tenants"), api("/api/v1/share")]);
   const scale = Math.max(1, ...tenants.map((t) => Math.max(t.allocated_gpus, t.quota_gpus || 0)));
+  const fairShare = [el("h2", {}, "Fair share over time"),
+    el("p", { class: "hint" }, share.half_life_s ? `usage (GPU-hours, weighted by GPU model) halves every ` +
+      `${num(share.half_life_s / 86400, 1)} days; factor 1: used nothing lately, 0.5: used exactly its share` :
+      "not computed yet"),
+    table(["tenant", "share", "norm. share", "decayed usage (GPU-h)", "norm. usage", "factor", "GPUs held"],
+      share.tenants.map((t) => [t.tenant, String(t.share), num(t.normalized_share, 3), hours(t.usage_gpu_hours),
+        num(t.normalized_usage, 3), num(t.factor, 3), String(t.gpus_held)]))];
   return el("section", { id: "tenants" }, el("h2", {}, "Allocation against quota and use"),
     table(["tenant", "allocated GPUs", "quota", "used GPUs", "", "running", "queued"], tenants.map((t) => [
       t.tenant, String(t.allocated_gpus), t.quota_gpus === null ? "-" : String(t.quota_gpus),
@@ -195,7 +202,7 @@ async function tenantsPage() {
         el("span", { class: "use", style: `width:${(100 * (t.used_gpus || 0)) / scale}%` }),
         t.quota_gpus === null ? null : el("span", { class: "quota", style: `left:${(100 * t.quota_gpus) / scale}%` })),
       String(t.running), String(t.queued),
-    ])));
+    ])), fairShare);
 }
 
 function svg(tag, attrs, ...children) {

@@ -9,7 +9,7 @@ fleet can be built from ``openb_node_list_gpu_node.csv``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuorch_policy.mig_profiles import (  # noqa: F401 (re-exported for the simulated NVML)
     MIG_A100_40GB,
@@ -86,6 +86,12 @@ class NodeSpec:
     gpu_count: int
     cpu_milli: int = 64000
     memory_mib: int = 512 * 1024
+    labels: dict[str, str] = field(default_factory=dict)
+    """Inventory labels, e.g. its topology blocks (``topology.gpuorch.io/rack: rack-0``)."""
+
+
+TOPOLOGY_LEVELS = ("block", "rack", "nvlink-domain")
+"""Topology levels a fleet description may give (``@rack=4``; CSV columns of these names)."""
 
 
 def parse_node_profile(text: str) -> tuple[DeviceProfile, int]:
@@ -97,22 +103,39 @@ def parse_node_profile(text: str) -> tuple[DeviceProfile, int]:
 
 
 def parse_profile_mix(mix: str, *, prefix: str = "sim-node") -> list[NodeSpec]:
-    """``h100x8:2,a100x8:1,l4x4:2`` -> 5 node specs with ids ``<prefix>-00000`` ...; ``h100x8`` alone = 1 node."""
+    """``h100x8:2,a100x8:1,l4x4:2`` -> 5 node specs with ids ``<prefix>-00000`` ...; ``h100x8`` alone = 1 node.
+    A part may end with topology blocks: ``h100x8:16@rack=4`` puts its 16 nodes in racks of 4 (labels
+    ``topology.gpuorch.io/rack: rack-0`` ..., numbered across the whole mix); ``@block=8@rack=4`` nests them."""
     specs: list[NodeSpec] = []
+    blocks_seen: dict[str, int] = {}
     for part in (p.strip() for p in mix.split(",") if p.strip()):
+        part, *levels = part.split("@")
+        sizes: dict[str, int] = {}
+        for level in levels:
+            name, _, per_block = level.partition("=")
+            if name not in TOPOLOGY_LEVELS or not per_block.isdigit() or int(per_block) < 1:
+                raise ValueError(f"bad topology {level!r}: use {'|'.join(TOPOLOGY_LEVELS)}=<nodes per block>")
+            sizes[name] = int(per_block)
+        first = len(specs)
         profile_text, _, count_text = part.partition(":")
         profile, gpus = parse_node_profile(profile_text)
         count = int(count_text) if count_text else 1
         if count < 0 or gpus < 0 or gpus > 64:
             raise ValueError(f"bad fleet part {part!r}")
-        for _ in range(count):
+        for k in range(count):
+            labels = {f"topology.gpuorch.io/{name}": f"{name}-{blocks_seen.get(name, 0) + k // nodes}"
+                      for name, nodes in sizes.items()}
             specs.append(NodeSpec(f"{prefix}-{len(specs):05d}", profile, gpus,
-                                  cpu_milli=gpus * 16000 or 16000, memory_mib=max(gpus, 1) * 128 * 1024))
+                                  cpu_milli=gpus * 16000 or 16000, memory_mib=max(gpus, 1) * 128 * 1024,
+                                  labels=labels))
+        for name, nodes in sizes.items():
+            blocks_seen[name] = blocks_seen.get(name, 0) + -(-(len(specs) - first) // nodes)
     return specs
 
 
 def parse_node_csv(text: str) -> list[NodeSpec]:
-    """openb node list (``sn,cpu_milli,memory_mib,gpu,model``) -> node specs; GPU-less rows get no GPUs."""
+    """openb node list (``sn,cpu_milli,memory_mib,gpu,model``, optional ``block,rack,nvlink-domain`` columns: its
+    topology labels) -> node specs; GPU-less rows get no GPUs."""
     import csv
     import io
 
@@ -121,6 +144,8 @@ def parse_node_csv(text: str) -> list[NodeSpec]:
         model = (row.get("model") or "").strip()
         gpus = int(row.get("gpu") or 0)
         key = OPENB_MODEL_PROFILES.get(model, model.lower() or "t4")
+        labels = {f"topology.gpuorch.io/{level}": row[level].strip() for level in TOPOLOGY_LEVELS
+                  if (row.get(level) or "").strip()}
         specs.append(NodeSpec(row["sn"].strip(), device_profile(key), gpus,
-                              cpu_milli=int(row["cpu_milli"]), memory_mib=int(row["memory_mib"])))
+                              cpu_milli=int(row["cpu_milli"]), memory_mib=int(row["memory_mib"]), labels=labels))
     return specs
