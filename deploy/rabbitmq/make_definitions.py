@@ -105,7 +105,7 @@ EXECUTOR_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job
 NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", "gpu.usage_sampled",
                      "node.mig_layout_applied")
 TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made", "fleet.scale_requested")
-SUBMIT_KEY_PATTERN = r"job\.(submit|cancel|array_set)"
+SUBMIT_KEY_PATTERN = r"job\.(submit|cancel|array_set|session)"
 NOTHING = "^$"
 
 

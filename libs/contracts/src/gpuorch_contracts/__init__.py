@@ -18,6 +18,7 @@ from gpuorch_contracts.jobs import (
     TERMINAL_STATES,
     ArrayParallelismChanged,
     CancelJob,
+    ChangeSession,
     Checkpoint,
     ContainerRun,
     Dependency,
@@ -40,6 +41,8 @@ from gpuorch_contracts.jobs import (
     ModelHints,
     NodeAssignment,
     ProcessRun,
+    SessionParked,
+    SessionSpec,
     SetArrayParallelism,
     SubmitJob,
 )
@@ -98,5 +101,5 @@ __all__ = [
     "AlertRaised", "AlertResolved", "RecommendationMade", "FleetScaleRequested",
     "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "reason_text",
     "strip_terminal_controls", "TENANT_ROUTED_TYPES", "ArraySpec", "ArrayTask", "array_task_id", "parse_array",
-    "parse_indices", "MAX_DEPENDENCIES", "ArrayParallelismChanged", "Dependency", "SetArrayParallelism", "event_binding", "submit_routing_key", "tenant_binding",
+    "parse_indices", "MAX_DEPENDENCIES", "ArrayParallelismChanged", "Dependency", "SetArrayParallelism", "ChangeSession", "SessionParked", "SessionSpec", "event_binding", "submit_routing_key", "tenant_binding",
 ]

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 
 from gpuorch_contracts import (
     CancelJob,
+    ChangeSession,
     JobAccepted,
     JobCancelled,
     JobPlaced,
@@ -159,6 +160,13 @@ class Harness:
                         sender: str | None = None) -> None:
         change = SetArrayParallelism(message_id=uuid.uuid5(array_id, f"parallelism:{parallelism}:{at}"),
                                      job_id=array_id, parallelism=parallelism)
+        self._due(self.now if at is None else at, lambda: [change], sender)
+
+    def change_session(self, job_id: uuid.UUID, action: str, *, at: float | None = None,
+                       sender: str | None = None) -> None:
+        """Park (``park``) or resume (``resume``) an interactive session (``sessions``)."""
+        change = ChangeSession(message_id=uuid.uuid5(job_id, f"session:{action}:{at}"), job_id=job_id,
+                               action=action)  # type: ignore[arg-type]
         self._due(self.now if at is None else at, lambda: [change], sender)
 
     def add_node(self, inventory: NodeInventory, *, at: float | None = None) -> None:

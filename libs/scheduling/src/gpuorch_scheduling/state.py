@@ -49,6 +49,7 @@ from gpuorch_contracts import (
     NodeInventory,
     NodeLivenessChanged,
     NodeRegistered,
+    SessionParked,
     parse_indices,
 )
 from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, Fleet, gpu_units
@@ -105,6 +106,8 @@ class JobRecord:
     array_id: uuid.UUID | None = None
     """The array this job is a task of (``arrays``), with its index."""
     array_index: int | None = None
+    parking: bool = False
+    """An interactive session being stopped to be parked (``sessions``): once stopped it is parked, not requeued."""
 
     @property
     def holds_capacity(self) -> bool:
@@ -122,6 +125,7 @@ class JobRecord:
             "preempting_at": self.preempting_at, "stopped_nodes": list(self.stopped_nodes),
             "preemptions": self.preemptions, "stopping_nodes": list(self.stopping_nodes),
             "array_id": str(self.array_id) if self.array_id else None, "array_index": self.array_index,
+            "parking": self.parking,
         }
 
     @classmethod
@@ -138,7 +142,7 @@ class JobRecord:
             preempting_at=raw.get("preempting_at"), stopped_nodes=list(raw.get("stopped_nodes", [])),
             preemptions=raw.get("preemptions", 0), stopping_nodes=list(raw.get("stopping_nodes", [])),
             array_id=uuid.UUID(raw["array_id"]) if raw.get("array_id") else None,
-            array_index=raw.get("array_index"),
+            array_index=raw.get("array_index"), parking=raw.get("parking", False),
         )
 
 
@@ -442,6 +446,7 @@ class SchedulerState:
                 if job is not None and job.holds_capacity and job.state != "preempting":
                     job.state, job.reason = "preempting", event.reason
                     job.preempting_at, job.stopped_nodes = at, []
+                    job.parking = event.park
             case JobRequeued():
                 job = self.jobs.get(event.job_id)
                 if job is not None and job.state not in TERMINAL_STATES:
@@ -452,6 +457,12 @@ class SchedulerState:
                     job.preempting_at, job.stopped_nodes = None, []
                     if event.preempted:
                         job.preemptions += 1
+            case SessionParked():  # sessions: a parked session holds nothing and waits for a resume
+                job = self.jobs.get(event.job_id)
+                if job is not None and job.state == "preempting" and job.parking:
+                    job.state, job.placement_id, job.assignments, job.reason = "parked", None, [], event.reason
+                    job.placed_at = job.started_at = job.preempting_at = None
+                    job.stopped_nodes, job.parking = [], False
             case JobCancelled():
                 job = self.jobs.get(event.job_id)
                 if job is not None and job.state not in TERMINAL_STATES:

@@ -54,6 +54,9 @@ class ExecutorConfig(BrokerSettings):
                                               "min(5, (deadline - grace) / 3); at most (deadline - grace) / 2)", gt=0)
     poll_interval_s: float = setting("GPUORCH_EXECUTOR_POLL_S", 0.1, "watch interval of exit files, kills and max "
                                      "runtimes", gt=0)
+    sessions_dir: Path | None = setting("GPUORCH_EXECUTOR_SESSIONS_DIR", None, "work directories of interactive "
+                                        "sessions, kept across parks (shared storage when sessions may resume on "
+                                        "another host; default <state root>/sessions)")
     metrics_port: int = setting("GPUORCH_METRICS_PORT", 0, "port of /metrics, /healthz and /readyz (0: off)",
                                 ge=0, le=65535)
 

@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import sys
+import uuid
 from pathlib import Path
 
 from gpuorch_contracts import JobIsolation
@@ -32,7 +33,7 @@ from gpuorch_executor.domain.allowlist import load_allow_list
 from gpuorch_executor.domain.job_users import JobUidsError, JobUserPool, parse_job_uids
 from gpuorch_executor.handlers import NodeExecutor, NodeSettings
 from gpuorch_executor.lease import LeaseRenewer
-from gpuorch_executor.logs_http import LogServer, start_log_endpoint
+from gpuorch_executor.logs_http import LogServer, SessionTarget, start_log_endpoint
 from gpuorch_executor.placement_store import StateDirectoryInUse
 
 log = get_logger("gpuorch_executor")
@@ -166,6 +167,21 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None)
     return backends, isolation
 
 
+def session_target(executors: list[NodeExecutor], job_id: uuid.UUID) -> SessionTarget | None:
+    """Where the running session ``job_id`` listens on one of this process's nodes, if it runs here."""
+    for executor in executors:
+        record = executor.session(job_id)
+        if record is not None and record.session_port is not None:
+            return SessionTarget(record.session_port, record.session_strip_prefix)
+    return None
+
+
+def session_requested(executors: list[NodeExecutor], job_id: uuid.UUID) -> None:
+    for executor in executors:
+        if executor.session(job_id) is not None:
+            executor.session_requested(job_id)
+
+
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     producer = "executor/" + ",".join(config.node_ids)
     broker = Broker(config.amqp_url, producer=producer, connection_name=f"executor {producer}",
@@ -179,7 +195,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         NodeExecutor(NodeSettings(node_id=node_id, state_dir=config.state_dir(node_id), backends=backends,
                                   allow_list=allow_list, producer=f"executor/{node_id}",
                                   poll_interval_s=config.poll_interval_s, job_users=job_users,
-                                  unsandboxed=config.unsandboxed), broker)
+                                  unsandboxed=config.unsandboxed, sessions_dir=config.sessions_dir), broker)
         for node_id in config.node_ids
     ]
     for executor in executors:
@@ -197,8 +213,11 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
             await broker.consume(executor_queue(executor.node_id), executor.handle)
         READINESS.mark("consuming", None)
         log.info("executor.ready", nodes=list(config.node_ids), runtimes=list(config.runtimes))
-        logs = await start_log_endpoint([e.store.logs_dir for e in executors], lambda job_id: any(
-            r.job_id == job_id for e in executors for r in e.active_placements()))  # GPUORCH_LOGS_PORT, logs_http
+        logs = await start_log_endpoint(  # GPUORCH_LOGS_PORT, logs_http (logs, and the proxy to sessions)
+            [e.store.logs_dir for e in executors],
+            lambda job_id: any(r.job_id == job_id for e in executors for r in e.active_placements()),
+            session=lambda job_id: session_target(executors, job_id),
+            requested=lambda job_id: session_requested(executors, job_id))
         lease = LeaseRenewer(broker, executors, interval_s=config.heartbeat_s,
                              fencing_deadline_s=config.fencing_deadline_s, fencing_grace_s=config.fencing_grace_s,
                              isolation=isolation, logs_url=logs.url if logs is not None else None)

@@ -76,7 +76,7 @@ DsnOpt = Annotated[str | None, typer.Option("--dsn", envvar="GPUORCH_DATABASE_UR
                                             help="read PostgreSQL directly (no API; for old scripts)")]
 JOB_STATES = ("submitted", "accepted", "rejected", "queued", "placed", "running", "preempting", "succeeded", "failed",
               "cancelled", "lost")
-TIERS = ("training", "inference", "batch")
+TIERS = ("training", "inference", "batch", "interactive")
 """``gpuorch_contracts.jobs.JobState`` and ``Tier``, written out so that building the commands does not load every
 message model (``gpuctl --help`` and the client commands stay fast); tests/test_lazy_commands.py holds them equal."""
 StateChoice = Enum("StateChoice", {s: s for s in JOB_STATES}, type=str)  # type: ignore[misc]

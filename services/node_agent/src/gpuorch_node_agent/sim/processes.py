@@ -11,8 +11,9 @@ A job may declare the usage it should show with ``GPUORCH_SIM_USAGE``, a comma-s
 - ``mem_mib=<int>``: GPU memory it holds, in MiB (capped at the device's or MIG instance's memory);
 - ``mem_pct=<0-100>``: the same as a share of the device's/instance's memory (``mem_mib`` wins if both given);
 - ``throttle=thermal|power``: the GPU it runs on throttles for that reason while it runs.
-Example: ``GPUORCH_SIM_USAGE=util=85,mem_mib=20000``. Missing keys get deterministic defaults (see
-``SimulatedNvml``); unparsable values are ignored.
+Example: ``GPUORCH_SIM_USAGE=util=85,mem_mib=20000``. A missing ``util`` is 0 % (a process that declares nothing
+looks idle, as a sleeping notebook does); missing memory gets a deterministic default (see ``SimulatedNvml``);
+unparsable values are ignored.
 """
 
 from __future__ import annotations
