@@ -38,6 +38,7 @@ from gpuorch_api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_RATE_LIMIT, RateL
 from gpuorch_api.node_logs import LogsUnavailable
 from gpuorch_api.problems import documented_as_problems, invalid_fields, problem, validation_detail
 from gpuorch_api.routes import router
+from gpuorch_api.sessions import router as sessions_router
 
 log = get_logger(__name__)
 
@@ -144,6 +145,7 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
                               "caller's behalf; live events. Authenticate with `Authorization: Bearer <token>`; errors are problem details (RFC 9457).")
     app.include_router(router, responses=schemas.ERRORS)
     app.include_router(dlq_router, responses=schemas.ERRORS)
+    app.include_router(sessions_router, responses=schemas.ERRORS)
     plain_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:

@@ -7,6 +7,8 @@
                 CancelJob(job_id, tenant, on_behalf_of=name) -> gpuorch.submit / job.cancel.<tenant>
         set an array's parallelism: the same check as cancel
                 SetArrayParallelism(job_id, tenant, on_behalf_of=name) -> gpuorch.submit / job.array_set.<tenant>
+        park or resume a session: the same check as cancel
+                ChangeSession(job_id, action, tenant, on_behalf_of=name) -> gpuorch.submit / job.session.<tenant>
 
 The API publishes as its own broker user (a ``gateway`` identity in the identity map); the scheduler judges the
 message as ``on_behalf_of`` only because that user is a gateway (``gpuorch_identity.acting_user``, decision 25),
@@ -20,7 +22,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from gpuorch_contracts import CancelJob, JobSpec, SetArrayParallelism, SubmitJob
+from gpuorch_contracts import CancelJob, ChangeSession, JobSpec, SetArrayParallelism, SubmitJob
+from gpuorch_contracts.jobs import SessionAction
 from gpuorch_identity import IdentityMap, Rejection, authorize_job_access, authorize_submission
 from gpuorch_messaging import Broker
 from gpuorch_observability import tracer
@@ -66,6 +69,15 @@ class Gateway:
         self._may_act_on(caller, job)
         message = SetArrayParallelism(job_id=job["job_id"], parallelism=parallelism, tenant=job["tenant"] or None,
                                       producer="gpuorch-api", on_behalf_of=caller.name)
+        await self.broker.publish(message)
+        return message
+
+    async def change_session(self, caller: Caller, job: dict[str, Any], action: SessionAction,
+                             reason: str = "asked by its owner") -> ChangeSession:
+        """Park or resume a session (whoever may cancel it may)."""
+        self._may_act_on(caller, job)
+        message = ChangeSession(job_id=job["job_id"], action=action, reason=reason, tenant=job["tenant"] or None,
+                                producer="gpuorch-api", on_behalf_of=caller.name)
         await self.broker.publish(message)
         return message
 

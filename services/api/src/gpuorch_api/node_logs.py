@@ -133,20 +133,25 @@ class NodeLogEndpoints:
             return None
         return self.endpoints.get(node_id)
 
-    async def open(self, node_id: str, job_id: uuid.UUID, *, follow: bool) -> AsyncIterator[bytes]:
-        """The job's log from its node's executor, as it arrives; raises LogsUnavailable before the first byte."""
+    async def executor(self, node_id: str) -> tuple[str, str]:
+        """(URL, credential) of the node's executor endpoint, the credential derived for the executor that
+        announced it (the session proxy uses the same path); raises LogsUnavailable."""
         if not self.secret:
-            raise LogsUnavailable(503, "this API reads no node's logs: it needs GPUORCH_LOGS_SECRET (from which "
-                                       "each executor's log credential is derived)")
+            raise LogsUnavailable(503, "this API reaches no node's executor: it needs GPUORCH_LOGS_SECRET (from "
+                                       "which each executor's credential is derived)")
         endpoint = await self._endpoint(node_id)
         if endpoint is None:
             raise LogsUnavailable(503, f"node {node_id} has not announced a log endpoint (its executor serves logs "
                                        "when GPUORCH_LOGS_PORT is set; no heartbeat of it named one within "
                                        f"{self.announce_wait_s:g} s)")
-        credential = log_credential(self.secret, endpoint.identity)
+        return endpoint.url.rstrip("/"), log_credential(self.secret, endpoint.identity)
+
+    async def open(self, node_id: str, job_id: uuid.UUID, *, follow: bool) -> AsyncIterator[bytes]:
+        """The job's log from its node's executor, as it arrives; raises LogsUnavailable before the first byte."""
+        base, credential = await self.executor(node_id)
         client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None), follow_redirects=False)
         try:
-            request = client.build_request("GET", f"{endpoint.url.rstrip('/')}/jobs/{job_id}/logs",
+            request = client.build_request("GET", f"{base}/jobs/{job_id}/logs",
                                            params={"follow": "1" if follow else "0"},
                                            headers={"Authorization": f"Bearer {credential}"})
             response = await client.send(request, stream=True)

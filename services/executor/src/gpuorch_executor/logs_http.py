@@ -244,7 +244,7 @@ async def _reply(writer: asyncio.StreamWriter, status: int, text: str) -> None:
     reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
               502: "Bad Gateway"}[status]
     body = (text + "\n").encode()
-    writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nX-Gpuorch-Executor: 1\r\n"
                  f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
     await writer.drain()
 
