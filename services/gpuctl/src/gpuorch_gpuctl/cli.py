@@ -48,6 +48,7 @@ from gpuorch_gpuctl.output import (
     table_box,
 )
 from gpuorch_gpuctl.output import console as output_console
+from gpuorch_gpuctl.session_cmd import session_app
 from gpuorch_gpuctl.settings import GpuctlSettings, Run, load_settings, start_run, this_run
 from gpuorch_gpuctl.terminal_text import cell, log_output, markup
 from gpuorch_gpuctl.top_cmd import gpu_count, top
@@ -60,6 +61,7 @@ app = typer.Typer(help="gpuctl: submit, watch, inspect and cancel gpuorch jobs (
 app.add_typer(array_app, name="array")
 app.add_typer(config_app, name="config")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(session_app, name="session")
 app.command("events")(events)
 app.command("top")(top)
 
