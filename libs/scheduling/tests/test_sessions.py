@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gpuorch_contracts import (
     ChangeSession,
+    Checkpoint,
     ExecutorHeartbeat,
     GpuLive,
     GpuRequest,
@@ -15,6 +16,7 @@ from gpuorch_contracts import (
     SessionParked,
     SessionSpec,
 )
+from gpuorch_identity import Identity, IdentityMap
 from gpuorch_scheduling.harness import Harness
 from gpuorch_scheduling.scheduler import Scheduler, SchedulerConfig
 from gpuorch_scheduling.sessions import SessionPolicy
@@ -136,3 +138,48 @@ def test_park_and_resume_are_the_owners_or_an_operators() -> None:
     h.run(until=15.0)
     assert h.state.jobs[job.job_id].state == "running"
     assert sum(isinstance(e, JobRequeued) for e in h.logged()) == 1
+
+
+def test_a_session_preempts_preemptible_batch_work_of_its_own_priority_after_its_grace() -> None:
+    h = started(Harness(keep_steps=True))
+    batch = [h.submit(JobSpec(run=RUN, resources=GpuRequest(gpus=1), preemptible=True,
+                              checkpoint=Checkpoint(grace_s=5))) for _ in range(2)]
+    training = h.submit(JobSpec(run=RUN, tier="training", resources=GpuRequest(gpus=1), preemptible=True), at=30.0)
+    h.run(until=10.0)
+    assert all(h.state.jobs[j.job_id].state == "running" for j in batch)
+    nb = h.submit(session(None), at=11.0)
+    h.run(until=11.5)
+    assert sum(h.state.jobs[j.job_id].state == "preempting" for j in batch) == 1
+    assert h.state.jobs[nb.job_id].state == "queued"  # waits for the victim's checkpoint
+    h.run(until=20.0)
+    assert h.state.jobs[nb.job_id].state == "running"
+    h.run(until=40.0)  # a training job of the same priority may not take the session's GPU
+    assert h.state.jobs[training.job_id].state == "queued" and h.state.jobs[nb.job_id].state == "running"
+
+
+def test_per_user_caps_from_the_identity_map() -> None:
+    identities = IdentityMap(identities={
+        "alice": Identity(role="submitter", tenants=["lab"], default_tenant="lab", max_sessions=2,
+                          max_session_gpus=1.5)})
+    h = started(Harness(SchedulerConfig(identity=identities), keep_steps=True))
+    first = h.submit(session(None), sender="alice")
+    h.run(until=2.0)
+    assert h.state.jobs[first.job_id].spec.session.owner == "alice"  # type: ignore[union-attr]
+    over_gpus = h.submit(session(None), sender="alice", at=3.0)
+    share = h.submit(session(None).model_copy(update={"resources": GpuRequest(gpu_milli=500)}), sender="alice",
+                     at=3.0)
+    h.run(until=5.0)
+    assert over_gpus.state == "rejected" and "cap of 1.5" in (over_gpus.reason or "")
+    assert h.state.jobs[share.job_id].state == "running"
+    third = h.submit(JobSpec(run=RUN, tier="interactive", resources=GpuRequest(gpu_milli=100)), sender="alice",
+                     at=6.0)
+    h.run(until=7.0)
+    assert third.state == "rejected" and "2 live session(s)" in (third.reason or "")
+    h.change_session(first.job_id, "park", at=8.0, sender="alice")  # a parked session does not count
+    h.run(until=12.0)
+    fourth = h.submit(session(None), sender="alice", at=13.0)
+    h.run(until=14.0)
+    assert h.state.jobs[fourth.job_id].state == "running"
+    h.change_session(first.job_id, "resume", at=15.0, sender="alice")  # over the caps again: refused
+    h.run(until=16.0)
+    assert h.state.jobs[first.job_id].state == "parked"

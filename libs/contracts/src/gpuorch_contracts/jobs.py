@@ -150,6 +150,9 @@ class SessionSpec(Strict):
     strip_prefix: bool = Field(default=True, description=(
         "forward requests without the /sessions/<id> prefix (an app that knows nothing of it, http.server); "
         "False keeps it (an app told GPUORCH_BASE_URL, such as Jupyter's --ServerApp.base_url)"))
+    owner: Name | None = Field(default=None, description=(
+        "set by the scheduler at admission to the verified identity that submitted it (a value in a submission "
+        "is replaced): the per-user session caps of the identity map count by it"))
 
 
 class JobSpec(Strict):

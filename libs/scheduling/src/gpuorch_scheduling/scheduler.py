@@ -340,10 +340,11 @@ class Scheduler:
                              ) -> _Folded | None:
         """Park or resume a session: checked as a cancel of it is (its tenant, or an operator)."""
         refused = self._cancel_refused(message, item.sender)
-        if refused is not None:
-            step.ignored.append((message, refused))
+        changed = sessions.change(self.state, message, self.config.identity) if refused is None else refused
+        if isinstance(changed, str):
+            step.ignored.append((message, changed))
             return None
-        return None, sessions.change(self.state, message), None
+        return None, changed, None
 
     def _fold_job_ended(self, message: JobFailed | JobLost | JobFinished, step: Step, item: Input,
                         known: Known) -> _Folded | None:
@@ -408,7 +409,12 @@ class Scheduler:
                 return Decision(logged=[JobRejected(
                     message_id=decision_id("rejected", submit.job_id), job_id=submit.job_id,
                     reason=verdict.reason[:1000], tenant=identity.default_tenant(acting))])
-            submit = submit.model_copy(update={"spec": verdict})
+            submit = submit.model_copy(update={"spec": sessions.owned(verdict, acting)})
+            capped = sessions.over_cap(self.state, identity.identity_of(acting), acting, submit.spec)
+            if capped is not None:
+                return Decision(logged=[JobRejected(message_id=decision_id("rejected", submit.job_id),
+                                                    job_id=submit.job_id, reason=capped[:1000],
+                                                    tenant=submit.spec.tenant)])
             user = acting
 
             def may_use(tenant: str) -> bool:

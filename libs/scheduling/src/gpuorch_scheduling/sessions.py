@@ -33,7 +33,19 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpuorch_contracts import ChangeSession, ExecutorHeartbeat, GpuLive, JobPreempting, JobRequeued, SessionParked
+from gpuorch_contracts import (
+    PRIORITY_VALUE,
+    TERMINAL_STATES,
+    ChangeSession,
+    ExecutorHeartbeat,
+    GpuLive,
+    JobPreempting,
+    JobRequeued,
+    JobSpec,
+    SessionParked,
+    SessionSpec,
+)
+from gpuorch_identity import Identity, IdentityMap
 
 from gpuorch_scheduling.decisions import Decision, decision_id, stops
 from gpuorch_scheduling.state import JobRecord, SchedulerState
@@ -125,6 +137,50 @@ class IdleSessions:
         return decision
 
 
+def outranks(job: JobRecord, victim: JobRecord) -> bool:
+    """May ``job`` preempt (preemptible) ``victim`` on rank alone? A strictly higher priority class may; and an
+    interactive session may preempt batch work of a class no higher than its own (a quick start for people
+    waiting at a screen; the victim's checkpoint grace is respected as for every preemption)."""
+    mine, theirs = PRIORITY_VALUE[job.spec.priority_class], PRIORITY_VALUE[victim.spec.priority_class]
+    return theirs < mine or (job.spec.tier == "interactive" and victim.spec.tier == "batch" and theirs <= mine)
+
+
+def owned(spec: JobSpec, owner: str) -> JobSpec:
+    """An interactive spec with its verified owner (``SessionSpec.owner``); other specs as they are."""
+    if spec.tier != "interactive":
+        return spec
+    session = (spec.session or SessionSpec()).model_copy(update={"owner": owner})
+    return spec.model_copy(update={"session": session})
+
+
+def _gpus(spec: JobSpec) -> float:
+    resources = spec.resources
+    if resources.kind == "whole":
+        return float(resources.gpus)
+    if resources.kind == "mig":
+        return 1 / 7
+    return (resources.gpu_milli or 1000) / 1000.0 if resources.kind == "share" else 0.0
+
+
+def over_cap(state: SchedulerState, identity: Identity | None, owner: str, spec: JobSpec,
+             resuming: uuid.UUID | None = None) -> str | None:
+    """Why one more live session of ``owner`` (``spec``) would exceed its identity's caps (``max_sessions``,
+    ``max_session_gpus``), or None. Live: not ended and not parked (``resuming``: the parked one about to be)."""
+    if spec.tier != "interactive" or identity is None or (
+            identity.max_sessions is None and identity.max_session_gpus is None):
+        return None
+    live = [j for j in state.jobs.values() if j.spec.tier == "interactive" and j.spec.session is not None
+            and j.spec.session.owner == owner and j.job_id != resuming
+            and j.state not in TERMINAL_STATES and j.state != "parked"]
+    if identity.max_sessions is not None and len(live) + 1 > identity.max_sessions:
+        return f"{owner} already has {len(live)} live session(s), its cap (park or stop one first)"
+    gpus = sum(_gpus(j.spec) for j in live)
+    if identity.max_session_gpus is not None and gpus + _gpus(spec) > identity.max_session_gpus + 1e-9:
+        return (f"{owner}'s live sessions hold {gpus:g} GPU(s); {_gpus(spec):g} more would exceed its cap of "
+                f"{identity.max_session_gpus:g}")
+    return None
+
+
 def park(job: JobRecord, reason: str) -> Decision:
     """Stop a running session to park it (its checkpoint grace applies); nothing if it is not running."""
     if job.spec.tier != "interactive" or job.state != "running" or job.placement_id is None:
@@ -155,11 +211,17 @@ def resume(job: JobRecord) -> Decision:
         requeues=job.requeues, preempted=True)])
 
 
-def change(state: SchedulerState, request: ChangeSession) -> Decision:
-    """A ``ChangeSession`` (already authorized): park a running session or resume a parked one."""
+def change(state: SchedulerState, request: ChangeSession, identities: IdentityMap | None = None) -> Decision | str:
+    """A ``ChangeSession`` (already authorized): park a running session, or resume a parked one unless its owner's
+    caps refuse it (then the reason, and nothing changes)."""
     job = state.jobs.get(request.job_id)
     if job is None or job.spec.tier != "interactive":
         return Decision()
     if request.action == "park":
         return park(job, request.reason)
+    owner = job.spec.session.owner if job.spec.session is not None else None
+    if identities is not None and owner is not None and job.state == "parked":
+        refused = over_cap(state, identities.identity_of(owner), owner, job.spec, resuming=job.job_id)
+        if refused is not None:
+            return refused
     return resume(job)
