@@ -73,6 +73,8 @@ def test_an_idle_session_is_parked_its_gpu_freed_and_resumed_on_request() -> Non
     h.run(until=62.0)
     assert h.state.jobs[job.job_id].state == "running"
     assert [e for e in h.logged() if isinstance(e, JobRequeued)][-1].reason == "resumed"
+    (park,) = h.state.jobs[job.job_id].parks  # [parked at, resumed at, GPUs]: the report's GPU-hours given back
+    assert park[1] == 61.0 and park[2] == 1.0 and park[0] is not None and 20.0 < park[0] < 61.0
 
 
 def test_traffic_or_a_busy_gpu_keeps_a_session_running() -> None:
