@@ -36,10 +36,13 @@ async def _seed(dsn: str, running: uuid.UUID, parked: uuid.UUID) -> None:
     now = datetime.now(UTC)
     try:
         insert = """INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, assignments, node_ids,
-                        submitted_at, started_at)
-                    VALUES ($1, 'nb', 'acme', 'interactive', 'normal', $2, $3::text::jsonb, '[]', $4, $5, $5)"""
-        await conn.execute(insert, running, "running", json.dumps(SPEC), ["n1"], now - timedelta(minutes=1))
-        await conn.execute(insert, parked, "parked", json.dumps(SPEC), [], now - timedelta(minutes=1))
+                        submitted_at, started_at, session_parks)
+                    VALUES ($1, 'nb', 'acme', 'interactive', 'normal', $2, $3::text::jsonb, '[]', $4, $5, $5,
+                            $6::text::jsonb)"""
+        await conn.execute(insert, running, "running", json.dumps(SPEC), ["n1"], now - timedelta(minutes=1), None)
+        parks = [[now.timestamp() - 7200, now.timestamp() - 3600, 2.0], [now.timestamp() - 60, None, 1.0]]
+        await conn.execute(insert, parked, "parked", json.dumps(SPEC), [], now - timedelta(minutes=1),
+                           json.dumps(parks))
     finally:
         await conn.close()
 
@@ -81,6 +84,16 @@ async def test_the_owner_reaches_the_session_over_http_and_websocket_others_do_n
                 while "n1" not in api.backends.logs.endpoints:
                     await asyncio.sleep(0.05)
             async with httpx.AsyncClient(base_url=api.url) as http:
+                listed = {s["id"]: s for s in (await http.get("/api/v1/sessions", headers=auth("acme"))).json()}
+                assert listed[str(parked)]["parked_gpu_hours"] == pytest.approx(2 + 1 / 60, abs=0.01)
+                assert listed[str(running)]["url"] == f"/sessions/{running}/"
+                assert (await http.get("/api/v1/sessions", headers=auth("research"))).json() == []
+                assert (await http.post(f"/api/v1/sessions/{parked}/park", headers=auth("acme"))).status_code == 409
+                assert (await http.post(f"/api/v1/sessions/{running}/park",
+                                        headers=auth("research"))).status_code == 404
+                assert (await http.post(f"/api/v1/sessions/{running}/park", headers=auth("acme"))).status_code == 202
+                message = decode((await asyncio.wait_for(api.submissions.get(), 30)).body)
+                assert isinstance(message, ChangeSession) and message.action == "park"
                 path = f"/sessions/{running}/notebooks/a?x=1"
                 answer = await http.get(path, headers=auth("acme"))
                 assert answer.status_code == 200, answer.text

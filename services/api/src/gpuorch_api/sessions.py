@@ -1,6 +1,7 @@
 """Interactive sessions over HTTP: the authenticated proxy, and park/resume on the caller's behalf (issue 27).
 
-    GET  /api/v1/sessions                         the caller's sessions (tier interactive), each with its URL
+    GET  /api/v1/sessions                         the caller's sessions (tier interactive), each with its URL and
+                                                  the GPU-hours its parks gave back
     POST /api/v1/sessions/{id}/park               ChangeSession park   -> 202 (a running session)
     POST /api/v1/sessions/{id}/resume             ChangeSession resume -> 202 (a parked session)
     ANY  /sessions/{id}/{path}                    the session itself, HTTP or WebSocket:
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -55,9 +57,17 @@ def session_url(job_id: uuid.UUID | str) -> str:
     return f"/sessions/{job_id}/"
 
 
+def parked_gpu_hours(parks_json: str | None, now: float) -> float:
+    """GPU-hours a session gave back by its parks (``JobRecord.parks``; a park under way counts until ``now``)."""
+    parks = json.loads(parks_json) if parks_json else []
+    return sum(gpus * max(0.0, (now if ended is None else ended) - began) for began, ended, gpus in parks) / 3600.0
+
+
 def _session_view(job: dict[str, Any]) -> dict[str, Any]:
     out = views.job_view(job)
     out["url"] = session_url(job["job_id"])
+    out["parked_gpu_hours"] = round(parked_gpu_hours(job.get("session_parks"), time.time()), 4)
+    out["parks"] = len(json.loads(job["session_parks"])) if job.get("session_parks") else 0
     return out
 
 
