@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -75,7 +76,8 @@ async def test_the_owner_reaches_the_session_over_http_and_websocket_others_do_n
         port = int(session_url.rsplit(":", 1)[1])
         executor = LogServer(log_credential("issuing-secret", "guest"), [], lambda job_id: False,
                              session=lambda job_id: SessionTarget(port, True) if job_id == running else None,
-                             requested=requested.append)
+                             requested=requested.append, exec_launch=lambda job_id, argv: {
+                                 "argv": argv, "env": {"PATH": os.environ["PATH"]}} if job_id == running else None)
         node_url = await executor.start("127.0.0.1", 0)
         try:
             await publisher.publish(ExecutorHeartbeat(node_id="n1", sequence=1, fencing_deadline_s=30, interval_s=2,
@@ -118,6 +120,14 @@ async def test_the_owner_reaches_the_session_over_http_and_websocket_others_do_n
                 message = decode((await asyncio.wait_for(api.submissions.get(), 30)).body)
                 assert isinstance(message, ChangeSession)
                 assert (message.job_id, message.action, message.on_behalf_of) == (parked, "resume", "acme-ci")
+                # gpuctl exec: into the job's sandbox on its node, output streamed, the exit code last
+                ran = await http.post(f"/api/v1/jobs/{running}/exec", headers=auth("acme"),
+                                      json={"argv": ["python", "-c", "print('inside')"]})
+                assert (ran.status_code, ran.content) == (200, b"inside\n\0exit=0\n")
+                assert (await http.post(f"/api/v1/jobs/{running}/exec", headers=auth("research"),
+                                        json={"argv": ["id"]})).status_code == 404
+                assert (await http.post(f"/api/v1/jobs/{parked}/exec", headers=auth("acme"),
+                                        json={"argv": ["id"]})).status_code == 409
             ws_url = api.url.replace("http", "ws", 1) + f"/sessions/{running}/ws"
             async with websockets.connect(ws_url, additional_headers=auth("acme")) as socket:
                 await socket.send("hi")

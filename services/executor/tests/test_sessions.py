@@ -61,7 +61,7 @@ async def test_a_session_is_proxied_and_keeps_its_work_directory_across_placemen
     executor = harness.executor
     server = LogServer(TOKEN, [], lambda j: False, session=lambda j: (
         SessionTarget(r.session_port, r.session_strip_prefix) if (r := executor.session(j)) and r.session_port
-        else None), requested=executor.session_requested)
+        else None), requested=executor.session_requested, exec_launch=executor.exec_launch)
     url = await server.start("127.0.0.1", 0)
     try:
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
@@ -88,6 +88,13 @@ async def test_a_session_is_proxied_and_keeps_its_work_directory_across_placemen
                 assert seen["GPUORCH_WORK_DIR"] == work_dir and seen["cwd"] == work_dir
                 assert executor.session_idle_s(record) < 5  # the request counted as traffic
                 visits.append(seen["visits"])
+                # gpuctl exec: a command inside the running placement (its env and cwd), output streamed
+                ran = await http.post(f"/jobs/{job_id}/exec", json={"argv": [
+                    "python", "-c", "import os; print(os.getcwd(), os.environ['GPUORCH_PORT'])"]})
+                assert ran.status_code == 200
+                assert ran.content == f"{work_dir} {record.session_port}\n\0exit=0\n".encode()
+                refused = await http.post(f"/jobs/{job_id}/exec", json={"argv": ["bash", "-c", "id"]})
+                assert refused.status_code == 403 and "allow" in refused.text
                 await executor.handle(StopJob(node_id=NODE, job_id=job_id, placement_id=launch.placement_id,
                                               reason="preempt", grace_s=5))
                 await harness.until_ended(launch.placement_id)

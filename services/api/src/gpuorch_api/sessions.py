@@ -4,6 +4,9 @@
                                                   the GPU-hours its parks gave back
     POST /api/v1/sessions/{id}/park               ChangeSession park   -> 202 (a running session)
     POST /api/v1/sessions/{id}/resume             ChangeSession resume -> 202 (a parked session)
+    POST /api/v1/jobs/{id}/exec {"argv": [...]}   run argv inside any running process job's sandbox (its uid,
+                                                  devices, cgroups, env, cwd; the tenant's allow-list judges it):
+                                                  its output streamed, then a last line "\0exit=<code>"
     ANY  /sessions/{id}/{path}                    the session itself, HTTP or WebSocket:
         token: ``Authorization: Bearer``, else the ``gpuorch_session`` cookie, else ``?token=`` (answered with a
         redirect that sets the cookie for this session's path only and drops the token from the URL)
@@ -37,7 +40,9 @@ import websockets
 from fastapi import APIRouter, Depends, Request, Response, WebSocket
 from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
 from gpuorch_contracts.jobs import TERMINAL_STATES
+from gpuorch_contracts.text import Arg
 from gpuorch_identity import authorize_job_access
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.websockets import WebSocketDisconnect
 
 from gpuorch_api.auth import ApiError, Caller, Forbidden, Unauthorized, authenticate
@@ -96,6 +101,44 @@ async def resume_session(job_ref: str, who: CallerDep, svc: BackendsDep) -> dict
         raise ApiError(409, f"session {job['job_id']} is {job['state']}: only a parked session resumes")
     await svc.gateway.change_session(who, job, "resume")
     return {"job_id": job["job_id"], "status": "resume requested", "url": session_url(job["job_id"])}
+
+
+class ExecRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    argv: Annotated[list[Arg], Field(min_length=1, max_length=256)]
+
+
+@router.post("/api/v1/jobs/{job_ref}/exec", tags=["jobs"], response_class=StreamingResponse)
+async def exec_in_job(job_ref: str, body: ExecRequest, who: CallerDep, svc: BackendsDep) -> StreamingResponse:
+    """Run a command inside a running job's sandbox on its node (``gpuctl exec``); its output as it comes."""
+    job_id = await svc.read.resolve(job_ref, tenants=who.tenants)
+    job = await svc.read.job(job_id) if job_id is not None else None
+    if job is None:
+        raise ApiError(404, f"no job {job_ref!r} (or several match: give more characters)")
+    refused = authorize_job_access(svc.identity_map, who.name, job["tenant"])
+    if refused is not None:
+        raise Forbidden(refused.reason)
+    if job["state"] != "running" or not job["node_ids"]:
+        raise ApiError(409, f"job {job['job_id']} is {job['state']}: exec needs a running job")
+    try:
+        base, credential = await svc.logs.executor(job["node_ids"][0])
+    except LogsUnavailable as exc:
+        raise ApiError(exc.status, exc.message) from exc
+    client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
+    upstream = client.build_request("POST", f"{base}/jobs/{job['job_id']}/exec", json={"argv": body.argv},
+                                    headers={"Authorization": f"Bearer {credential}"})
+    try:
+        response = await client.send(upstream, stream=True)
+    except httpx.HTTPError as exc:
+        await client.aclose()
+        raise ApiError(502, f"node {job['node_ids'][0]}'s executor did not answer: {exc!r}") from exc
+    if response.status_code != 200:
+        text = (await response.aread()).decode(errors="replace").strip()
+        await response.aclose()
+        await client.aclose()
+        raise ApiError(response.status_code if response.status_code in (403, 404) else 502, text[:500])
+    return StreamingResponse(_relay(client, response), media_type="application/octet-stream",
+                             headers={"Cache-Control": "no-cache"})
 
 
 async def _session(svc: Backends, who: Caller, job_ref: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import signal
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 from gpuorch_contracts import JobIsolation
 from gpuorch_messaging import Broker, executor_queue
@@ -176,6 +177,15 @@ def session_target(executors: list[NodeExecutor], job_id: uuid.UUID) -> SessionT
     return None
 
 
+def exec_launch(executors: list[NodeExecutor], job_id: uuid.UUID, argv: list[str]) -> dict[str, Any] | str | None:
+    """How to run ``argv`` in the job's running placement on one of this process's nodes (``gpuctl exec``)."""
+    for executor in executors:
+        found = executor.exec_launch(job_id, argv)
+        if found is not None:
+            return found
+    return None
+
+
 def session_requested(executors: list[NodeExecutor], job_id: uuid.UUID) -> None:
     for executor in executors:
         if executor.session(job_id) is not None:
@@ -217,7 +227,8 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
             [e.store.logs_dir for e in executors],
             lambda job_id: any(r.job_id == job_id for e in executors for r in e.active_placements()),
             session=lambda job_id: session_target(executors, job_id),
-            requested=lambda job_id: session_requested(executors, job_id))
+            requested=lambda job_id: session_requested(executors, job_id),
+            exec_launch=lambda job_id, argv: exec_launch(executors, job_id, argv))
         lease = LeaseRenewer(broker, executors, interval_s=config.heartbeat_s,
                              fencing_deadline_s=config.fencing_deadline_s, fencing_grace_s=config.fencing_grace_s,
                              isolation=isolation, logs_url=logs.url if logs is not None else None)

@@ -297,6 +297,31 @@ class NodeExecutor:
     def placement(self, placement_id: uuid.UUID) -> PlacementRecord | None:
         return self.records.get(placement_id)
 
+    # -- exec into a running job (gpuctl exec) ----------------------------------------------------------------
+
+    def exec_launch(self, job_id: uuid.UUID, argv: list[str]) -> dict[str, Any] | str | None:
+        """How to run ``argv`` inside the job's running placement here: its ``launch.json`` (environment, cwd,
+        cgroups, uid) with this argv; the tenant's allow-list judges the argv as it judges the job's own. None: no
+        running placement of the job here; a string: why it may not run."""
+        record = next((r for r in self.records.values() if r.job_id == job_id and r.state == "running"
+                       and r.launch is not None), None)
+        if record is None or record.launch is None:
+            return None
+        if record.runtime != "process":
+            return "exec runs in process jobs only (a container job: docker exec on its node)"
+        try:
+            run = ProcessRun(argv=argv)
+        except ValueError as exc:
+            return f"invalid argv: {exc}"
+        executable = self._resolve(argv[0])
+        refusal = self.settings.allow_list.check_process(record.launch.spec.tenant, run, executable)
+        if refusal is not None:
+            return refusal.reason
+        launch = self.store.read_launch(record.placement_id)
+        if launch is None:
+            return "the placement's launch record is missing"
+        return {**launch, "argv": list(argv), "executable": executable}
+
     # -- sessions (domain.sessions) -----------------------------------------------------------------------------
 
     def session(self, job_id: uuid.UUID) -> PlacementRecord | None:

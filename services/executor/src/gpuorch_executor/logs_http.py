@@ -11,6 +11,11 @@
         GPUORCH_PORT> as ``/<path>`` (or ``/sessions/<job_id>/<path>`` when the session keeps the prefix), without
         the credential, and bytes flow both ways until either side closes; every request and every chunk counts as
         traffic (``requested(job_id)``), which keeps the session from being parked as idle
+    POST /jobs/<job_id>/exec  {"argv": [...]}   the same credential; runs argv inside the job's running placement
+        (``gpuctl exec``): its environment, cwd, cgroups and uid (``supervise.enter_sandbox``), judged by the
+        tenant's allow-list like the job's own argv. 404 no running placement here; 403 refused (the reason);
+        200 application/octet-stream: stdout and stderr as they come, then a last line ``\0exit=<code>``; the
+        command is killed if the client goes away
     GET /healthz                            200 (no token)
 
 Configured by environment (read here, so the executor's own configuration is untouched):
@@ -32,11 +37,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
+import os
+import signal
 import socket
+import subprocess
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
 from gpuorch_observability import get_logger
@@ -45,10 +54,12 @@ from pydantic import model_validator
 
 from gpuorch_executor.config import ConfigError
 from gpuorch_executor.domain.sessions import proxied_path
+from gpuorch_executor.supervise import enter_sandbox
 
 log = get_logger(__name__)
 
 READ_CHUNK = 64 * 1024
+MAX_EXEC_BODY = 64 * 1024
 REQUEST_TIMEOUT_S = 10.0
 
 
@@ -93,8 +104,11 @@ class LogServer:
     def __init__(self, token: str, log_dirs: Sequence[Path], active: Callable[[uuid.UUID], bool],
                  *, poll_s: float = 0.25,
                  session: Callable[[uuid.UUID], SessionTarget | None] = lambda job_id: None,
-                 requested: Callable[[uuid.UUID], None] = lambda job_id: None) -> None:
+                 requested: Callable[[uuid.UUID], None] = lambda job_id: None,
+                 exec_launch: Callable[[uuid.UUID, list[str]], dict[str, Any] | str | None] = lambda j, a: None,
+                 ) -> None:
         self.token = token
+        self.exec_launch = exec_launch
         self.log_dirs = list(log_dirs)
         self.active = active
         self.session = session
@@ -150,6 +164,8 @@ class LogServer:
         parts = url.path.strip("/").split("/")
         if len(parts) >= 3 and parts[0] == "jobs" and parts[2] == "proxy":
             return await self._proxy(method, url.path, url.query, parts[1], headers, reader, writer)
+        if len(parts) == 3 and parts[0] == "jobs" and parts[2] == "exec" and method == "POST":
+            return await self._exec(parts[1], headers, reader, writer)
         if method != "GET":
             return await _reply(writer, 405, "only GET")
         if parts == ["healthz"]:
@@ -210,6 +226,52 @@ class LogServer:
                 await to_session
             upstream_writer.close()
 
+    async def _exec(self, job_text: str, headers: dict[str, str], reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter) -> None:
+        if not self._authorized(headers):
+            return await _reply(writer, 401, "a valid service token is required")
+        try:
+            job_id = uuid.UUID(job_text)
+            length = int(headers.get("content-length", "0"))
+            if not 0 < length <= MAX_EXEC_BODY:
+                raise ValueError(f"a JSON body of at most {MAX_EXEC_BODY} bytes is required")
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                body = json.loads(await reader.readexactly(length))
+            argv = body["argv"]
+            if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+                raise ValueError("argv must be a non-empty list of strings")
+        except (ValueError, KeyError, TypeError, asyncio.IncompleteReadError) as exc:
+            return await _reply(writer, 400, f"bad exec request: {exc}")
+        launch = self.exec_launch(job_id, argv)
+        if launch is None:
+            return await _reply(writer, 404, f"no running placement of job {job_id} on this executor")
+        if isinstance(launch, str):
+            return await _reply(writer, 403, launch)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *launch["argv"], executable=launch.get("executable"), env=launch["env"],
+                cwd=None if launch.get("user") is not None else launch.get("cwd"), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                preexec_fn=lambda: enter_sandbox(launch))
+        except (OSError, subprocess.SubprocessError) as exc:
+            return await _reply(writer, 403, f"cannot start it in the job's sandbox: {exc}")
+        log.info("logs_http.exec", job_id=str(job_id), argv0=argv[0], pid=process.pid)
+        assert process.stdout is not None
+        try:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n"
+                         b"Cache-Control: no-cache\r\n\r\n")
+            while chunk := await process.stdout.read(READ_CHUNK):
+                writer.write(chunk)
+                await writer.drain()
+            code = await process.wait()
+            writer.write(f"\0exit={code}\n".encode())
+            await writer.drain()
+        finally:
+            if process.returncode is None:  # the client went away: the command goes too
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+
     async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, job_id: uuid.UUID, *,
                     half_close: bool) -> None:
         """Copy bytes until ``source`` ends; each chunk is traffic of the session."""
@@ -241,8 +303,8 @@ class LogServer:
 
 
 async def _reply(writer: asyncio.StreamWriter, status: int, text: str) -> None:
-    reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-              502: "Bad Gateway"}[status]
+    reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+              405: "Method Not Allowed", 502: "Bad Gateway"}[status]
     body = (text + "\n").encode()
     writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nX-Gpuorch-Executor: 1\r\n"
                  f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
@@ -251,11 +313,14 @@ async def _reply(writer: asyncio.StreamWriter, status: int, text: str) -> None:
 
 async def start_log_endpoint(log_dirs: Sequence[Path], active: Callable[[uuid.UUID], bool],
                              session: Callable[[uuid.UUID], SessionTarget | None] = lambda job_id: None,
-                             requested: Callable[[uuid.UUID], None] = lambda job_id: None) -> LogServer | None:
+                             requested: Callable[[uuid.UUID], None] = lambda job_id: None,
+                             exec_launch: Callable[[uuid.UUID, list[str]], dict[str, Any] | str | None]
+                             = lambda j, a: None) -> LogServer | None:
     """Start the endpoint the environment asks for (see the module docstring); None when it asks for none."""
     settings = LogEndpointSettings.from_env()
     if settings is None or settings.port is None:
         return None
-    server = LogServer(settings.token, log_dirs, active, session=session, requested=requested)
+    server = LogServer(settings.token, log_dirs, active, session=session, requested=requested,
+                       exec_launch=exec_launch)
     await server.start(settings.host, settings.port, settings.url)
     return server

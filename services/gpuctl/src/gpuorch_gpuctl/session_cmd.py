@@ -7,6 +7,7 @@
     gpuctl session park ID              POST /api/v1/sessions/ID/park
     gpuctl session resume ID            POST /api/v1/sessions/ID/resume
     gpuctl session stop ID              POST /api/v1/jobs/ID/cancel
+    gpuctl exec ID -- CMD               POST /api/v1/jobs/ID/exec: CMD inside any running job's sandbox, streamed
 
 A URL is the API's ``/sessions/<id>/``; a browser opens it with ``?token=`` once (the API then keeps the token in a
 cookie for that path only), a program sends ``Authorization: Bearer``.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from typing import Annotated, Any
 
@@ -171,3 +173,41 @@ def stop(job_id: IdArg, as_json: JsonOpt = False) -> None:
     with api() as client:
         answer = client.post(f"/api/v1/jobs/{job_id}/cancel", {"reason": "session stopped by its owner"})
     print(json.dumps(answer, default=str) if as_json else f"stop requested: {answer['job_id']}")
+
+
+EXIT_MARK = b"\0exit="
+
+
+def exec_command(
+    job_id: Annotated[str, typer.Argument(help="a running job's id (or a unique prefix)")],
+    argv: Annotated[list[str], typer.Argument(help="the command, after --")],
+    as_json: Annotated[bool, typer.Option("--json", help="print {output, exit_code} as JSON once it ended "
+                                          "instead of streaming")] = False,
+) -> None:
+    """Run a command inside a running job's sandbox (its uid, devices, cgroups, environment and working
+    directory) and stream its output: gpuctl exec ID -- ls -la. Exits with the command's exit code. The tenant's
+    allow-list judges the command as it judges jobs."""
+    tail, kept = b"", bytearray()
+    out = sys.stdout.buffer
+
+    def emit(data: bytes) -> None:
+        if as_json:
+            kept.extend(data)
+        else:
+            out.write(data)
+            out.flush()
+
+    with api() as client:
+        for chunk in client.stream_bytes("POST", f"/api/v1/jobs/{job_id}/exec", {"argv": argv}):
+            data = tail + chunk
+            cut = max(0, len(data) - len(EXIT_MARK) - 12)  # hold back what may be the start of the exit line
+            emit(data[:cut])
+            tail = data[cut:]
+    output, mark, code = tail.rpartition(EXIT_MARK)
+    emit(output if mark else tail)
+    if not mark:
+        fail("the command's output ended without its exit code (the node or the API went away)")
+    exit_code = int(code.strip() or 1)
+    if as_json:
+        print(json.dumps({"output": kept.decode(errors="replace"), "exit_code": exit_code}))
+    raise typer.Exit(exit_code)
