@@ -27,6 +27,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aio_pika
 import httpx
@@ -148,11 +149,16 @@ class NodeLogEndpoints:
 
     async def open(self, node_id: str, job_id: uuid.UUID, *, follow: bool) -> AsyncIterator[bytes]:
         """The job's log from its node's executor, as it arrives; raises LogsUnavailable before the first byte."""
+        return await self.stream(node_id, "GET", f"/jobs/{job_id}/logs", params={"follow": "1" if follow else "0"})
+
+    async def stream(self, node_id: str, method: str, path: str, *, params: dict[str, str] | None = None,
+                     json: Any = None) -> AsyncIterator[bytes]:
+        """``method path`` on the node's executor endpoint with its credential; the answer's bytes as they come.
+        LogsUnavailable before the first byte (the executor's 403 and 404 kept, anything else 502)."""
         base, credential = await self.executor(node_id)
         client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None), follow_redirects=False)
         try:
-            request = client.build_request("GET", f"{base}/jobs/{job_id}/logs",
-                                           params={"follow": "1" if follow else "0"},
+            request = client.build_request(method, f"{base}{path}", params=params, json=json,
                                            headers={"Authorization": f"Bearer {credential}"})
             response = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -162,12 +168,12 @@ class NodeLogEndpoints:
             text = (await response.aread()).decode(errors="replace").strip()
             await response.aclose()
             await client.aclose()
-            status = 404 if response.status_code == 404 else 502
+            status = response.status_code if response.status_code in (403, 404) else 502
             raise LogsUnavailable(status, f"node {node_id}: {text[:300] or response.status_code}")
-        return _relay(client, response)
+        return relay(client, response)
 
 
-async def _relay(client: httpx.AsyncClient, response: httpx.Response) -> AsyncIterator[bytes]:
+async def relay(client: httpx.AsyncClient, response: httpx.Response) -> AsyncIterator[bytes]:
     try:
         async for chunk in response.aiter_raw():
             yield chunk

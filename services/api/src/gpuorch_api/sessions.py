@@ -31,7 +31,6 @@ import html
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -48,7 +47,7 @@ from starlette.websockets import WebSocketDisconnect
 from gpuorch_api.auth import ApiError, Caller, Forbidden, Unauthorized, authenticate
 from gpuorch_api.backends import Backends
 from gpuorch_api.domain import views
-from gpuorch_api.node_logs import LogsUnavailable
+from gpuorch_api.node_logs import LogsUnavailable, relay
 from gpuorch_api.routes import BackendsDep, CallerDep, backends
 
 router = APIRouter()
@@ -121,24 +120,11 @@ async def exec_in_job(job_ref: str, body: ExecRequest, who: CallerDep, svc: Back
     if job["state"] != "running" or not job["node_ids"]:
         raise ApiError(409, f"job {job['job_id']} is {job['state']}: exec needs a running job")
     try:
-        base, credential = await svc.logs.executor(job["node_ids"][0])
+        chunks = await svc.logs.stream(job["node_ids"][0], "POST", f"/jobs/{job['job_id']}/exec",
+                                       json={"argv": body.argv})
     except LogsUnavailable as exc:
         raise ApiError(exc.status, exc.message) from exc
-    client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
-    upstream = client.build_request("POST", f"{base}/jobs/{job['job_id']}/exec", json={"argv": body.argv},
-                                    headers={"Authorization": f"Bearer {credential}"})
-    try:
-        response = await client.send(upstream, stream=True)
-    except httpx.HTTPError as exc:
-        await client.aclose()
-        raise ApiError(502, f"node {job['node_ids'][0]}'s executor did not answer: {exc!r}") from exc
-    if response.status_code != 200:
-        text = (await response.aread()).decode(errors="replace").strip()
-        await response.aclose()
-        await client.aclose()
-        raise ApiError(response.status_code if response.status_code in (403, 404) else 502, text[:500])
-    return StreamingResponse(_relay(client, response), media_type="application/octet-stream",
-                             headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(chunks, media_type="application/octet-stream", headers={"Cache-Control": "no-cache"})
 
 
 async def _session(svc: Backends, who: Caller, job_ref: str) -> dict[str, Any]:
@@ -214,19 +200,8 @@ async def proxy(job_id: uuid.UUID, path: str, request: Request, svc: Annotated[B
         await client.aclose()
         return _waiting_page(job, "starting", body.decode(errors="replace").strip())
     kept = [(k, v) for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP - {"content-length"}]
-    return StreamingResponse(_relay(client, response), status_code=response.status_code,
+    return StreamingResponse(relay(client, response), status_code=response.status_code,
                              headers=dict(kept))
-
-
-async def _relay(client: httpx.AsyncClient, response: httpx.Response) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in response.aiter_raw():
-            yield chunk
-    except httpx.HTTPError:
-        return
-    finally:
-        await response.aclose()
-        await client.aclose()
 
 
 def _waiting_page(job: dict[str, Any], doing: str, detail: str | None = None) -> HTMLResponse:
