@@ -46,8 +46,8 @@ class Conclusion:
 def parked_sessions(tenants: list[Any]) -> list[Conclusion]:
     """Tenants whose idle interactive sessions were parked: the GPU-hours that went back to the queue."""
     out = [Conclusion("parked_sessions", t.tenant,
-                      f"Parking idle sessions of tenant {t.tenant} gave back {_gpu_hours(t.parked_gpu_hours)} of "
-                      f"GPUs ({t.parks} park(s)).", gpu_hours=t.parked_gpu_hours)
+                      f"Parking idle sessions of tenant {t.tenant} gave back {_gpu_hours(t.parked_gpu_hours)} to the "
+                      f"queue ({t.parks} park(s)).", gpu_hours=t.parked_gpu_hours)
            for t in tenants if getattr(t, "parked_gpu_hours", 0.0) > 0]
     return sorted(out, key=lambda c: -(c.gpu_hours or 0))
 

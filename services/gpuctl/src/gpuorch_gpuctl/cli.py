@@ -62,7 +62,7 @@ app.add_typer(array_app, name="array")
 app.add_typer(config_app, name="config")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(session_app, name="session")
-app.command("exec", context_settings={"allow_interspersed_args": False})(exec_command)
+app.command("exec")(exec_command)
 app.command("events")(events)
 app.command("top")(top)
 

@@ -74,7 +74,7 @@ def wait_running(client: ApiClient, job_id: str, timeout_s: float) -> dict[str, 
     deadline = time.monotonic() + timeout_s
     seen = None
     while True:
-        job = client.get(f"/api/v1/jobs/{job_id}")
+        job = client.find(f"/api/v1/jobs/{job_id}") or {"state": "submitted"}  # not in the read model yet
         state = job["state"]
         if state != seen:
             waiting = f": {job.get('pending_reason')}" if job.get("pending_reason") else ""
