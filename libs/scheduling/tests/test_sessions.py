@@ -11,12 +11,14 @@ from gpuorch_contracts import (
     GpuRequest,
     JobRequeued,
     JobSpec,
+    NodeHeartbeat,
     ProcessRun,
     RunningPlacement,
     SessionParked,
     SessionSpec,
 )
 from gpuorch_identity import Identity, IdentityMap
+from gpuorch_scheduling import journal
 from gpuorch_scheduling.harness import Harness
 from gpuorch_scheduling.scheduler import Scheduler, SchedulerConfig
 from gpuorch_scheduling.sessions import SessionPolicy
@@ -185,3 +187,11 @@ def test_per_user_caps_from_the_identity_map() -> None:
     h.change_session(first.job_id, "resume", at=15.0, sender="alice")  # over the caps again: refused
     h.run(until=16.0)
     assert h.state.jobs[first.job_id].state == "parked"
+
+
+def test_the_journal_keeps_what_idleness_is_judged_by() -> None:
+    beat = NodeHeartbeat(node_id="n0", inventory_hash="h", sequence=1,
+                         gpus=[GpuLive(index=0, utilization_pct=0.0), GpuLive(index=1, utilization_pct=50.0)])
+    replayed = Scheduler()
+    journal.play(replayed, [journal.renewed_entry(beat, 7.0)])
+    assert replayed.idle_sessions.gpu_idle_from == {("n0", 0): 7.0}

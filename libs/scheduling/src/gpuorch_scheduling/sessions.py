@@ -21,7 +21,8 @@ Idleness is memory, not log (``IdleSessions``, like the leases): per GPU, since 
 below 1 % (node heartbeats), per session, since when no request went through its proxy (executor heartbeats,
 ``RunningPlacement.idle_s``). Both are needed: with no evidence of idleness (no heartbeat yet, a utilisation the
 node cannot read, or right after a restart) a session is not idle, so a failover delays a park and never causes
-one. Times are on the lease clock (the clock heartbeats are dated with).
+one. Times are on the lease clock (the clock heartbeats are dated with); the journal keeps the utilisation of each
+node heartbeat, so a replay judges idleness as the live run did.
 
 Pure: no I/O, no clock.
 """
