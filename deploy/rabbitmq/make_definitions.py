@@ -111,8 +111,8 @@ EXECUTOR_EVENTS = ("job.started", "job.finished", "job.failed", "job.lost", "job
 NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", "gpu.usage_sampled",
                      "node.mig_layout_applied")
 TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made", "fleet.scale_requested")
-SUBMIT_KEY_PATTERN = r"job\.(submit|cancel|array_set)"
-OPERATOR_KEY_PATTERN = r"(job\.(submit|cancel|array_set)|reservation\.(create|delete))"
+SUBMIT_KEY_PATTERN = r"job\.(submit|cancel|array_set|session)"
+OPERATOR_KEY_PATTERN = r"(job\.(submit|cancel|array_set|session)|reservation\.(create|delete))"
 """What an operator (and the API on its behalf) may publish on ``gpuorch.submit``: a submitter's keys and the
 reservation commands (the scheduler takes those from operators only)."""
 NOTHING = "^$"

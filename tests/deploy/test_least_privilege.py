@@ -338,7 +338,7 @@ async def test_definitions_document_imports_and_its_password_hashes_log_in(amqp_
             v = quote(amqp_vhost, safe="")
             topics = api.get(f"/api/topic-permissions/{v}/submitter-{suffix}").raise_for_status().json()
             assert sorted((t["exchange"], t["write"]) for t in topics) == [
-                ("gpuorch.events", "^$"), ("gpuorch.submit", "^job\\.(submit|cancel|array_set)(\\.(default))?$")]
+                ("gpuorch.events", "^$"), ("gpuorch.submit", "^job\\.(submit|cancel|array_set|session)(\\.(default))?$")]
             assert api.get(f"/api/users/admin-{suffix}").json()["tags"] in (["administrator"], "administrator")
             name = f"submitter-{suffix}"
             connection = await aio_pika.connect(

@@ -141,7 +141,7 @@ def test_a_team_member_submits_watches_reads_logs_and_cancels(gpuctl: Gpuctl, li
         __import__("time").sleep(0.2)
     assert state == "cancelled"
 
-    assert [q["tier"] for q in gpuctl.json("queues")] == ["training", "inference", "batch"]  # type: ignore[index]
+    assert [q["tier"] for q in gpuctl.json("queues")] == ["training", "inference", "batch", "interactive"]  # type: ignore[index]
     assert [t["tenant"] for t in gpuctl.json("tenants")] == ["acme"]  # type: ignore[index]
     assert gpuctl.json("config", "current-context") == {"current-context": "acme"}
     frame = gpuctl.ok("top", "--once").stdout

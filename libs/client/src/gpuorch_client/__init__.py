@@ -10,6 +10,7 @@
     follow(job_id) -> async iterator of the job's events until a terminal one (finished, failed, cancelled, rejected)
     cancel(job_id[, array_tasks="5-9"])     a job, an array, or some tasks of an array
     set_parallelism(array_id, n)           SetArrayParallelism (the shared lane: job.array_set.<tenant>)
+    park(job_id) / resume(job_id)          ChangeSession of an interactive session (job.session.<tenant>)
 
 Contract: only events of jobs this client submitted (or ``watch``-ed) are kept, at most ``max_buffered`` per job;
 events arrive at least once (dedupe by ``message_id`` if it matters). The tenant is the one the broker user may
@@ -37,6 +38,7 @@ from gpuorch_contracts import (
     EVENTS_EXCHANGE,
     SUBMIT_EXCHANGE,
     CancelJob,
+    ChangeSession,
     JobAccepted,
     JobRejected,
     JobSpec,
@@ -144,7 +146,16 @@ class GpuorchClient:
         await self._send(SetArrayParallelism(job_id=array_id, parallelism=parallelism, producer=self.producer,
                                              tenant=self.tenant))
 
-    async def _send(self, message: CancelJob | SetArrayParallelism) -> None:
+    async def park(self, job_id: uuid.UUID, reason: str = "asked by its owner") -> None:
+        """Park a running interactive session (checkpoint stop, GPU freed, work directory kept)."""
+        await self._send(ChangeSession(job_id=job_id, action="park", reason=reason, producer=self.producer,
+                                       tenant=self.tenant))
+
+    async def resume(self, job_id: uuid.UUID) -> None:
+        """Resume a parked interactive session (queued again; ``follow`` shows it placed and started)."""
+        await self._send(ChangeSession(job_id=job_id, action="resume", producer=self.producer, tenant=self.tenant))
+
+    async def _send(self, message: CancelJob | SetArrayParallelism | ChangeSession) -> None:
         await self._publish(aio_pika.Message(
             encode(message), content_type="application/json", message_id=str(message.message_id),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT, user_id=self.user_id),

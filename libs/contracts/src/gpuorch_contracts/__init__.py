@@ -20,6 +20,7 @@ from gpuorch_contracts.jobs import (
     TOPOLOGY_LABEL_PREFIX,
     ArrayParallelismChanged,
     CancelJob,
+    ChangeSession,
     Checkpoint,
     ContainerRun,
     Dependency,
@@ -43,6 +44,8 @@ from gpuorch_contracts.jobs import (
     ModelHints,
     NodeAssignment,
     ProcessRun,
+    SessionParked,
+    SessionSpec,
     SetArrayParallelism,
     SubmitJob,
 )
@@ -109,5 +112,7 @@ __all__ = [
     "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "reason_text",
     "strip_terminal_controls", "TENANT_ROUTED_TYPES", "ArraySpec", "ArrayTask", "array_task_id", "parse_array",
     "CreateReservation", "DeleteReservation", "ReservationCreated", "ReservationDeleted", "ReservationRefused",
-    "GangTopology", "TOPOLOGY_LABEL_PREFIX", "parse_indices", "MAX_DEPENDENCIES", "ArrayParallelismChanged", "Dependency", "SetArrayParallelism", "event_binding", "submit_routing_key", "tenant_binding",
+    "GangTopology", "TOPOLOGY_LABEL_PREFIX", "parse_indices", "MAX_DEPENDENCIES", "ArrayParallelismChanged",
+    "Dependency", "SetArrayParallelism", "ChangeSession", "SessionParked", "SessionSpec", "event_binding",
+    "submit_routing_key", "tenant_binding",
 ]

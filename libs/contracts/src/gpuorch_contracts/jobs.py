@@ -28,14 +28,14 @@ from gpuorch_contracts.text import (
     Token,
 )
 
-Tier = Literal["training", "inference", "batch"]
+Tier = Literal["training", "inference", "batch", "interactive"]
 PriorityClass = Literal["critical", "high", "normal", "low"]
 PRIORITY_VALUE: dict[str, int] = {"critical": 1000, "high": 500, "normal": 100, "low": 10}
 """Numeric priority of each class: higher wins, and only a strictly higher one may preempt."""
 
 JobState = Literal[
     "submitted", "accepted", "rejected", "queued", "placed", "running",
-    "preempting", "succeeded", "failed", "cancelled", "lost",
+    "preempting", "succeeded", "failed", "cancelled", "lost", "parked",
 ]
 TERMINAL_STATES: frozenset[str] = frozenset({"rejected", "succeeded", "failed", "cancelled"})
 
@@ -179,6 +179,25 @@ class Dependency(Strict):
     job_id: uuid.UUID
 
 
+class SessionSpec(Strict):
+    """An interactive session (tier ``interactive``): a job with a port, reached only through the API's proxy at
+    ``/sessions/<job id>/``, parked when idle and resumed on the next request (docs/sessions.md).
+
+    The executor gives the job ``GPUORCH_PORT`` (a free port of its node), ``GPUORCH_BASE_URL`` (``/sessions/<job
+    id>/``, the path prefix it is served under) and ``GPUORCH_WORK_DIR`` (its working directory, kept across parks),
+    and replaces ``$(GPUORCH_PORT)`` in the argv by the port (no shell)."""
+
+    idle_park_after_s: float | None = Field(default=None, ge=10, le=30 * 86_400, description=(
+        "park the session after this long with no proxied request and GPU utilisation below 1 %; None: its "
+        "tenant's default (the scheduler's GPUORCH_SESSION_IDLE_PARK_S)"))
+    strip_prefix: bool = Field(default=True, description=(
+        "forward requests without the /sessions/<id> prefix (an app that knows nothing of it, http.server); "
+        "False keeps it (an app told GPUORCH_BASE_URL, such as Jupyter's --ServerApp.base_url)"))
+    owner: Name | None = Field(default=None, description=(
+        "set by the scheduler at admission to the verified identity that submitted it (a value in a submission "
+        "is replaced): the per-user session caps of the identity map count by it"))
+
+
 class JobSpec(Strict):
     """What a job needs and what it runs.
 
@@ -210,6 +229,17 @@ class JobSpec(Strict):
         "run this spec as an array of tasks, one per index (each its own job id: arrays.array_task_id)"))
     depends_on: Annotated[list[Dependency], Field(max_length=MAX_DEPENDENCIES)] = Field(default=[], description=(
         f"jobs or arrays (at most {MAX_DEPENDENCIES}) this job waits for, each with a condition"))
+    session: SessionSpec | None = Field(default=None, description=(
+        "an interactive session's port and parking (tier interactive; an interactive job without it gets the "
+        "defaults)"))
+
+    @model_validator(mode="after")
+    def _session_is_interactive(self) -> JobSpec:
+        if self.session is not None and self.tier != "interactive":
+            raise ValueError("session settings are for tier interactive only")
+        if self.tier == "interactive" and (self.array is not None or self.gang.nodes > 1):
+            raise ValueError("an interactive session is one job on one node: no array, no gang")
+        return self
 
     @model_validator(mode="after")
     def _fits_every_message(self) -> JobSpec:
@@ -402,6 +432,8 @@ class JobPreempting(TenantRouted):
     reason: ShortText
     preempted_by: uuid.UUID | None = Field(default=None, description=(
         "the waiting job this placement makes room for; None from a scheduler older than this field"))
+    park: bool = Field(default=False, description=(
+        "an interactive session stopped to be parked (idle, or asked): once stopped it is parked, not requeued"))
 
 
 class JobRequeued(TenantRouted):
@@ -436,3 +468,35 @@ class ArrayParallelismChanged(TenantRouted):
     type: Literal["job.array_parallelism_changed"] = "job.array_parallelism_changed"
     job_id: uuid.UUID
     parallelism: int | None = Field(ge=1, le=MAX_ARRAY_PARALLELISM)
+
+
+SessionAction = Literal["park", "resume"]
+
+
+class ChangeSession(Message):
+    """Park a running interactive session (checkpoint stop, GPU freed, work directory kept) or resume a parked one
+    (queued again, placed where room is). Who may send it: whoever may cancel the job (its tenant's submitters,
+    operators); travels on ``gpuorch.submit`` as ``job.session[.<tenant>]``, which no tenant lane binds (the
+    shared lane)."""
+
+    TYPE = "job.session"
+    type: Literal["job.session"] = "job.session"
+    job_id: uuid.UUID
+    action: SessionAction
+    reason: ShortText = "asked by its owner"
+    tenant: TenantName | None = Field(default=None, description="routes it as CancelJob.tenant does")
+    on_behalf_of: Name | None = Field(default=None, description=(
+        "the identity a gateway acts for (see SubmitJob.on_behalf_of)"))
+
+
+class SessionParked(TenantRouted):
+    """An interactive session's placement ended for a park: it holds no GPU and waits for a resume (a
+    ``JobRequeued`` with ``reason`` ``resumed``). ``gpu_count`` and ``parked_at`` let the report count the GPU hours
+    given back."""
+
+    TYPE = "job.session_parked"
+    type: Literal["job.session_parked"] = "job.session_parked"
+    job_id: uuid.UUID
+    reason: ShortText
+    node_id: Name | None = Field(default=None, description="the node it last ran on (its work directory's node)")
+    gpus: float = Field(default=0.0, ge=0, le=MAX_GANG_GPUS, description="GPUs (fractions for shares) it gave back")

@@ -176,6 +176,8 @@ class RunningPlacement(Strict):
 
     placement_id: uuid.UUID
     job_id: uuid.UUID
+    idle_s: float | None = Field(default=None, ge=0, le=10**9, description=(
+        "an interactive session: seconds since its last proxied request (or its start); None for other jobs"))
 
 
 class JobIsolation(Strict):

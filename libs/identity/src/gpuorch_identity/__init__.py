@@ -58,6 +58,11 @@ class Identity(BaseModel):
     max_priority: PriorityClass = "normal"
     nodes: Annotated[list[Name], Field(max_length=100_000)] = Field(
         default=[], description="service users that speak for several nodes (executor or node-agent of a rack)")
+    max_sessions: int | None = Field(default=None, ge=0, le=10_000, description=(
+        "interactive sessions this identity may have live at once (queued or running; parked ones do not count); "
+        "None: no cap"))
+    max_session_gpus: float | None = Field(default=None, ge=0, le=100_000, description=(
+        "GPUs its live sessions may ask for in all (a share counts its fraction, a MIG slice 1/7); None: no cap"))
 
     @model_validator(mode="after")
     def _default_is_allowed(self) -> Identity:

@@ -32,6 +32,9 @@ class TenantUse(BaseModel):
     energy_kwh: float = 0.0
     use_pct: float | None = None
     """Used / allocated GPU-hours, in percent (None with nothing allocated)."""
+    parked_gpu_hours: float = 0.0
+    """GPU-hours its interactive sessions gave back by being parked while idle (docs/sessions.md)."""
+    parks: int = 0
 
 
 class JobUse(BaseModel):
@@ -85,7 +88,7 @@ class QueueWait(BaseModel):
 
 class Conclusion(BaseModel):
     kind: str
-    """idle_gpus | idle_reservation | right_size | short_of | throttling | autoscaler"""
+    """idle_gpus | idle_reservation | right_size | share_size | short_of | throttling | autoscaler | parked_sessions"""
     subject: str
     text: str
     gpu_hours: float | None = None

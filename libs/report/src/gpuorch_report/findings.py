@@ -35,7 +35,7 @@ THROTTLE_SHARE = 0.10
 @dataclass(frozen=True)
 class Conclusion:
     kind: str
-    """idle_gpus | idle_reservation | right_size | share_size | short_of | throttling | autoscaler"""
+    """idle_gpus | idle_reservation | right_size | share_size | short_of | throttling | autoscaler | parked_sessions"""
     subject: str
     text: str
     gpu_hours: float | None = None
@@ -43,6 +43,15 @@ class Conclusion:
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def parked_sessions(tenants: list[Any]) -> list[Conclusion]:
+    """Tenants whose idle interactive sessions were parked: the GPU-hours that went back to the queue."""
+    out = [Conclusion("parked_sessions", t.tenant,
+                      f"Parking idle sessions of tenant {t.tenant} gave back {_gpu_hours(t.parked_gpu_hours)} to the "
+                      f"queue ({t.parks} park(s)).", gpu_hours=t.parked_gpu_hours)
+           for t in tenants if getattr(t, "parked_gpu_hours", 0.0) > 0]
+    return sorted(out, key=lambda c: -(c.gpu_hours or 0))
 
 
 def idle_tenants(tenants: list[Any], jobs: list[dict[str, Any]]) -> list[Conclusion]:

@@ -4,7 +4,7 @@
     telemetry_gpu_rollups (+ _pending)   per GPU: utilisation over time, throttling, temperature
     telemetry_alerts                     detections and advice per job; oversized evidence
     telemetry_job_allocations, nodes     how busy each node was (what the autoscaler would have drained)
-    jobs                                 queue waits by request shape
+    jobs                                 queue waits by request shape; sessions' parks (GPU-hours given back)
     reservations, jobs                   advance reservations and what their tenant used of them (idle ones)
     capacity_decisions                   what the autoscaler decided (when it ran)
           |
@@ -40,6 +40,19 @@ from gpuorch_report.document import (
     WeeklyReport,
 )
 from gpuorch_report.period import Period
+
+PARKED_SQL = """
+SELECT j.tenant, count(*) AS parks,
+       sum((p->>2)::float8 * greatest(0, extract(epoch FROM
+           least(coalesce(to_timestamp((p->>1)::float8), now()), $2) - greatest(to_timestamp((p->>0)::float8), $1)
+       ))) / 3600.0 AS gpu_hours
+FROM jobs j CROSS JOIN LATERAL jsonb_array_elements(j.session_parks) AS p
+WHERE j.session_parks IS NOT NULL AND ($3::text[] IS NULL OR j.tenant = ANY($3))
+  AND to_timestamp((p->>0)::float8) < $2 AND coalesce(to_timestamp((p->>1)::float8), now()) > $1
+GROUP BY j.tenant
+"""
+"""Per tenant: its sessions' parks overlapping the period, and the GPU-hours they gave back within it (a park
+still under way counts until now)."""
 
 JOBS_SQL = """
 WITH usage AS (
@@ -210,6 +223,7 @@ async def read_report(conn: asyncpg.Connection, period: Period, *, tenants: Coll
     nodes = [dict(r) for r in await conn.fetch(NODES_SQL, period.upper)]
     # reserved time counts up to the end of the period as read (now at the latest), never the future part
     reserved = [dict(r) for r in await conn.fetch(RESERVATIONS_SQL, period.start, min(period.end, period.now), scope)]
+    parked = [dict(r) for r in await conn.fetch(PARKED_SQL, *window)]
     recorded = []
     if await conn.fetchval("SELECT to_regclass('capacity_decisions') IS NOT NULL"):
         recorded = [dict(r) for r in await conn.fetch(DECISIONS_SQL, period.start, period.upper)]
@@ -227,6 +241,9 @@ async def read_report(conn: asyncpg.Connection, period: Period, *, tenants: Coll
         line.used_gpu_hours += job["used_gpu_hours"] or 0.0
         line.idle_gpu_hours += job["idle_gpu_hours"] or 0.0
         line.energy_kwh += job["energy_kwh"] or 0.0
+    for row in parked:
+        line = lines.setdefault(row["tenant"], TenantUse(tenant=row["tenant"]))
+        line.parked_gpu_hours, line.parks = float(row["gpu_hours"] or 0.0), int(row["parks"])
     for line in lines.values():
         line.use_pct = 100 * line.used_gpu_hours / line.allocated_gpu_hours if line.allocated_gpu_hours else None
     ordered = sorted(lines.values(), key=lambda t: (-t.idle_gpu_hours, t.tenant))
@@ -246,6 +263,7 @@ async def read_report(conn: asyncpg.Connection, period: Period, *, tenants: Coll
         *findings.short_of(waits),
         *findings.throttling(throttle),
         *findings.autoscaler(plan, recorded),
+        *findings.parked_sessions(ordered),
     ]
     return WeeklyReport(
         since=period.since, start=period.start, end=period.end, generated_at=period.now, tenant=tenant,

@@ -13,8 +13,9 @@ The plan it returns goes through the plan applier (``gpuorch_scheduling.applier`
           fits now (Fleet.find through the placement index, leaving out nodes reserved for an earlier blocked job unless this job's
             runtime estimate ends before that reservation starts: backfill)          ──► JobPlaced + LaunchJob
           fits once jobs already being preempted have stopped                          ──► waits (claims that room)
-          fits if strictly lower-priority preemptible jobs (or borrowed capacity of tenants over their quota)
-            stop                                                                       ──► JobPreempting + StopJob
+          fits if strictly lower-priority preemptible jobs (an interactive session: also preemptible batch
+            jobs of its own priority; or borrowed capacity of tenants over their quota) stop
+                                                                                         ──► JobPreempting + StopJob
           (either way the nodes of that room are reserved for it until the victims' grace ends: later jobs use
             what is free there only if they end before that, so no one takes a victim's GPU as it frees)
           advance reservations (``reservations.closed_nodes``): their nodes are left out for a job they do not
@@ -40,6 +41,7 @@ from gpuorch_scheduling.decisions import PLACEMENT, Decision, at, decision_id, d
 from gpuorch_scheduling.dependencies import Unmet, unmet
 from gpuorch_scheduling.queueing import QueuePolicy, TenantUsage, fair_order
 from gpuorch_scheduling.reservations import closed_nodes, open_reservations
+from gpuorch_scheduling.sessions import outranks
 from gpuorch_scheduling.state import JobRecord, SchedulerState
 
 
@@ -277,7 +279,6 @@ class _Cycle:
 
     def _preempt_for(self, job: JobRecord, ask: Ask, blocked: frozenset[str]) -> Waiting | None:
         """Choose the fewest lowest-priority victims that make room; emit JobPreempting + StopJob for them."""
-        mine = PRIORITY_VALUE[job.spec.priority_class]
         over: dict[str, float] = {}
         for tenant in list(self.usage.held):
             quota = self.policy.quota_of(tenant)
@@ -289,7 +290,7 @@ class _Cycle:
         for victim in self.state.preemptible.values():  # held at the start of the cycle, as ``active``
             if victim.state not in ("placed", "running") or victim.job_id in self.victims:
                 continue
-            lower = PRIORITY_VALUE[victim.spec.priority_class] < mine
+            lower = outranks(job, victim)  # a strictly lower class, or (sessions) batch work under a session
             reclaim = victim.spec.tenant in over
             if lower or reclaim:
                 candidates.append(victim)
@@ -304,7 +305,7 @@ class _Cycle:
         fit: list[NodeAssignment] | str = "no victims"
         for victim in candidates:
             tenant = victim.spec.tenant
-            reclaim_only = PRIORITY_VALUE[victim.spec.priority_class] >= mine
+            reclaim_only = not outranks(job, victim)
             if reclaim_only and reclaimed.get(tenant, 0.0) >= over.get(tenant, 0.0) - 1e-9:
                 continue  # reclaim only while the tenant is still over its quota
             sim.release_assignments(victim.spec, victim.assignments)
@@ -328,7 +329,7 @@ class _Cycle:
             self.victims.add(victim.job_id)
             self.future.release_assignments(victim.spec, victim.assignments)
             reason = f"preempted for {job.spec.priority_class} job {job.job_id}"
-            if PRIORITY_VALUE[victim.spec.priority_class] >= mine:
+            if not outranks(job, victim):
                 reason = f"reclaimed for tenant {job.spec.tenant} (within its quota) from borrowed capacity"
             assert victim.placement_id is not None
             self.decision.logged.append(JobPreempting(

@@ -171,6 +171,9 @@ def requeue_or_fail(job: JobRecord, reason: str) -> Decision:
 
 
 def requeued_after_preemption(job: JobRecord, reason: str) -> Decision:
+    if job.parking:  # an interactive session stopped to be parked: parked, not requeued
+        from gpuorch_scheduling.sessions import parked
+        return parked(job, reason)
     return Decision(logged=[JobRequeued(
         message_id=decision_id("requeued-preempted", job.job_id, job.placement_id),
         job_id=job.job_id, reason=reason[:1000], requeues=job.requeues, preempted=True,

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 
 from gpuorch_contracts import (
     CancelJob,
+    ChangeSession,
     JobAccepted,
     JobCancelled,
     JobPlaced,
@@ -164,6 +165,13 @@ class Harness:
     def send(self, message: Message, *, at: float | None = None, sender: str | None = None) -> None:
         """Any other message to the scheduler (an operator's ``CreateReservation``, ...) at ``at`` (now)."""
         self._due(self.now if at is None else at, lambda: [message], sender)
+
+    def change_session(self, job_id: uuid.UUID, action: str, *, at: float | None = None,
+                       sender: str | None = None) -> None:
+        """Park (``park``) or resume (``resume``) an interactive session (``sessions``)."""
+        change = ChangeSession(message_id=uuid.uuid5(job_id, f"session:{action}:{at}"), job_id=job_id,
+                               action=action)  # type: ignore[arg-type]
+        self._due(self.now if at is None else at, lambda: [change], sender)
 
     def add_node(self, inventory: NodeInventory, *, at: float | None = None) -> None:
         """A node registers (and heartbeats from then on while it is up)."""

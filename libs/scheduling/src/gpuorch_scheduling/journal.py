@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuorch_contracts import MESSAGE_TYPES, ExecutorHeartbeat, Message, NodeHeartbeat
+from gpuorch_contracts import MESSAGE_TYPES, ExecutorHeartbeat, GpuLive, Message, NodeHeartbeat
 
 from gpuorch_scheduling.scheduler import Scheduler
 from gpuorch_scheduling.step import Input, Known, Step
@@ -35,7 +35,10 @@ def recovered_entry(position: int, lease_now: float) -> Entry:
 
 def renewed_entry(beat: NodeHeartbeat | ExecutorHeartbeat, lease_now: float) -> Entry:
     if isinstance(beat, NodeHeartbeat):
-        return {"kind": "renewed", "node_id": beat.node_id, "lease_now": lease_now}
+        entry: Entry = {"kind": "renewed", "node_id": beat.node_id, "lease_now": lease_now}
+        if any(g.utilization_pct is not None for g in beat.gpus):  # idle sessions are judged by it (``sessions``)
+            entry["utilization"] = [[g.index, g.utilization_pct] for g in beat.gpus]
+        return entry
     return {"kind": "renewed", "executor": beat.model_dump(mode="json"), "lease_now": lease_now}
 
 
@@ -81,7 +84,8 @@ def play(scheduler: Scheduler, entries: Iterable[Entry]) -> Played:
             if "executor" in entry:
                 scheduler.executor_heartbeat(ExecutorHeartbeat.model_validate(entry["executor"]), entry["lease_now"])
             else:
-                scheduler.node_heartbeat(entry["node_id"], entry["lease_now"])
+                scheduler.node_heartbeat(entry["node_id"], entry["lease_now"], [
+                    GpuLive(index=i, utilization_pct=u) for i, u in entry.get("utilization", [])])
         elif kind == "step":
             if "peaks" in entry:
                 scheduler.mig.peaks = dict(entry["peaks"])

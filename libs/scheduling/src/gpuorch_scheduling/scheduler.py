@@ -4,8 +4,9 @@
       1. fold     each input through the registry ``fold_handlers`` (message type -> its fold): a fact the log
                   keeps is recorded; admission (identity, fit, quota, limits), cancel, requeue-or-fail, stop
                   confirmations and operators' reservations are decided and recorded at once
-      2. tick     (when due) lease transitions, stray placements, overdue max runtimes, silent preemptions, the MIG
-                  loop (``mig_loop``), jobs to stop before an advance reservation starts (``reservations``)
+      2. tick     (when due) lease transitions, stray placements, overdue max runtimes, silent preemptions, idle
+                  sessions to park (``sessions``), the MIG loop (``mig_loop``), jobs to stop before an advance
+                  reservation starts (``reservations``)
          deps     jobs (arrays, array tasks) touched in this step whose dependencies can never be met are cancelled
                   with the reason, down the chain (``dependencies.unmeetable``)
       3. cycle    ``cycle.schedule`` over the queue (every tick; after a batch that changed something, at most
@@ -37,11 +38,13 @@ from typing import Any
 from gpuorch_contracts import (
     ArrayParallelismChanged,
     CancelJob,
+    ChangeSession,
     CreateReservation,
     DeleteReservation,
     ExecutorHeartbeat,
     FleetAlert,
     GpuHealthChanged,
+    GpuLive,
     JobAccepted,
     JobCheckpointed,
     JobFailed,
@@ -63,7 +66,7 @@ from gpuorch_contracts import (
 from gpuorch_contracts.jobs import TenantRouted
 from gpuorch_identity import IdentityMap, Rejection, acting_user, authorize_cancel, authorize_submission
 
-from gpuorch_scheduling import dependencies, escalation, mig, reservations
+from gpuorch_scheduling import dependencies, escalation, mig, reservations, sessions
 from gpuorch_scheduling.applier import apply_plan
 from gpuorch_scheduling.cycle import CycleLimits, CycleResult, Waiting, schedule
 from gpuorch_scheduling.decisions import (
@@ -117,6 +120,8 @@ class SchedulerConfig:
     min_cycle_interval_s: float = 0.5
     mig: mig.MigControl = field(default_factory=mig.MigControl)
     """The MIG planner's mode (off / advise / auto) and settings (``gpuorch_scheduling.mig``)."""
+    sessions: sessions.SessionPolicy = field(default_factory=sessions.SessionPolicy)
+    """When idle interactive sessions are parked (``gpuorch_scheduling.sessions``)."""
 
 
 class Scheduler:
@@ -134,6 +139,8 @@ class Scheduler:
         """Waiting job -> the pending reason and estimate last published."""
         self.rates = SubmissionRates()
         self.mig = MigLoop(self.config.mig)
+        self.idle_sessions = sessions.IdleSessions()
+        """Since when each GPU and session has been idle (memory, on the lease clock)."""
         self._strays: set[tuple[str, uuid.UUID, uuid.UUID]] = set()
         self._stray_stopped: set[tuple[str, uuid.UUID]] = set()
         self._overdue_stopped: set[uuid.UUID] = set()
@@ -144,6 +151,7 @@ class Scheduler:
             SubmitJob.TYPE: self._fold_submit,
             CancelJob.TYPE: self._fold_cancel,
             SetArrayParallelism.TYPE: self._fold_set_parallelism,
+            ChangeSession.TYPE: self._fold_change_session,
             JobFailed.TYPE: self._fold_job_ended,
             JobLost.TYPE: self._fold_job_ended,
             JobFinished.TYPE: self._fold_job_ended,
@@ -168,17 +176,21 @@ class Scheduler:
         self.pending = {}
         self._last_mix_at = -math.inf
         self.mig.reset()
+        self.idle_sessions.reset()
 
     # -- leases (memory only: heartbeats are latest-wins state) ------------------------------------------------
 
-    def node_heartbeat(self, node_id: str, lease_now: float) -> None:
-        """A node-agent renewed its node's lease."""
+    def node_heartbeat(self, node_id: str, lease_now: float, gpus: Sequence[GpuLive] = ()) -> None:
+        """A node-agent renewed its node's lease; ``gpus`` (its utilisation) tells idle sessions apart."""
         self.leases.renew_agent(node_id, lease_now)
+        if gpus:
+            self.idle_sessions.node_beat(node_id, gpus, lease_now)
 
     def executor_heartbeat(self, beat: ExecutorHeartbeat, lease_now: float) -> None:
         """An executor renewed its half of the node's lease; placements it runs that the scheduler does not assign
         to that node are stopped at the next tick."""
         self.leases.renew_executor(beat.node_id, ExecutorLease(lease_now, beat.fencing_deadline_s))
+        self.idle_sessions.executor_beat(beat, lease_now)
         for running in beat.running:
             job = self.state.jobs.get(running.job_id)
             current = job is not None and job.holds_capacity and job.placement_id == running.placement_id and \
@@ -363,6 +375,16 @@ class Scheduler:
             return Rejection(f"only operators may create or delete reservations ({acting or 'unknown'} is not one)")
         return acting
 
+    def _fold_change_session(self, message: ChangeSession, step: Step, item: Input, known: Known
+                             ) -> _Folded | None:
+        """Park or resume a session: checked as a cancel of it is (its tenant, or an operator)."""
+        refused = self._cancel_refused(message, item.sender)
+        changed = sessions.change(self.state, message, self.config.identity) if refused is None else refused
+        if isinstance(changed, str):
+            step.ignored.append((message, changed))
+            return None
+        return None, changed, None
+
     def _fold_job_ended(self, message: JobFailed | JobLost | JobFinished, step: Step, item: Input,
                         known: Known) -> _Folded | None:
         if self._not_from_its_node(message):
@@ -426,7 +448,12 @@ class Scheduler:
                 return Decision(logged=[JobRejected(
                     message_id=decision_id("rejected", submit.job_id), job_id=submit.job_id,
                     reason=verdict.reason[:1000], tenant=identity.default_tenant(acting))])
-            submit = submit.model_copy(update={"spec": verdict})
+            submit = submit.model_copy(update={"spec": sessions.owned(verdict, acting)})
+            capped = sessions.over_cap(self.state, identity.identity_of(acting), acting, submit.spec)
+            if capped is not None:
+                return Decision(logged=[JobRejected(message_id=decision_id("rejected", submit.job_id),
+                                                    job_id=submit.job_id, reason=capped[:1000],
+                                                    tenant=submit.spec.tenant)])
             user = acting
 
             def may_use(tenant: str) -> bool:
@@ -437,7 +464,8 @@ class Scheduler:
     def _sender(self, sender: str | None) -> str | None:
         return sender if sender or not self.config.trust_unidentified else "*"
 
-    def _cancel_refused(self, request: CancelJob | SetArrayParallelism, sender: str | None) -> str | None:
+    def _cancel_refused(self, request: CancelJob | SetArrayParallelism | ChangeSession,
+                        sender: str | None) -> str | None:
         identity = self.config.identity
         job = self.state.jobs.get(request.job_id) or self.state.arrays.get(request.job_id)
         if identity is None or job is None:
@@ -462,6 +490,7 @@ class Scheduler:
         self._overdue_stopped.update(getattr(m, "placement_id", None) for m in stops.published)  # type: ignore[misc]
         decision.extend(stops)
         decision.extend(preemption_timeouts(self.state, now, self.config.preemption_margin_s))
+        decision.extend(self.idle_sessions.due(self.state, self.config.sessions, step.lease_now))
         if self.state.reservations:
             decision.extend(reservations.due_stops(self.state, now))
         if self.mig.tick(self.state, now, lambda d: self._apply(step, d), hooks.mig_plan):

@@ -55,6 +55,7 @@ from gpuorch_contracts import (
     ReservationCreated,
     ReservationDeleted,
     ReservationRefused,
+    SessionParked,
     parse_indices,
 )
 from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, Fleet, gpu_units
@@ -112,6 +113,11 @@ class JobRecord:
     array_id: uuid.UUID | None = None
     """The array this job is a task of (``arrays``), with its index."""
     array_index: int | None = None
+    parking: bool = False
+    """An interactive session being stopped to be parked (``sessions``): once stopped it is parked, not requeued."""
+    parks: list[list[float | None]] = field(default_factory=list)
+    """A session's last parks, ``[parked at, resumed or ended at (None: still parked), GPUs given back]`` (log
+    time; at most ``MAX_PARKS``): the report's GPU hours given back by parking."""
 
     @property
     def holds_capacity(self) -> bool:
@@ -129,6 +135,7 @@ class JobRecord:
             "preempting_at": self.preempting_at, "stopped_nodes": list(self.stopped_nodes),
             "preemptions": self.preemptions, "stopping_nodes": list(self.stopping_nodes),
             "array_id": str(self.array_id) if self.array_id else None, "array_index": self.array_index,
+            "parking": self.parking, "parks": self.parks,
         }
 
     @classmethod
@@ -145,7 +152,8 @@ class JobRecord:
             preempting_at=raw.get("preempting_at"), stopped_nodes=list(raw.get("stopped_nodes", [])),
             preemptions=raw.get("preemptions", 0), stopping_nodes=list(raw.get("stopping_nodes", [])),
             array_id=uuid.UUID(raw["array_id"]) if raw.get("array_id") else None,
-            array_index=raw.get("array_index"),
+            array_index=raw.get("array_index"), parking=raw.get("parking", False),
+            parks=[list(p) for p in raw.get("parks", [])],
         )
 
 
@@ -214,6 +222,8 @@ class Reservation:
 RESERVATION_MEMORY_S = 7 * 86400.0
 """Reservations that ended (or were deleted) longer ago than this leave memory (the read model keeps them)."""
 DEFAULT_RETENTION_S = 3600.0
+MAX_PARKS = 50
+"""Parks remembered per session (``JobRecord.parks``)."""
 MIG_HISTORY = 8
 """Ended reconfigurations remembered per GPU (the planner's cap counts those of the last hour)."""
 
@@ -502,8 +512,11 @@ class SchedulerState:
                 if job is not None and job.holds_capacity and job.state != "preempting":
                     job.state, job.reason = "preempting", event.reason
                     job.preempting_at, job.stopped_nodes = at, []
+                    job.parking = event.park
             case JobRequeued():
                 job = self.jobs.get(event.job_id)
+                if job is not None and job.state == "parked" and job.parks:
+                    job.parks[-1][1] = at  # resumed: the park ends
                 if job is not None and job.state not in TERMINAL_STATES:
                     job.state, job.placement_id, job.assignments = "queued", None, []
                     job.placed_at = job.started_at = None
@@ -514,9 +527,18 @@ class SchedulerState:
                         job.spec = job.spec.model_copy(update={"resources": event.resources})
                     if event.preempted:
                         job.preemptions += 1
+            case SessionParked():  # sessions: a parked session holds nothing and waits for a resume
+                job = self.jobs.get(event.job_id)
+                if job is not None and job.state == "preempting" and job.parking:
+                    job.state, job.placement_id, job.assignments, job.reason = "parked", None, [], event.reason
+                    job.placed_at = job.started_at = job.preempting_at = None
+                    job.stopped_nodes, job.parking = [], False
+                    job.parks = [*job.parks[-(MAX_PARKS - 1):], [at, None, event.gpus]]
             case JobCancelled():
                 job = self.jobs.get(event.job_id)
                 if job is not None and job.state not in TERMINAL_STATES:
+                    if job.state == "parked" and job.parks:
+                        job.parks[-1][1] = at  # stopped while parked: the park ends
                     if job.holds_capacity:  # held until the executors confirm the stop (or the node is lost)
                         job.stopping_nodes = sorted({a.node_id for a in job.assignments} - set(job.stopped_nodes))
                     self._end(job, "cancelled", at, None, event.reason)

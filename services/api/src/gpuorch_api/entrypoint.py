@@ -39,6 +39,7 @@ from gpuorch_api.node_logs import LogsUnavailable
 from gpuorch_api.problems import documented_as_problems, invalid_fields, problem, validation_detail
 from gpuorch_api.reservation_routes import router as reservation_router
 from gpuorch_api.routes import router
+from gpuorch_api.sessions import router as sessions_router
 
 log = get_logger(__name__)
 
@@ -146,6 +147,7 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
     app.include_router(router, responses=schemas.ERRORS)
     app.include_router(dlq_router, responses=schemas.ERRORS)
     app.include_router(reservation_router, responses=schemas.ERRORS)
+    app.include_router(sessions_router, responses=schemas.ERRORS)
     plain_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:

@@ -10,6 +10,8 @@
                 SetArrayParallelism(job_id, tenant, on_behalf_of=name) -> gpuorch.submit / job.array_set.<tenant>
         reserve / unreserve: operators only (else Forbidden)
                 CreateReservation / DeleteReservation(on_behalf_of=name) -> gpuorch.submit / reservation.*
+        park or resume a session: the same check as cancel
+                ChangeSession(job_id, action, tenant, on_behalf_of=name) -> gpuorch.submit / job.session.<tenant>
 
 The API publishes as its own broker user (a ``gateway`` identity in the identity map); the scheduler judges the
 message as ``on_behalf_of`` only because that user is a gateway (``gpuorch_identity.acting_user``, decision 25),
@@ -26,12 +28,14 @@ from typing import Any
 
 from gpuorch_contracts import (
     CancelJob,
+    ChangeSession,
     CreateReservation,
     DeleteReservation,
     JobSpec,
     SetArrayParallelism,
     SubmitJob,
 )
+from gpuorch_contracts.jobs import SessionAction
 from gpuorch_identity import IdentityMap, Rejection, authorize_job_access, authorize_submission
 from gpuorch_messaging import Broker
 from gpuorch_observability import tracer
@@ -103,6 +107,15 @@ class Gateway:
     def _operator(caller: Caller) -> None:
         if not caller.is_operator:
             raise Forbidden(f"{caller.name} is not an operator: reservations are made and deleted by operators")
+
+    async def change_session(self, caller: Caller, job: dict[str, Any], action: SessionAction,
+                             reason: str = "asked by its owner") -> ChangeSession:
+        """Park or resume a session (whoever may cancel it may)."""
+        self._may_act_on(caller, job)
+        message = ChangeSession(job_id=job["job_id"], action=action, reason=reason, tenant=job["tenant"] or None,
+                                producer="gpuorch-api", on_behalf_of=caller.name)
+        await self.broker.publish(message)
+        return message
 
     def _may_act_on(self, caller: Caller, job: dict[str, Any]) -> None:
         refused = authorize_job_access(self.identity_map, caller.name, job["tenant"])

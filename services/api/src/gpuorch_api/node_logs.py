@@ -27,6 +27,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aio_pika
 import httpx
@@ -133,21 +134,31 @@ class NodeLogEndpoints:
             return None
         return self.endpoints.get(node_id)
 
-    async def open(self, node_id: str, job_id: uuid.UUID, *, follow: bool) -> AsyncIterator[bytes]:
-        """The job's log from its node's executor, as it arrives; raises LogsUnavailable before the first byte."""
+    async def executor(self, node_id: str) -> tuple[str, str]:
+        """(URL, credential) of the node's executor endpoint, the credential derived for the executor that
+        announced it (the session proxy uses the same path); raises LogsUnavailable."""
         if not self.secret:
-            raise LogsUnavailable(503, "this API reads no node's logs: it needs GPUORCH_LOGS_SECRET (from which "
-                                       "each executor's log credential is derived)")
+            raise LogsUnavailable(503, "this API reaches no node's executor: it needs GPUORCH_LOGS_SECRET (from "
+                                       "which each executor's credential is derived)")
         endpoint = await self._endpoint(node_id)
         if endpoint is None:
             raise LogsUnavailable(503, f"node {node_id} has not announced a log endpoint (its executor serves logs "
                                        "when GPUORCH_LOGS_PORT is set; no heartbeat of it named one within "
                                        f"{self.announce_wait_s:g} s)")
-        credential = log_credential(self.secret, endpoint.identity)
+        return endpoint.url.rstrip("/"), log_credential(self.secret, endpoint.identity)
+
+    async def open(self, node_id: str, job_id: uuid.UUID, *, follow: bool) -> AsyncIterator[bytes]:
+        """The job's log from its node's executor, as it arrives; raises LogsUnavailable before the first byte."""
+        return await self.stream(node_id, "GET", f"/jobs/{job_id}/logs", params={"follow": "1" if follow else "0"})
+
+    async def stream(self, node_id: str, method: str, path: str, *, params: dict[str, str] | None = None,
+                     json: Any = None) -> AsyncIterator[bytes]:
+        """``method path`` on the node's executor endpoint with its credential; the answer's bytes as they come.
+        LogsUnavailable before the first byte (the executor's 403 and 404 kept, anything else 502)."""
+        base, credential = await self.executor(node_id)
         client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None), follow_redirects=False)
         try:
-            request = client.build_request("GET", f"{endpoint.url.rstrip('/')}/jobs/{job_id}/logs",
-                                           params={"follow": "1" if follow else "0"},
+            request = client.build_request(method, f"{base}{path}", params=params, json=json,
                                            headers={"Authorization": f"Bearer {credential}"})
             response = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -157,12 +168,12 @@ class NodeLogEndpoints:
             text = (await response.aread()).decode(errors="replace").strip()
             await response.aclose()
             await client.aclose()
-            status = 404 if response.status_code == 404 else 502
+            status = response.status_code if response.status_code in (403, 404) else 502
             raise LogsUnavailable(status, f"node {node_id}: {text[:300] or response.status_code}")
-        return _relay(client, response)
+        return relay(client, response)
 
 
-async def _relay(client: httpx.AsyncClient, response: httpx.Response) -> AsyncIterator[bytes]:
+async def relay(client: httpx.AsyncClient, response: httpx.Response) -> AsyncIterator[bytes]:
     try:
         async for chunk in response.aiter_raw():
             yield chunk

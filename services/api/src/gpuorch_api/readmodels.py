@@ -25,7 +25,7 @@ from gpuorch_report import Period, WeeklyReport, read_report
 JOB_COLUMNS = """j.job_id, j.name, j.tenant, j.tier, j.priority_class, j.state, j.spec::text AS spec, j.placement_id,
     j.node_ids, j.assignments::text AS assignments, j.exit_code, j.reason, j.pending_reason, j.estimated_start,
     j.requeues, j.submitted_at, j.placed_at, j.started_at, j.ended_at, j.updated_at, j.array_id,
-    j.array_index, j.array_counts::text AS array_counts"""
+    j.array_index, j.array_counts::text AS array_counts, j.session_parks::text AS session_parks"""
 
 ACTIVE_STATES = ("placed", "running", "preempting")
 

@@ -67,6 +67,9 @@ class ExecutorConfig(BrokerSettings):
                                       "MPS control daemon listens (its CUDA_MPS_PIPE_DIRECTORY); while it runs, "
                                       "share jobs start as MPS clients with their memory and thread limits; 'off': "
                                       "never (docs/sharing.md)")
+    sessions_dir: Path | None = setting("GPUORCH_EXECUTOR_SESSIONS_DIR", None, "work directories of interactive "
+                                        "sessions, kept across parks (shared storage when sessions may resume on "
+                                        "another host; default <state root>/sessions)")
     metrics_port: int = setting("GPUORCH_METRICS_PORT", 0, "port of /metrics, /healthz and /readyz (0: off)",
                                 ge=0, le=65535)
 

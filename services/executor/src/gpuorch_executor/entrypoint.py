@@ -14,7 +14,9 @@ import contextlib
 import os
 import signal
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 from gpuorch_contracts import JobIsolation
 from gpuorch_messaging import Broker, executor_queue
@@ -34,7 +36,7 @@ from gpuorch_executor.domain.job_users import JobUidsError, JobUserPool, parse_j
 from gpuorch_executor.gpu_memory import GpuMemoryProbe, probe_for
 from gpuorch_executor.handlers import NodeExecutor, NodeSettings
 from gpuorch_executor.lease import LeaseRenewer
-from gpuorch_executor.logs_http import LogServer, start_log_endpoint
+from gpuorch_executor.logs_http import LogServer, SessionTarget, start_log_endpoint
 from gpuorch_executor.placement_store import StateDirectoryInUse
 
 log = get_logger("gpuorch_executor")
@@ -172,6 +174,30 @@ def build_backends(config: ExecutorConfig, job_users: JobUserPool | None = None,
     return backends, isolation
 
 
+def session_target(executors: list[NodeExecutor], job_id: uuid.UUID) -> SessionTarget | None:
+    """Where the running session ``job_id`` listens on one of this process's nodes, if it runs here."""
+    for executor in executors:
+        record = executor.session(job_id)
+        if record is not None and record.session_port is not None:
+            return SessionTarget(record.session_port, record.session_strip_prefix)
+    return None
+
+
+def exec_launch(executors: list[NodeExecutor], job_id: uuid.UUID, argv: list[str]) -> dict[str, Any] | str | None:
+    """How to run ``argv`` in the job's running placement on one of this process's nodes (``gpuctl exec``)."""
+    for executor in executors:
+        found = executor.exec_launch(job_id, argv)
+        if found is not None:
+            return found
+    return None
+
+
+def session_requested(executors: list[NodeExecutor], job_id: uuid.UUID) -> None:
+    for executor in executors:
+        if executor.session(job_id) is not None:
+            executor.session_requested(job_id)
+
+
 async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     producer = "executor/" + ",".join(config.node_ids)
     broker = Broker(config.amqp_url, producer=producer, connection_name=f"executor {producer}",
@@ -190,7 +216,7 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
                                   poll_interval_s=config.poll_interval_s, job_users=job_users,
                                   unsandboxed=config.unsandboxed, gpu_memory=gpu_memory,
                                   share_tolerance_pct=config.share_tolerance_pct,
-                                  share_sustain_s=config.share_sustain_s), broker)
+                                  share_sustain_s=config.share_sustain_s, sessions_dir=config.sessions_dir), broker)
         for node_id in config.node_ids
     ]
     for executor in executors:
@@ -208,8 +234,12 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
             await broker.consume(executor_queue(executor.node_id), executor.handle)
         READINESS.mark("consuming", None)
         log.info("executor.ready", nodes=list(config.node_ids), runtimes=list(config.runtimes))
-        logs = await start_log_endpoint([e.store.logs_dir for e in executors], lambda job_id: any(
-            r.job_id == job_id for e in executors for r in e.active_placements()))  # GPUORCH_LOGS_PORT, logs_http
+        logs = await start_log_endpoint(  # GPUORCH_LOGS_PORT, logs_http (logs, and the proxy to sessions)
+            [e.store.logs_dir for e in executors],
+            lambda job_id: any(r.job_id == job_id for e in executors for r in e.active_placements()),
+            session=lambda job_id: session_target(executors, job_id),
+            requested=lambda job_id: session_requested(executors, job_id),
+            exec_launch=lambda job_id, argv: exec_launch(executors, job_id, argv))
         lease = LeaseRenewer(broker, executors, interval_s=config.heartbeat_s,
                              fencing_deadline_s=config.fencing_deadline_s, fencing_grace_s=config.fencing_grace_s,
                              isolation=isolation, logs_url=logs.url if logs is not None else None)

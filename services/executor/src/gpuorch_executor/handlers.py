@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -41,6 +42,7 @@ from gpuorch_executor.domain.leader_epoch import judge_leader_epoch
 from gpuorch_executor.domain.fencing import predates_recovery
 from gpuorch_executor.domain.outcome import Outcome
 from gpuorch_executor.domain.placement import PlacementRecord
+from gpuorch_executor.domain.sessions import is_session, session_launch
 from gpuorch_executor.node import NodeContext, NodeSettings
 from gpuorch_executor.outbox import EventOutbox
 from gpuorch_executor.placement_store import PlacementStore
@@ -84,6 +86,8 @@ class NodeExecutor:
         written to ``lease.json`` before each supervisor starts, so a new job never reads a stale lease."""
         self.newest_leader_epoch = store.read_leader_epoch()
         """The newest scheduler leader epoch a command to this node carried (kept in the state directory)."""
+        self.session_requests: dict[uuid.UUID, float] = {}
+        """Session (job id) -> monotonic time of its last proxied request, or of its start (memory only)."""
         self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
             LaunchJob.TYPE: self.launch,
             StopJob.TYPE: self.stop,
@@ -173,12 +177,17 @@ class NodeExecutor:
                     "failed", "lost", "its LaunchJob was decided before this executor recovered from a lapsed "
                     "lease (the node may have been declared lost meanwhile)", None, 0.0, "fenced"))
                 return
+            port = None
+            if is_session(command):
+                port = free_port()
+                command = session_launch(command, port, self.settings.session_root / str(command.job_id))
             record = PlacementRecord(
                 placement_id=command.placement_id, job_id=command.job_id, node_id=self.node_id, launch=command,
                 runtime=command.spec.run.runtime,
                 log_path=str(self.store.log_path(command.job_id, command.placement_id)),
                 checkpoint_file=str(self.store.checkpoint_file(command.placement_id)),
-                traceparent=inject_trace({}).get("traceparent"),
+                traceparent=inject_trace({}).get("traceparent"), session_port=port,
+                session_strip_prefix=command.spec.session is None or command.spec.session.strip_prefix,
             )
             with tracer("gpuorch.executor").start_as_current_span("executor.launch", attributes={
                     "job_id": str(command.job_id), "gpuorch.placement_id": str(command.placement_id),
@@ -244,6 +253,9 @@ class NodeExecutor:
         )
         try:
             self.store.prepare(record, owner_uid=_owner_of_job_files(job, record.runtime))
+            if record.session_port is not None:
+                _prepare_work_dir(self.settings.session_root, command.job_id, _owner_of_job_files(job, record.runtime))
+                self.session_requests[command.job_id] = self.node.monotonic()
             supervised = backend.prepare(job)
         except (ValueError, OSError) as exc:
             log.warning("launch.error", placement_id=str(record.placement_id), reason=str(exc))
@@ -339,6 +351,73 @@ class NodeExecutor:
 
     def placement(self, placement_id: uuid.UUID) -> PlacementRecord | None:
         return self.records.get(placement_id)
+
+    # -- exec into a running job (gpuctl exec) ----------------------------------------------------------------
+
+    def exec_launch(self, job_id: uuid.UUID, argv: list[str]) -> dict[str, Any] | str | None:
+        """How to run ``argv`` inside the job's running placement here: its ``launch.json`` (environment, cwd,
+        cgroups, uid) with this argv; the tenant's allow-list judges the argv as it judges the job's own. None: no
+        running placement of the job here; a string: why it may not run."""
+        record = next((r for r in self.records.values() if r.job_id == job_id and r.state == "running"
+                       and r.launch is not None), None)
+        if record is None or record.launch is None:
+            return None
+        if record.runtime != "process":
+            return "exec runs in process jobs only (a container job: docker exec on its node)"
+        try:
+            run = ProcessRun(argv=argv)
+        except ValueError as exc:
+            return f"invalid argv: {exc}"
+        executable = self._resolve(argv[0])
+        refusal = self.settings.allow_list.check_process(record.launch.spec.tenant, run, executable)
+        if refusal is not None:
+            return refusal.reason
+        launch = self.store.read_launch(record.placement_id)
+        if launch is None:
+            return "the placement's launch record is missing"
+        return {**launch, "argv": list(argv), "executable": executable}
+
+    # -- sessions (domain.sessions) -----------------------------------------------------------------------------
+
+    def session(self, job_id: uuid.UUID) -> PlacementRecord | None:
+        """The session's running placement on this node (what the proxy forwards to), if any."""
+        for record in self.records.values():
+            if record.job_id == job_id and record.session_port is not None and record.state == "running":
+                return record
+        return None
+
+    def session_requested(self, job_id: uuid.UUID) -> None:
+        """A request went through the proxy to the session: it is not idle."""
+        self.session_requests[job_id] = self.node.monotonic()
+
+    def session_idle_s(self, record: PlacementRecord) -> float | None:
+        """Seconds since the session's last proxied request (or its start, or this executor's); None for a job
+        that is no session."""
+        if record.session_port is None:
+            return None
+        now = self.node.monotonic()
+        last = self.session_requests.setdefault(record.job_id, now)
+        return max(0.0, now - last)
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the kernel's choice); the session binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+def _prepare_work_dir(root: Path, job_id: uuid.UUID, owner_uid: int | None) -> None:
+    """The session's work directory (``0700``), created once and kept across parks; given (with what it holds) to
+    the uid this placement runs as, which may differ from the last one's."""
+    if not root.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o711)  # job uids pass through to their own directory, and list nothing
+    work_dir = root / str(job_id)
+    work_dir.mkdir(mode=0o700, exist_ok=True)
+    if owner_uid is not None and os.geteuid() == 0:
+        for path in [work_dir, *work_dir.rglob("*")]:
+            os.lchown(path, owner_uid, owner_uid)
 
 
 def _owner_of_job_files(job: JobLaunch, runtime: str) -> int | None:

@@ -71,7 +71,7 @@ class LeaseRenewer:
     def heartbeats(self) -> list[ExecutorHeartbeat]:
         beats = []
         for executor in self.executors:
-            active = [RunningPlacement(placement_id=r.placement_id, job_id=r.job_id)
+            active = [RunningPlacement(placement_id=r.placement_id, job_id=r.job_id, idle_s=executor.session_idle_s(r))
                       for r in executor.active_placements()]
             beats.append(ExecutorHeartbeat(
                 node_id=executor.node_id, sequence=self.sequence, fencing_deadline_s=self.fence.deadline_s,

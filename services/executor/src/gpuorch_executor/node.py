@@ -48,6 +48,14 @@ class NodeSettings:
     unsandboxed: bool = False
     """The operator's opt-out (``GPUORCH_EXECUTOR_UNSANDBOXED``): without ``job_users``, process jobs run as the
     executor's own user; unset, every process job is refused instead."""
+    sessions_dir: Path | None = None
+    """Where interactive sessions keep their work directories (``<dir>/<job id>``, kept across parks); None:
+    ``<state root>/sessions``, shared by the nodes of this process. Across hosts it must be shared storage
+    (``GPUORCH_EXECUTOR_SESSIONS_DIR``, docs/sessions.md)."""
+
+    @property
+    def session_root(self) -> Path:
+        return self.sessions_dir if self.sessions_dir is not None else self.state_dir.parent / "sessions"
 
     def __post_init__(self) -> None:
         if not self.producer:

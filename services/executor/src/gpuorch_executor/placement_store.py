@@ -151,6 +151,10 @@ class PlacementStore:
         write_json_atomically(path, launch, durable=False)  # read by the supervisor at once; moot after a power cut
         return path
 
+    def read_launch(self, placement_id: uuid.UUID) -> dict[str, Any] | None:
+        """What the placement's supervisor ran (argv, env, cwd, cgroups, user): ``gpuctl exec`` enters the same."""
+        return _read_json(self.placement_dir(placement_id) / "launch.json")
+
     def read_started(self, placement_id: uuid.UUID) -> dict[str, Any] | None:
         return _read_json(self.placement_dir(placement_id) / "started.json")
 

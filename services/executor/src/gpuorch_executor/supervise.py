@@ -154,6 +154,25 @@ class LeaseWatch:
             pass
 
 
+def enter_sandbox(launch: dict[str, Any]) -> None:
+    """In a child before it execs, with the executor's rights: join the job's cgroups (``cgroup``,
+    ``joined_cgroups``, ``device_cgroup`` of its ``launch.json``), then become its user (no supplementary group,
+    its gid, its uid, umask 077) and enter its ``cwd``. The job's own process and ``gpuctl exec`` of it both."""
+    for directory in dict.fromkeys((launch.get("cgroup"), *(launch.get("joined_cgroups") or []),
+                                    launch.get("device_cgroup"))):
+        if directory:
+            with open(os.path.join(directory, "cgroup.procs"), "w") as procs:
+                procs.write(str(os.getpid()))
+    user = launch.get("user")
+    if user is not None:
+        os.setgroups([])
+        os.setgid(int(user["gid"]))
+        os.setuid(int(user["uid"]))
+        os.umask(0o077)
+        if launch.get("cwd"):
+            os.chdir(launch["cwd"])
+
+
 def supervise(placement_dir: Path) -> int:
     launch = json.loads((placement_dir / "launch.json").read_text())
     cgroup: str | None = launch.get("cgroup")
@@ -175,17 +194,7 @@ def supervise(placement_dir: Path) -> int:
         for stray in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(stray, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        for directory in dict.fromkeys((cgroup, *joined, device_cgroup)):
-            if directory:
-                with open(os.path.join(directory, "cgroup.procs"), "w") as procs:
-                    procs.write(str(os.getpid()))
-        if user is not None:
-            os.setgroups([])
-            os.setgid(int(user["gid"]))
-            os.setuid(int(user["uid"]))
-            os.umask(0o077)
-            if cwd:
-                os.chdir(cwd)
+        enter_sandbox(launch)
 
     log_fd = os.open(launch["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640 if user else 0o600)
     try:

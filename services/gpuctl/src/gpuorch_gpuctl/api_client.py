@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,8 +61,18 @@ class ApiClient:
 
     def stream_lines(self, path: str, **params: Any) -> Iterator[str]:
         """Lines of a long response as they arrive (``?follow`` logs, live events)."""
-        request = self.http.build_request("GET", path, params=_clean(params),
-                                          timeout=httpx.Timeout(30.0, connect=5.0, read=None))
+        with self._streamed("GET", path, params=_clean(params)) as response:
+            yield from response.iter_lines()
+
+    def stream_bytes(self, method: str, path: str, body: Any = None) -> Iterator[bytes]:
+        """A long response's bytes as they arrive (``gpuctl exec``)."""
+        with self._streamed(method, path, json=body) as response:
+            yield from response.iter_raw()
+
+    @contextlib.contextmanager
+    def _streamed(self, method: str, path: str, **kwargs: Any) -> Iterator[httpx.Response]:
+        request = self.http.build_request(method, path, timeout=httpx.Timeout(30.0, connect=5.0, read=None),
+                                          **kwargs)
         try:
             response = self.http.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -70,7 +81,7 @@ class ApiClient:
             if response.status_code >= 400:
                 response.read()
                 fail(*self._refusal(response))
-            yield from response.iter_lines()
+            yield response
         except httpx.HTTPError as exc:
             fail(f"the stream from {self.endpoint.server} broke: {exc}")
         finally:

@@ -48,6 +48,7 @@ from gpuorch_gpuctl.output import (
     table_box,
 )
 from gpuorch_gpuctl.output import console as output_console
+from gpuorch_gpuctl.session_cmd import exec_command, session_app
 from gpuorch_gpuctl.settings import GpuctlSettings, Run, load_settings, start_run, this_run
 from gpuorch_gpuctl.terminal_text import cell, log_output, markup
 from gpuorch_gpuctl.top_cmd import gpu_count, top
@@ -60,6 +61,8 @@ app = typer.Typer(help="gpuctl: submit, watch, inspect and cancel gpuorch jobs (
 app.add_typer(array_app, name="array")
 app.add_typer(config_app, name="config")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(session_app, name="session")
+app.command("exec")(exec_command)
 app.command("events")(events)
 app.command("top")(top)
 
@@ -75,8 +78,8 @@ AmqpOpt = Annotated[str | None, typer.Option("--amqp-url", envvar="GPUORCH_AMQP_
 DsnOpt = Annotated[str | None, typer.Option("--dsn", envvar="GPUORCH_DATABASE_URL",
                                             help="read PostgreSQL directly (no API; for old scripts)")]
 JOB_STATES = ("submitted", "accepted", "rejected", "queued", "placed", "running", "preempting", "succeeded", "failed",
-              "cancelled", "lost")
-TIERS = ("training", "inference", "batch")
+              "cancelled", "lost", "parked")
+TIERS = ("training", "inference", "batch", "interactive")
 """``gpuorch_contracts.jobs.JobState`` and ``Tier``, written out so that building the commands does not load every
 message model (``gpuctl --help`` and the client commands stay fast); tests/test_lazy_commands.py holds them equal."""
 StateChoice = Enum("StateChoice", {s: s for s in JOB_STATES}, type=str)  # type: ignore[misc]

@@ -248,7 +248,7 @@ class SchedulerService:
     async def heartbeat(self, beat: NodeHeartbeat) -> None:
         """Renew a node's lease (in memory only; latest wins)."""
         lease_now = self._lease_clock()
-        self.scheduler.node_heartbeat(beat.node_id, lease_now)
+        self.scheduler.node_heartbeat(beat.node_id, lease_now, beat.gpus)
         if self._journal is not None:
             self._journal.renewed(beat, lease_now)
 

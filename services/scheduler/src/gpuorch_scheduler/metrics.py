@@ -60,7 +60,7 @@ from gpuorch_scheduling.step import Step
 from gpuorch_store import OutboxBacklog
 from prometheus_client import Counter, Gauge, Histogram
 
-TIERS = ("training", "inference", "batch")
+TIERS = ("training", "inference", "batch", "interactive")
 FLAVOR = "default"
 COHORT = ""
 _KUEUE_WAIT_BUCKETS = (1.0, *(2.5 * 2**k for k in range(13)))

@@ -162,7 +162,7 @@ def array_row(array: ArrayRecord) -> tuple[Any, ...]:
     return (
         array.array_id, spec.name, spec.tenant, spec.tier, spec.priority_class, array.state, _spec_json(spec), None,
         [], "[]", None, array.reason, None, 0, None, _ts(array.accepted_at), None, None, _ts(array.ended_at), None,
-        None, None, json.dumps(array.counts()),
+        None, None, json.dumps(array.counts()), None,
     )
 
 
@@ -176,23 +176,24 @@ def job_row(job: JobRecord, waiting: Waiting | None) -> tuple[Any, ...]:
         waiting.reason if queued else None, job.requeues, job.log_path,  # type: ignore[union-attr]
         _ts(job.accepted_at), _ts(job.placed_at), _ts(job.started_at), _ts(job.ended_at),
         _ts(waiting.estimated_start) if queued else None,  # type: ignore[union-attr]
-        job.array_id, job.array_index, None,
+        job.array_id, job.array_index, None, json.dumps(job.parks) if job.parks else None,
     )
 
 
 _UPSERT_JOB = """
 INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, placement_id, node_ids, assignments,
                   exit_code, reason, pending_reason, requeues, log_path, submitted_at, placed_at, started_at, ended_at,
-                  estimated_start, array_id, array_index, array_counts)
+                  estimated_start, array_id, array_index, array_counts, session_parks)
 VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10::text::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-        $20, $21, $22, $23::text::jsonb)
+        $20, $21, $22, $23::text::jsonb, $24::text::jsonb)
 ON CONFLICT (job_id) DO UPDATE SET
     state = excluded.state, placement_id = excluded.placement_id, node_ids = excluded.node_ids,
     spec = CASE WHEN excluded.requeues <> jobs.requeues THEN excluded.spec ELSE jobs.spec END,
     assignments = excluded.assignments, exit_code = excluded.exit_code, reason = excluded.reason,
     pending_reason = excluded.pending_reason, requeues = excluded.requeues, log_path = excluded.log_path,
     placed_at = excluded.placed_at, started_at = excluded.started_at, ended_at = excluded.ended_at,
-    estimated_start = excluded.estimated_start, array_counts = excluded.array_counts, updated_at = now()
+    estimated_start = excluded.estimated_start, array_counts = excluded.array_counts,
+    session_parks = excluded.session_parks, updated_at = now()
 """
 
 _INSERT_REJECTED = """

@@ -22,6 +22,7 @@ from gpuorch_scheduling.fairshare import FairSharePolicy
 from gpuorch_scheduling.mig import MigControl
 from gpuorch_scheduling.queueing import QueuePolicy
 from gpuorch_scheduling.scheduler import SchedulerConfig
+from gpuorch_scheduling.sessions import SessionPolicy, parse_park_by_tenant
 from gpuorch_settings import setting
 from pydantic import PrivateAttr, model_validator
 
@@ -66,6 +67,11 @@ class Settings(BrokerSettings):
                               'identity map)')
     preemption_margin_s: float = setting("GPUORCH_PREEMPTION_MARGIN_S", 60.0, "seconds past a victim's checkpoint "
                                          "grace before a silent preemption is requeued", ge=0)
+    session_idle_park_s: float = setting("GPUORCH_SESSION_IDLE_PARK_S", 1800.0, "an interactive session with no "
+                                         "proxied request and GPU utilisation below 1 % this long is parked (a "
+                                         "session's own idle_park_after_s wins)", ge=10)
+    session_idle_park_by_tenant: str = setting("GPUORCH_SESSION_IDLE_PARK_BY_TENANT", "", 'per-tenant default of '
+                                               'GPUORCH_SESSION_IDLE_PARK_S: JSON {"<tenant>": seconds, "*": ...}')
     snapshot_every_events: int = setting("GPUORCH_SNAPSHOT_EVERY_EVENTS", 20000, "snapshot the state every N "
                                          "logged events", ge=1)
     snapshot_every_s: float = setting("GPUORCH_SNAPSHOT_EVERY_S", 300.0, "... or every T seconds when anything "
@@ -109,6 +115,10 @@ class Settings(BrokerSettings):
     def _derive(self) -> Settings:
         if self.leader_renew_s * 2 > self.leader_lease_s:
             raise ValueError("GPUORCH_LEADER_RENEW_S must be at most half of GPUORCH_LEADER_LEASE_S")
+        try:
+            parse_park_by_tenant(self.session_idle_park_by_tenant)
+        except ValueError as exc:
+            raise ValueError(f"GPUORCH_SESSION_IDLE_PARK_BY_TENANT: {exc}") from exc
         quotas_text = self.quotas
         if not quotas_text and self.quotas_file:
             try:
@@ -168,7 +178,12 @@ class Settings(BrokerSettings):
         return SchedulerConfig(
             liveness=LivenessPolicy(suspect_after_s=self.suspect_after_s, lost_after_s=self.lost_after_s),
             queues=self.queues, preemption_margin_s=self.preemption_margin_s, retention_s=self.retention_s,
-            identity=self.identity_map, trust_unidentified=self.trust_all, mig=self.mig_control)
+            identity=self.identity_map, trust_unidentified=self.trust_all, mig=self.mig_control,
+            sessions=self.session_policy)
+
+    @property
+    def session_policy(self) -> SessionPolicy:
+        return SessionPolicy(self.session_idle_park_s, parse_park_by_tenant(self.session_idle_park_by_tenant))
 
     @property
     def batch_wait_s(self) -> float:

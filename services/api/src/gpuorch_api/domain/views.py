@@ -16,7 +16,7 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-TIERS = ("training", "inference", "batch")
+TIERS = ("training", "inference", "batch", "interactive")
 
 
 def _gpu_allocations(node_id: str, allocations: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -400,8 +400,37 @@ function submitPage() {
 
 // -- routing, live events, sign-in ------------------------------------------------------------------------------
 
+// -- sessions: GET /api/v1/sessions; open (the proxy, signed in once with ?token=), park, resume, stop -----------
+
+async function sessionsPage() {
+  const sessions = await api("/api/v1/sessions");
+  const act = (path, body) => async () => {
+    try { await api(path, { method: "POST", body: JSON.stringify(body || {}) }); } catch (e) { alert(e.message); }
+    refreshSoon();
+  };
+  const saved = sessions.reduce((sum, s) => sum + (s.parked_gpu_hours || 0), 0);
+  return el("section", { id: "sessions" }, el("h2", {}, `Sessions (${sessions.length})`),
+    el("p", { class: "hint" }, `Parking idle sessions gave back ${hours(saved)} GPU-hours.`),
+    table(["session", "name", "tenant", "state", "node", "gpus", "parks", "GPU-h given back", "reason", ""],
+      sessions.map((s) => {
+        const ended = ["succeeded", "failed", "cancelled", "rejected"].includes(s.state);
+        const open = `${s.url}?${new URLSearchParams({ token: state.token })}`;
+        return [
+          el("a", { href: `#/job/${s.id}`, class: "job-link", "data-job": s.id }, s.id.slice(0, 8)), s.name, s.tenant,
+          stateCell(s.state), s.node || "-", s.gpus, String(s.parks), hours(s.parked_gpu_hours),
+          s.pending_reason || s.reason || "",
+          el("span", { class: "actions" },
+            ended ? null : el("a", { href: open, target: "_blank", rel: "noopener", class: "open-session" }, "open"),
+            s.state === "running" ? el("button", { onclick: act(`/api/v1/sessions/${s.id}/park`) }, "park") : null,
+            s.state === "parked" ? el("button", { onclick: act(`/api/v1/sessions/${s.id}/resume`) }, "resume") : null,
+            ended ? null : el("button", { onclick: act(`/api/v1/jobs/${s.id}/cancel`,
+              { reason: "session stopped by its owner" }) }, "stop")),
+        ];
+      })));
+}
+
 const pages = { fleet: fleetPage, queues: queuesPage, jobs: jobsPage, tenants: tenantsPage, week: weekPage,
-  report: reportPage, submit: submitPage };
+  report: reportPage, submit: submitPage, sessions: sessionsPage };
 
 async function render() {
   const [, page = "fleet", id] = location.hash.split("/");

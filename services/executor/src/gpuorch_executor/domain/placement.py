@@ -79,6 +79,9 @@ class PlacementRecord(BaseModel):
     """W3C trace context of the command that created the record: every event about it joins that trace."""
     """Events (contract JSON) to publish, in order; removed one by one as the broker confirms them."""
     outcome_type: str | None = None
+    session_port: int | None = None
+    """An interactive session's port on this node (``domain.sessions``): where the proxy forwards its requests."""
+    session_strip_prefix: bool = True
 
     def advance(self, target: PlacementState) -> None:
         """Move along the lifecycle (``lifecycle.ALLOWED_TRANSITIONS``); raises ``IllegalTransition`` otherwise."""

@@ -853,9 +853,8 @@ class SimulatedNvml:
         return int(capacity_mib * share)
 
     def _process_util(self, gpu: SimGpu, proc: SimProcess) -> float:
-        if proc.usage.util_pct is not None:
-            return proc.usage.util_pct
-        return float(40 + int(56 * _stable_fraction(self.seed, gpu.uuid, proc.pid, "util")))
+        # a process that declares no usage shows none: a sleeping notebook must look idle (sessions park it)
+        return proc.usage.util_pct if proc.usage.util_pct is not None else 0.0
 
     def _gpu_util(self, gpu: SimGpu) -> float:
         return self._usage(gpu)[1]

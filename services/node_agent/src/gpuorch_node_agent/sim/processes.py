@@ -7,7 +7,8 @@ node of the process (a fleet scans once per ``max_age_s``, not once per GPU).
 
 A job may declare the usage it should show with ``GPUORCH_SIM_USAGE`` (format: ``gpuorch_contracts.simulated_usage``,
 e.g. ``util=85,mem_mib=20000``); a scan resolves usage that changes over time (``mem_mib_from``) at the process's
-age then, so a job's memory can grow while it runs. Missing keys get deterministic defaults (see ``SimulatedNvml``).
+age then, so a job's memory can grow while it runs. A missing ``util`` is 0 % (a process that declares nothing
+looks idle, as a sleeping notebook does); missing memory gets a deterministic default (see ``SimulatedNvml``).
 """
 
 from __future__ import annotations

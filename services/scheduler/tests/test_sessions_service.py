@@ -1,0 +1,83 @@
+"""A session through the service (PostgreSQL): parked when its heartbeats show it idle, in the read model with the
+GPUs it gave back; a scheduler restarted from the log (failover) has it parked, and resumes it on its owner's
+request."""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+import pytest
+from gpuorch_contracts import (
+    ChangeSession,
+    ExecutorHeartbeat,
+    GpuLive,
+    GpuRequest,
+    JobFailed,
+    JobSpec,
+    JobStarted,
+    NodeHeartbeat,
+    ProcessRun,
+    RunningPlacement,
+    SessionSpec,
+    SubmitJob,
+)
+from gpuorch_identity import Identity, IdentityMap
+from gpuorch_scheduler.handlers import SchedulerService
+from gpuorch_scheduling.scheduler import SchedulerConfig
+from gpuorch_scheduling.testing import registered_node
+
+pytestmark = pytest.mark.integration
+MAP = IdentityMap(identities={
+    "acme-ci": Identity(role="submitter", tenants=["acme"], default_tenant="acme"),
+    "research-ci": Identity(role="submitter", tenants=["research"], default_tenant="research"),
+})
+
+
+async def test_a_parked_session_is_state_from_the_log(migrated_dsn: str) -> None:
+    clock = [1_000_000.0]
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        service = SchedulerService(conn, SchedulerConfig(identity=MAP), clock=lambda: clock[0])
+        await service.recover()
+        await service.handle_batch([registered_node("n1", gpus=2)], senders=["node-agent-n1"])
+        submit = SubmitJob(spec=JobSpec(run=ProcessRun(argv=["python", "-m", "http.server", "$(GPUORCH_PORT)"]),
+                                        tier="interactive", session=SessionSpec(idle_park_after_s=20),
+                                        resources=GpuRequest(gpus=1)))
+        await service.handle_batch([submit], senders=["acme-ci"])
+        job = service.state.jobs[submit.job_id]
+        assert job.state == "placed" and job.spec.session is not None and job.spec.session.owner == "acme-ci"
+        placement = job.placement_id
+        assert placement is not None
+        await service.handle_batch([JobStarted(job_id=job.job_id, placement_id=placement, node_id="n1")],
+                                   senders=["executor-n1"])
+        for _ in range(4):  # 30 s of heartbeats: GPUs idle, no request through the proxy
+            await service.heartbeat(NodeHeartbeat(node_id="n1", inventory_hash="h", sequence=1, gpus=[
+                GpuLive(index=0, utilization_pct=0.0), GpuLive(index=1, utilization_pct=0.0)]))
+            await service.executor_heartbeat(ExecutorHeartbeat(
+                node_id="n1", sequence=1, fencing_deadline_s=60, interval_s=10,
+                running=[RunningPlacement(placement_id=placement, job_id=job.job_id, idle_s=clock[0] - 1_000_000.0)]))
+            await service.tick()
+            clock[0] += 10.0
+        assert service.state.jobs[job.job_id].state == "preempting"  # the checkpoint handshake under way
+        await service.handle_batch([JobFailed(job_id=job.job_id, placement_id=placement, node_id="n1",
+                                              cause="killed", reason="stopped", stop_reason="preempt")],
+                                   senders=["executor-n1"])
+        row = await conn.fetchrow("SELECT state, node_ids, session_parks, reason FROM jobs WHERE job_id = $1",
+                                  job.job_id)
+        assert row["state"] == "parked" and row["node_ids"] == [] and "idle for" in row["reason"]
+        (park,) = json.loads(row["session_parks"])
+        assert park[1] is None and park[2] == 1.0
+        assert service.state.gpu_usage() == {}
+
+        restarted = SchedulerService(conn, SchedulerConfig(identity=MAP), clock=lambda: clock[0])
+        await restarted.recover()  # the standby that takes over rebuilds from the log
+        assert restarted.state.jobs[job.job_id].state == "parked" and restarted.state.gpu_usage() == {}
+        await restarted.handle_batch([ChangeSession(job_id=job.job_id, action="resume")], senders=["research-ci"])
+        assert restarted.state.jobs[job.job_id].state == "parked"  # another tenant may not
+        await restarted.handle_batch([ChangeSession(job_id=job.job_id, action="resume")], senders=["acme-ci"])
+        assert restarted.state.jobs[job.job_id].state == "placed"
+        row = await conn.fetchrow("SELECT state, session_parks FROM jobs WHERE job_id = $1", job.job_id)
+        assert row["state"] == "placed" and json.loads(row["session_parks"])[0][1] is not None
+    finally:
+        await conn.close()
