@@ -38,8 +38,8 @@ from prometheus_client import Counter, Histogram
 from gpuorch_executor.backends.base import JobLaunch
 from gpuorch_executor.backends.container import container_user
 from gpuorch_executor.domain.allowlist import Refusal
-from gpuorch_executor.domain.leader_epoch import judge_leader_epoch
 from gpuorch_executor.domain.fencing import predates_recovery
+from gpuorch_executor.domain.leader_epoch import judge_leader_epoch
 from gpuorch_executor.domain.outcome import Outcome
 from gpuorch_executor.domain.placement import PlacementRecord
 from gpuorch_executor.domain.sessions import is_session, session_launch
