@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import uuid
 
-from gpuorch_contracts import GpuRequest, JobFailed, JobRequeued, JobSpec, ProcessRun, SubmitJob
-from gpuorch_scheduling.escalation import next_mig_profiles, next_share
-from gpuorch_scheduling.scheduler import Scheduler
+from gpuorch_contracts import GpuRequest, JobFailed, JobPlaced, JobRequeued, JobSpec, ProcessRun, SubmitJob
+from gpuorch_policy.mig_planner import PlannerSettings
+from gpuorch_scheduling.escalation import next_mig_profiles, next_share, share_escalation
+from gpuorch_scheduling.harness import Harness
+from gpuorch_scheduling.mig import MigControl
+from gpuorch_scheduling.scheduler import Scheduler, SchedulerConfig
 from gpuorch_scheduling.state import SchedulerState
 from gpuorch_scheduling.step import Input
 from gpuorch_scheduling.testing import registered_node
+from gpuorch_scheduling.world import with_mig_layout
 
 RUN = ProcessRun(argv=["python", "serve.py"])
 SHARE = GpuRequest(gpu_milli=250, gpu_memory_mib=4096)
@@ -70,7 +74,7 @@ def test_a_share_nothing_in_the_fleet_fits_fails_with_that_reason() -> None:
     step = scheduler.step([Input(exceeded(scheduler, job_id, 90000))], 3.0)
     job = scheduler.state.jobs[job_id]
     assert job.state == "failed"
-    assert "no GPU in the fleet has 108000 MiB" in (job.reason or "")
+    assert "no share, MIG profile or GPU in the fleet holds 108000 MiB" in (job.reason or "")
     assert not [e for e, _ in step.events if isinstance(e, JobRequeued)]
 
 
@@ -115,3 +119,68 @@ def test_a_mig_job_ending_by_itself_or_stopped_is_not_escalated() -> None:
                        reason="exited 3")
     scheduler.step([Input(failed)], 3.0)
     assert scheduler.state.jobs[submit.job_id].state == "failed"
+
+
+H100 = [("H100-80GB", 81920)]
+ALL_H100_PROFILES = {"H100-80GB": {"1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}}
+
+
+def test_a_mig_profile_in_reach_wins_over_a_share_of_the_same_memory_if_it_gives_the_share_compute() -> None:
+    mig, how = share_escalation(SHARE, 36864, H100, ALL_H100_PROFILES)  # type: ignore[misc]
+    assert mig == GpuRequest(mig_profiles=["3g.40gb", "4g.40gb"]) and "escalated to MIG 3g.40gb/4g.40gb" in how
+    tenth = GpuRequest(gpu_milli=100, gpu_memory_mib=4096)
+    assert share_escalation(tenth, 9000, H100, {"H100-80GB": {"1g.10gb"}})[0].mig_profiles == ["1g.10gb"]  # type: ignore[index]
+    # 1g.10gb gives 1/7 of the SMs, less than 250m: the share of 9984 MiB keeps the compute the job asked for
+    assert share_escalation(SHARE, 9000, H100, {"H100-80GB": {"1g.10gb"}})[0].gpu_memory_mib == 9984  # type: ignore[index]
+
+
+def test_out_of_mig_reach_the_share_grows_then_a_whole_gpu_then_nothing() -> None:
+    assert share_escalation(SHARE, 36864, H100, {})[0].gpu_memory_mib == 40448  # type: ignore[index]
+    l4 = [("L4", 23034)]
+    whole, how = share_escalation(SHARE, 23000, l4, {})  # type: ignore[misc]  # a share rounds up to 23552 MiB
+    assert whole == GpuRequest(gpus=1) and "whole GPU" in how
+    assert share_escalation(SHARE, 23100, l4, {}) is None
+    assert share_escalation(GpuRequest(gpu_memory_mib=4096, gpu_models=["L4"]), 36864, H100 + l4,
+                            ALL_H100_PROFILES) is None  # only L4 accepted
+
+
+def test_a_share_on_a_mig_enabled_fleet_in_mode_off_goes_to_an_instance_that_exists() -> None:
+    scheduler = Scheduler()
+    node = registered_node("n1", gpus=2, model="H100-80GB")
+    gpus = node.inventory.gpus
+    sliced = [gpus[0], with_mig_layout(gpus[1], ["3g.40gb"])]
+    node = node.model_copy(update={"inventory": node.inventory.model_copy(update={"gpus": sliced})})
+    scheduler.step([Input(node)], 1.0)
+    submit = SubmitJob(spec=JobSpec(name="serve", run=RUN, resources=SHARE, max_requeues=3))
+    scheduler.step([Input(submit)], 2.0)
+    step = scheduler.step([Input(exceeded(scheduler, submit.job_id, 30720))], 3.0)
+    [requeued] = [e for e, _ in step.events if isinstance(e, JobRequeued)]
+    assert requeued.resources == GpuRequest(mig_profiles=["3g.40gb"])
+    assert "escalated to MIG 3g.40gb (40448 MiB): peak 30720 MiB + 20 % headroom = 36864 MiB" in requeued.reason
+    job = scheduler.state.jobs[submit.job_id]
+    assert job.state == "placed" and job.assignments[0].gpus[0].mig_profile == "3g.40gb"  # on the existing slice
+
+
+def test_harness_an_outgrown_share_lands_on_the_mig_profile_the_planner_slices_for_it() -> None:
+    control = MigControl(planner=PlannerSettings(mode="auto", min_pending_s=0, min_interval_s=0), plan_interval_s=30)
+    h = Harness(SchedulerConfig(mig=control), mig_apply_s=5)
+    h.add_node(registered_node("n0", gpus=1, model="H100-80GB").inventory)
+    job = h.submit(JobSpec(name="serve", run=RUN, resources=SHARE, max_requeues=2), at=1, runtime_s=60)
+
+    def watchdog_stops_it() -> None:  # the executor's share watchdog: the run ends, its report reaches the scheduler
+        placement = h.state.jobs[job.job_id].placement_id
+        h.world.nodes["n0"].runs.pop(placement)
+        h.send(JobFailed(job_id=job.job_id, placement_id=placement, node_id="n0", cause="gpu_oom",
+                         stop_reason="gpu_memory_exceeded", gpu_memory_peak_mib=30720,
+                         reason="gpu_memory_exceeded: used 30720 MiB of 4096"), at=h.now)
+
+    placed: list[JobPlaced] = []
+    h.observers.append(lambda step, _: placed.extend(e for e, _ in step.events if isinstance(e, JobPlaced)))
+    h.at(10, watchdog_stops_it)
+    h.run()
+    assert [p.assignments[0].gpus[0].mig_profile for p in placed] == [None, "3g.40gb"]
+    record = h.state.jobs[job.job_id]
+    assert job.state == "succeeded" and job.placements == 2 and record.requeues == 1
+    assert record.spec.resources.mig_profiles == ["3g.40gb", "4g.40gb"]
+    gpu = h.state.nodes["n0"].inventory.gpus[0]
+    assert gpu.mig_enabled and {m.profile for m in gpu.mig_instances} & {"3g.40gb", "4g.40gb"}

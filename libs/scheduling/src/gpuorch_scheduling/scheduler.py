@@ -234,7 +234,8 @@ class Scheduler:
             if isinstance(incoming, JobLost):
                 decision, follow_up = after_lost(self.state, incoming), None
             elif isinstance(incoming, JobFailed) and escalation.escalates(self.state, incoming):
-                decision, follow_up = escalation.after_gpu_memory_exceeded(self.state, incoming), None
+                decision, follow_up = escalation.after_gpu_memory_exceeded(
+                    self.state, incoming, self.config.mig.mode), None
             known.logged_ids.add(incoming.message_id)
             self._record(step, incoming, item.trace, stamp=False)
             if not isinstance(incoming, JobStarted | JobCheckpointed):
