@@ -13,9 +13,12 @@ from gpuorch_contracts import GpuAllocation, GpuRequest, JobFailed, JobFinished,
 from gpuorch_executor.backends.base import JobLaunch
 from gpuorch_executor.backends.mps import MpsControl
 from gpuorch_executor.backends.process import ProcessBackend
+from gpuorch_executor.domain.container_processes import container_memory_mib, in_container
 from gpuorch_executor.domain.outcome import ExitReport, classify
+from gpuorch_executor.domain.placement import PlacementRecord
 from gpuorch_executor.domain.share_memory import Exceeded, ShareMemoryWatch, share_memory_limit, tolerance_mib
 from gpuorch_executor.gpu_memory import DeclaredGpuMemory, NvmlGpuMemory
+from gpuorch_executor.share_watchdog import ShareWatchdog
 
 from .conftest import NODE, Harness
 
@@ -113,3 +116,47 @@ async def test_nvml_memory_counts_only_the_jobs_own_processes(tmp_path: Path) ->
     nvml.job_pid = record.job_pid or 0
     assert NvmlGpuMemory(nvml).job_memory_mib(record) == 3000
     await harness.executor.settings.backends["process"].kill(record)
+
+
+CID = "3f" * 32  # a container's full id, as docker run --cidfile writes it
+OTHER = "a1" * 32
+CGROUPS = {  # /proc/<pid>/cgroup as the host shows it, one cgroup layout per process of the container
+    101: f"12:memory:/docker/{CID}\n11:devices:/docker/{CID}\n",  # cgroup v1, cgroupfs driver
+    102: f"0::/system.slice/docker-{CID}.scope\n",  # cgroup v2, systemd driver
+    103: f"0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-{CID}.scope\n",  # containerd under Kubernetes
+    201: f"0::/docker/{OTHER}\n",  # a neighbour share's container on the same GPU
+    202: f"0::/docker/{CID}ff\n",  # a longer id that merely starts with ours
+    203: "0::/user.slice/user-1000.slice/session-2.scope\n",  # a process on the host
+}
+
+
+def test_a_container_owns_the_gpu_processes_whose_cgroup_names_its_full_id() -> None:
+    assert [pid for pid, text in CGROUPS.items() if in_container(text, CID)] == [101, 102, 103]
+    assert not in_container(CGROUPS[101], "gpuorch-" + CID[:12])  # a name or a short id is never matched
+    samples = [(101, 1000 << 20), (102, 2000 << 20), (201, 30720 << 20), (203, 512 << 20), (104, 9 << 20),
+               (103, None)]
+    assert container_memory_mib(samples, CGROUPS, CID) == 3000  # 104: gone (no cgroup); 103: no reading
+
+
+def test_the_watchdog_stops_a_container_share_from_nvml_and_cgroups(tmp_path: Path) -> None:
+    class FakeNvml:
+        def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:  # noqa: N802 - NVML's name
+            return uuid
+
+        def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[SimpleNamespace]:  # noqa: N802
+            return [SimpleNamespace(pid=101, usedGpuMemory=3000 << 20), SimpleNamespace(pid=102, usedGpuMemory=27720 << 20),
+                    SimpleNamespace(pid=201, usedGpuMemory=4000 << 20)]
+
+    probe = NvmlGpuMemory(FakeNvml(), read_cgroup=CGROUPS.get)
+    harness = Harness(tmp_path / "state", gpu_memory=probe, share_sustain_s=0.0, share_sample_s=0.0)
+    job = share_job("", 5)
+    record = PlacementRecord(placement_id=job.placement_id, job_id=job.job_id, node_id=NODE, state="running",
+                             runtime="container", launch=job, container_name=f"gpuorch-{job.placement_id}")
+    assert probe.job_memory_mib(record) is None  # no container id yet: the sample is skipped
+    watchdog = ShareWatchdog(harness.executor.node)
+    assert watchdog.check(record) is None  # before Docker wrote the cidfile
+    directory = harness.executor.node.store.placement_dir(job.placement_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "container.id").write_text(CID + "\n")
+    verdict = watchdog.check(record) or watchdog.check(record)
+    assert verdict is not None and verdict.used_mib == 30720 and verdict.limit_mib == 4096  # the neighbour's 4000 not

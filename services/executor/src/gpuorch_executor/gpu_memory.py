@@ -5,24 +5,30 @@ Two probes, chosen by ``GPUORCH_EXECUTOR_GPU_MEMORY_PROBE`` (``probe_for``):
 
 - ``NvmlGpuMemory`` (a real GPU node): NVML's per-process memory (``nvmlDeviceGetComputeRunningProcesses``, the
   call the node-agent samples with) on each GPU or MIG device of the placement, summed over the job's processes;
+  for a container job, over the processes whose cgroup names the container's id (``domain.container_processes``:
+  NVML gives host pids, ``/proc/<pid>/cgroup`` ties them to the container);
 - ``DeclaredGpuMemory`` (no NVML: the simulated fleet): the memory each of the job's processes declares in
   ``GPUORCH_SIM_USAGE`` (``gpuorch_contracts.simulated_usage``: ``mem_mib``, and ``mem_mib_from`` steps resolved at
   the process's age), the same declaration the node-agent's simulated NVML shows; a process that declares no
   ``mem_mib`` counts 0 here (the simulated NVML then shows a seeded share of the device).
 
-``job_memory_mib`` returns None when it cannot tell (no job process, NVML error, a container job: its processes are
-not the job process's descendants); the watchdog then skips that sample. Never raises.
+``job_memory_mib`` returns None when it cannot tell (no job process, NVML error, a container job whose id is not
+known yet, or any container job under the declared probe: its processes are not the job process's descendants, and
+the simulated fleet runs no container engine); the watchdog then skips that sample. Never raises.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
 from gpuorch_contracts.simulated_usage import USAGE_VARIABLE, parse_usage
 from gpuorch_observability import get_logger
 
+from gpuorch_executor.domain.container_processes import container_memory_mib
 from gpuorch_executor.domain.placement import PlacementRecord
 
 log = get_logger(__name__)
@@ -31,7 +37,8 @@ log = get_logger(__name__)
 class GpuMemoryProbe(Protocol):
     name: str
 
-    def job_memory_mib(self, record: PlacementRecord) -> int | None: ...
+    def job_memory_mib(self, record: PlacementRecord, container_id: str | None = None) -> int | None:
+        """MiB the placement's processes hold now; ``container_id``: a container job's full id (``--cidfile``)."""
 
 
 def job_processes(record: PlacementRecord) -> list[psutil.Process] | None:
@@ -55,7 +62,7 @@ class DeclaredGpuMemory:
     def __init__(self, clock: Any = time.time) -> None:
         self.clock = clock
 
-    def job_memory_mib(self, record: PlacementRecord) -> int | None:
+    def job_memory_mib(self, record: PlacementRecord, container_id: str | None = None) -> int | None:
         processes = job_processes(record)
         if processes is None:
             return None
@@ -80,26 +87,50 @@ class NvmlGpuMemory:
 
     name = "nvml"
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, read_cgroup: Callable[[int], str | None] | None = None) -> None:
         self.nvml = nvml
+        self.read_cgroup = read_cgroup or proc_cgroup
 
-    def job_memory_mib(self, record: PlacementRecord) -> int | None:
+    def job_memory_mib(self, record: PlacementRecord, container_id: str | None = None) -> int | None:
+        if record.launch is None:
+            return None
+        if record.runtime == "container":
+            if container_id is None:
+                return None
+            samples = self._samples(record)
+            if samples is None:
+                return None
+            cgroups = {pid: self.read_cgroup(pid) for pid, _ in samples}
+            return container_memory_mib(samples, cgroups, container_id)
         processes = job_processes(record)
-        if processes is None or record.launch is None:
+        samples = self._samples(record) if processes is not None else None
+        if processes is None or samples is None:
             return None
         pids = {p.pid for p in processes}
-        total = 0
+        return sum(used >> 20 for pid, used in samples if pid in pids and isinstance(used, int))
+
+    def _samples(self, record: PlacementRecord) -> list[tuple[int, int | None]] | None:
+        """(host pid, used bytes) of every process NVML lists on the placement's devices; None on an NVML error."""
+        samples: list[tuple[int, int | None]] = []
         try:
-            for gpu in record.launch.gpus:
+            for gpu in record.launch.gpus if record.launch is not None else []:
                 handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu.gpu_uuid)
                 for info in self.nvml.nvmlDeviceGetComputeRunningProcesses(handle) or []:
                     used = getattr(info, "usedGpuMemory", None)
-                    if info.pid in pids and isinstance(used, int):
-                        total += used >> 20
+                    samples.append((info.pid, used if isinstance(used, int) else None))
         except Exception as exc:  # NVML errors are many classes; one bad read only skips a sample
             log.debug("gpu_memory.nvml_failed", placement_id=str(record.placement_id), error=str(exc))
             return None
-        return total
+        return samples
+
+
+def proc_cgroup(pid: int) -> str | None:
+    """``/proc/<pid>/cgroup`` as this process reads it (paths relative to the executor's cgroup namespace: the
+    host's, where it runs on the host); None when the process is gone or it cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text(errors="replace")
+    except OSError:
+        return None
 
 
 def probe_for(setting: str) -> GpuMemoryProbe | None:

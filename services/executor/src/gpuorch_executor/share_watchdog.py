@@ -6,6 +6,10 @@ stopping; samples it at most every ``NodeSettings.share_sample_s`` through the n
 The verdict makes the watch stop that placement like any stop (checkpoint signal, grace, SIGKILL) with reason
 ``gpu_memory_exceeded``; its neighbours on the GPU are other placements and are not touched.
 
+A container job is sampled too: its id comes from the ``--cidfile`` in the placement directory, and the NVML probe
+counts the processes whose cgroup names it (``domain.container_processes``); until Docker wrote the id, and always
+under the declared probe (the simulated fleet runs no container engine), its samples are skipped.
+
 What a sample says is kept in memory only: after an executor restart a placement's sustain window starts again
 (at most ``sustain_s`` later than it would have). Placements without a share memory limit are never sampled.
 """
@@ -17,6 +21,7 @@ import uuid
 from gpuorch_observability import get_logger
 from prometheus_client import Counter
 
+from gpuorch_executor.backends.container import read_container_id
 from gpuorch_executor.domain.placement import PlacementRecord
 from gpuorch_executor.domain.share_memory import Exceeded, ShareMemoryWatch, share_memory_limit, tolerance_mib
 from gpuorch_executor.node import NodeContext
@@ -46,7 +51,9 @@ class ShareWatchdog:
         if now < self.next_sample.get(record.placement_id, 0.0):
             return None
         self.next_sample[record.placement_id] = now + settings.share_sample_s
-        used = settings.gpu_memory.job_memory_mib(record)
+        container_id = read_container_id(self.node.store.placement_dir(record.placement_id)) \
+            if record.runtime == "container" else None
+        used = settings.gpu_memory.job_memory_mib(record, container_id)
         if used is None:
             return None
         watch = self.watches.get(record.placement_id)

@@ -32,6 +32,7 @@ from gpuorch_observability import get_logger, record_job_span, tracing_exported
 from prometheus_client import Counter, Gauge
 
 from gpuorch_executor.backends.base import create_time_of, same_process
+from gpuorch_executor.backends.container import read_container_id
 from gpuorch_executor.backends.job_users import reclaim
 from gpuorch_executor.domain.lifecycle import StopReason
 from gpuorch_executor.domain.outcome import ExitReport, Outcome, classify
@@ -115,11 +116,7 @@ class PlacementWatch:
     def _container_id(self, record: PlacementRecord) -> str | None:
         if record.container_name is None:
             return None
-        cidfile = self.node.store.placement_dir(record.placement_id) / "container.id"
-        try:
-            return cidfile.read_text().strip() or record.container_name
-        except OSError:
-            return record.container_name
+        return read_container_id(self.node.store.placement_dir(record.placement_id)) or record.container_name
 
     # -- stopping ---------------------------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ DOCKER_CLIENT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 NOBODY = "65534:65534"
 SCRATCH_TMPFS = "/tmp:rw,nosuid,nodev,size=1g"
 ENV_FILE_NAME = "container.env"
+CIDFILE_NAME = "container.id"
 
 
 def resolve_docker(docker: str, path: str | None = None) -> str:
@@ -60,6 +61,15 @@ def resolve_docker(docker: str, path: str | None = None) -> str:
     if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
         raise ValueError(f"docker client {docker!r} not found (GPUORCH_EXECUTOR_DOCKER: give an absolute path)")
     return os.path.realpath(found) if not os.path.isabs(docker) else found
+
+
+def read_container_id(placement_dir: Path) -> str | None:
+    """The container's id as ``docker run --cidfile`` wrote it in the placement directory; None before Docker wrote
+    it (or when it cannot be read)."""
+    try:
+        return (placement_dir / CIDFILE_NAME).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def container_name(launch: LaunchJob) -> str:
@@ -154,7 +164,7 @@ class ContainerBackend(Backend):
         write_env_file(env_file, container_env)
         argv = docker_run_argv(
             job.launch, docker=self.docker, env_file=str(env_file), mounts=job.mounts,
-            checkpoint_dir=str(job.checkpoint_file.parent), cidfile=str(job.placement_dir / "container.id"),
+            checkpoint_dir=str(job.checkpoint_file.parent), cidfile=str(job.placement_dir / CIDFILE_NAME),
             user=container_user(job), network=job.network,
         )
         return SupervisedCommand(
