@@ -449,6 +449,20 @@ async def test_recent_events_are_listed_newest_first_to_whom_they_concern(api: R
         everything = (await http.get("/api/v1/events/recent", params={"limit": 10}, headers=auth("ops"))).json()
         assert len(everything) == 4
         assert len((await http.get("/api/v1/events/recent", params={"limit": 1}, headers=auth("ops"))).json()) == 1
+        conn = await asyncpg.connect(migrated_dsn)
+        try:  # telemetry's detections are events too (the live stream carries them): one of acme's, one of research's
+            for job_id, tenant in ((ids["acme_running"], "acme"), (ids["research_queued"], "research")):
+                await conn.execute(
+                    "INSERT INTO telemetry_alerts (alert_id, category, kind, severity, dedup_key, job_id, node_id, "
+                    "tenant, explanation, raised_at) VALUES ($1, 'alert', 'contended', 'warning', $2, $3, 'n1', $4, "
+                    "'slowed by a neighbour', now() + interval '1 second')",
+                    uuid.uuid4(), f"contended:job:{job_id}", job_id, tenant)
+        finally:
+            await conn.close()
+        mine = (await http.get("/api/v1/events/recent", headers=auth("acme"))).json()
+        assert [(e["type"], e.get("job_id"), e.get("kind")) for e in mine[:2]] == [
+            ("alert.raised", str(ids["acme_running"]), "contended"), ("job.started", str(ids["acme_running"]), None)]
+        assert len(mine) == 4 and mine[0]["explanation"] == "slowed by a neighbour"
         bad = await http.get("/api/v1/events/recent", params={"since": "a while"}, headers=auth("acme"))
         assert bad.status_code == 422 and bad.json()["detail"].startswith("since:")
 

@@ -123,9 +123,11 @@ class ReadModels:
 
     async def recent_events(self, *, tenants: Collection[str] | None, since: datetime, limit: int
                             ) -> list[dict[str, Any]]:
-        """The newest events of the scheduler's log since ``since``, newest first: those of jobs of ``tenants``
-        (None: every tenant) and those that are no job's nor tenant's (a node's liveness, a GPU's health), as the
-        live stream shows them (live.visible). Heartbeats are not events worth a line."""
+        """The newest events since ``since``, newest first, as the live stream shows them (live.visible): the
+        scheduler's log, and telemetry's detections (``alert.raised``, ``alert.resolved``, ``recommendation.made``
+        from its alerts table, which the live stream carries but the scheduler's log does not). Those of jobs of
+        ``tenants`` (None: every tenant) and those that are no job's nor tenant's (a node's liveness, a GPU's
+        health). Heartbeats are not events worth a line."""
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 """SELECT e.type, e.occurred_at, e.payload::text AS payload FROM events e
@@ -134,7 +136,20 @@ class ReadModels:
                      AND ($1::text[] IS NULL OR j.tenant = ANY($1) OR e.payload->>'tenant' = ANY($1)
                           OR (NOT e.payload ? 'job_id' AND NOT e.payload ? 'tenant'))
                    ORDER BY e.position DESC LIMIT $3""", _tenant_list(tenants), since, limit)
-        return [{"type": r["type"], "at": r["occurred_at"], **_event_detail(json.loads(r["payload"]))} for r in rows]
+            detections = await conn.fetch(
+                """SELECT type, at, job_id, tenant, node_id, kind, severity, explanation, advice, reason FROM (
+                       SELECT CASE category WHEN 'alert' THEN 'alert.raised' ELSE 'recommendation.made' END AS type,
+                              raised_at AS at, job_id, tenant, node_id, kind, severity, explanation, advice,
+                              NULL::text AS reason FROM telemetry_alerts WHERE raised_at >= $2
+                       UNION ALL
+                       SELECT 'alert.resolved', resolved_at, job_id, tenant, node_id, kind, severity, NULL, NULL,
+                              resolve_reason FROM telemetry_alerts
+                       WHERE category = 'alert' AND resolved_at >= $2) AS d
+                   WHERE $1::text[] IS NULL OR tenant = ANY($1) OR (tenant IS NULL AND job_id IS NULL)
+                   ORDER BY at DESC LIMIT $3""", _tenant_list(tenants), since, limit)
+        logged = [{"type": r["type"], "at": r["occurred_at"], **_event_detail(json.loads(r["payload"]))} for r in rows]
+        detected = [{k: (str(v) if k == "job_id" else v) for k, v in r.items() if v is not None} for r in detections]
+        return sorted(logged + detected, key=lambda e: e["at"], reverse=True)[:limit]
 
     async def usage(self, job_id: uuid.UUID, since: datetime) -> dict[str, Any]:
         """What telemetry measured for the job so far: per device, peak and latest memory, mean utilisation."""

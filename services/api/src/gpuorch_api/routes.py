@@ -345,8 +345,9 @@ async def recent_events(
     since: Annotated[str, Query(description="how far back: 30m, 12h, 7d", max_length=16)] = "1h",
     limit: Annotated[int, Query(ge=1, le=1000, description="at most N events, the newest")] = 100,
 ) -> list[dict[str, Any]]:
-    """The newest events of the caller's tenants' jobs and of the fleet, from the scheduler's log, newest first
-    (what ``/api/v1/events`` would have streamed; ``gpuctl events``, like ``kubectl get events``)."""
+    """The newest events of the caller's tenants' jobs and of the fleet, from the scheduler's log and telemetry's
+    detections, newest first (what ``/api/v1/events`` would have streamed; ``gpuctl events``, like ``kubectl get
+    events``)."""
     try:
         back = parse_since(since)
     except ValueError as exc:

@@ -59,7 +59,8 @@ class TimelineEvent(BaseModel, extra="allow"):
 
 
 class RecentEvent(TimelineEvent):
-    """A logged event in ``/api/v1/events/recent``: its type, when, its job (if a job's) and the timeline's detail."""
+    """A line of ``/api/v1/events/recent``: a logged event (its job, if a job's, and the timeline's detail) or one of
+    telemetry's detections (``alert.raised``/``alert.resolved``/``recommendation.made``: kind, severity, explanation)."""
 
     job_id: str | None = None
 

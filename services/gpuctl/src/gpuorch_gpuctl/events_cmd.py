@@ -1,6 +1,7 @@
 """gpuctl events: what happened to your tenants' jobs and to the fleet, as ``kubectl get events`` shows it.
 
-    gpuctl events                  GET /api/v1/events/recent?since=1h   the newest logged events, oldest first
+    gpuctl events                  GET /api/v1/events/recent?since=1h   the newest logged events and telemetry's
+                                                                        detections (alerts), oldest first
     gpuctl events --job ID         GET /api/v1/jobs/ID                  one job's timeline
     gpuctl events -f [--job ID]    GET /api/v1/events (Server-Sent Events): live ones (with --job: that job's,
                                    after its timeline)
