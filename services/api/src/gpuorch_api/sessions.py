@@ -15,7 +15,9 @@
         running   -> the node's executor (its URL from its own heartbeat, ``node_logs``; the credential derived for
                      that executor) -> /jobs/<id>/proxy/<path> -> the session's port on that node
         parked    -> a ChangeSession resume is published for the caller, and a page "resuming, estimated start in
-                     N s" that reloads itself until the session answers
+                     N s" that reloads itself until the session answers; when the scheduler refused its last
+                     resume (the owner's session caps: the row's pending reason), the page says so and why, and
+                     each reload asks again
         queued, placed, not answering yet -> the same page, without publishing
         ended     -> 410
 
@@ -94,7 +96,9 @@ async def park_session(job_ref: str, who: CallerDep, svc: BackendsDep) -> dict[s
 
 @router.post("/api/v1/sessions/{job_ref}/resume", status_code=202, tags=["sessions"])
 async def resume_session(job_ref: str, who: CallerDep, svc: BackendsDep) -> dict[str, Any]:
-    """Resume a parked session (queued again, placed wherever room is). 409 unless it is parked."""
+    """Resume a parked session (queued again, placed wherever room is). 409 unless it is parked. Its owner's caps
+    are the scheduler's to judge: a refused resume leaves it parked with the reason as its ``pending_reason`` (the
+    row's ``updated_at`` moves)."""
     job = await _session(svc, who, job_ref)
     if job["state"] != "parked":
         raise ApiError(409, f"session {job['job_id']} is {job['state']}: only a parked session resumes")
@@ -212,13 +216,21 @@ def _waiting_page(job: dict[str, Any], doing: str, detail: str | None = None) ->
     seconds = max(0, round(float(estimate) - time.time())) if estimate is not None else None
     when = f"estimated start in {seconds} s" if seconds is not None else "estimated start in a few seconds"
     reason = job.get("pending_reason") or detail or job.get("reason") or ""
+    refused = job["state"] == "parked" and bool(job.get("pending_reason"))
+    headers = {"Cache-Control": "no-store", "Retry-After": str(RELOAD_S), "X-Gpuorch-Session-State": job["state"]}
+    if refused:  # the scheduler refused its last resume (its owner's caps): say so, and keep asking
+        doing, title = "parked", "parked, its owner's session cap refused the resume"
+        then = ("Park or stop another of your sessions: this page asks again each time it reloads, and becomes "
+                "the session once it runs.")
+        headers["X-Gpuorch-Resume-Refused"] = "1"
+    else:
+        title = f"{doing}, {when}"
+        then = "This page reloads into the session once it runs."
     body = (f"<!doctype html><html><head><meta charset='utf-8'><meta http-equiv='refresh' content='{RELOAD_S}'>"
             f"<title>{doing} session</title></head><body style='font-family:sans-serif;margin:3em'>"
-            f"<h1>Session {html.escape(str(job['job_id']))}: {doing}, {html.escape(when)}</h1>"
-            f"<p>{html.escape(str(reason))}</p><p>This page reloads into the session once it runs.</p>"
-            f"</body></html>")
-    return HTMLResponse(body, status_code=202, headers={"Cache-Control": "no-store", "Retry-After": str(RELOAD_S),
-                                                        "X-Gpuorch-Session-State": job["state"]})
+            f"<h1>Session {html.escape(str(job['job_id']))}: {html.escape(title)}</h1>"
+            f"<p id='reason'>{html.escape(str(reason))}</p><p>{html.escape(then)}</p></body></html>")
+    return HTMLResponse(body, status_code=202, headers=headers)
 
 
 @router.websocket("/sessions/{job_id}/{path:path}")

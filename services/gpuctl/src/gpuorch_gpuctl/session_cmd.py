@@ -5,7 +5,8 @@
     gpuctl session list                 GET  /api/v1/sessions
     gpuctl session open ID              its URL (resumes a parked session first, and waits until it runs)
     gpuctl session park ID              POST /api/v1/sessions/ID/park
-    gpuctl session resume ID            POST /api/v1/sessions/ID/resume
+    gpuctl session resume ID            POST /api/v1/sessions/ID/resume, then waits until the scheduler took it (or
+                                        says why the owner's session caps refused it)
     gpuctl session stop ID              POST /api/v1/jobs/ID/cancel
     gpuctl exec ID -- CMD               POST /api/v1/jobs/ID/exec: CMD inside any running job's sandbox, streamed
 
@@ -89,6 +90,24 @@ def wait_running(client: ApiClient, job_id: str, timeout_s: float) -> dict[str, 
         time.sleep(0.5)
 
 
+def resume_and_wait(client: ApiClient, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Ask to resume a parked session and wait until the scheduler took the resume (the session no longer parked);
+    ``fail`` with the scheduler's reason when its owner's caps refused it (the row rewritten, ``updated_at``
+    moved, with a ``pending_reason``), or when it is still parked after ``timeout_s``."""
+    client.post(f"/api/v1/sessions/{job['id']}/resume")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = client.get(f"/api/v1/jobs/{job['id']}")
+        if now["state"] != "parked":
+            return dict(now)
+        if now.get("pending_reason") and now.get("updated_at") != job.get("updated_at"):
+            fail(f"session {job['id']} stays parked: {now['pending_reason']}")
+        if time.monotonic() > deadline:
+            why = f" (last refusal: {now['pending_reason']})" if now.get("pending_reason") else ""
+            fail(f"session {job['id']} is still parked after {timeout_s:g} s{why}")
+        time.sleep(0.5)
+
+
 @session_app.command("start")
 def start(
     argv: Annotated[list[str], typer.Argument(help="the command, after --; $(GPUORCH_PORT) becomes its port")],
@@ -143,7 +162,7 @@ def open_session(job_id: IdArg, timeout: Annotated[float, typer.Option(help="sec
     with api() as client:
         job = client.get(f"/api/v1/jobs/{job_id}")
         if job["state"] == "parked":
-            client.post(f"/api/v1/sessions/{job['id']}/resume")
+            resume_and_wait(client, job, timeout)
         wait_running(client, job["id"], timeout)
         url = url_of(client, job["id"])
     print(json.dumps({"job_id": job["id"], "url": url}) if as_json else url)
@@ -162,9 +181,17 @@ def park(job_id: IdArg, as_json: JsonOpt = False) -> None:
 
 
 @session_app.command("resume")
-def resume(job_id: IdArg, as_json: JsonOpt = False) -> None:
-    """Resume a parked session (opening its URL does too)."""
-    _action(job_id, "resume", as_json)
+def resume(job_id: IdArg, timeout: Annotated[float, typer.Option(
+        help="seconds to wait for the scheduler to take the resume")] = 60.0, as_json: JsonOpt = False) -> None:
+    """Resume a parked session (opening its URL does too) and wait until it is queued again; fails with the reason
+    when its owner's session caps refuse it (park or stop another session first)."""
+    with api() as client:
+        job = client.get(f"/api/v1/jobs/{job_id}")
+        if job["state"] != "parked":
+            fail(f"session {job['id']} is {job['state']}: only a parked session resumes")
+        now = resume_and_wait(client, job, timeout)
+        answer = {"job_id": job["id"], "state": now["state"], "url": url_of(client, job["id"])}
+    print(json.dumps(answer) if as_json else f"resumed: {job['id']} ({now['state']})")
 
 
 @session_app.command("stop")
