@@ -145,6 +145,15 @@ async def test_the_owner_reaches_the_session_over_http_and_websocket_others_do_n
             with pytest.raises(websockets.InvalidStatus):
                 async with websockets.connect(ws_url, additional_headers=auth("research")):
                     pass
+            # a WebSocket to a parked session resumes it and is told to come back (503), not refused as if unknown
+            with pytest.raises(websockets.InvalidStatus) as not_yet:
+                async with websockets.connect(api.url.replace("http", "ws", 1) + f"/sessions/{parked}/ws",
+                                              additional_headers=auth("acme")):
+                    pass
+            assert not_yet.value.response.status_code == 503
+            assert not_yet.value.response.headers["retry-after"] == "3"
+            message = decode((await asyncio.wait_for(api.submissions.get(), 30)).body)
+            assert isinstance(message, ChangeSession) and (message.job_id, message.action) == (parked, "resume")
         finally:
             await executor.close()
             await publisher.close()

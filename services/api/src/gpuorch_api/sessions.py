@@ -20,6 +20,8 @@
                      each reload asks again
         queued, placed, not answering yet -> the same page, without publishing
         ended     -> 410
+        a WebSocket handshake: the same, but a session that does not run yet (parked: resumed as above) answers
+        503 with that page and Retry-After, and every other refusal is a 403 (the handshake's close before accept)
 
 The node is the one the scheduler's read model assigns the job to, never a URL from the request. Nothing here keeps
 state: a second API instance proxies the same way.
@@ -241,7 +243,13 @@ async def proxy_websocket(websocket: WebSocket, job_id: uuid.UUID, path: str) ->
         who = authenticate(svc.identity_map, websocket.query_params.get("token") or _token(
             websocket.headers, websocket.cookies))
         job = await _session(svc, who, str(job_id))
-        if job["state"] != "running" or not job["node_ids"]:
+        if job["state"] in ("parked", "queued", "placed") or (
+                job["state"] == "running" and not job["node_ids"]):
+            if job["state"] == "parked":
+                await svc.gateway.change_session(who, job, "resume", "its URL was opened (WebSocket)")
+            await _not_yet(websocket, _waiting_page(job, "resuming" if job["state"] == "parked" else "starting"))
+            return
+        if job["state"] != "running":
             raise ApiError(409, f"session {job_id} is {job['state']}")
         base, credential = await svc.logs.executor(job["node_ids"][0])
     except (ApiError, Unauthorized, LogsUnavailable):
@@ -260,6 +268,17 @@ async def proxy_websocket(websocket: WebSocket, job_id: uuid.UUID, path: str) ->
     await websocket.accept(subprotocol=upstream.subprotocol)
     async with upstream:
         await _relay_websocket(websocket, upstream)
+
+
+async def _not_yet(websocket: WebSocket, page: HTMLResponse) -> None:
+    """Refuse a WebSocket to a session that does not run yet with the waiting page as a 503 (Retry-After: a
+    client that reconnects gets through once it runs); a server without the denial-response extension closes with
+    1013 (try again later)."""
+    page.status_code = 503
+    try:
+        await websocket.send_denial_response(page)
+    except RuntimeError:
+        await websocket.close(code=1013)
 
 
 async def _relay_websocket(websocket: WebSocket, upstream: Any) -> None:
