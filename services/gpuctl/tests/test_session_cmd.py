@@ -41,3 +41,15 @@ def test_a_resume_over_the_cap_fails_with_the_schedulers_reason(capsys: pytest.C
         resume_and_wait(api, stale, 5)  # type: ignore[arg-type]
     assert ended.value.exit_code == 1
     assert capsys.readouterr().err == f"gpuctl: session j1 stays parked: {REFUSED}\n"
+
+
+def test_a_container_session_spec_names_its_image() -> None:
+    from gpuorch_contracts import JobSpec
+    from gpuorch_gpuctl.session_cmd import session_spec
+
+    image = "registry.example/lab/jupyter@sha256:" + "c" * 64
+    spec = session_spec(["jupyter", "lab", "--port", "$(GPUORCH_PORT)"], gpus=1, mig=None, share=None,
+                        park_after="30m", keep_prefix=True, name=None, tenant=None, priority=None, env=None,
+                        image=image)
+    run = JobSpec.model_validate(spec).run
+    assert (run.runtime, getattr(run, "image", None), run.argv[-1]) == ("container", image, "$(GPUORCH_PORT)")

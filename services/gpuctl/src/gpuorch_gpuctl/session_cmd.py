@@ -1,6 +1,6 @@
 """gpuctl's interactive sessions (issue 27, docs/sessions.md): all through the API of the current context.
 
-    gpuctl session start --gpus 1 [--mig P | --share F] [--idle-park-after 30m] -- CMD
+    gpuctl session start --gpus 1 [--mig P | --share F] [--idle-park-after 30m] [--image I@sha256:..] -- CMD
                                         POST /api/v1/jobs (tier interactive), then waits until it runs; prints its URL
     gpuctl session list                 GET  /api/v1/sessions
     gpuctl session open ID              its URL (resumes a parked session first, and waits until it runs)
@@ -45,7 +45,7 @@ def duration_s(text: str) -> float:
 
 def session_spec(argv: list[str], *, gpus: int, mig: str | None, share: float | None, park_after: str | None,
                  keep_prefix: bool, name: str | None, tenant: str | None, priority: str | None,
-                 env: list[str] | None) -> dict[str, Any]:
+                 env: list[str] | None, image: str | None = None) -> dict[str, Any]:
     """The JobSpec fields of a session (tier interactive); raises ValueError for a wrong combination."""
     if sum([mig is not None, share is not None]) > 1:
         raise ValueError("--mig and --share exclude each other")
@@ -59,9 +59,11 @@ def session_spec(argv: list[str], *, gpus: int, mig: str | None, share: float | 
     session: dict[str, Any] = {"strip_prefix": not keep_prefix}
     if park_after is not None:
         session["idle_park_after_s"] = duration_s(park_after)
-    spec: dict[str, Any] = {"tier": "interactive", "resources": resources, "session": session,
-                            "run": {"runtime": "process", "argv": argv,
-                                    "env": dict(item.split("=", 1) for item in (env or []) if "=" in item)}}
+    run: dict[str, Any] = {"runtime": "process", "argv": argv,
+                           "env": dict(item.split("=", 1) for item in (env or []) if "=" in item)}
+    if image is not None:
+        run.update({"runtime": "container", "image": image})
+    spec: dict[str, Any] = {"tier": "interactive", "resources": resources, "session": session, "run": run}
     spec.update({k: v for k, v in (("name", name), ("tenant", tenant), ("priority_class", priority)) if v})
     return spec
 
@@ -122,6 +124,8 @@ def start(
     tenant: Annotated[str | None, typer.Option(help="tenant (default: yours)")] = None,
     priority: Annotated[str | None, typer.Option(help="critical | high | normal | low")] = None,
     env: Annotated[list[str] | None, typer.Option(help="KEY=VALUE for the session (repeatable)")] = None,
+    image: Annotated[str | None, typer.Option(help="run CMD in this container image (pinned: repo@sha256:...); "
+                                              "it must listen on 0.0.0.0:$(GPUORCH_PORT)")] = None,
     wait: Annotated[bool, typer.Option(help="wait until it runs and print its URL")] = True,
     timeout: Annotated[float, typer.Option(help="give up waiting after this many seconds")] = 600.0,
     as_json: JsonOpt = False,
@@ -130,7 +134,8 @@ def start(
     '$(GPUORCH_PORT)'. Prints its URL once it runs."""
     try:
         spec = session_spec(argv, gpus=gpus, mig=mig, share=share, park_after=idle_park_after,
-                            keep_prefix=keep_prefix, name=name, tenant=tenant, priority=priority, env=env)
+                            keep_prefix=keep_prefix, name=name, tenant=tenant, priority=priority, env=env,
+                            image=image)
     except ValueError as exc:
         fail(f"invalid session: {exc}", USAGE)
     with api() as client:
