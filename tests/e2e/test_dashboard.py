@@ -151,3 +151,48 @@ def test_a_team_member_sees_the_fleet_submits_from_the_page_and_sees_only_its_jo
     assert "from-the-page" in now(browser, lambda b: b.find_element(By.ID, "report-jobs").text)
     assert "research" not in report and hidden[:8] not in report  # another team's job is not listed
     assert not now(browser, lambda b: b.find_elements(By.CSS_SELECTOR, '#report [data-tenant="research"]'))
+
+
+SESSION_ARGV = ["python", "-c", "import http.server, os, pathlib; p = pathlib.Path('starts.txt'); "
+                "p.write_text(str(int(p.read_text()) + 1 if p.exists() else 1)); "
+                "http.server.HTTPServer(('127.0.0.1', int(os.environ['GPUORCH_PORT'])), "
+                "http.server.SimpleHTTPRequestHandler).serve_forever()"]
+"""A session that counts its starts in its work directory (2 after a park and a resume: the directory was kept)."""
+
+
+def test_the_sessions_page_lists_parks_resumes_and_opens_a_session(stack_url: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    headers = {"Authorization": f"Bearer {TEAM_TOKENS['acme-team']}"}
+    spec = {"name": "notebook", "tier": "interactive", "resources": {"gpus": 1},
+            "run": {"runtime": "process", "argv": SESSION_ARGV}}
+    session = httpx.post(f"{stack_url}/api/v1/jobs", json={"spec": spec}, headers=headers).json()["job_id"]
+    browser.get(f"{stack_url}/#/sessions")
+    browser.find_element(By.ID, "token").send_keys(TEAM_TOKENS["acme-team"])
+    browser.find_element(By.CSS_SELECTOR, "#login button").click()
+
+    def row(b: Any) -> Any:
+        return b.find_element(By.CSS_SELECTOR, f'#sessions a[data-job="{session}"]').find_element(
+            By.XPATH, "./ancestor::tr")
+
+    def state_is(wanted: str) -> Any:
+        return lambda b: wanted in row(b).text.split()
+
+    until(browser, state_is("running"), 90)
+    until(browser, lambda b: row(b).find_element(By.CSS_SELECTOR, "button.park-session").click() or True)
+    until(browser, state_is("parked"), 90)
+    hours = until(browser, lambda b: float(row(b).find_element(By.CSS_SELECTOR, ".parked-hours")
+                                           .get_attribute("data-hours") or 0) > 0 and row(b))
+    assert hours.find_element(By.CSS_SELECTOR, ".parked-hours").text not in ("", "-", "0")
+    assert "GPU-hours" in now(browser, lambda b: b.find_element(By.CSS_SELECTOR, "#sessions .hint").text)
+    until(browser, lambda b: row(b).find_element(By.CSS_SELECTOR, "button.resume-session").click() or True)
+    until(browser, state_is("running"), 90)
+
+    # open: signed in with ?token= once, then the session itself (its work directory's file kept across the park)
+    opened = now(browser, lambda b: row(b).find_element(By.CSS_SELECTOR, "a.open-session").get_attribute("href"))
+    browser.get(opened.replace("?", "starts.txt?", 1))
+    until(browser, lambda b: b.find_element(By.TAG_NAME, "body").text == "2", 60)
+    assert "token=" not in browser.current_url
+    browser.get(f"{stack_url}/#/sessions")
+    until(browser, lambda b: row(b).find_element(By.CSS_SELECTOR, "button.stop-session").click() or True)
+    until(browser, state_is("cancelled"), 90)

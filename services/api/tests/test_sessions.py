@@ -120,6 +120,16 @@ async def test_the_owner_reaches_the_session_over_http_and_websocket_others_do_n
                 message = decode((await asyncio.wait_for(api.submissions.get(), 30)).body)
                 assert isinstance(message, ChangeSession)
                 assert (message.job_id, message.action, message.on_behalf_of) == (parked, "resume", "acme-ci")
+                # the scheduler refused that resume (the owner's caps): the page says why, and asks again
+                db = await asyncpg.connect(migrated_dsn)
+                await db.execute("UPDATE jobs SET pending_reason = 'resume refused: acme-ci already has 1 live "
+                                 "session(s), its cap' WHERE job_id = $1", parked)
+                await db.close()
+                refused = await http.get(f"/sessions/{parked}/", headers=auth("acme"))
+                assert refused.headers["x-gpuorch-resume-refused"] == "1" and "resuming" not in refused.text
+                assert "resume refused: acme-ci already has 1 live session(s), its cap" in refused.text
+                message = decode((await asyncio.wait_for(api.submissions.get(), 30)).body)
+                assert isinstance(message, ChangeSession) and message.action == "resume"
                 # gpuctl exec: into the job's sandbox on its node, output streamed, the exit code last
                 ran = await http.post(f"/api/v1/jobs/{running}/exec", headers=auth("acme"),
                                       json={"argv": ["python", "-c", "print('inside')"]})
@@ -135,6 +145,15 @@ async def test_the_owner_reaches_the_session_over_http_and_websocket_others_do_n
             with pytest.raises(websockets.InvalidStatus):
                 async with websockets.connect(ws_url, additional_headers=auth("research")):
                     pass
+            # a WebSocket to a parked session resumes it and is told to come back (503), not refused as if unknown
+            with pytest.raises(websockets.InvalidStatus) as not_yet:
+                async with websockets.connect(api.url.replace("http", "ws", 1) + f"/sessions/{parked}/ws",
+                                              additional_headers=auth("acme")):
+                    pass
+            assert not_yet.value.response.status_code == 503
+            assert not_yet.value.response.headers["retry-after"] == "3"
+            message = decode((await asyncio.wait_for(api.submissions.get(), 30)).body)
+            assert isinstance(message, ChangeSession) and (message.job_id, message.action) == (parked, "resume")
         finally:
             await executor.close()
             await publisher.close()

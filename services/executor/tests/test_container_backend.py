@@ -17,7 +17,7 @@ from gpuorch_executor.backends.container import (
     docker_run_argv,
     resolve_docker,
 )
-from gpuorch_executor.domain.allowlist import Mount
+from gpuorch_executor.domain.allowlist import AllowList, Mount, TenantPolicy
 
 from .conftest import NODE, Harness, container_job, launch_job
 
@@ -218,3 +218,31 @@ async def test_container_refused_for_images_not_listed(tmp_path: Path, fake_dock
     assert outcome.cause == "refused" and "evil/miner" in outcome.reason
     assert not calls.exists()
     assert os.path.exists(harness.executor.store.placement_dir(command.placement_id) / "record.json")
+
+
+def test_a_container_session_publishes_its_port_on_loopback_and_mounts_its_work_directory() -> None:
+    command = container_job(IMAGE, ["serve"])
+    argv = docker_run_argv(command, network="bridge", session_port=41234, session_dir="/state/sessions/j1")
+    assert option(argv, "--publish") == ["127.0.0.1:41234:41234"]  # the host's loopback only
+    assert "type=bind,source=/state/sessions/j1,target=/state/sessions/j1" in option(argv, "--mount")
+    assert option(argv, "--workdir") == ["/state/sessions/j1"]
+    with pytest.raises(ValueError, match="needs a network to publish its port"):
+        docker_run_argv(command, session_port=41234, session_dir="/state/sessions/j1")
+
+
+async def test_a_container_session_runs_with_its_port_and_work_directory(
+        tmp_path: Path, fake_docker: tuple[Path, Path]) -> None:
+    docker, calls = fake_docker
+    allow = AllowList({"images": TenantPolicy(images=("registry.example/team/",), network="bridge")})
+    harness = Harness(tmp_path / "state", docker=str(docker), allow_list=allow)
+    command = container_job(IMAGE, ["--port", "$(GPUORCH_PORT)", "0"])
+    command = command.model_copy(update={"spec": command.spec.model_copy(update={"tier": "interactive"})})
+    await harness.executor.handle(command)
+    assert isinstance(await harness.until_ended(command.placement_id), JobFinished)
+    [call] = [json.loads(line) for line in calls.read_text().splitlines()]
+    inside = dict(line.split("=", 1) for line in call["env_file"].splitlines())
+    port, work_dir = inside["GPUORCH_PORT"], inside["GPUORCH_WORK_DIR"]
+    assert option(call["argv"], "--publish") == [f"127.0.0.1:{port}:{port}"]
+    assert call["argv"][-3:] == ["--port", port, "0"]  # $(GPUORCH_PORT) expanded
+    assert option(call["argv"], "--workdir") == [work_dir] and Path(work_dir).is_dir()
+    assert f"type=bind,source={work_dir},target={work_dir}" in option(call["argv"], "--mount")

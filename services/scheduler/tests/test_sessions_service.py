@@ -5,6 +5,7 @@ request."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import asyncpg
 import pytest
@@ -79,5 +80,48 @@ async def test_a_parked_session_is_state_from_the_log(migrated_dsn: str) -> None
         assert restarted.state.jobs[job.job_id].state == "placed"
         row = await conn.fetchrow("SELECT state, session_parks FROM jobs WHERE job_id = $1", job.job_id)
         assert row["state"] == "placed" and json.loads(row["session_parks"])[0][1] is not None
+    finally:
+        await conn.close()
+
+
+async def _start_and_park(service: SchedulerService, job_id: uuid.UUID, owner: str) -> None:
+    placement = service.state.jobs[job_id].placement_id
+    assert placement is not None
+    await service.handle_batch([JobStarted(job_id=job_id, placement_id=placement, node_id="n1")],
+                               senders=["executor-n1"])
+    await service.handle_batch([ChangeSession(job_id=job_id, action="park")], senders=[owner])
+    await service.handle_batch([JobFailed(job_id=job_id, placement_id=placement, node_id="n1", cause="killed",
+                                          reason="stopped", stop_reason="preempt")], senders=["executor-n1"])
+    assert service.state.jobs[job_id].state == "parked"
+
+
+async def test_a_resume_over_the_cap_says_why_in_the_parked_sessions_row(migrated_dsn: str) -> None:
+    capped = IdentityMap(identities={"alice": Identity(role="submitter", tenants=["lab"], default_tenant="lab",
+                                                       max_sessions=1)})
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        service = SchedulerService(conn, SchedulerConfig(identity=capped), clock=lambda: 1_000_000.0)
+        await service.recover()
+        await service.handle_batch([registered_node("n1", gpus=2)], senders=["node-agent-n1"])
+        first, second = (SubmitJob(spec=JobSpec(run=ProcessRun(argv=["sleep", "1000"]), tier="interactive",
+                                                resources=GpuRequest(gpus=1))) for _ in range(2))
+        await service.handle_batch([first], senders=["alice"])
+        await _start_and_park(service, first.job_id, "alice")
+        await service.handle_batch([second], senders=["alice"])  # the parked one does not count
+        assert service.state.jobs[second.job_id].state == "placed"
+
+        await service.handle_batch([ChangeSession(job_id=first.job_id, action="resume")], senders=["mallory"])
+        row = await conn.fetchrow("SELECT state, pending_reason FROM jobs WHERE job_id = $1", first.job_id)
+        assert (row["state"], row["pending_reason"]) == ("parked", None)  # who may not ask: logged, not shown
+        await service.handle_batch([ChangeSession(job_id=first.job_id, action="resume")], senders=["alice"])
+        row = await conn.fetchrow("SELECT state, pending_reason FROM jobs WHERE job_id = $1", first.job_id)
+        assert row["state"] == "parked"
+        assert row["pending_reason"] == "resume refused: alice already has 1 live session(s), its cap (park or " \
+                                        "stop one first)"
+
+        await _start_and_park(service, second.job_id, "alice")
+        await service.handle_batch([ChangeSession(job_id=first.job_id, action="resume")], senders=["alice"])
+        row = await conn.fetchrow("SELECT state, pending_reason FROM jobs WHERE job_id = $1", first.job_id)
+        assert row["state"] == "placed" and row["pending_reason"] is None and service.resume_refused == {}
     finally:
         await conn.close()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from gpuorch_contracts import JobSpec, ProcessRun, SessionSpec
 from gpuorch_scheduler.settings import Settings
 from gpuorch_settings import SettingsError
 
@@ -30,3 +33,28 @@ def test_invalid_settings_are_named() -> None:
         Settings.load({"GPUORCH_IDENTITY_MAP": "/nonexistent/identity.json"})
     with pytest.raises(SettingsError, match="GPUORCH_LOST_AFTER_S: Input should be greater than 0"):
         Settings.load({"GPUORCH_IDENTITY": "trust_all", "GPUORCH_LOST_AFTER_S": "0"})
+
+
+def _park_after(settings: Settings, tenant: str, own: float | None = None) -> float:
+    spec = JobSpec(run=ProcessRun(argv=["sleep", "1"]), tier="interactive", tenant=tenant,
+                   session=SessionSpec(idle_park_after_s=own))
+    return settings.session_policy.park_after(SimpleNamespace(spec=spec))  # type: ignore[arg-type]
+
+
+def test_a_tenants_idle_park_time_comes_from_the_identity_map_then_the_settings(tmp_path: Path) -> None:
+    identity = tmp_path / "identity.json"
+    env = {"GPUORCH_IDENTITY_MAP": str(identity), "GPUORCH_SESSION_IDLE_PARK_S": "1200",
+           "GPUORCH_SESSION_IDLE_PARK_BY_TENANT": '{"research": 600, "lab": 300, "*": 900}'}
+    identity.write_text(json.dumps({"identities": {"alice": {"role": "submitter", "tenants": ["research"]}},
+                                    "session_idle_park_s": {"research": 60}}))
+    settings = Settings.load(env)
+    assert [_park_after(settings, t) for t in ("research", "lab", "other")] == [60, 300, 900]
+    assert _park_after(settings, "research", own=20) == 20  # the session's own wins
+    identity.write_text(json.dumps({"identities": {}, "session_idle_park_s": {"research": 60, "*": 120}}))
+    settings = Settings.load(env)  # the map names every tenant: the settings' table is not reached
+    assert [_park_after(settings, t) for t in ("research", "lab", "other")] == [60, 120, 120]
+    identity.write_text(json.dumps({"identities": {}}))
+    assert _park_after(Settings.load({**env, "GPUORCH_SESSION_IDLE_PARK_BY_TENANT": ""}), "lab") == 1200
+    identity.write_text(json.dumps({"identities": {}, "session_idle_park_s": {"lab": 5}}))
+    with pytest.raises(SettingsError, match="GPUORCH_IDENTITY_MAP: "):
+        Settings.load(env)

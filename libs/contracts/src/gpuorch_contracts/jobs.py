@@ -189,7 +189,7 @@ class SessionSpec(Strict):
 
     idle_park_after_s: float | None = Field(default=None, ge=10, le=30 * 86_400, description=(
         "park the session after this long with no proxied request and GPU utilisation below 1 %; None: its "
-        "tenant's default (the scheduler's GPUORCH_SESSION_IDLE_PARK_S)"))
+        "tenant's default (the identity map's session_idle_park_s, else the scheduler's settings)"))
     strip_prefix: bool = Field(default=True, description=(
         "forward requests without the /sessions/<id> prefix (an app that knows nothing of it, http.server); "
         "False keeps it (an app told GPUORCH_BASE_URL, such as Jupyter's --ServerApp.base_url)"))

@@ -85,6 +85,10 @@ class IdentityMap(BaseModel):
     shares: dict[TenantName | Literal["*"], Annotated[float, Field(gt=0, le=1e9)]] = Field(
         default={}, description="tenant (or \"*\") -> its fair share, relative (tenants not named get the \"*\" "
                                 "entry, else 1): what decayed past usage is measured against")
+    session_idle_park_s: dict[TenantName | Literal["*"], Annotated[float, Field(ge=10, le=30 * 86_400)]] = Field(
+        default={}, description="tenant (or \"*\") -> seconds an idle interactive session of it is parked after, "
+                                "unless the session says otherwise (the scheduler's GPUORCH_SESSION_IDLE_PARK_BY_TENANT "
+                                "and GPUORCH_SESSION_IDLE_PARK_S for tenants not named)")
 
     @model_validator(mode="after")
     def _tokens_name_identities(self) -> IdentityMap:

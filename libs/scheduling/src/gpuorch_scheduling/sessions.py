@@ -163,8 +163,13 @@ def _gpus(spec: JobSpec) -> float:
     return (resources.gpu_milli or 1000) / 1000.0 if resources.kind == "share" else 0.0
 
 
+class OverCap(str):
+    """Why a session would exceed its owner's caps (``over_cap``): unlike a refusal of who asked, its owner is
+    shown it (the scheduler writes a refused resume's reason as the parked session's pending reason)."""
+
+
 def over_cap(state: SchedulerState, identity: Identity | None, owner: str, spec: JobSpec,
-             resuming: uuid.UUID | None = None) -> str | None:
+             resuming: uuid.UUID | None = None) -> OverCap | None:
     """Why one more live session of ``owner`` (``spec``) would exceed its identity's caps (``max_sessions``,
     ``max_session_gpus``), or None. Live: not ended and not parked (``resuming``: the parked one about to be)."""
     if spec.tier != "interactive" or identity is None or (
@@ -174,11 +179,11 @@ def over_cap(state: SchedulerState, identity: Identity | None, owner: str, spec:
             and j.spec.session.owner == owner and j.job_id != resuming
             and j.state not in TERMINAL_STATES and j.state != "parked"]
     if identity.max_sessions is not None and len(live) + 1 > identity.max_sessions:
-        return f"{owner} already has {len(live)} live session(s), its cap (park or stop one first)"
+        return OverCap(f"{owner} already has {len(live)} live session(s), its cap (park or stop one first)")
     gpus = sum(_gpus(j.spec) for j in live)
     if identity.max_session_gpus is not None and gpus + _gpus(spec) > identity.max_session_gpus + 1e-9:
-        return (f"{owner}'s live sessions hold {gpus:g} GPU(s); {_gpus(spec):g} more would exceed its cap of "
-                f"{identity.max_session_gpus:g}")
+        return OverCap(f"{owner}'s live sessions hold {gpus:g} GPU(s); {_gpus(spec):g} more would exceed its cap "
+                       f"of {identity.max_session_gpus:g}")
     return None
 
 

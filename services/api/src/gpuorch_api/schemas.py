@@ -47,6 +47,8 @@ class JobSummary(BaseModel):
     ended_at: datetime | None
     requeues: int
     estimated_start: datetime | None
+    updated_at: datetime | None = Field(default=None, description=(
+        "when the scheduler last wrote this row (a parked session's refused resume rewrites it)"))
     array_id: str | None = Field(default=None, description="the array this job is a task of")
     array_index: int | None = None
     array_counts: dict[str, int] | None = Field(default=None, description=(

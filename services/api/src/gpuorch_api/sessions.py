@@ -15,9 +15,13 @@
         running   -> the node's executor (its URL from its own heartbeat, ``node_logs``; the credential derived for
                      that executor) -> /jobs/<id>/proxy/<path> -> the session's port on that node
         parked    -> a ChangeSession resume is published for the caller, and a page "resuming, estimated start in
-                     N s" that reloads itself until the session answers
+                     N s" that reloads itself until the session answers; when the scheduler refused its last
+                     resume (the owner's session caps: the row's pending reason), the page says so and why, and
+                     each reload asks again
         queued, placed, not answering yet -> the same page, without publishing
         ended     -> 410
+        a WebSocket handshake: the same, but a session that does not run yet (parked: resumed as above) answers
+        503 with that page and Retry-After, and every other refusal is a 403 (the handshake's close before accept)
 
 The node is the one the scheduler's read model assigns the job to, never a URL from the request. Nothing here keeps
 state: a second API instance proxies the same way.
@@ -94,7 +98,9 @@ async def park_session(job_ref: str, who: CallerDep, svc: BackendsDep) -> dict[s
 
 @router.post("/api/v1/sessions/{job_ref}/resume", status_code=202, tags=["sessions"])
 async def resume_session(job_ref: str, who: CallerDep, svc: BackendsDep) -> dict[str, Any]:
-    """Resume a parked session (queued again, placed wherever room is). 409 unless it is parked."""
+    """Resume a parked session (queued again, placed wherever room is). 409 unless it is parked. Its owner's caps
+    are the scheduler's to judge: a refused resume leaves it parked with the reason as its ``pending_reason`` (the
+    row's ``updated_at`` moves)."""
     job = await _session(svc, who, job_ref)
     if job["state"] != "parked":
         raise ApiError(409, f"session {job['job_id']} is {job['state']}: only a parked session resumes")
@@ -212,13 +218,21 @@ def _waiting_page(job: dict[str, Any], doing: str, detail: str | None = None) ->
     seconds = max(0, round(float(estimate) - time.time())) if estimate is not None else None
     when = f"estimated start in {seconds} s" if seconds is not None else "estimated start in a few seconds"
     reason = job.get("pending_reason") or detail or job.get("reason") or ""
+    refused = job["state"] == "parked" and bool(job.get("pending_reason"))
+    headers = {"Cache-Control": "no-store", "Retry-After": str(RELOAD_S), "X-Gpuorch-Session-State": job["state"]}
+    if refused:  # the scheduler refused its last resume (its owner's caps): say so, and keep asking
+        doing, title = "parked", "parked, its owner's session cap refused the resume"
+        then = ("Park or stop another of your sessions: this page asks again each time it reloads, and becomes "
+                "the session once it runs.")
+        headers["X-Gpuorch-Resume-Refused"] = "1"
+    else:
+        title = f"{doing}, {when}"
+        then = "This page reloads into the session once it runs."
     body = (f"<!doctype html><html><head><meta charset='utf-8'><meta http-equiv='refresh' content='{RELOAD_S}'>"
             f"<title>{doing} session</title></head><body style='font-family:sans-serif;margin:3em'>"
-            f"<h1>Session {html.escape(str(job['job_id']))}: {doing}, {html.escape(when)}</h1>"
-            f"<p>{html.escape(str(reason))}</p><p>This page reloads into the session once it runs.</p>"
-            f"</body></html>")
-    return HTMLResponse(body, status_code=202, headers={"Cache-Control": "no-store", "Retry-After": str(RELOAD_S),
-                                                        "X-Gpuorch-Session-State": job["state"]})
+            f"<h1>Session {html.escape(str(job['job_id']))}: {html.escape(title)}</h1>"
+            f"<p id='reason'>{html.escape(str(reason))}</p><p>{html.escape(then)}</p></body></html>")
+    return HTMLResponse(body, status_code=202, headers=headers)
 
 
 @router.websocket("/sessions/{job_id}/{path:path}")
@@ -229,7 +243,13 @@ async def proxy_websocket(websocket: WebSocket, job_id: uuid.UUID, path: str) ->
         who = authenticate(svc.identity_map, websocket.query_params.get("token") or _token(
             websocket.headers, websocket.cookies))
         job = await _session(svc, who, str(job_id))
-        if job["state"] != "running" or not job["node_ids"]:
+        if job["state"] in ("parked", "queued", "placed") or (
+                job["state"] == "running" and not job["node_ids"]):
+            if job["state"] == "parked":
+                await svc.gateway.change_session(who, job, "resume", "its URL was opened (WebSocket)")
+            await _not_yet(websocket, _waiting_page(job, "resuming" if job["state"] == "parked" else "starting"))
+            return
+        if job["state"] != "running":
             raise ApiError(409, f"session {job_id} is {job['state']}")
         base, credential = await svc.logs.executor(job["node_ids"][0])
     except (ApiError, Unauthorized, LogsUnavailable):
@@ -248,6 +268,17 @@ async def proxy_websocket(websocket: WebSocket, job_id: uuid.UUID, path: str) ->
     await websocket.accept(subprotocol=upstream.subprotocol)
     async with upstream:
         await _relay_websocket(websocket, upstream)
+
+
+async def _not_yet(websocket: WebSocket, page: HTMLResponse) -> None:
+    """Refuse a WebSocket to a session that does not run yet with the waiting page as a 503 (Retry-After: a
+    client that reconnects gets through once it runs); a server without the denial-response extension closes with
+    1013 (try again later)."""
+    page.status_code = 503
+    try:
+        await websocket.send_denial_response(page)
+    except RuntimeError:
+        await websocket.close(code=1013)
 
 
 async def _relay_websocket(websocket: WebSocket, upstream: Any) -> None:

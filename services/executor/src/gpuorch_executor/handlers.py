@@ -250,6 +250,8 @@ class NodeExecutor:
             home_dir=self.store.home_dir(record.placement_id),
             network=policy.network if policy is not None else "none",
             container_user=policy.container_user if policy is not None else None,
+            session_port=record.session_port,
+            session_dir=self.settings.session_root / str(command.job_id) if record.session_port is not None else None,
         )
         try:
             self.store.prepare(record, owner_uid=_owner_of_job_files(job, record.runtime))

@@ -105,7 +105,8 @@ DEMO_TENANTS = ("default", "research", "serving")
 
 def demo_identity_map() -> tuple[dict[str, Any], dict[str, str]]:
     """The demo's identity map: every local process is guest (an operator, as in development), plus one operator
-    and one submitter per tenant, each with a fresh token; returns (map, identity -> token)."""
+    and one submitter per tenant, each with a fresh token and at most 2 live interactive sessions (2 GPUs); idle
+    sessions of research park after a minute (docs/sessions.md); returns (map, identity -> token)."""
     import hashlib
     import secrets
 
@@ -116,9 +117,10 @@ def demo_identity_map() -> tuple[dict[str, Any], dict[str, str]]:
         "demo-operator": {"role": "operator", "tenants": ["*"], "default_tenant": "default",
                           "max_priority": "critical"},
         **{f"{tenant}-team": {"role": "submitter", "tenants": [tenant], "default_tenant": tenant,
-                              "max_priority": "high"} for tenant in DEMO_TENANTS},
+                              "max_priority": "high", "max_sessions": 2, "max_session_gpus": 2}
+           for tenant in DEMO_TENANTS},
     }
-    return ({"identities": identities,
+    return ({"identities": identities, "session_idle_park_s": {"research": 60},
              "tokens": {hashlib.sha256(token.encode()).hexdigest(): name for name, token in tokens.items()}}, tokens)
 
 

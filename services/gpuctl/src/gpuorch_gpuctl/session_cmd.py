@@ -1,11 +1,12 @@
 """gpuctl's interactive sessions (issue 27, docs/sessions.md): all through the API of the current context.
 
-    gpuctl session start --gpus 1 [--mig P | --share F] [--idle-park-after 30m] -- CMD
+    gpuctl session start --gpus 1 [--mig P | --share F] [--idle-park-after 30m] [--image I@sha256:..] -- CMD
                                         POST /api/v1/jobs (tier interactive), then waits until it runs; prints its URL
     gpuctl session list                 GET  /api/v1/sessions
     gpuctl session open ID              its URL (resumes a parked session first, and waits until it runs)
     gpuctl session park ID              POST /api/v1/sessions/ID/park
-    gpuctl session resume ID            POST /api/v1/sessions/ID/resume
+    gpuctl session resume ID            POST /api/v1/sessions/ID/resume, then waits until the scheduler took it (or
+                                        says why the owner's session caps refused it)
     gpuctl session stop ID              POST /api/v1/jobs/ID/cancel
     gpuctl exec ID -- CMD               POST /api/v1/jobs/ID/exec: CMD inside any running job's sandbox, streamed
 
@@ -44,7 +45,7 @@ def duration_s(text: str) -> float:
 
 def session_spec(argv: list[str], *, gpus: int, mig: str | None, share: float | None, park_after: str | None,
                  keep_prefix: bool, name: str | None, tenant: str | None, priority: str | None,
-                 env: list[str] | None) -> dict[str, Any]:
+                 env: list[str] | None, image: str | None = None) -> dict[str, Any]:
     """The JobSpec fields of a session (tier interactive); raises ValueError for a wrong combination."""
     if sum([mig is not None, share is not None]) > 1:
         raise ValueError("--mig and --share exclude each other")
@@ -58,9 +59,11 @@ def session_spec(argv: list[str], *, gpus: int, mig: str | None, share: float | 
     session: dict[str, Any] = {"strip_prefix": not keep_prefix}
     if park_after is not None:
         session["idle_park_after_s"] = duration_s(park_after)
-    spec: dict[str, Any] = {"tier": "interactive", "resources": resources, "session": session,
-                            "run": {"runtime": "process", "argv": argv,
-                                    "env": dict(item.split("=", 1) for item in (env or []) if "=" in item)}}
+    run: dict[str, Any] = {"runtime": "process", "argv": argv,
+                           "env": dict(item.split("=", 1) for item in (env or []) if "=" in item)}
+    if image is not None:
+        run.update({"runtime": "container", "image": image})
+    spec: dict[str, Any] = {"tier": "interactive", "resources": resources, "session": session, "run": run}
     spec.update({k: v for k, v in (("name", name), ("tenant", tenant), ("priority_class", priority)) if v})
     return spec
 
@@ -89,6 +92,24 @@ def wait_running(client: ApiClient, job_id: str, timeout_s: float) -> dict[str, 
         time.sleep(0.5)
 
 
+def resume_and_wait(client: ApiClient, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Ask to resume a parked session and wait until the scheduler took the resume (the session no longer parked);
+    ``fail`` with the scheduler's reason when its owner's caps refused it (the row rewritten, ``updated_at``
+    moved, with a ``pending_reason``), or when it is still parked after ``timeout_s``."""
+    client.post(f"/api/v1/sessions/{job['id']}/resume")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = client.get(f"/api/v1/jobs/{job['id']}")
+        if now["state"] != "parked":
+            return dict(now)
+        if now.get("pending_reason") and now.get("updated_at") != job.get("updated_at"):
+            fail(f"session {job['id']} stays parked: {now['pending_reason']}")
+        if time.monotonic() > deadline:
+            why = f" (last refusal: {now['pending_reason']})" if now.get("pending_reason") else ""
+            fail(f"session {job['id']} is still parked after {timeout_s:g} s{why}")
+        time.sleep(0.5)
+
+
 @session_app.command("start")
 def start(
     argv: Annotated[list[str], typer.Argument(help="the command, after --; $(GPUORCH_PORT) becomes its port")],
@@ -103,6 +124,8 @@ def start(
     tenant: Annotated[str | None, typer.Option(help="tenant (default: yours)")] = None,
     priority: Annotated[str | None, typer.Option(help="critical | high | normal | low")] = None,
     env: Annotated[list[str] | None, typer.Option(help="KEY=VALUE for the session (repeatable)")] = None,
+    image: Annotated[str | None, typer.Option(help="run CMD in this container image (pinned: repo@sha256:...); "
+                                              "it must listen on 0.0.0.0:$(GPUORCH_PORT)")] = None,
     wait: Annotated[bool, typer.Option(help="wait until it runs and print its URL")] = True,
     timeout: Annotated[float, typer.Option(help="give up waiting after this many seconds")] = 600.0,
     as_json: JsonOpt = False,
@@ -111,7 +134,8 @@ def start(
     '$(GPUORCH_PORT)'. Prints its URL once it runs."""
     try:
         spec = session_spec(argv, gpus=gpus, mig=mig, share=share, park_after=idle_park_after,
-                            keep_prefix=keep_prefix, name=name, tenant=tenant, priority=priority, env=env)
+                            keep_prefix=keep_prefix, name=name, tenant=tenant, priority=priority, env=env,
+                            image=image)
     except ValueError as exc:
         fail(f"invalid session: {exc}", USAGE)
     with api() as client:
@@ -143,7 +167,7 @@ def open_session(job_id: IdArg, timeout: Annotated[float, typer.Option(help="sec
     with api() as client:
         job = client.get(f"/api/v1/jobs/{job_id}")
         if job["state"] == "parked":
-            client.post(f"/api/v1/sessions/{job['id']}/resume")
+            resume_and_wait(client, job, timeout)
         wait_running(client, job["id"], timeout)
         url = url_of(client, job["id"])
     print(json.dumps({"job_id": job["id"], "url": url}) if as_json else url)
@@ -162,9 +186,17 @@ def park(job_id: IdArg, as_json: JsonOpt = False) -> None:
 
 
 @session_app.command("resume")
-def resume(job_id: IdArg, as_json: JsonOpt = False) -> None:
-    """Resume a parked session (opening its URL does too)."""
-    _action(job_id, "resume", as_json)
+def resume(job_id: IdArg, timeout: Annotated[float, typer.Option(
+        help="seconds to wait for the scheduler to take the resume")] = 60.0, as_json: JsonOpt = False) -> None:
+    """Resume a parked session (opening its URL does too) and wait until it is queued again; fails with the reason
+    when its owner's session caps refuse it (park or stop another session first)."""
+    with api() as client:
+        job = client.get(f"/api/v1/jobs/{job_id}")
+        if job["state"] != "parked":
+            fail(f"session {job['id']} is {job['state']}: only a parked session resumes")
+        now = resume_and_wait(client, job, timeout)
+        answer = {"job_id": job["id"], "state": now["state"], "url": url_of(client, job["id"])}
+    print(json.dumps(answer) if as_json else f"resumed: {job['id']} ({now['state']})")
 
 
 @session_app.command("stop")

@@ -33,6 +33,7 @@ from typing import Any
 
 import asyncpg
 from gpuorch_contracts import (
+    ChangeSession,
     ExecutorHeartbeat,
     FleetAlert,
     JobLost,
@@ -45,6 +46,7 @@ from gpuorch_contracts import (
 from gpuorch_observability import get_logger, inject_trace, tracing_exported
 from gpuorch_scheduling import SchedulerState, decision_id
 from gpuorch_scheduling.scheduler import LOGGED_INCOMING, Scheduler, SchedulerConfig
+from gpuorch_scheduling.sessions import OverCap
 from gpuorch_scheduling.step import Input, Known, Step
 from gpuorch_scheduling.usage import DecayedUsage
 from gpuorch_store import (
@@ -117,6 +119,10 @@ class SchedulerService:
         self._isolation_unwritten: set[str] = set()
         self._decided: dict[Any, str] = {}
         """Job -> the traceparent of this step's decision span for it (empty unless spans are exported)."""
+        self.resume_refused: dict[Any, str] = {}
+        """Parked session -> why its owner's caps refused its last resume (``sessions.OverCap``): memory, written
+        as the session's pending reason so that its page and gpuctl can say why it stays parked; forgotten once it
+        is no longer parked (a restart forgets it; the next resume, which a reloading page sends, says it again)."""
 
     @property
     def config(self) -> SchedulerConfig:
@@ -336,8 +342,9 @@ class SchedulerService:
             headers=[logged_headers.get(id(m)) or tracing.headers_of(m, self.scheduler.trace_of(m), decided)
                      for m in outgoing],
             bodies=[_encoded(logged_json.get(id(m)), self._stamped(m)) for m in outgoing])
+        self._note_resume_refusals(step)
         await readmodels.write_jobs_and_nodes(self._conn, self.state, self.scheduler.pending, step.touched_jobs,
-                                              step.touched_nodes, step.rejected, step.submitted)
+                                              step.touched_nodes, step.rejected, step.submitted, self.resume_refused)
         unwritten = {n: self.isolation[n] for n in self._isolation_unwritten if n in self.state.nodes}
         if unwritten:
             await readmodels.write_isolation(self._conn, unwritten)
@@ -350,6 +357,16 @@ class SchedulerService:
         if step.now - self._fair_share_written_at >= readmodels.FAIR_SHARE_EVERY_S:
             await readmodels.write_fair_share(self._conn, self.state, self.config.queues.fair_share, step.now)
             self._fair_share_written_at = step.now
+
+    def _note_resume_refusals(self, step: Step) -> None:
+        """Remember this step's resumes refused by their owner's caps (their rows are rewritten with it); forget
+        those of sessions no longer parked."""
+        for message, why in step.ignored:
+            if isinstance(message, ChangeSession) and isinstance(why, OverCap):
+                self.resume_refused[message.job_id] = f"resume refused: {why}"[:1000]
+                step.touched_jobs.add(message.job_id)
+        for job_id in [j for j in self.resume_refused if getattr(self.state.jobs.get(j), "state", None) != "parked"]:
+            del self.resume_refused[job_id]
 
     def _stamped(self, message: Message) -> Message:
         """A command carries the epoch of the leader that decided it (``leader_epoch``; executors refuse older

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,11 +38,14 @@ FAIR_SHARE_EVERY_S = 10.0
 
 async def write_jobs_and_nodes(conn: Any, state: SchedulerState, pending: dict[uuid.UUID, Waiting],
                                job_ids: Iterable[uuid.UUID], node_ids: Iterable[str], rejected: list[JobRejected],
-                               submitted: dict[uuid.UUID, SubmitJob]) -> None:
-    """Upsert the rows of ``job_ids`` and ``node_ids`` from ``state`` (a waiting job with its pending reason), and
-    insert a row for each rejected submission."""
+                               submitted: dict[uuid.UUID, SubmitJob],
+                               resume_refused: Mapping[uuid.UUID, str] | None = None) -> None:
+    """Upsert the rows of ``job_ids`` and ``node_ids`` from ``state`` (a waiting job with its pending reason, a
+    parked session whose resume its owner's caps refused with that, ``resume_refused``), and insert a row for each
+    rejected submission."""
     job_ids = set(job_ids)
-    rows = [job_row(state.jobs[j], pending.get(j)) for j in job_ids if j in state.jobs]
+    refused = resume_refused or {}
+    rows = [job_row(state.jobs[j], pending.get(j), refused.get(j)) for j in job_ids if j in state.jobs]
     arrays = {j for j in job_ids if j in state.arrays} | {
         job.array_id for j in job_ids if (job := state.jobs.get(j)) is not None and job.array_id in state.arrays}
     rows += [array_row(state.arrays[a]) for a in sorted(arrays, key=str)]  # type: ignore[index]
@@ -166,14 +169,18 @@ def array_row(array: ArrayRecord) -> tuple[Any, ...]:
     )
 
 
-def job_row(job: JobRecord, waiting: Waiting | None) -> tuple[Any, ...]:
+def job_row(job: JobRecord, waiting: Waiting | None, resume_refused: str | None = None) -> tuple[Any, ...]:
+    """A job's row; its pending reason: why it waits (queued), or why its last resume was refused (parked)."""
     spec = job.spec
     queued = job.state == "queued" and waiting is not None
+    pending_reason = resume_refused if job.state == "parked" else None
+    if queued:
+        pending_reason = waiting.reason  # type: ignore[union-attr]
     return (
         job.job_id, spec.name, spec.tenant, spec.tier, spec.priority_class, job.state,
         _spec_json(spec), job.placement_id, [a.node_id for a in job.assignments],
         "[" + ",".join(a.model_dump_json() for a in job.assignments) + "]", job.exit_code, job.reason,
-        waiting.reason if queued else None, job.requeues, job.log_path,  # type: ignore[union-attr]
+        pending_reason, job.requeues, job.log_path,
         _ts(job.accepted_at), _ts(job.placed_at), _ts(job.started_at), _ts(job.ended_at),
         _ts(waiting.estimated_start) if queued else None,  # type: ignore[union-attr]
         job.array_id, job.array_index, None, json.dumps(job.parks) if job.parks else None,

@@ -183,7 +183,14 @@ class Settings(BrokerSettings):
 
     @property
     def session_policy(self) -> SessionPolicy:
-        return SessionPolicy(self.session_idle_park_s, parse_park_by_tenant(self.session_idle_park_by_tenant))
+        """A session's tenant's idle-park time: the identity map's ``session_idle_park_s`` (the tenant, else its
+        ``"*"``), else ``GPUORCH_SESSION_IDLE_PARK_BY_TENANT`` (the tenant, else its ``"*"``), else
+        ``GPUORCH_SESSION_IDLE_PARK_S`` (a session's own ``idle_park_after_s`` wins over all)."""
+        mapped = dict(self.identity_map.session_idle_park_s)
+        if "*" in mapped:  # the map names every tenant: the settings' table is never reached
+            return SessionPolicy(self.session_idle_park_s, mapped)
+        return SessionPolicy(self.session_idle_park_s,
+                             {**parse_park_by_tenant(self.session_idle_park_by_tenant), **mapped})
 
     @property
     def batch_wait_s(self) -> float:

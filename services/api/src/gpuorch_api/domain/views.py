@@ -165,7 +165,7 @@ def job_view(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:
         "exit_code": row["exit_code"], "reason": row["reason"],
         "pending_reason": row["pending_reason"], "submitted_at": row["submitted_at"],
         "started_at": row["started_at"], "ended_at": row["ended_at"], "requeues": row["requeues"],
-        "estimated_start": row["estimated_start"],
+        "estimated_start": row["estimated_start"], "updated_at": row.get("updated_at"),
         "array_id": str(row["array_id"]) if row.get("array_id") else None, "array_index": row.get("array_index"),
         "array_counts": _counts(row.get("array_counts")),
     }

@@ -417,13 +417,16 @@ async function sessionsPage() {
         const open = `${s.url}?${new URLSearchParams({ token: state.token })}`;
         return [
           el("a", { href: `#/job/${s.id}`, class: "job-link", "data-job": s.id }, s.id.slice(0, 8)), s.name, s.tenant,
-          stateCell(s.state), s.node || "-", s.gpus, String(s.parks), hours(s.parked_gpu_hours),
+          stateCell(s.state), s.node || "-", s.gpus, String(s.parks),
+          el("span", { class: "parked-hours", "data-hours": s.parked_gpu_hours }, hours(s.parked_gpu_hours)),
           s.pending_reason || s.reason || "",
           el("span", { class: "actions" },
             ended ? null : el("a", { href: open, target: "_blank", rel: "noopener", class: "open-session" }, "open"),
-            s.state === "running" ? el("button", { onclick: act(`/api/v1/sessions/${s.id}/park`) }, "park") : null,
-            s.state === "parked" ? el("button", { onclick: act(`/api/v1/sessions/${s.id}/resume`) }, "resume") : null,
-            ended ? null : el("button", { onclick: act(`/api/v1/jobs/${s.id}/cancel`,
+            s.state === "running" ? el("button", { class: "park-session",
+              onclick: act(`/api/v1/sessions/${s.id}/park`) }, "park") : null,
+            s.state === "parked" ? el("button", { class: "resume-session",
+              onclick: act(`/api/v1/sessions/${s.id}/resume`) }, "resume") : null,
+            ended ? null : el("button", { class: "stop-session", onclick: act(`/api/v1/jobs/${s.id}/cancel`,
               { reason: "session stopped by its owner" }) }, "stop")),
         ];
       })));

@@ -41,6 +41,10 @@ class JobLaunch:
     """Containers' network (the tenant's allow-list entry)."""
     container_user: str | None = None
     """Containers' ``uid:gid`` from the tenant's entry (else the job uid, else nobody)."""
+    session_port: int | None = None
+    """An interactive session's port (``domain.sessions``): a container publishes it on the host's loopback."""
+    session_dir: Path | None = None
+    """An interactive session's work directory: a container gets it mounted at the same path, as its workdir."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,10 @@ The command line (``docker_run_argv``) is built so that the container gets only 
   (``DOCKER_CLIENT_PATH`` plus ``HOME`` and the ``DOCKER_*`` connection variables of the *executor's* environment):
   nothing in a job spec (``PATH``, ``LD_PRELOAD``, ``DOCKER_HOST``, ``DOCKER_CONFIG``...) changes which client
   runs or which engine it talks to;
+- an interactive session (``domain.sessions``): its port published on the host's loopback only
+  (``--publish 127.0.0.1:P:P``, where the executor's proxy connects; the session must listen on ``0.0.0.0`` inside),
+  which needs the tenant's allow-listed network (a session on ``none`` is a launch error that says so), and its
+  work directory bind-mounted at the same path as ``--workdir`` (so ``GPUORCH_WORK_DIR`` holds inside too);
 - ``--name gpuorch-<placement_id>`` and ``--cidfile`` so the executor can signal and identify the container, and
   ``--rm`` so nothing is left behind; ``--init`` so signals reach the job even when it runs as pid 1.
 
@@ -80,6 +84,7 @@ def docker_run_argv(
     launch: LaunchJob, *, docker: str = "/usr/bin/docker", env_file: str | None = None,
     mounts: tuple[Mount, ...] = (), checkpoint_dir: str | None = None, cidfile: str | None = None,
     pids_limit: int = DEFAULT_PIDS_LIMIT, user: str = NOBODY, network: str = "none",
+    session_port: int | None = None, session_dir: str | None = None,
 ) -> list[str]:
     """The ``docker run`` argv for ``launch`` (pure; see the module docstring for each option)."""
     run = launch.spec.run
@@ -108,6 +113,13 @@ def docker_run_argv(
         argv += ["--mount", _mount_option(mount.source, mount.target, mount.read_only)]
     if checkpoint_dir is not None:
         argv += ["--mount", _mount_option(checkpoint_dir, CONTAINER_CHECKPOINT_DIR, read_only=False)]
+    if session_port is not None:
+        if network == "none":
+            raise ValueError("a container session needs a network to publish its port: the tenant's allow-list "
+                             "entry must name one (a bridge network)")
+        argv += ["--publish", f"127.0.0.1:{session_port}:{session_port}"]
+    if session_dir is not None:
+        argv += ["--mount", _mount_option(session_dir, session_dir, read_only=False), "--workdir", session_dir]
     if env_file is not None:
         argv += ["--env-file", env_file]
     argv.append(run.image)
@@ -165,7 +177,8 @@ class ContainerBackend(Backend):
         argv = docker_run_argv(
             job.launch, docker=self.docker, env_file=str(env_file), mounts=job.mounts,
             checkpoint_dir=str(job.checkpoint_file.parent), cidfile=str(job.placement_dir / CIDFILE_NAME),
-            user=container_user(job), network=job.network,
+            user=container_user(job), network=job.network, session_port=job.session_port,
+            session_dir=str(job.session_dir) if job.session_dir is not None else None,
         )
         return SupervisedCommand(
             argv=argv, env=self.client_environment(job.executor_env), executable=self.docker, cwd=None, cgroup=None,
