@@ -521,3 +521,28 @@ async def test_queue_depths_reads_each_queue_that_exists_and_leaves_out_the_othe
             await asyncio.sleep(0.1)
     finally:
         await broker.close()
+
+
+async def test_connect_without_a_timeout_waits_for_a_broker_down_at_start(amqp_vhost: str) -> None:
+    """A service's start (``connect(timeout_s=None)``) retries with a backoff while the broker refuses, however long,
+    and connects once it answers; with a timeout it gives up (decision 43)."""
+    proxy = TcpProxy("127.0.0.1", 5672)
+    await proxy.start()
+    proxy.refuse = True
+    broker = Broker(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{amqp_vhost}", producer="test")
+    with pytest.raises(ConnectionError):
+        await broker.connect(timeout_s=0.2)
+    connecting = asyncio.create_task(broker.connect(timeout_s=None))
+    try:
+        deadline = time.monotonic() + 20
+        while proxy.refused < 4:  # two tries of the timed connect, then two of the waiting one
+            assert not connecting.done(), connecting
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        proxy.refuse = False
+        await asyncio.wait_for(connecting, 20)
+        assert broker.is_connected
+    finally:
+        connecting.cancel()
+        await broker.close()
+        await proxy.stop()

@@ -222,8 +222,16 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     for executor in executors:
         executor.store.lock()  # held until this process exits, however it exits
     READINESS.mark("consuming", "reconciling its placements")
-    await broker.connect()
     READINESS.add("broker", connected(broker))
+    connecting = asyncio.ensure_future(broker.connect(timeout_s=None))  # a broker down at start is waited for
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not connecting.done():  # stopped while the broker was still down
+        connecting.cancel()
+        await broker.close()
+        return
+    connecting.result()
     tasks: list[asyncio.Task[None]] = []
     logs: LogServer | None = None
     try:

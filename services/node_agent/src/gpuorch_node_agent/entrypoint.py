@@ -163,7 +163,7 @@ async def run(config: AgentConfig) -> FleetRunner:
 
         producer = f"node-agent/{config.fleet_name if config.is_fleet else config.node_id}"
         broker = Broker(config.amqp_url, producer=producer, **config.broker_options())
-        await broker.connect()
+        await broker.connect(timeout_s=None)  # a broker down at start is waited for (broker.unreachable logged)
         publisher = broker
     runner = FleetRunner(agents, publisher, heartbeat_s=config.heartbeat_s, usage_s=config.usage_s,
                          seed=config.sim_seed)
