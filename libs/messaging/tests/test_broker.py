@@ -546,3 +546,31 @@ async def test_connect_without_a_timeout_waits_for_a_broker_down_at_start(amqp_v
         connecting.cancel()
         await broker.close()
         await proxy.stop()
+
+
+async def test_a_nodes_dead_letter_queue_reports_its_fullness(amqp_url: str) -> None:
+    """What an executor or node-agent exports for its own node (decision 42): the dead-letter queue's depth, and
+    full (dropping its oldest) at its message bound."""
+    from gpuorch_messaging.bounded_gauges import keep_bounded_queue_gauges
+    from prometheus_client import REGISTRY
+
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    spec = QueueSpec(f"t.node-{uuid.uuid4().hex[:6]}", [], dead_letter_max_length=2)
+    await broker.declare_queue(spec)
+    connection = await aio_pika.connect(amqp_url)
+    gauges = asyncio.create_task(keep_bounded_queue_gauges(broker, {spec.dead_letter_queue: 2}, period_s=0.05))
+    try:
+        channel = await connection.channel()
+        for _ in range(3):  # one past the bound: the oldest is dropped
+            await channel.default_exchange.publish(aio_pika.Message(b"poison"), spec.dead_letter_queue)
+        labels = {"queue": spec.dead_letter_queue}
+        deadline = time.monotonic() + 10
+        while REGISTRY.get_sample_value("gpuorch_bounded_queue_full", labels) != 1:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert REGISTRY.get_sample_value("gpuorch_bounded_queue_messages", labels) == 2
+    finally:
+        gauges.cancel()
+        await connection.close()
+        await broker.close()

@@ -20,6 +20,7 @@ from typing import Any
 
 from gpuorch_contracts import JobIsolation
 from gpuorch_messaging import Broker, executor_queue
+from gpuorch_messaging.bounded_gauges import keep_bounded_queue_gauges
 from gpuorch_observability import READINESS, configure, connected, get_logger, start_metrics_server
 from gpuorch_settings import load_or_exit
 
@@ -238,8 +239,11 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
         for executor in executors:
             await executor.reconcile()
             tasks.append(asyncio.create_task(executor.run()))
-        for executor in executors:
-            await broker.consume(executor_queue(executor.node_id), executor.handle)
+        own = [executor_queue(executor.node_id) for executor in executors]
+        for executor, spec in zip(executors, own, strict=True):
+            await broker.consume(spec, executor.handle)
+        tasks.append(asyncio.create_task(keep_bounded_queue_gauges(  # its nodes' dead-letter queues (decision 42)
+            broker, {spec.dead_letter_queue: spec.dead_letter_max_length for spec in own if spec.dead_letter})))
         READINESS.mark("consuming", None)
         log.info("executor.ready", nodes=list(config.node_ids), runtimes=list(config.runtimes))
         logs = await start_log_endpoint(  # GPUORCH_LOGS_PORT, logs_http (logs, and the proxy to sessions)
