@@ -86,7 +86,7 @@ async def _append(seen: list[Message], message: Message) -> None:
     seen.append(message)
 
 
-async def test_a_node_agent_started_while_the_broker_is_down_waits_and_then_registers(amqp_url, amqp_vhost):
+async def test_a_node_agent_started_while_the_broker_is_down_waits_and_then_registers(amqp_url, amqp_vhost, capsys):
     """The broker refuses every connection when the node-agent starts (a proxy): it retries instead of exiting
     (before: 30 s, then exit) and registers its node once the broker answers (decision 43)."""
     from gpuorch_messaging.testing import TcpProxy
@@ -106,6 +106,7 @@ async def test_a_node_agent_started_while_the_broker_is_down_waits_and_then_regi
     agent = asyncio.create_task(run(config))
     try:
         await _until(lambda: proxy.refused >= 2 and not agent.done())  # retried, still running
+        assert "broker.unreachable" in capsys.readouterr().out  # the unbounded wait, not a 30 s one
         proxy.refuse = False
         await _until(lambda: any(isinstance(m, NodeRegistered) and m.inventory.node_id == "late-broker-1" for m in seen))
     finally:
