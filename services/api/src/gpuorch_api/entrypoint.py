@@ -136,7 +136,7 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
             yield
         finally:
             connecting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # a failed start was logged already
                 await connecting
             if getattr(app.state, "backends", None) is not None:
                 await app.state.backends.close()
@@ -170,17 +170,23 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
 
 async def _connect(app: FastAPI, settings: Settings) -> None:
     """Migrate and open the backends, waiting as long as PostgreSQL or RabbitMQ is down (or the database not
-    created yet): the API serves meanwhile, ``/readyz`` and every route that needs them answer 503 with why."""
+    created yet): the API serves meanwhile, ``/readyz`` and every route that needs them answer 503 with why. Any
+    other error (credentials, a failed migration) is logged and stays the reason of those 503s."""
     from gpuorch_store import DATABASE_UNREACHABLE
     from gpuorch_store.migrations import migrate
 
     READINESS.mark("backends", "connecting to PostgreSQL and RabbitMQ")
-    await until_up("database", lambda: migrate(settings.database_url), transient=DATABASE_UNREACHABLE,
-                   failing="PostgreSQL unreachable")
-    app.state.backends = await open_backends(
-        amqp_url=settings.amqp_url, database_url=settings.database_url, identity_map=settings.identity_map,
-        quotas=settings.quotas_by_tenant, jaeger_url=settings.jaeger_url, logs_secret=settings.logs_secret,
-        identity=settings.identity, dlq_amqp_url=settings.dlq_amqp_url, timeout_s=None)
+    try:
+        await until_up("database", lambda: migrate(settings.database_url), transient=DATABASE_UNREACHABLE,
+                       failing="PostgreSQL unreachable")
+        app.state.backends = await open_backends(
+            amqp_url=settings.amqp_url, database_url=settings.database_url, identity_map=settings.identity_map,
+            quotas=settings.quotas_by_tenant, jaeger_url=settings.jaeger_url, logs_secret=settings.logs_secret,
+            identity=settings.identity, dlq_amqp_url=settings.dlq_amqp_url, timeout_s=None)
+    except Exception as exc:  # a refusal waiting cannot mend (credentials, a failed migration): say it, stay up
+        log.error("api.start_failed", error=repr(exc))
+        READINESS.mark("backends", f"start failed: {exc!r}"[:300])
+        raise
     READINESS.mark("backends", None)
     log.info("api.ready", port=settings.port)
 
