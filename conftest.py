@@ -8,9 +8,10 @@ Each fixture deletes what it created, so a run leaves nothing behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
@@ -110,3 +111,19 @@ async def migrated_dsn(pg_dsn: str) -> AsyncIterator[str]:
 
     await migrate(pg_dsn)
     yield pg_dsn
+
+
+@pytest.fixture
+async def late_database(migrated_dsn: str) -> AsyncIterator[tuple[str, Callable[[], Awaitable[None]]]]:
+    """(dsn, appear): ``dsn`` names a database that does not exist until ``await appear()``, which brings it into
+    being at once with every migration applied (a migrated database renamed to that name): a database that is not
+    there yet when a service starts, without racing the service against the migrations."""
+    name = migrated_dsn.rsplit("/", 1)[1]
+    await _admin(f'ALTER DATABASE "{name}" RENAME TO "{name}_later"')
+
+    async def appear() -> None:
+        await _admin(f'ALTER DATABASE "{name}_later" RENAME TO "{name}"')
+
+    yield migrated_dsn, appear
+    with contextlib.suppress(Exception):
+        await _admin(f'DROP DATABASE IF EXISTS "{name}_later" WITH (FORCE)')

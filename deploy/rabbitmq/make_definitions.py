@@ -96,13 +96,14 @@ IDENTITY_MAP = Path(__file__).resolve().parents[1] / "identity.json"
 TENANT_ROUTED_EVENTS = (
     "job.accepted", "job.rejected", "job.queued", "job.placed", "job.started", "job.finished", "job.failed",
     "job.checkpointed", "job.lost", "job.preempting", "job.requeued", "job.cancelled", "job.array_parallelism_changed",
+    "job.submission_rejected",
 )
 """Events routed ``<type>.<tenant>`` (gpuorch_contracts.TENANT_ROUTED_TYPES)."""
 TENANT_WORD = r"[a-z0-9][a-z0-9_-]*"
 HTTP_API_SUBMITTERS = ("submitter",)
 """Submitters that get the ``management`` tag (HTTP API): the generic user of examples/submit_job.sh."""
 SCHEDULER_EVENTS = (
-    "job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting", "job.requeued", "job.cancelled",
+    "job.accepted", "job.rejected", "job.submission_rejected", "job.queued", "job.placed", "job.preempting", "job.requeued", "job.cancelled",
     "job.array_parallelism_changed", "job.failed", "node.liveness_changed", "alert.fleet", "gpu.mig_reconfiguration", "mig.plan_proposed",
     "reservation.created", "reservation.refused", "reservation.deleted",
 )

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from gpuorch_contracts import LaunchJob, Message
-from gpuorch_executor.domain.leader_epoch import judge_leader_epoch
+from gpuorch_contracts.leader_epoch import judge_leader_epoch
 
 from tests.chaos.faults import BrokerProxy, ChaosStack
 from tests.chaos.invariants import check_invariants

@@ -24,6 +24,7 @@ from gpuorch_contracts import (
     JobRejected,
     JobStarted,
     Message,
+    SubmissionRejected,
     SubmitJob,
 )
 from gpuorch_messaging import Broker, QueueSpec
@@ -44,6 +45,10 @@ async def scheduler(amqp_url: str) -> AsyncIterator[list[SubmitJob]]:
         assert isinstance(message, SubmitJob)
         received.append(message)
         tenant = message.spec.tenant if "tenant" in message.spec.model_fields_set else "acme"
+        if message.spec.name == "unreadable":  # as the scheduler answers a body it could not read a job id from
+            await broker.publish(SubmissionRejected(submission_message_id=str(message.message_id), size_bytes=1,
+                                                    reason="message exceeds the limit", tenant=tenant))
+            return
         if message.spec.name == "bad":
             await broker.publish(JobRejected(job_id=message.job_id, reason="bad is not allowed", tenant=tenant))
             return
@@ -73,6 +78,14 @@ async def test_a_rejection_is_an_answer_with_its_reason(amqp_url: str, scheduler
         job_id = await client.submit({**SPEC, "name": "bad"})
         answer = await client.wait(job_id, timeout_s=10)
         assert isinstance(answer, JobRejected) and answer.reason == "bad is not allowed"
+
+
+async def test_a_submission_rejected_unread_is_the_answer_of_the_job_it_carried(
+        amqp_url: str, scheduler: list[SubmitJob]) -> None:
+    async with GpuorchClient(amqp_url, "acme") as client:
+        job_id = await client.submit({**SPEC, "name": "unreadable"})
+        answer = await client.wait(job_id, timeout_s=10)
+        assert isinstance(answer, SubmissionRejected) and "exceeds" in answer.reason
 
 
 async def test_only_its_own_tenants_events_reach_the_client(amqp_url: str, scheduler: list[SubmitJob]) -> None:

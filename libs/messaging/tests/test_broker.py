@@ -521,3 +521,56 @@ async def test_queue_depths_reads_each_queue_that_exists_and_leaves_out_the_othe
             await asyncio.sleep(0.1)
     finally:
         await broker.close()
+
+
+async def test_connect_without_a_timeout_waits_for_a_broker_down_at_start(amqp_vhost: str) -> None:
+    """A service's start (``connect(timeout_s=None)``) retries with a backoff while the broker refuses, however long,
+    and connects once it answers; with a timeout it gives up (decision 43)."""
+    proxy = TcpProxy("127.0.0.1", 5672)
+    await proxy.start()
+    proxy.refuse = True
+    broker = Broker(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{amqp_vhost}", producer="test")
+    with pytest.raises(ConnectionError):
+        await broker.connect(timeout_s=0.2)
+    connecting = asyncio.create_task(broker.connect(timeout_s=None))
+    try:
+        deadline = time.monotonic() + 20
+        while proxy.refused < 4:  # two tries of the timed connect, then two of the waiting one
+            assert not connecting.done(), connecting
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        proxy.refuse = False
+        await asyncio.wait_for(connecting, 20)
+        assert broker.is_connected
+    finally:
+        connecting.cancel()
+        await broker.close()
+        await proxy.stop()
+
+
+async def test_a_nodes_dead_letter_queue_reports_its_fullness(amqp_url: str) -> None:
+    """What an executor or node-agent exports for its own node (decision 42): the dead-letter queue's depth, and
+    full (dropping its oldest) at its message bound."""
+    from gpuorch_messaging.bounded_gauges import keep_bounded_queue_gauges
+    from prometheus_client import REGISTRY
+
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    spec = QueueSpec(f"t.node-{uuid.uuid4().hex[:6]}", [], dead_letter_max_length=2)
+    await broker.declare_queue(spec)
+    connection = await aio_pika.connect(amqp_url)
+    gauges = asyncio.create_task(keep_bounded_queue_gauges(broker, {spec.dead_letter_queue: 2}, period_s=0.05))
+    try:
+        channel = await connection.channel()
+        for _ in range(3):  # one past the bound: the oldest is dropped
+            await channel.default_exchange.publish(aio_pika.Message(b"poison"), spec.dead_letter_queue)
+        labels = {"queue": spec.dead_letter_queue}
+        deadline = time.monotonic() + 10
+        while REGISTRY.get_sample_value("gpuorch_bounded_queue_full", labels) != 1:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert REGISTRY.get_sample_value("gpuorch_bounded_queue_messages", labels) == 2
+    finally:
+        gauges.cancel()
+        await connection.close()
+        await broker.close()

@@ -27,8 +27,10 @@ from gpuorch_contracts import (
     Message,
     NodeHeartbeat,
     ProcessRun,
+    SubmissionRejected,
     SubmitJob,
     decode,
+    tenant_binding,
 )
 from gpuorch_messaging import (
     REASON_HEADER,
@@ -153,13 +155,14 @@ class Handled:
         await self.messages.put(message)
 
 
-async def publish_as(url: str, exchange: str, key: str, body: bytes, *, user_id: str | None) -> None:
+async def publish_as(url: str, exchange: str, key: str, body: bytes, *, user_id: str | None,
+                     message_id: str | None = None, correlation_id: str | None = None) -> None:
     connection = await aio_pika.connect(url)
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         target = await channel.get_exchange(exchange)
-        await target.publish(aio_pika.Message(body, user_id=user_id, message_id=str(uuid.uuid4())), key,
-                             mandatory=True)
+        await target.publish(aio_pika.Message(body, user_id=user_id, message_id=message_id or str(uuid.uuid4()),
+                                              correlation_id=correlation_id), key, mandatory=True)
     finally:
         await connection.close()
 
@@ -345,3 +348,28 @@ async def test_an_oversized_submission_with_a_job_id_is_answered_too(users: User
     await publish_as(users.url(SUBMITTER), SUBMIT_EXCHANGE, "job.submit", body, user_id=SUBMITTER)
     rejected = decode((await answers.next()).body)
     assert rejected.job_id == job_id and "exceeds" in rejected.reason  # type: ignore[attr-defined]
+
+
+async def test_an_oversized_submission_without_a_job_id_is_answered_to_its_sender(
+    users: Users, brokers: list[Broker]
+) -> None:
+    """1 MB that names no job: a SubmissionRejected with the AMQP ids, routed to the publisher's tenant (what a
+    submitter's ``job.*.<tenant>`` binding receives), and the consumer goes on with the next submission."""
+    scheduler = await connect(brokers, users.url(SCHEDULER))
+    tenants = {SUBMITTER: "acme"}
+    handled = Handled()
+    await scheduler.consume(scheduler_queue("t.unread", on_invalid=answer_invalid_submission(tenants.get)), handled)
+    connection = await plain_connection(users.url(SCHEDULER))
+    answers = await tap(connection, "t.unread.answers", (EVENTS_EXCHANGE, tenant_binding("acme")))
+    body = b'{"type": "job.submit", "spec": {"name": "' + b"x" * 1_000_000 + b'"}}'
+    await publish_as(users.url(SUBMITTER), SUBMIT_EXCHANGE, "job.submit", body, user_id=SUBMITTER,
+                     message_id="sub-1", correlation_id="corr-1")
+    answer = await answers.next()
+    rejected = decode(answer.body)
+    assert isinstance(rejected, SubmissionRejected) and answer.routing_key == "job.submission_rejected.acme"
+    assert (rejected.submission_message_id, rejected.correlation_id) == ("sub-1", "corr-1")
+    assert rejected.size_bytes == len(body) and "exceeds" in rejected.reason
+    valid = SubmitJob(spec=SPEC)
+    await publish_as(users.url(SUBMITTER), SUBMIT_EXCHANGE, "job.submit", valid.model_dump_json().encode(),
+                     user_id=SUBMITTER)
+    assert (await asyncio.wait_for(handled.messages.get(), 10)).message_id == valid.message_id

@@ -17,6 +17,7 @@ from gpuorch_contracts import (
     NodeInventory,
     NodeRegistered,
     StopJob,
+    SubmissionRejected,
     SubmitJob,
 )
 from gpuorch_contracts.nodes import ExecutorHeartbeat
@@ -70,6 +71,9 @@ SCHEDULER, TELEMETRY, EXECUTOR, NODE_AGENT = (scheduler_accepts(), telemetry_acc
     (EXECUTOR, STOP, "scheduler-b", None),
     (NODE_AGENT, MIG, "scheduler", None),
     (TELEMETRY, STARTED, "executor-node-1", None),
+    # telemetry binds job.#: a SubmissionRejected reaches it and must not be dead-lettered there
+    (TELEMETRY, SubmissionRejected(size_bytes=1, reason="r", tenant="acme"), "scheduler", None),
+    (TELEMETRY, SubmissionRejected(size_bytes=1, reason="r", tenant="acme"), "acme-ci", "refused"),
 ])
 def test_allow_lists(accepts: dict[str, tuple[object, ...]], message: Message, user: str, reason: str | None) -> None:
     refused = refusal(accepts, message, user, queue="q")  # type: ignore[arg-type]

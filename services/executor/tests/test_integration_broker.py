@@ -329,3 +329,29 @@ async def test_the_real_executor_runs_each_job_as_a_uid_of_its_own(
         executor.terminate()
         kill_leftovers(root / "state")
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_an_executor_started_while_the_broker_is_down_waits_and_then_serves(
+    amqp_url: str, amqp_vhost: str, tap: EventTap, tmp_path: Path
+) -> None:
+    """The broker refuses every connection when the executor starts (a proxy): it retries instead of exiting
+    (before: 30 s, then exit 1) and renews its node's lease once the broker answers (decision 43)."""
+    from gpuorch_contracts import ExecutorHeartbeat
+
+    proxy = TcpProxy("127.0.0.1", 5672)
+    await proxy.start()
+    proxy.refuse = True
+    executor = ExecutorProcess(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{amqp_vhost}", tmp_path / "state",
+                               "late-node", tmp_path / "executor.log", GPUORCH_EXECUTOR_HEARTBEAT_S="0.2")
+    executor.start()
+    assert executor.process is not None
+    try:
+        await tap.until(lambda: proxy.refused >= 2, timeout_s=30)
+        assert executor.process.poll() is None  # still waiting, not exited
+        assert "broker.unreachable" in (tmp_path / "executor.log").read_text()  # the unbounded wait, not a 30 s one
+        proxy.refuse = False
+        await tap.until(lambda: any(isinstance(e, ExecutorHeartbeat) and e.node_id == "late-node"
+                                    for e in tap.events), timeout_s=30)
+    finally:
+        executor.terminate()
+        await proxy.stop()

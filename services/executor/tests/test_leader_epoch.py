@@ -1,12 +1,11 @@
-"""Commands of a superseded scheduler leader are refused (``domain.leader_epoch``): the rule as a table, then the
+"""Commands of a superseded scheduler leader are refused (``gpuorch_contracts.leader_epoch``): the rule as a table, then the
 executor applying it to real launches and stops, and remembering the newest epoch across a restart."""
 
 from __future__ import annotations
 
 import pytest
 from gpuorch_contracts import JobFailed, JobStarted, StopJob
-
-from gpuorch_executor.domain.leader_epoch import judge_leader_epoch
+from gpuorch_contracts.leader_epoch import judge_leader_epoch
 
 from .conftest import NODE, Harness, launch_job, terminal
 

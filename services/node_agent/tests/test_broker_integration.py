@@ -84,3 +84,33 @@ async def test_fleet_heartbeats_and_mig_command_through_rabbitmq(amqp_url):
 
 async def _append(seen: list[Message], message: Message) -> None:
     seen.append(message)
+
+
+async def test_a_node_agent_started_while_the_broker_is_down_waits_and_then_registers(amqp_url, amqp_vhost, capsys):
+    """The broker refuses every connection when the node-agent starts (a proxy): it retries instead of exiting
+    (before: 30 s, then exit) and registers its node once the broker answers (decision 43)."""
+    from gpuorch_messaging.testing import TcpProxy
+    from gpuorch_node_agent.entrypoint import run
+
+    seen: list[Message] = []
+    observer = Broker(amqp_url, producer="test-observer")
+    await observer.connect()
+    await observer.consume(QueueSpec(name="test.late-broker", bindings=[(EVENTS_EXCHANGE, "node.registered")],
+                                     max_length=100), lambda message: _append(seen, message))
+    proxy = TcpProxy("127.0.0.1", 5672)
+    await proxy.start()
+    proxy.refuse = True
+    config = parse_config(["--nvml", "sim", "--node-id", "late-broker-1", "--heartbeat-s", "0.2", "--duration-s", "4",
+                           "--amqp-url", f"amqp://guest:guest@127.0.0.1:{proxy.port}/{amqp_vhost}"],
+                          {"GPUORCH_IDENTITY": "trust_all", "GPUORCH_BROKER_TOPOLOGY": "declare"})
+    agent = asyncio.create_task(run(config))
+    try:
+        await _until(lambda: proxy.refused >= 2 and not agent.done())  # retried, still running
+        assert "broker.unreachable" in capsys.readouterr().out  # the unbounded wait, not a 30 s one
+        proxy.refuse = False
+        await _until(lambda: any(isinstance(m, NodeRegistered) and m.inventory.node_id == "late-broker-1" for m in seen))
+    finally:
+        agent.cancel()
+        await asyncio.gather(agent, return_exceptions=True)
+        await proxy.stop()
+        await observer.close()

@@ -175,3 +175,29 @@ async def test_a_layout_replaces_instances_when_nvml_calls_unsupported_compute_p
         assert outcome.applied, outcome.reason
     assert agent.inventory is not None
     assert [m.profile for m in agent.inventory.gpus[0].mig_instances] == ["1g.10gb"] * 7
+
+
+async def test_mig_apply_of_a_superseded_leader_is_refused_and_answered():
+    """The executor's rule (``gpuorch_contracts.leader_epoch``) on ApplyMigLayout: once epoch 3 was seen, an epoch-2
+    command changes nothing and is answered refused; epoch 0 (a sender without epochs) is still admitted."""
+    agent = _node(gpus=1, node_id="epoch-node")
+    publisher = RecordingPublisher()
+    handler = ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(publisher, ms))
+    agent.heartbeat_messages()
+
+    def layout(profiles: list[str], epoch: int) -> ApplyMigLayout:
+        return ApplyMigLayout(node_id=agent.node_id, layouts=[MigGpuLayout(gpu_index=0, profiles=profiles)],
+                              leader_epoch=epoch)
+
+    await handler(layout(["7g.80gb"], 3))
+    assert handler.outcomes[agent.node_id][0].applied
+    registrations = len(publisher.of_type(NodeRegistered))
+    stale = layout(["3g.40gb", "3g.40gb"], 2)
+    await handler(stale)
+    answer = publisher.of_type(MigLayoutApplied)[-1]
+    assert answer.command_id == str(stale.message_id) and not answer.outcomes[0].applied
+    assert "epoch 2, older than epoch 3" in answer.outcomes[0].reason
+    assert len(publisher.of_type(NodeRegistered)) == registrations  # nothing changed on the GPU
+    assert [m.profile for m in agent.inventory.gpus[0].mig_instances] == ["7g.80gb"]
+    await handler(layout(["3g.40gb", "3g.40gb"], 0))
+    assert handler.outcomes[agent.node_id][0].applied and handler.newest_leader_epochs[agent.node_id] == 3

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 from gpuorch_contracts import CreateReservation, GpuRequest, JobSpec, ProcessRun, SubmitJob
+from gpuorch_messaging.bounded_gauges import export_bounded_queues
 from gpuorch_scheduler.handlers import SchedulerService
-from gpuorch_scheduler.metrics import export_bounded_queues
 from gpuorch_scheduling.queueing import QueuePolicy, Quota
 from gpuorch_scheduling.scheduler import SchedulerConfig
 from gpuorch_scheduling.testing import registered_node as node

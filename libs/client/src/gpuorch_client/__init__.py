@@ -6,7 +6,9 @@
     submit(spec)  -> job_id      SubmitJob to gpuorch.submit/job.submit.<tenant> (the tenant's lane) with confirms
                                  + mandatory and user_id set;
                                  no queue bound (NO_ROUTE) or a nack raises SubmissionRefused
-    wait(job_id)  -> JobAccepted | JobRejected (the first answer); raises TimeoutError
+    wait(job_id)  -> JobAccepted | JobRejected | SubmissionRejected (the first answer); raises TimeoutError;
+                     SubmissionRejected: the submission was refused unread (oversized, undecodable), matched
+                     to its job by the AMQP message-id this client published it with
     follow(job_id) -> async iterator of the job's events until a terminal one (finished, failed, cancelled, rejected)
     cancel(job_id[, array_tasks="5-9"])     a job, an array, or some tasks of an array
     set_parallelism(array_id, n)           SetArrayParallelism (the shared lane: job.array_set.<tenant>)
@@ -44,6 +46,7 @@ from gpuorch_contracts import (
     JobSpec,
     Message,
     SetArrayParallelism,
+    SubmissionRejected,
     SubmitJob,
     decode,
     encode,
@@ -53,8 +56,9 @@ from gpuorch_contracts import (
 
 __all__ = ["ANSWER_TYPES", "TERMINAL_EVENT_TYPES", "GpuorchClient", "SubmissionRefused"]
 
-ANSWER_TYPES = frozenset({JobAccepted.TYPE, JobRejected.TYPE})
-TERMINAL_EVENT_TYPES = frozenset({"job.finished", "job.failed", "job.cancelled", "job.rejected"})
+ANSWER_TYPES = frozenset({JobAccepted.TYPE, JobRejected.TYPE, SubmissionRejected.TYPE})
+TERMINAL_EVENT_TYPES = frozenset({"job.finished", "job.failed", "job.cancelled", "job.rejected",
+                                  "job.submission_rejected"})
 
 
 class SubmissionRefused(RuntimeError):
@@ -75,6 +79,8 @@ class GpuorchClient:
         self._submit: AbstractExchange | None = None
         self._queue: AbstractQueue | None = None
         self._watched: set[uuid.UUID] = set()
+        self._submissions: dict[str, uuid.UUID] = {}
+        """AMQP message-id -> job id of each submission sent: how a ``SubmissionRejected`` finds its job."""
         self._events: dict[uuid.UUID, deque[Message]] = defaultdict(lambda: deque(maxlen=self.max_buffered))
         self._arrived: dict[uuid.UUID, asyncio.Event] = defaultdict(asyncio.Event)
 
@@ -129,6 +135,7 @@ class GpuorchClient:
         message = SubmitJob.model_validate({"job_id": str(job_id), "producer": self.producer, "spec": spec_data})
         body = {**message.model_dump(mode="json", exclude={"spec"}), "spec": spec_data}
         self._watched.add(job_id)
+        self._submissions[str(message.message_id)] = job_id
         await self._publish(aio_pika.Message(
             encode_json(body), content_type="application/json", message_id=str(message.message_id),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT, user_id=self.user_id),
@@ -171,10 +178,11 @@ class GpuorchClient:
         except aio_pika.exceptions.DeliveryError as exc:
             raise SubmissionRefused(f"the broker refused the message: {exc}") from exc
 
-    async def wait(self, job_id: uuid.UUID, *, timeout_s: float = 60.0) -> JobAccepted | JobRejected:
-        """The first answer to a submission: JobAccepted or JobRejected (with its reason)."""
+    async def wait(self, job_id: uuid.UUID, *,
+                   timeout_s: float = 60.0) -> JobAccepted | JobRejected | SubmissionRejected:
+        """The first answer to a submission: JobAccepted, or JobRejected or SubmissionRejected (with its reason)."""
         async for event in self.follow(job_id, timeout_s=timeout_s):
-            if isinstance(event, JobAccepted | JobRejected):
+            if isinstance(event, JobAccepted | JobRejected | SubmissionRejected):
                 return event
         raise TimeoutError(f"no answer for job {job_id}")  # follow ended on another terminal event
 
@@ -202,6 +210,8 @@ class GpuorchClient:
             except Exception:  # noqa: BLE001 - not ours to judge; gpuorch validated what it published
                 return
             job_id = getattr(event, "job_id", None)
+            if isinstance(event, SubmissionRejected):  # no job id: the message-id this client published with
+                job_id = self._submissions.get(event.submission_message_id or "")
             if not isinstance(job_id, uuid.UUID) or job_id not in self._watched:
                 return
             self._events[job_id].append(event)

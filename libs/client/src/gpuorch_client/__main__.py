@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import aiormq.exceptions
-from gpuorch_contracts import JobRejected
+from gpuorch_contracts import JobRejected, SubmissionRejected
 
 from gpuorch_client import GpuorchClient, SubmissionRefused
 
@@ -34,7 +34,7 @@ async def run(url: str, tenant: str, spec: dict[str, object], timeout_s: float) 
         print(f"no answer within {timeout_s}s", file=sys.stderr)
         return 4
     print(answer.TYPE)
-    if isinstance(answer, JobRejected):
+    if isinstance(answer, JobRejected | SubmissionRejected):
         print(f"rejected: {answer.reason}", file=sys.stderr)
         return 2
     return 0

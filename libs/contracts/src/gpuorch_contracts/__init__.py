@@ -47,6 +47,7 @@ from gpuorch_contracts.jobs import (
     SessionParked,
     SessionSpec,
     SetArrayParallelism,
+    SubmissionRejected,
     SubmitJob,
 )
 from gpuorch_contracts.nodes import (
@@ -107,7 +108,7 @@ __all__ = [
     "JobCheckpointed", "JobFailed", "JobFinished", "JobLost", "JobPlaced", "JobPreempting", "JobQueued",
     "JobRejected", "JobRequeued", "JobSpec", "JobStarted", "LaunchJob", "Message", "MigGpuLayout", "MigInstance",
     "ModelHints", "NodeAssignment", "NodeHeartbeat", "NodeInventory", "NodeRegistered", "ProcessRun",
-    "ProcessUsage", "JobIsolation", "RunningPlacement", "StopJob", "SubmitJob", "UnknownMessageType", "decode", "encode", "route", "utc_now",
+    "ProcessUsage", "JobIsolation", "RunningPlacement", "StopJob", "SubmissionRejected", "SubmitJob", "UnknownMessageType", "decode", "encode", "route", "utc_now",
     "AlertRaised", "AlertResolved", "RecommendationMade", "FleetScaleRequested",
     "MAX_GANG_GPUS", "MAX_GANG_NODES", "MAX_SPEC_BYTES", "output_tail_text", "reason_text",
     "strip_terminal_controls", "TENANT_ROUTED_TYPES", "ArraySpec", "ArrayTask", "array_task_id", "parse_array",

@@ -323,6 +323,29 @@ class JobRejected(TenantRouted):
     reason: ShortText
 
 
+AMQP_ID_PATTERN = r"^[\x21-\x7e]{1,255}$"
+"""An AMQP ``message-id``/``correlation-id`` as an answer repeats it: printable ASCII without spaces, at most 255
+bytes (a short string); an id outside it is left out of the answer."""
+
+
+class SubmissionRejected(TenantRouted):
+    """A submission refused before anything could be read from it: oversized or undecodable, with no ``job_id`` to
+    answer with a ``JobRejected`` (issue 30). Sent by whoever consumed it (the scheduler) to its *publisher's*
+    tenant, taken from the delivery's verified AMQP ``user_id`` (``job.submission_rejected.<tenant>``, which a
+    submitter's ``job.*.<tenant>`` binding receives), never to a tenant its bytes name. The submitter recognises its
+    message by ``submission_message_id`` (the AMQP ``message-id`` it published with; every gpuorch client sets it)
+    or ``correlation_id``. Not in the scheduler's event log: no job ever existed."""
+
+    TYPE = "job.submission_rejected"
+    type: Literal["job.submission_rejected"] = "job.submission_rejected"
+    submission_message_id: str | None = Field(default=None, max_length=255, pattern=AMQP_ID_PATTERN, description=(
+        "the AMQP message-id of the refused delivery"))
+    correlation_id: str | None = Field(default=None, max_length=255, pattern=AMQP_ID_PATTERN, description=(
+        "the AMQP correlation-id of the refused delivery, if it had one"))
+    size_bytes: int = Field(ge=0, le=2**31, description="the size of the refused body")
+    reason: ShortText
+
+
 class JobQueued(TenantRouted):
     """The job waits; ``pending_reason`` says why in plain words, ``estimated_start`` when it may start."""
 

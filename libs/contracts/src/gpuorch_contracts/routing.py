@@ -40,7 +40,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         jobs.SubmitJob, jobs.CancelJob, jobs.JobAccepted, jobs.JobRejected, jobs.JobQueued, jobs.JobPlaced,
         jobs.JobStarted, jobs.JobFinished, jobs.JobFailed, jobs.JobCheckpointed, jobs.JobLost,
         jobs.JobPreempting, jobs.JobRequeued, jobs.JobCancelled, jobs.SetArrayParallelism,
-        jobs.ArrayParallelismChanged, jobs.ChangeSession, jobs.SessionParked,
+        jobs.ArrayParallelismChanged, jobs.ChangeSession, jobs.SessionParked, jobs.SubmissionRejected,
         nodes.NodeRegistered, nodes.NodeHeartbeat, nodes.GpuHealthChanged, nodes.GpuUsageSampled,
         nodes.NodeLivenessChanged, nodes.FleetAlert, nodes.ExecutorHeartbeat, nodes.MigLayoutApplied,
         nodes.MigReconfiguration, nodes.MigPlanProposed,

@@ -3,8 +3,8 @@
 1. Leader epochs. Every takeover increments the lease's epoch; every command is stamped with the epoch of the
    leader that committed it. An executor remembers the newest epoch it has accepted and refuses a command of an
    older one (``refuses``): a leader that woke up after it was replaced cannot act through that executor.
-   The real executor gets this check from the ``reliability`` work of issue 30 (part A); this is the
-   simulation's own copy of the rule, to be wired to the real one (``EpochGuard.enabled=False`` switches it off).
+   The rule is the real executor's and node-agent's (``gpuorch_contracts.leader_epoch.judge_leader_epoch``);
+   ``EpochGuard.enabled=False`` switches it off.
 
 2. Launches that predate a recovery. A node cut off (or powered off) past the scheduler's lost deadline has its
    jobs requeued elsewhere, but the LaunchJobs that waited in its durable command queue are still delivered when
@@ -24,11 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuorch_contracts.leader_epoch import judge_leader_epoch
+
 
 def refuses(command_epoch: int | None, newest_seen: int) -> bool:
     """Whether an executor that has accepted commands up to epoch ``newest_seen`` refuses one of
     ``command_epoch`` (None: a command from before epochs existed, accepted)."""
-    return command_epoch is not None and command_epoch < newest_seen
+    return command_epoch is not None and not judge_leader_epoch(command_epoch, newest_seen).admitted
 
 
 def predates_recovery(decided_at: float, recovered_at: float | None) -> bool:

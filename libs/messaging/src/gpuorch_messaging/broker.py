@@ -84,9 +84,9 @@ class Broker:
         """The broker user of this connection (``guest`` when the URL names none, as the AMQP client does)."""
         return self._link.user_id
 
-    async def connect(self, *, timeout_s: float = 30.0) -> None:
-        """Connect (retrying until ``timeout_s``), open the publishing channel and declare or look up the
-        exchanges."""
+    async def connect(self, *, timeout_s: float | None = 30.0) -> None:
+        """Connect (retrying until ``timeout_s``; None: as long as the broker is down, as a service's start does),
+        open the publishing channel and declare or look up the exchanges."""
         await self._link.connect(timeout_s=timeout_s)
         await self._publisher.open(declare=self.declare_topology, wait_s=self.topology_wait_s)
 

@@ -1,6 +1,7 @@
 """One process's connection to RabbitMQ: robust, with its state visible to publishers and readiness probes.
 
-    connect(timeout_s) ──retry every 0.5 s until timeout_s──> aio_pika robust connection
+    connect(timeout_s) ──retry every 0.5 s until timeout_s (None: for ever, backing off to 10 s)──> aio_pika robust
+                       connection
         dropped ──> connected_event cleared, disconnected_since set ──> aio-pika reconnects (1 s interval),
                     re-opens its channels, re-declares what they declared ──> connected_event set again
 
@@ -42,8 +43,12 @@ class BrokerConnection:
         """The broker user of this connection (``guest`` when the URL names none, as the AMQP client does)."""
         return user_of(self.url)
 
-    async def connect(self, *, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
+    async def connect(self, *, timeout_s: float | None = 30.0) -> None:
+        """Connect, retrying while the broker cannot be reached: until ``timeout_s``, then ``ConnectionError``;
+        with ``timeout_s=None`` for as long as it takes (a service's start: a broker down at start is waited for,
+        never a reason to exit), logging ``broker.unreachable`` at each try with a backoff doubling to 10 s."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        backoff = 0.5
         while True:
             try:
                 options: dict[str, Any] = {} if self.heartbeat_s is None else {"heartbeat": self.heartbeat_s}
@@ -52,9 +57,14 @@ class BrokerConnection:
                     **options)
                 break
             except (OSError, aiormq.exceptions.AMQPConnectionError) as exc:
-                if time.monotonic() > deadline:
+                if deadline is not None and time.monotonic() > deadline:
                     raise ConnectionError(f"cannot reach RabbitMQ at {safe_url(self.url)}: {exc}") from exc
-                await asyncio.sleep(0.5)
+                if deadline is None:
+                    log.warning("broker.unreachable", url=safe_url(self.url), error=repr(exc)[:300], retry_s=backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                else:
+                    await asyncio.sleep(0.5)
         self._connection.close_callbacks.add(self._on_close)
         self._connection.reconnect_callbacks.add(self._on_reconnect)
         self.connected_event.set()

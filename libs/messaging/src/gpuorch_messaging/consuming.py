@@ -302,7 +302,8 @@ class Consumers:
         if hook is None:
             return
         invalid = InvalidDelivery(body=incoming.body, reason=reason, user_id=publisher,
-                                  queue=consumer.spec.name, routing_key=incoming.routing_key or "")
+                                  queue=consumer.spec.name, routing_key=incoming.routing_key or "",
+                                  message_id=incoming.message_id, correlation_id=incoming.correlation_id)
         try:
             await hook(self.publisher, invalid)
         except Exception as exc:  # noqa: BLE001 - the dead letter holds the message; the answer is best effort

@@ -1,14 +1,19 @@
-"""Answers for submissions that never reach a handler: an invalid ``job.submit`` that names a ``job_id`` gets a
-``JobRejected`` with the reason, besides its dead letter.
+"""Answers for submissions that never reach a handler: an invalid submission is answered to its publisher besides
+its dead letter: with a ``JobRejected`` when its bytes name a ``job_id``, else with a ``SubmissionRejected`` that
+names the AMQP message (``message-id``, ``correlation-id``) instead of a job (an oversized or undecodable body).
 
     invalid body on a queue whose QueueSpec has on_invalid
         -> Broker dead-letters it (reason in headers), then calls on_invalid(publisher, InvalidDelivery)
         -> answer_invalid_submission: job_id_of(body) -> JobRejected(job_id, reason, tenant) -> publisher.publish
+                                      no job_id, publisher's tenant known
+                                                      -> SubmissionRejected(message ids, size, reason, tenant)
 
 Who publishes: the Broker of the process that consumed the submission (the scheduler's), under its own user, from
 the dead-letter path; the rejection is not in the scheduler's event log (the job never existed for it). The
-rejection is routed to the *publisher's* default tenant (``job.rejected.<tenant>``), never to a tenant named in
-the invalid body, so a forged body cannot put a rejection into another tenant's stream.
+rejection is routed to the *publisher's* default tenant (``job.rejected.<tenant>``,
+``job.submission_rejected.<tenant>``), never to a tenant named in the invalid body, so a forged body cannot put a
+rejection into another tenant's stream. A ``SubmissionRejected`` is sent only when the publisher has a tenant: with
+no job and no tenant there is nobody to address it to (the dead letter remains).
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from gpuorch_contracts import JobRejected, SubmitJob, reason_text
+from gpuorch_contracts import JobRejected, SubmissionRejected, SubmitJob, reason_text
+from gpuorch_contracts.jobs import AMQP_ID_PATTERN
 from gpuorch_observability import get_logger
 
 from gpuorch_messaging.abc import Publisher
@@ -44,6 +50,9 @@ class InvalidDelivery:
     user_id: str | None
     queue: str
     routing_key: str
+    message_id: str | None = None
+    correlation_id: str | None = None
+    """The delivery's AMQP ``message-id`` and ``correlation-id``, as the publisher set them (unchecked)."""
 
 
 InvalidHook = Callable[[Publisher, InvalidDelivery], Awaitable[None]]
@@ -84,19 +93,33 @@ def _job_id_in_bytes(body: bytes) -> uuid.UUID | None:
 def answer_invalid_submission(
     default_tenant_of: Callable[[str | None], str | None], *, producer: str = "scheduler"
 ) -> InvalidHook:
-    """An ``on_invalid`` hook that publishes ``JobRejected`` for an identifiable invalid submission.
+    """An ``on_invalid`` hook that answers an invalid submission: ``JobRejected`` when it names its job, else
+    ``SubmissionRejected`` when its publisher has a tenant.
 
     ``default_tenant_of(user_id)`` gives the tenant the rejection is routed to (the publisher's default tenant,
-    e.g. ``IdentityMap.default_tenant``); None routes it as bare ``job.rejected``.
+    e.g. ``IdentityMap.default_tenant``); None routes a ``JobRejected`` as bare ``job.rejected`` and sends no
+    ``SubmissionRejected``.
     """
 
     async def answer(publisher: Publisher, invalid: InvalidDelivery) -> None:
         job_id = job_id_of(invalid.body)
-        if job_id is None:
+        tenant = default_tenant_of(invalid.user_id)
+        if job_id is not None:
+            await publisher.publish(JobRejected(job_id=job_id, reason=reason_text(invalid.reason), producer=producer,
+                                                tenant=tenant))
+            log.info("submission.rejected_invalid", job_id=str(job_id), user_id=invalid.user_id)
             return
-        rejection = JobRejected(job_id=job_id, reason=reason_text(invalid.reason), producer=producer,
-                                tenant=default_tenant_of(invalid.user_id))
-        await publisher.publish(rejection)
-        log.info("submission.rejected_invalid", job_id=str(job_id), user_id=invalid.user_id)
+        if tenant is None:
+            return
+        await publisher.publish(SubmissionRejected(
+            submission_message_id=_amqp_id(invalid.message_id), correlation_id=_amqp_id(invalid.correlation_id),
+            size_bytes=len(invalid.body), reason=reason_text(invalid.reason), producer=producer, tenant=tenant))
+        log.info("submission.rejected_unreadable", message_id=_amqp_id(invalid.message_id), user_id=invalid.user_id,
+                 size_bytes=len(invalid.body))
 
     return answer
+
+
+def _amqp_id(value: str | None) -> str | None:
+    """``value`` if an answer may repeat it (``AMQP_ID_PATTERN``), else None: the id is the publisher's text."""
+    return value if value is not None and re.fullmatch(AMQP_ID_PATTERN, value) else None

@@ -182,7 +182,7 @@ def telemetry_accepts() -> dict[str, tuple[Sender, ...]]:
         "gpu.health_changed": (NODE_AGENT_OF_NODE,),
         **{t: SCHEDULER for t in ("job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting",
                                   "job.requeued", "job.cancelled", "job.array_parallelism_changed",
-                                  "job.session_parked")},
+                                  "job.session_parked", "job.submission_rejected")},
         **{t: (EXECUTOR_OF_NODE,) for t in ("job.started", "job.finished", "job.lost", "job.checkpointed")},
         "job.failed": executor_or_scheduler,
         "mig.plan_proposed": SCHEDULER,

@@ -34,6 +34,8 @@ class TcpProxy:
         self.target_port = target_port
         self.port = 0
         self.refuse = False
+        self.refused = 0
+        """Connections closed at once because ``refuse`` was set."""
         self.cuts = 0
         self._server: Any = None
         self._writers: set[Any] = set()
@@ -48,6 +50,7 @@ class TcpProxy:
         import asyncio
 
         if self.refuse:
+            self.refused += 1
             writer.close()
             return
         try:

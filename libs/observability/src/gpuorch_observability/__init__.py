@@ -7,10 +7,10 @@
 - ``job_span``/``record_job_span``: a span in one job's trace (``job_id`` set), for work done for many jobs at once.
 - ``inject_trace(headers)`` / ``extract_trace(headers)``: W3C ``traceparent`` in AMQP headers.
 - ``start_metrics_server(port)``: Prometheus ``/metrics``, ``/healthz`` and ``/readyz`` on one port; ``READINESS``
-  holds the checks ``/readyz`` answers (``mark``, ``add``, ``connected(broker)``, ``keep_probing``).
+  holds the checks ``/readyz`` answers (``mark``, ``add``, ``connected(broker)``, ``keep_probing``; ``until_up`` waits out a server down at start).
 """
 
-from gpuorch_observability.health import READINESS, Readiness, connected, keep_probing
+from gpuorch_observability.health import READINESS, Readiness, connected, keep_probing, until_up
 from gpuorch_observability.logs import bind_context, configure_logging, get_logger
 from gpuorch_observability.metrics import start_metrics_server
 from gpuorch_observability.tracing import (
@@ -37,5 +37,5 @@ def configure(service: str, *, log_level: str = "INFO", otlp_endpoint: str | Non
 __all__ = [
     "READINESS", "Readiness", "bind_context", "connected", "keep_probing", "configure", "configure_logging", "configure_tracing", "extract_trace", "get_logger",
     "inject_trace", "job_span", "record_job_span", "shutdown_tracing", "start_metrics_server", "traceparent_of", "tracer",
-    "tracing_exported",
+    "tracing_exported", "until_up",
 ]

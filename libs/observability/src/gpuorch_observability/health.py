@@ -3,7 +3,9 @@
 A check is a function of no arguments returning None when it passes, else why it does not. Checks run in the HTTP
 server's thread, so they only read state that the service's loop keeps current: a flag set by ``mark``, an
 attribute (``broker.is_connected``), or the last result of a probe that ``keep_probing`` runs on the loop (a
-database ``SELECT 1``).
+database ``SELECT 1``). ``until_up`` runs a start-up step (open a pool, migrate) until the server it needs
+answers, marking its check failing meanwhile, so a service waits for a server that is down at start instead of
+exiting (docs/decisions.md 43).
 """
 
 from __future__ import annotations
@@ -11,6 +13,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from gpuorch_observability.logs import get_logger
+
+log = get_logger(__name__)
+T = TypeVar("T")
 
 Check = Callable[[], str | None]
 
@@ -70,3 +78,25 @@ async def keep_probing(name: str, probe: Callable[[], Awaitable[object]], *, fai
         except Exception as exc:  # noqa: BLE001 - any failure of the probe means not ready
             readiness.mark(name, f"{failing}: {exc!r}"[:300])
         await asyncio.sleep(period_s)
+
+
+async def until_up(name: str, attempt: Callable[[], Awaitable[T]], *,
+                   transient: tuple[type[BaseException], ...], failing: str, first_s: float = 0.5,
+                   max_s: float = 10.0, readiness: Readiness = READINESS) -> T:
+    """``await attempt()`` until it returns, and return what it returned. While it raises one of ``transient`` (the
+    server is down, not there yet, refusing connections) the check ``name`` fails with ``failing`` and the error,
+    a warning ``<name>.unreachable`` is logged and the next try follows after a backoff doubling from ``first_s``
+    to ``max_s``; anything else propagates at once (a bug or a refusal is not waited out). Passes ``name`` once
+    ``attempt`` returned. Never gives up: cancel the task to stop it."""
+    backoff = first_s
+    while True:
+        try:
+            result = await attempt()
+        except transient as exc:
+            readiness.mark(name, f"{failing}: {exc!r}"[:300])
+            log.warning(f"{name}.unreachable", error=repr(exc)[:300], retry_s=backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, max_s)
+            continue
+        readiness.mark(name, None)
+        return result

@@ -31,12 +31,14 @@ from gpuorch_store.outbox import (
     purge_sent,
 )
 from gpuorch_store.snapshots import load_latest_snapshot, save_snapshot
+from gpuorch_store.unreachable import DATABASE_UNREACHABLE
 
 append_events = append
 read_events = read
 
 __all__ = [
     "BatchPublisher",
+    "DATABASE_UNREACHABLE",
     "EVENT_WRITE_LOCK_KEY",
     "OUTBOX_CHANNEL",
     "MigrationError",

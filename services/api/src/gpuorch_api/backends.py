@@ -1,6 +1,6 @@
 """What the handlers reach: the read models (PostgreSQL pool), the gateway (broker), live streams, settings.
 
-``open_backends`` connects everything at start (retrying while the servers come up) and ``close`` releases it;
+``open_backends`` connects everything at start (retrying while the servers come up, for ever at a service's start) and ``close`` releases it;
 the handlers only ever get a ``Backends``, so tests may build one over their own pool and broker.
 """
 
@@ -16,7 +16,8 @@ from gpuorch_contracts import JobSpec
 from gpuorch_identity import IdentityMap
 from gpuorch_messaging import Broker
 from gpuorch_messaging.senders import IdentityMode
-from gpuorch_observability import get_logger
+from gpuorch_observability import get_logger, until_up
+from gpuorch_store import DATABASE_UNREACHABLE
 
 from gpuorch_api.domain import share_sizing
 from gpuorch_api.gateway import Gateway
@@ -62,20 +63,24 @@ async def open_backends(*, amqp_url: str, database_url: str, identity_map: Ident
                         quotas: dict[str, dict[str, Any]] | None = None, jaeger_url: str | None = None,
                         logs_secret: str | None = None, identity: IdentityMode = "strict",
                         dlq_amqp_url: str | None = None,
-                        timeout_s: float = 60.0) -> Backends:
-    """Connect the pool, the publishing broker and the live-stream connection (retrying until ``timeout_s``), and
-    start following where each node serves its logs."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+                        timeout_s: float | None = 60.0) -> Backends:
+    """Connect the pool, the publishing broker and the live-stream connection (retrying until ``timeout_s``; None:
+    as long as either server is down, as the API's start does), and start following where each node serves its
+    logs."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    async def create_pool() -> asyncpg.Pool:
         try:
-            pool = await asyncpg.create_pool(database_url, min_size=1, max_size=8, timeout=10)
-            break
-        except (OSError, asyncpg.PostgresError) as exc:
-            if time.monotonic() > deadline:
+            return await asyncpg.create_pool(database_url, min_size=1, max_size=8, timeout=10)
+        except DATABASE_UNREACHABLE as exc:
+            if deadline is not None and time.monotonic() > deadline:
                 raise ConnectionError(f"cannot reach PostgreSQL: {exc}") from exc
-            await asyncio.sleep(0.5)
+            raise
+
+    pool = await until_up("database", create_pool, transient=DATABASE_UNREACHABLE, failing="PostgreSQL unreachable",
+                          max_s=10.0 if deadline is None else 0.5)
     broker = Broker(amqp_url, producer="gpuorch-api", connection_name="gpuorch-api", declare_topology=False)
-    await broker.connect(timeout_s=max(1.0, deadline - time.monotonic()))
+    await broker.connect(timeout_s=None if deadline is None else max(1.0, deadline - time.monotonic()))
     streams = EventStreams(amqp_url)
     await streams.connect()
     logs = NodeLogEndpoints(logs_secret, identity=identity, node_scopes=identity_map.node_scopes)

@@ -3,7 +3,8 @@
     environment -> Settings -> create_app(settings): FastAPI
         RequestGuard (limits.py, outermost): NUL in the path -> 400, body over the limit -> 413 before it is read,
                      a caller over its rate limit -> 429, before any route parses or authenticates anything
-        lifespan: migrate the database (0300_api: the API's role and table), open_backends (pool, broker, streams)
+        lifespan: in the background, migrate the database (0300_api: the API's role and table) and open_backends
+                  (pool, broker, streams), waiting for as long as either server is down: 503 until then
         routes.router, dlq_routes.router, reservation_routes.router (handlers) -> readmodels / gateway / live -> domain.views
         errors: problem details (problems.py, application/problem+json): ApiError with its status (401 with
                 WWW-Authenticate: Bearer); a bad query or body -> 422 with every invalid field; the broker
@@ -14,6 +15,8 @@ Any number of instances may run side by side: the API keeps no state of its own 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from gpuorch_identity import IdentityMap, configured_identity_map
 from gpuorch_messaging import PublishError
-from gpuorch_observability import configure, get_logger, start_metrics_server
+from gpuorch_observability import READINESS, configure, get_logger, start_metrics_server, until_up
 from gpuorch_settings import ServiceSettings, load_or_exit, setting
 from pydantic import PrivateAttr, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -117,7 +120,8 @@ def _quotas(text: str, path: str) -> dict[str, dict[str, Any]]:
 
 def create_app(settings: Settings | None = None, *, backends: Backends | None = None,
                max_body_bytes: int | None = None, rate_limits: RateLimits | None = None) -> FastAPI:
-    """The ASGI app. With ``settings`` it migrates and connects at start; tests may pass ready ``backends`` (and
+    """The ASGI app. With ``settings`` it migrates and connects once it started, for as long as the servers are
+    down (``_connect``); tests may pass ready ``backends`` (and
     their own ``max_body_bytes`` and ``rate_limits``; else the settings', else the defaults)."""
 
     @asynccontextmanager
@@ -127,19 +131,15 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
             yield
             return
         assert settings is not None
-        from gpuorch_store.migrations import migrate
-
-        await migrate(settings.database_url)
-        app.state.backends = await open_backends(
-            amqp_url=settings.amqp_url, database_url=settings.database_url, identity_map=settings.identity_map,
-            quotas=settings.quotas_by_tenant, jaeger_url=settings.jaeger_url, logs_secret=settings.logs_secret,
-            identity=settings.identity,
-            dlq_amqp_url=settings.dlq_amqp_url)
-        log.info("api.ready", port=settings.port)
+        connecting = asyncio.create_task(_connect(app, settings), name="api-connect")
         try:
             yield
         finally:
-            await app.state.backends.close()
+            connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # a failed start was logged already
+                await connecting
+            if getattr(app.state, "backends", None) is not None:
+                await app.state.backends.close()
 
     app = FastAPI(title="gpuorch API", version="1", lifespan=lifespan,
                   description="Jobs, fleet, queues and tenants of gpuorch; submissions and cancels on the "
@@ -166,6 +166,29 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
     app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes, rate_limits=rate_limits)  # outermost
     _mount_dashboard(app)
     return app
+
+
+async def _connect(app: FastAPI, settings: Settings) -> None:
+    """Migrate and open the backends, waiting as long as PostgreSQL or RabbitMQ is down (or the database not
+    created yet): the API serves meanwhile, ``/readyz`` and every route that needs them answer 503 with why. Any
+    other error (credentials, a failed migration) is logged and stays the reason of those 503s."""
+    from gpuorch_store import DATABASE_UNREACHABLE
+    from gpuorch_store.migrations import migrate
+
+    READINESS.mark("backends", "connecting to PostgreSQL and RabbitMQ")
+    try:
+        await until_up("database", lambda: migrate(settings.database_url), transient=DATABASE_UNREACHABLE,
+                       failing="PostgreSQL unreachable")
+        app.state.backends = await open_backends(
+            amqp_url=settings.amqp_url, database_url=settings.database_url, identity_map=settings.identity_map,
+            quotas=settings.quotas_by_tenant, jaeger_url=settings.jaeger_url, logs_secret=settings.logs_secret,
+            identity=settings.identity, dlq_amqp_url=settings.dlq_amqp_url, timeout_s=None)
+    except Exception as exc:  # a refusal waiting cannot mend (credentials, a failed migration): say it, stay up
+        log.error("api.start_failed", error=repr(exc))
+        READINESS.mark("backends", f"start failed: {exc!r}"[:300])
+        raise
+    READINESS.mark("backends", None)
+    log.info("api.ready", port=settings.port)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -41,6 +41,7 @@ from gpuorch_contracts.arrays import MAX_ARRAY_PARALLELISM, IndexText
 from gpuorch_contracts.jobs import TERMINAL_STATES, JobState, Tier
 from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
+from gpuorch_observability import READINESS
 from gpuorch_report import WeeklyReport, parse_since, resolve_period
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -77,7 +78,20 @@ class Accepted(BaseModel):
 
 
 def backends(request: Request) -> Backends:
-    return request.app.state.backends  # type: ignore[no-any-return]
+    """The app's backends; 503 with why while they are still connecting (a server down at start)."""
+    return connected_backends(request.app)
+
+
+def connected_backends(app: Any) -> Backends:
+    found: Backends | None = getattr(app.state, "backends", None)
+    if found is None:
+        raise ApiError(503, f"not ready: {_not_ready()}")
+    return found
+
+
+def _not_ready() -> str:
+    _, answers = READINESS.report()
+    return "; ".join(f"{name}: {why}" for name, why in answers.items() if why != "ok") or "starting"
 
 
 BackendsDep = Annotated[Backends, Depends(backends)]
@@ -102,9 +116,10 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", tags=["health"])
-async def readyz(svc: BackendsDep) -> JSONResponse:
-    """Ready when the database and the broker are reachable (503 with what is not)."""
-    problems = await svc.problems()
+async def readyz(request: Request) -> JSONResponse:
+    """Ready when the database and the broker are reachable (503 with what is not, also while still connecting)."""
+    svc = getattr(request.app.state, "backends", None)
+    problems = await svc.problems() if svc is not None else [f"connecting: {_not_ready()}"]
     if problems:
         return JSONResponse({"status": "not ready", "error": "; ".join(problems)}, status_code=503)
     return JSONResponse({"status": "ready"})

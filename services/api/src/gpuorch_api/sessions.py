@@ -52,7 +52,7 @@ from gpuorch_api.auth import ApiError, Caller, Forbidden, Unauthorized, authenti
 from gpuorch_api.backends import Backends
 from gpuorch_api.domain import views
 from gpuorch_api.node_logs import LogsUnavailable, relay
-from gpuorch_api.routes import BackendsDep, CallerDep, backends
+from gpuorch_api.routes import BackendsDep, CallerDep, backends, connected_backends
 
 router = APIRouter()
 COOKIE = "gpuorch_session"
@@ -238,8 +238,8 @@ def _waiting_page(job: dict[str, Any], doing: str, detail: str | None = None) ->
 @router.websocket("/sessions/{job_id}/{path:path}")
 async def proxy_websocket(websocket: WebSocket, job_id: uuid.UUID, path: str) -> None:
     """A WebSocket to the session, relayed message by message through the node's executor."""
-    svc: Backends = websocket.app.state.backends
     try:
+        svc = connected_backends(websocket.app)
         who = authenticate(svc.identity_map, websocket.query_params.get("token") or _token(
             websocket.headers, websocket.cookies))
         job = await _session(svc, who, str(job_id))

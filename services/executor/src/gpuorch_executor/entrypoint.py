@@ -20,6 +20,7 @@ from typing import Any
 
 from gpuorch_contracts import JobIsolation
 from gpuorch_messaging import Broker, executor_queue
+from gpuorch_messaging.bounded_gauges import keep_bounded_queue_gauges
 from gpuorch_observability import READINESS, configure, connected, get_logger, start_metrics_server
 from gpuorch_settings import load_or_exit
 
@@ -222,16 +223,27 @@ async def serve(config: ExecutorConfig, stop: asyncio.Event) -> None:
     for executor in executors:
         executor.store.lock()  # held until this process exits, however it exits
     READINESS.mark("consuming", "reconciling its placements")
-    await broker.connect()
     READINESS.add("broker", connected(broker))
+    connecting = asyncio.ensure_future(broker.connect(timeout_s=None))  # a broker down at start is waited for
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not connecting.done():  # stopped while the broker was still down
+        connecting.cancel()
+        await broker.close()
+        return
+    connecting.result()
     tasks: list[asyncio.Task[None]] = []
     logs: LogServer | None = None
     try:
         for executor in executors:
             await executor.reconcile()
             tasks.append(asyncio.create_task(executor.run()))
-        for executor in executors:
-            await broker.consume(executor_queue(executor.node_id), executor.handle)
+        own = [executor_queue(executor.node_id) for executor in executors]
+        for executor, spec in zip(executors, own, strict=True):
+            await broker.consume(spec, executor.handle)
+        tasks.append(asyncio.create_task(keep_bounded_queue_gauges(  # its nodes' dead-letter queues (decision 42)
+            broker, {spec.dead_letter_queue: spec.dead_letter_max_length for spec in own if spec.dead_letter})))
         READINESS.mark("consuming", None)
         log.info("executor.ready", nodes=list(config.node_ids), runtimes=list(config.runtimes))
         logs = await start_log_endpoint(  # GPUORCH_LOGS_PORT, logs_http (logs, and the proxy to sessions)

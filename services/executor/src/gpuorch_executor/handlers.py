@@ -5,7 +5,7 @@ Guarantees (what the broker adapter may rely on):
   launch error is recorded) and the resulting event was confirmed by the publisher; it raises otherwise, and the
   redelivery is safe: a placement already known starts nothing (its pending events are published again, with the
   same message ids).
-- A command of a scheduler leader older than the newest this node has seen (``domain.leader_epoch``) acts on
+- A command of a scheduler leader older than the newest this node has seen (``gpuorch_contracts.leader_epoch``) acts on
   nothing; a LaunchJob of a placement never seen here is reported lost (never started), so that it is requeued.
 - ``handle(StopJob)`` returns once the stop is recorded and the checkpoint signal was sent; the SIGKILL after the
   grace is the watch's (``watch.PlacementWatch``), and survives an executor restart (``kill_at`` is in the record).
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuorch_contracts import LaunchJob, Message, ProcessRun, StopJob
+from gpuorch_contracts.leader_epoch import judge_leader_epoch
 from gpuorch_messaging import dispatch
 from gpuorch_messaging.abc import Publisher
 from gpuorch_observability import get_logger, inject_trace, tracer
@@ -39,7 +40,6 @@ from gpuorch_executor.backends.base import JobLaunch
 from gpuorch_executor.backends.container import container_user
 from gpuorch_executor.domain.allowlist import Refusal
 from gpuorch_executor.domain.fencing import predates_recovery
-from gpuorch_executor.domain.leader_epoch import judge_leader_epoch
 from gpuorch_executor.domain.outcome import Outcome
 from gpuorch_executor.domain.placement import PlacementRecord
 from gpuorch_executor.domain.sessions import is_session, session_launch
@@ -55,7 +55,7 @@ log = get_logger(__name__)
 
 LAUNCHES = Counter("gpuorch_executor_launches_total", "Placements started", ["node_id", "runtime"])
 STALE_COMMANDS = Counter("gpuorch_executor_stale_commands_total", "Commands refused: decided by a scheduler leader "
-                         "older than the newest seen (domain.leader_epoch)", ["node_id", "type"])
+                         "older than the newest seen (gpuorch_contracts.leader_epoch)", ["node_id", "type"])
 LAUNCH_SECONDS = Histogram("gpuorch_executor_launch_seconds", "LaunchJob received -> job running and recorded",
                            buckets=(0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 15))
 
@@ -124,7 +124,7 @@ class NodeExecutor:
         await dispatch(self.handlers, message, service="executor")
 
     def _from_current_leader(self, command: LaunchJob | StopJob) -> bool:
-        """Judge the command's leader epoch (``domain.leader_epoch``); a refused one is logged and counted, and
+        """Judge the command's leader epoch (``gpuorch_contracts.leader_epoch``); a refused one is logged and counted, and
         acknowledged without effect: it comes from a leader that was superseded."""
         verdict = judge_leader_epoch(command.leader_epoch, self.newest_leader_epoch)
         if not verdict.admitted:

@@ -87,7 +87,7 @@ class PlacementStore:
 
     @property
     def leader_epoch_path(self) -> Path:
-        """The newest scheduler leader epoch this node's commands carried (``domain.leader_epoch``)."""
+        """The newest scheduler leader epoch this node's commands carried (``gpuorch_contracts.leader_epoch``)."""
         return self.state_dir / "leader_epoch.json"
 
     def write_leader_epoch(self, epoch: int) -> None:

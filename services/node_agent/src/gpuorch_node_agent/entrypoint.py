@@ -163,7 +163,7 @@ async def run(config: AgentConfig) -> FleetRunner:
 
         producer = f"node-agent/{config.fleet_name if config.is_fleet else config.node_id}"
         broker = Broker(config.amqp_url, producer=producer, **config.broker_options())
-        await broker.connect()
+        await broker.connect(timeout_s=None)  # a broker down at start is waited for (broker.unreachable logged)
         publisher = broker
     runner = FleetRunner(agents, publisher, heartbeat_s=config.heartbeat_s, usage_s=config.usage_s,
                          seed=config.sim_seed)
@@ -174,10 +174,16 @@ async def run(config: AgentConfig) -> FleetRunner:
 
         register(runner)
         start_metrics_server(config.metrics_port)
+    gauges: asyncio.Task[None] | None = None
     if broker is not None:  # bind before heartbeats start: 5,000 bindings take a while
+        from gpuorch_messaging.bounded_gauges import keep_bounded_queue_gauges
+
         registry = handlers(runner.by_node_id, runner.publish_now)
-        await broker.consume(command_queue(config, [a.node_id for a in agents]),
-                             lambda message: dispatch(registry, message, service="node-agent"))
+        spec = command_queue(config, [a.node_id for a in agents])
+        await broker.consume(spec, lambda message: dispatch(registry, message, service="node-agent"))
+        if spec.dead_letter:  # its dead-letter queue's fullness (decision 42)
+            gauges = asyncio.create_task(keep_bounded_queue_gauges(
+                broker, {spec.dead_letter_queue: spec.dead_letter_max_length}))
         from gpuorch_observability import READINESS, connected
 
         READINESS.add("broker", connected(broker))
@@ -192,6 +198,8 @@ async def run(config: AgentConfig) -> FleetRunner:
     try:
         await runner.run(config.duration_s)
     finally:
+        if gauges is not None:
+            gauges.cancel()
         if broker is not None:
             await broker.close()
         if isinstance(publisher, JsonLinesPublisher):

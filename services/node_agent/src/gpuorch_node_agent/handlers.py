@@ -8,6 +8,12 @@
 - A command for a node this process does not run is ignored (logged); a refusal is a decision, not an error, so the
   handler returns normally and the command is acked (retrying would not drain the GPU).
 - Idempotent: applying the same layout twice gives the same instances (the second run re-creates them).
+- A command of a scheduler leader older than the newest this process has seen for the node
+  (``gpuorch_contracts.leader_epoch``, the executor's rule) changes nothing: every GPU of it is answered refused
+  with that reason (a leader that still counts on it puts the GPU back in service at once; one that does not
+  ignores an answer to a command it is not applying), logged and counted in
+  ``gpuorch_node_agent_stale_commands_total``. The newest epoch is kept in memory per node: the node-agent has no
+  state directory, so a restarted one admits the next command whatever its epoch, and learns from it.
 """
 
 from __future__ import annotations
@@ -15,12 +21,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 
 from gpuorch_contracts import ApplyMigLayout, Message, MigGpuOutcome, MigLayoutApplied
+from gpuorch_contracts.leader_epoch import judge_leader_epoch
 from gpuorch_observability import get_logger
+from prometheus_client import Counter
 
 from gpuorch_node_agent.agent import NodeAgent
 from gpuorch_node_agent.nvml.mig import MigApplyResult
 
 log = get_logger(__name__)
+
+STALE_COMMANDS = Counter("gpuorch_node_agent_stale_commands_total", "Commands refused: decided by a scheduler "
+                         "leader older than the newest seen (gpuorch_contracts.leader_epoch)", ["node_id", "type"])
 
 
 class ApplyMigLayoutHandler:
@@ -30,6 +41,8 @@ class ApplyMigLayoutHandler:
         self.publish = publish
         self.outcomes: dict[str, list[MigApplyResult]] = {}
         """Last outcome per node id (for tests and the CLI); the log carries every one."""
+        self.newest_leader_epochs: dict[str, int] = {}
+        """The newest scheduler leader epoch each node's commands carried (in memory, see the module)."""
 
     async def __call__(self, message: Message) -> None:
         if not isinstance(message, ApplyMigLayout):
@@ -39,7 +52,8 @@ class ApplyMigLayoutHandler:
         if agent is None:
             log.warning("command.unknown_node", node_id=message.node_id, message_id=str(message.message_id))
             return
-        results = agent.apply_mig_layout(message)
+        results = (agent.apply_mig_layout(message) if self._from_current_leader(message)
+                   else self._refused_as_stale(message))
         self.outcomes[message.node_id] = results
         for result in results:
             if result.applied:
@@ -53,6 +67,23 @@ class ApplyMigLayoutHandler:
                       for r in results],
         )
         await self.publish([answer, *(agent.heartbeat_messages() if any(r.applied for r in results) else [])])
+
+
+    def _from_current_leader(self, command: ApplyMigLayout) -> bool:
+        newest = self.newest_leader_epochs.get(command.node_id, 0)
+        verdict = judge_leader_epoch(command.leader_epoch, newest)
+        if not verdict.admitted:
+            log.warning("command.stale_leader", type=command.TYPE, node_id=command.node_id,
+                        message_id=str(command.message_id), leader_epoch=command.leader_epoch, newest_seen=newest)
+            STALE_COMMANDS.labels(command.node_id, command.TYPE).inc()
+            return False
+        self.newest_leader_epochs[command.node_id] = verdict.newest_seen
+        return True
+
+    def _refused_as_stale(self, command: ApplyMigLayout) -> list[MigApplyResult]:
+        why = (f"refused: decided by scheduler leader epoch {command.leader_epoch}, older than epoch "
+               f"{self.newest_leader_epochs.get(command.node_id, 0)} this node has seen")
+        return [MigApplyResult(gpu_index=layout.gpu_index, applied=False, reason=why) for layout in command.layouts]
 
 
 def handlers(agents: Mapping[str, NodeAgent], publish: Callable[[list[Message]], Awaitable[None]]

@@ -49,6 +49,7 @@ from gpuorch_contracts import (
 from gpuorch_contracts.jobs import DEFAULT_TENANT
 from gpuorch_identity import IdentityMap
 from gpuorch_messaging import Broker, QueueSpec, answer_invalid_submission, queues
+from gpuorch_messaging.bounded_gauges import keep_bounded_queue_gauges
 from gpuorch_messaging.topology import DEAD_LETTER_MAX_LENGTH, UNROUTED, UNROUTED_MAX_LENGTH
 from gpuorch_observability import (
     READINESS,
@@ -267,17 +268,12 @@ async def _export_outbox(pool: Any, period_s: float = 5.0) -> None:
 
 
 async def _export_bounded_queues(broker: Broker, own: list[QueueSpec], period_s: float = 15.0) -> None:
-    """Keep the bounded-queue gauges (``metrics.export_bounded_queues``) current while leader: ``gpuorch.unrouted``
-    and the dead-letter queues of the scheduler's queues and telemetry's (a few passive declares; the nodes'
-    dead-letter queues, one per node, are left to ``gpuctl dlq`` and RabbitMQ's own per-queue metrics)."""
+    """Keep the bounded-queue gauges (``gpuorch_messaging.bounded_gauges``) current while leader: ``gpuorch.unrouted``
+    and the dead-letter queues of the scheduler's queues and telemetry's (a few passive declares; each node's
+    dead-letter queue is exported by its executor and node-agent)."""
     bounds = {UNROUTED: UNROUTED_MAX_LENGTH, f"{TELEMETRY_QUEUE}.dlq": DEAD_LETTER_MAX_LENGTH}
     bounds.update({spec.dead_letter_queue: spec.dead_letter_max_length for spec in own if spec.dead_letter})
-    while True:
-        try:
-            scheduler_metrics.export_bounded_queues(await broker.queue_depths(bounds), bounds)
-        except Exception as exc:  # noqa: BLE001 - a gauge missed is retried at the next period
-            log.warning("scheduler.bounded_queue_gauges_failed", error=repr(exc))
-        await asyncio.sleep(period_s)
+    await keep_bounded_queue_gauges(broker, bounds, period_s=period_s)
 
 
 def snapshots_aside(database_url: str, server_settings: dict[str, str] | None = None

@@ -26,7 +26,7 @@ Guarantees:
 - ``release`` (a clean stop, or stepping down after an error) ends the lease at once, so a standby or this
   instance takes over without waiting for the expiry.
 - The epoch stamps every command the leader publishes (``leader_epoch``); executors refuse commands of an epoch
-  older than the newest they have seen (``gpuorch_executor.domain.leader_epoch``).
+  older than the newest they have seen (``gpuorch_contracts.leader_epoch``).
 """
 
 from __future__ import annotations

@@ -30,9 +30,10 @@ The outbox (``export_outbox``, every few seconds by the leader): ``gpuorch_outbo
 ``gpuorch_outbox_oldest_unsent_seconds`` (0 when none waits), ``gpuorch_outbox_parked_rows``,
 ``gpuorch_outbox_head_failed_attempts``: what the "outbox stuck" alert reads.
 
-The bounded queues (``export_bounded_queues``, every 15 s by the leader): ``gpuorch_bounded_queue_messages{queue}``
-and ``gpuorch_bounded_queue_full{queue}`` (1: at its message bound, so dropping its oldest) for
-``gpuorch.unrouted`` and the dead-letter queues of the scheduler's queues and telemetry's.
+The bounded queues (``gpuorch_messaging.bounded_gauges``, every 15 s by the leader):
+``gpuorch_bounded_queue_messages{queue}`` and ``gpuorch_bounded_queue_full{queue}`` (1: at its message bound, so
+dropping its oldest) for ``gpuorch.unrouted`` and the dead-letter queues of the scheduler's queues and telemetry's
+(each executor and node-agent exports its own nodes' dead-letter queues the same way).
 
 The scheduler's own (``gpuorch_scheduler_*``): ``decision_seconds`` (one pure cycle), ``batch_seconds`` and
 ``batch_size`` (one batch including its commit), ``plans_refused_total``, ``queue_depth{tier}``, ``placements_total``,
@@ -46,7 +47,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -91,10 +92,6 @@ OUTBOX_UNSENT = Gauge("gpuorch_outbox_unsent_rows", "Outbox rows waiting to be p
 OUTBOX_OLDEST = Gauge("gpuorch_outbox_oldest_unsent_seconds", "Age of the oldest row waiting (0 when none waits)")
 OUTBOX_PARKED = Gauge("gpuorch_outbox_parked_rows", "Outbox rows set aside after repeated refusals by the broker")
 OUTBOX_HEAD_FAILURES = Gauge("gpuorch_outbox_head_failed_attempts", "Failed attempts of the row the relay retries now")
-BOUNDED_QUEUE_MESSAGES = Gauge("gpuorch_bounded_queue_messages", "Messages in a drop-head bounded queue "
-                               "(gpuorch.unrouted, each Q.dlq)", ["queue"])
-BOUNDED_QUEUE_FULL = Gauge("gpuorch_bounded_queue_full", "1 while a drop-head queue is at its message bound: each "
-                           "new message drops its oldest", ["queue"])
 
 BATCH_SECONDS = Histogram("gpuorch_scheduler_batch_seconds", "Time to handle one batch of messages incl. commit")
 BATCH_SIZE = Histogram("gpuorch_scheduler_batch_size", "Messages per committed batch",
@@ -222,14 +219,6 @@ def export_gauges(state: SchedulerState, queues: QueuePolicy, now: float | None 
             limit = getattr(quota, field_name) if quota is not None else math.inf
             if math.isfinite(limit):
                 NOMINAL.labels(COHORT, tenant, FLAVOR, resource).set(limit)
-
-
-def export_bounded_queues(depths: Mapping[str, int], bounds: Mapping[str, int]) -> None:
-    """Depth and fullness of each bounded queue in ``depths`` (``bounds``: its message bound). A queue at its bound
-    is dropping (``drop-head``, not counted by RabbitMQ); its byte bound is not visible here."""
-    for name, depth in depths.items():
-        BOUNDED_QUEUE_MESSAGES.labels(name).set(depth)
-        BOUNDED_QUEUE_FULL.labels(name).set(1 if depth >= bounds.get(name, math.inf) else 0)
 
 
 def export_outbox(backlog: OutboxBacklog, now: datetime) -> None:

@@ -2,7 +2,8 @@
 
 Settings (``Settings``; ``gpuorch-telemetry --help`` lists them): environment variables, or a TOML/JSON file
 (``--config`` / ``GPUORCH_CONFIG_FILE``) under them, validated at start (``gpuorch_settings``). Required:
-``GPUORCH_AMQP_URL`` and ``GPUORCH_DATABASE_URL`` (migrations applied). Every detection threshold has its variable
+``GPUORCH_AMQP_URL`` and ``GPUORCH_DATABASE_URL`` (migrations applied). A database or broker that is down (or
+a database not created yet) at start is waited for, never a reason to exit (``/readyz`` fails meanwhile). Every detection threshold has its variable
 (``GPUORCH_TELEMETRY_<FIELD>`` of ``DetectionConfig``, e.g. ``GPUORCH_TELEMETRY_WINDOW_S=600``); the autoscaler
 duty (``gpuorch_capacity``) is off unless ``GPUORCH_CAPACITY_MODE`` says advise or auto.
 
@@ -27,8 +28,9 @@ from gpuorch_contracts import utc_now
 from gpuorch_identity import load_identity_map
 from gpuorch_messaging import Broker, BrokerSettings, QueueSpec, telemetry_queue
 from gpuorch_messaging.queues import TELEMETRY_QUEUE
-from gpuorch_observability import READINESS, configure, connected, get_logger, keep_probing
+from gpuorch_observability import READINESS, configure, connected, get_logger, keep_probing, until_up
 from gpuorch_settings import load_or_exit, setting
+from gpuorch_store import DATABASE_UNREACHABLE
 from pydantic import create_model, model_validator
 
 from gpuorch_telemetry import metrics
@@ -137,18 +139,21 @@ class TelemetryService:
         self.capacity = CapacityDuty(settings.database_url, self.broker, settings.capacity, producer=settings.instance)
 
     async def start(self, *, serve_metrics: bool = True) -> None:
+        """Open the store and the broker, waiting as long as either is down (``/readyz`` says which, a warning is
+        logged at each try), then consume and start the duties."""
         s = self.settings
         READINESS.mark("consuming", "starting")
-        self.store = await TelemetryStore.open(s.database_url, s.retention)
-        await self.broker.connect()
+        if serve_metrics and s.metrics_port:
+            metrics.serve_metrics(s.metrics_port)
+        self.store = await until_up("database", lambda: TelemetryStore.open(s.database_url, s.retention),
+                                    transient=DATABASE_UNREACHABLE, failing="PostgreSQL unreachable")
         READINESS.add("broker", connected(self.broker))
+        await self.broker.connect(timeout_s=None)
         self.handlers = TelemetryHandlers(
             store=self.store, publisher=self.broker, detection=s.detection, producer=s.instance,
             evaluation_interval_s=s.evaluation_interval_s,
         )
         await self.handlers.maintain()
-        if serve_metrics and s.metrics_port:
-            metrics.serve_metrics(s.metrics_port)
         await self.broker.consume(queue_spec(s.prefetch), self.handlers.handle)
         READINESS.mark("consuming", None)
         handlers = self.handlers

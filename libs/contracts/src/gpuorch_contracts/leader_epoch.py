@@ -1,11 +1,17 @@
 """Leader epochs: a command decided by a scheduler leader that has since been superseded is refused.
 
+The rule every receiver of commands applies to ``LeaderEpoch`` fields (``commands``): the executor to
+``LaunchJob``/``StopJob``, the node-agent to ``ApplyMigLayout``, the deterministic simulation to its modelled
+executors (``gpuorch_dst.stale_commands``). It lives with the contract so that each of them imports one rule (a
+library may not import a service).
+
 The scheduler's leadership is a lease with an epoch (``gpuorch_scheduler.leadership``); every command it publishes
 carries the epoch of the leader that decided it (``LaunchJob.leader_epoch`` ...). A leader that was paused (a VM
 stall, a long GC, SIGSTOP) may wake up after a standby took over, with commands already in flight; once this node
 has seen a command of the newer epoch, anything older comes from a leader that no longer decides, and is dropped.
 
-``judge_leader_epoch`` is the whole rule, pure, so that the deterministic simulation uses the same function:
+``judge_leader_epoch`` is the whole rule, pure; the receiver keeps ``newest_seen`` (the executor in its state
+directory across restarts, the node-agent in memory):
 
 - epoch 0 is a sender without epochs (a scheduler older than epochs, a tool): always admitted, changes nothing;
 - an epoch older than the newest seen is refused;
