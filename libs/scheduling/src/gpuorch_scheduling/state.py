@@ -111,7 +111,8 @@ class JobRecord:
     holds its capacity on every node until all did; then the scheduler requeues it (or fails it)."""
     preemptions: int = 0
     stopping_nodes: list[str] = field(default_factory=list)
-    """Nodes of a cancelled placement whose executor has not yet confirmed it ended: its capacity stays held."""
+    """Nodes of a cancelled placement, or of a gang that ended with its first rank, whose executor has not yet
+    confirmed it ended there: its capacity stays held."""
     array_id: uuid.UUID | None = None
     """The array this job is a task of (``arrays``), with its index."""
     array_index: int | None = None
@@ -489,7 +490,7 @@ class SchedulerState:
                 if job is not None and job.state in ("placed", "running"):
                     job.state, job.started_at, job.log_path = "running", at, event.log_path
             case JobFinished() | JobFailed() | JobLost() if self._stop_confirmed(event):
-                pass  # a cancelled placement ended on that node: its capacity there is free now
+                pass  # a cancelled (or ended gang's) placement ended on that node: its capacity there is free now
             case JobFinished():
                 job = self._current(event.job_id, event.placement_id)
                 if job is not None and job.losing_ranks:
@@ -631,7 +632,7 @@ class SchedulerState:
         return self.queue_seq
 
     def _stop_confirmed(self, event: JobFinished | JobFailed | JobLost) -> bool:
-        """Record the end of a cancelled placement on one node; True if the event was that."""
+        """Record the end of a cancelled (or ended gang's) placement on one node; True if the event was that."""
         job = self.jobs.get(event.job_id)
         if job is None or not job.stopping_nodes or event.placement_id not in (None, job.placement_id):
             return False
