@@ -291,8 +291,8 @@ class _Cycle:
                     over[tenant] = excess
         candidates = []
         for victim in self.state.preemptible.values():  # held at the start of the cycle, as ``active``
-            if victim.state not in ("placed", "running") or victim.job_id in self.victims:
-                continue
+            if victim.state not in ("placed", "running") or victim.job_id in self.victims or victim.losing_ranks:
+                continue  # a gang that lost a rank is being stopped already (its room counts in ``future``)
             lower = outranks(job, victim)  # a strictly lower class, or (sessions) batch work under a session
             reclaim = victim.spec.tenant in over
             if lower or reclaim:

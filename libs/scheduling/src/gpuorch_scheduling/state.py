@@ -256,7 +256,8 @@ class SchedulerState:
     preemptible: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
     """The preemptible jobs among ``active`` (preemption looks for victims here only)."""
     stopping: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
-    """Active jobs being stopped (preempted, or cancelled while running): their room frees once confirmed."""
+    """Active jobs being stopped (preempted, cancelled while running, a gang ended or losing a rank): their room
+    frees once confirmed."""
     tenant_held: dict[str, list[float]] = field(default_factory=dict)
     """Tenant -> (GPUs, GPU memory MiB, host mCPU, host memory MiB) held by its active jobs."""
     clock: float = 0.0
@@ -796,7 +797,7 @@ class SchedulerState:
                 state.active[record.job_id] = record
                 if record.spec.preemptible:
                     state.preemptible[record.job_id] = record
-                if record.state == "preempting" or record.stopping_nodes:
+                if record.state == "preempting" or record.stopping_nodes or record.stopped_nodes:
                     state.stopping[record.job_id] = record
             elif record.state == "queued":
                 state.queued[record.job_id] = record
