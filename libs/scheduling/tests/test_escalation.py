@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from gpuorch_contracts import GpuRequest, JobFailed, JobRequeued, JobSpec, ProcessRun, StopJob, SubmitJob
+from gpuorch_contracts import GpuRequest, JobFailed, JobRequeued, JobSpec, ProcessRun, SubmitJob
 from gpuorch_scheduling.escalation import next_mig_profiles, next_share
 from gpuorch_scheduling.scheduler import Scheduler
 from gpuorch_scheduling.state import SchedulerState
@@ -88,22 +88,15 @@ def test_a_report_from_another_node_or_placement_changes_nothing() -> None:
     assert step.events == [] and scheduler.state.jobs[job_id].state == "placed"
 
 
-def placed_mig(nodes: int = 1) -> tuple[Scheduler, SubmitJob, JobFailed]:
-    """A 1g.10gb job placed (a gang of ``nodes`` > 1) on nodes n1..., and its rank on n1 out of memory."""
+def test_a_mig_job_out_of_memory_in_its_slice_is_requeued_one_profile_size_up() -> None:
     scheduler = Scheduler()
-    scheduler.step([Input(registered_node(f"n{k + 1}", gpus=1, mig=True)) for k in range(nodes)], 1.0)
-    submit = SubmitJob(spec=JobSpec(name="infer", run=RUN, resources=GpuRequest(mig_profiles=["1g.10gb"]),
-                                    gang={"nodes": nodes}))  # type: ignore[arg-type]
+    scheduler.step([Input(registered_node("n1", gpus=1, mig=True))], 1.0)
+    submit = SubmitJob(spec=JobSpec(name="infer", run=RUN, resources=GpuRequest(mig_profiles=["1g.10gb"])))
     scheduler.step([Input(submit)], 2.0)
     job = scheduler.state.jobs[submit.job_id]
     assert job.state == "placed"
     oom = JobFailed(job_id=job.job_id, placement_id=job.placement_id, node_id="n1", cause="gpu_oom",
                     reason="GPU out of memory (exited 1)")
-    return scheduler, submit, oom
-
-
-def test_a_mig_job_out_of_memory_in_its_slice_is_requeued_one_profile_size_up() -> None:
-    scheduler, submit, oom = placed_mig()
     step = scheduler.step([Input(oom)], 3.0)
     [requeued] = [e for e, _ in step.events if isinstance(e, JobRequeued)]
     assert requeued.resources is not None and requeued.resources.mig_profiles == ["1g.20gb", "2g.20gb"]
@@ -122,14 +115,3 @@ def test_a_mig_job_ending_by_itself_or_stopped_is_not_escalated() -> None:
                        reason="exited 3")
     scheduler.step([Input(failed)], 3.0)
     assert scheduler.state.jobs[submit.job_id].state == "failed"
-
-
-def test_a_mig_gang_out_of_memory_in_one_rank_fails_and_stops_its_other_rank() -> None:
-    """A gang is not escalated (its other ranks still run): the rank's failure ends it, the others are stopped and
-    hold their capacity until they confirm (decision 50)."""
-    scheduler, submit, oom = placed_mig(nodes=2)
-    step = scheduler.step([Input(oom)], 3.0)
-    assert not [e for e, _ in step.events if isinstance(e, JobRequeued)]
-    assert [(m.node_id, m.reason) for m in step.outgoing if isinstance(m, StopJob)] == [("n2", "drain")]
-    job = scheduler.state.jobs[submit.job_id]
-    assert job.state == "failed" and job.stopping_nodes == ["n2"] and job.holds_capacity

@@ -242,3 +242,27 @@ def test_a_gang_ends_with_its_first_rank_and_holds_the_others_until_they_stop() 
     assert _stops(h, placement_id) == [(other, "drain")]
     h.run()
     assert not h.state.jobs[job_id].holds_capacity and h.jobs[job_id].placements == 1
+
+
+def test_a_mig_gang_out_of_memory_in_one_rank_fails_and_its_other_rank_is_stopped() -> None:
+    """A gang's rank is not escalated (its other rank still runs): the rank's failure ends the gang, whose other
+    rank is stopped and holds its capacity until it confirms (decision 55)."""
+    h = checked(Harness(stop_s=5.0, keep_steps=True))
+    for k in range(2):
+        h.add_node(registered_node(f"n{k}", gpus=1, mig=True).inventory)
+    gang = h.submit(spec(resources=GpuRequest(mig_profiles=["1g.10gb"]), gang={"nodes": 2}), at=0, runtime_s=100)
+    h.run(until=5)
+    placement_id = h.state.jobs[gang.job_id].placement_id
+
+    def out_of_memory() -> None:
+        del h.world.nodes["n0"].runs[placement_id]
+        h.send(JobFailed(job_id=gang.job_id, placement_id=placement_id, node_id="n0", cause="gpu_oom",
+                         reason="GPU out of memory (exited 1)"), at=6)
+
+    h.at(6, out_of_memory)
+    h.run(until=8)
+    job = h.state.jobs[gang.job_id]
+    assert job.state == "failed" and job.stopping_nodes == ["n1"] and job.holds_capacity
+    assert _stops(h, placement_id) == [("n1", "drain")]
+    h.run()
+    assert gang.placements == 1 and not h.state.jobs[gang.job_id].holds_capacity
