@@ -56,14 +56,15 @@ def test_a_launch_queued_for_a_lost_node_does_not_start_when_it_returns() -> Non
     assert run_seed(51).ok
 
 
-@pytest.mark.xfail(strict=True, reason="libs/scheduling requeues a gang when one rank is lost (or ends) without "
-                   "stopping the other ranks or holding their capacity until they stop (docs/RELIABILITY.md)")
 def test_a_gang_whose_rank_is_lost_does_not_run_twice() -> None:
-    """Seed 21 with gangs: a new leader (fresh lease grace) placed a two-node gang on node-0 and node-1 while
-    node-1 was powered off; back, node-1's executor refused the stale launch and reported its rank lost; the
-    scheduler requeued the job and placed it on node-0 and node-2 while rank 0 of the first placement still ran on
-    node-0 (nothing stopped it)."""
-    outcome = run_seed(21, replace(SimConfig(), gang_p=0.08))
+    """Seed 21 (regression; gangs are in the CI config since): a new leader (fresh lease grace) placed a two-node
+    gang on node-0 and node-1 while node-1 was powered off; back, node-1's executor refused the stale launch and
+    reported its rank lost; the scheduler requeued the job and placed it on node-0 and node-2 while rank 0 of the
+    first placement still ran on node-0 (nothing stopped it). The scheduler now stops the other ranks and holds
+    their capacity until each ended before it requeues a gang (``gpuorch_scheduling.decisions.rank_ended``)."""
+    config = SimConfig()
+    assert config.gang_p > 0
+    outcome = run_seed(21, config)
     assert outcome.ok, outcome.describe()
 
 

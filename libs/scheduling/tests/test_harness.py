@@ -9,12 +9,13 @@ import random
 import uuid
 
 import pytest
-from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun
+from gpuorch_contracts import GpuRequest, JobFailed, JobFinished, JobLost, JobRequeued, JobSpec, ProcessRun, StopJob
 from gpuorch_policy.mig_planner import PlannerSettings
 from gpuorch_scheduling import LivenessPolicy, QueuePolicy
 from gpuorch_scheduling.harness import Harness
 from gpuorch_scheduling.mig import MigControl
 from gpuorch_scheduling.scheduler import SchedulerConfig
+from gpuorch_scheduling.state import field_of
 from gpuorch_scheduling.step import Step
 from gpuorch_scheduling.testing import registered_node
 
@@ -169,3 +170,99 @@ def test_a_mig_mode_change_takes_the_reset_time_on_top_of_the_apply_time() -> No
         return job.started_at
 
     assert started_at(45.0) - started_at(0.0) == 45.0  # the whole GPU turned to MIG mode: a reset
+
+
+def _gang_running(h: Harness, **fields: object) -> tuple[uuid.UUID, uuid.UUID, list[str]]:
+    """A two-node gang (8 GPUs a node, 10 s grace) running on two of three nodes: its id, placement and nodes."""
+    for k in range(3):
+        h.add_node(registered_node(f"n{k}", gpus=8).inventory)
+    gang = h.submit(spec(resources=GpuRequest(gpus=8), gang={"nodes": 2}, checkpoint={"grace_s": 10}, **fields),
+                    at=0, runtime_s=100)
+    h.run(until=5)
+    job = h.state.jobs[gang.job_id]
+    assert job.state == "running"
+    return gang.job_id, job.placement_id, sorted(a.node_id for a in job.assignments)
+
+
+def _stops(h: Harness, placement_id: uuid.UUID) -> list[tuple[str, str]]:
+    return [(m.node_id, m.reason) for s in h.steps for m in s.outgoing
+            if isinstance(m, StopJob) and m.placement_id == placement_id]
+
+
+def test_a_gang_whose_rank_is_lost_stops_its_other_rank_before_it_is_requeued() -> None:
+    """A rank reported lost (its executor found it vanished): the other rank is stopped and keeps its capacity
+    until it confirms; only then is the gang requeued (it used to be requeued at once and start beside its old
+    rank: the bug the simulation found, docs/RELIABILITY.md)."""
+    h = checked(Harness(stop_s=5.0, keep_steps=True))
+    job_id, placement_id, (lost, other) = _gang_running(h)
+
+    def vanish() -> None:
+        del h.world.nodes[lost].runs[placement_id]
+        h.send(JobLost(job_id=job_id, placement_id=placement_id, node_id=lost, reason="vanished"), at=6)
+
+    h.at(6, vanish)
+    h.run(until=8)
+    job = h.state.jobs[job_id]
+    assert job.state == "running" and job.stopped_nodes == [lost]  # not requeued while its other rank runs
+    assert _stops(h, placement_id) == [(other, "drain")]
+    assert h.state.jobs_on(other) == [job]  # its capacity there is still held
+    h.run()
+    assert h.jobs[job_id].state == "succeeded" and h.jobs[job_id].placements == 2
+    requeued = next(e for s in h.steps for e, _ in s.events if isinstance(e, JobRequeued) and e.job_id == job_id)
+    assert requeued.requeues == 1 and requeued.reason.startswith(f"lost on {lost}")
+
+
+def test_a_gang_on_a_lost_node_is_requeued_once_its_other_rank_stopped() -> None:
+    config = SchedulerConfig(liveness=LivenessPolicy(suspect_after_s=10, lost_after_s=30))
+    h = checked(Harness(config, heartbeat_s=2.0, stop_s=5.0, keep_steps=True))
+    job_id, placement_id, (lost, other) = _gang_running(h)
+    h.lose_node(lost, at=6)
+    h.run()
+    assert _stops(h, placement_id) == [(other, "drain")]
+    assert h.jobs[job_id].state == "succeeded" and h.jobs[job_id].placements == 2
+    events = [e for s in h.steps for e, _ in s.events if field_of(e, "job_id") == job_id]
+    stopped = next(k for k, e in enumerate(events) if isinstance(e, JobFailed) and e.node_id == other)
+    requeued = next(k for k, e in enumerate(events) if isinstance(e, JobRequeued))
+    assert stopped < requeued
+
+
+def test_a_gang_ends_with_its_first_rank_and_holds_the_others_until_they_stop() -> None:
+    h = checked(Harness(stop_s=5.0, keep_steps=True))
+    job_id, placement_id, (first, other) = _gang_running(h)
+
+    def exits() -> None:
+        del h.world.nodes[first].runs[placement_id]
+        h.send(JobFinished(job_id=job_id, placement_id=placement_id, node_id=first, exit_code=0, duration_s=6.0),
+               at=6)
+
+    h.at(6, exits)
+    h.run(until=8)
+    job = h.state.jobs[job_id]
+    assert job.state == "succeeded" and job.stopping_nodes == [other] and h.state.jobs_on(other) == [job]
+    assert _stops(h, placement_id) == [(other, "drain")]
+    h.run()
+    assert not h.state.jobs[job_id].holds_capacity and h.jobs[job_id].placements == 1
+
+
+def test_a_mig_gang_out_of_memory_in_one_rank_fails_and_its_other_rank_is_stopped() -> None:
+    """A gang's rank is not escalated (its other rank still runs): the rank's failure ends the gang, whose other
+    rank is stopped and holds its capacity until it confirms (decision 55)."""
+    h = checked(Harness(stop_s=5.0, keep_steps=True))
+    for k in range(2):
+        h.add_node(registered_node(f"n{k}", gpus=1, mig=True).inventory)
+    gang = h.submit(spec(resources=GpuRequest(mig_profiles=["1g.10gb"]), gang={"nodes": 2}), at=0, runtime_s=100)
+    h.run(until=5)
+    placement_id = h.state.jobs[gang.job_id].placement_id
+
+    def out_of_memory() -> None:
+        del h.world.nodes["n0"].runs[placement_id]
+        h.send(JobFailed(job_id=gang.job_id, placement_id=placement_id, node_id="n0", cause="gpu_oom",
+                         reason="GPU out of memory (exited 1)"), at=6)
+
+    h.at(6, out_of_memory)
+    h.run(until=8)
+    job = h.state.jobs[gang.job_id]
+    assert job.state == "failed" and job.stopping_nodes == ["n1"] and job.holds_capacity
+    assert _stops(h, placement_id) == [("n1", "drain")]
+    h.run()
+    assert gang.placements == 1 and not h.state.jobs[gang.job_id].holds_capacity

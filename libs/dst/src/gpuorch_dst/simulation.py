@@ -59,8 +59,9 @@ class SimConfig:
     commit_fail_p: float = 0.03
     ack_lost_p: float = 0.02
     max_skew_s: float = 2.0
-    gang_p: float = 0.0
-    """Share of jobs that are gangs of two nodes (0 until the gang-rank bug is fixed: docs/RELIABILITY.md)."""
+    gang_p: float = 0.08
+    """Share of jobs that are gangs of two nodes (the CI seeds have them since the gang-rank fix:
+    docs/RELIABILITY.md)."""
     buggify_p: float = 0.02
     """Chance of a fault at each fault point in the code (a pause between a step and its commit, ...)."""
     fence_commits: bool = True

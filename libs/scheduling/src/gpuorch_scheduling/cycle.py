@@ -86,8 +86,9 @@ class _Reservation:
 
 
 def _stopping(job: JobRecord) -> bool:
-    """Being stopped: preempted, or cancelled while running; its room frees once the executors confirm."""
-    return job.state == "preempting" or bool(job.stopping_nodes)
+    """Being stopped: preempted, cancelled while running, or a gang that lost a rank (or whose rank ended); its
+    room frees once the executors confirm."""
+    return job.state == "preempting" or bool(job.stopping_nodes) or job.losing_ranks
 
 
 def _expected_end(job: JobRecord, now: float) -> float:
@@ -95,6 +96,8 @@ def _expected_end(job: JobRecord, now: float) -> float:
         return max(now, (job.ended_at or now) + job.spec.checkpoint.grace_s)
     if job.state == "preempting" and job.preempting_at is not None:
         return max(now, job.preempting_at + job.spec.checkpoint.grace_s)
+    if job.losing_ranks:
+        return now + job.spec.checkpoint.grace_s
     length = job.spec.runtime_estimate_s or job.spec.max_runtime_s
     if length is None:
         return math.inf
@@ -288,8 +291,8 @@ class _Cycle:
                     over[tenant] = excess
         candidates = []
         for victim in self.state.preemptible.values():  # held at the start of the cycle, as ``active``
-            if victim.state not in ("placed", "running") or victim.job_id in self.victims:
-                continue
+            if victim.state not in ("placed", "running") or victim.job_id in self.victims or victim.losing_ranks:
+                continue  # a gang that lost a rank is being stopped already (its room counts in ``future``)
             lower = outranks(job, victim)  # a strictly lower class, or (sessions) batch work under a session
             reclaim = victim.spec.tenant in over
             if lower or reclaim:

@@ -19,6 +19,7 @@ from gpuorch_contracts import (
     JobAccepted,
     JobCancelled,
     JobFailed,
+    JobFinished,
     JobLost,
     JobRejected,
     JobRequeued,
@@ -181,19 +182,53 @@ def requeued_after_preemption(job: JobRecord, reason: str) -> Decision:
 
 
 def after_lost(state: SchedulerState, event: JobLost) -> Decision:
+    """A rank of the job's current placement was lost (decided before the event is folded): ``rank_ended``."""
     job = state.jobs.get(event.job_id)
     if job is None or job.placement_id != event.placement_id or job.state not in ("placed", "running", "preempting"):
         return Decision()
-    return requeue_or_fail(job, f"lost on {event.node_id}: {event.reason}")
+    return rank_ended(job, {event.node_id}, f"lost on {event.node_id}: {event.reason}")
+
+
+def rank_ended(job: JobRecord, ended: set[str], reason: str) -> Decision:
+    """The placement ended on ``ended`` (lost there: ``JobLost``, or the node lost) without the job finishing;
+    decided on the state before that is folded. Once it ended on every node of the placement the job is requeued
+    or failed (``requeue_or_fail``). Until then a gang's other ranks still run: the first loss stops them
+    (StopJob, ``drain``) and the job keeps holding their capacity until each confirms its end or its node is lost
+    (the fold records each in ``stopped_nodes``; ``after_stop_confirmed`` decides after the last). A preempted
+    job's ranks were asked to stop already."""
+    running = [a for a in job.assignments if a.node_id not in set(job.stopped_nodes) | ended]
+    if not running:
+        return requeue_or_fail(job, job.reason if job.losing_ranks and job.reason else reason)
+    if job.state == "preempting" or job.stopped_nodes:
+        return Decision()
+    return Decision(published=[stop(a.node_id, job.job_id, job.placement_id, "drain", job.spec.checkpoint.grace_s)  # type: ignore[arg-type]
+                               for a in running])
+
+
+def after_rank_end(state: SchedulerState, event: JobFinished | JobFailed) -> Decision:
+    """A rank's own end report (decided before it is folded). A gang ends when its first rank ends, with that
+    rank's outcome (docs/decisions.md); its other ranks still run, so they are stopped (StopJob, ``drain``) and
+    the ended job holds their capacity (``stopping_nodes``) until each confirms or its node is lost. Nothing for a
+    preempted job (its ranks were asked to stop), one losing ranks (``rank_ended`` stopped them) or a single
+    node's job."""
+    job = state.jobs.get(event.job_id)
+    if job is None or event.node_id is None or job.placement_id != event.placement_id \
+            or job.state not in ("placed", "running") or job.losing_ranks:
+        return Decision()
+    return Decision(published=[stop(node_id, job.job_id, job.placement_id, "drain", job.spec.checkpoint.grace_s)
+                               for node_id in job.still_running(event.node_id)])
 
 
 def after_stop_confirmed(state: SchedulerState, job_id: uuid.UUID) -> Decision:
-    """Requeue a preempted job once every node of its placement confirmed it ended (capacity was held until then)."""
+    """Requeue a preempted job once every node of its placement confirmed it ended (capacity was held until then);
+    requeue or fail a job that lost a rank once its other ranks ended too (``rank_ended``)."""
     job = state.jobs.get(job_id)
-    if job is None or job.state != "preempting":
+    if job is None or job.state not in ("preempting", "placed", "running") or not job.stopped_nodes:
         return Decision()
     if not {a.node_id for a in job.assignments} <= set(job.stopped_nodes):
         return Decision()
+    if job.state != "preempting":
+        return requeue_or_fail(job, job.reason or "a rank ended")
     how = "after a checkpoint" if job.checkpointed else "without a checkpoint"
     return requeued_after_preemption(job, f"preempted ({job.reason}); stopped {how}")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from gpuorch_contracts import TERMINAL_STATES, NodeLivenessChanged
 
-from gpuorch_scheduling.decisions import Decision, at, decision_id, requeue_or_fail, stop, stops
+from gpuorch_scheduling.decisions import Decision, at, decision_id, rank_ended, stop, stops
 from gpuorch_scheduling.state import JobRecord, SchedulerState
 
 
@@ -90,7 +90,8 @@ def liveness(
     lapsed and those not alive (a fresh, alive node changes nothing).
 
     A node's lease has two halves: its node-agent's heartbeats and, once one was received, its executor's. A node is ``alive`` only while both are fresh (``suspect_after_s``); otherwise it is
-    ``suspect`` and gets no new work. It is declared ``lost`` (its jobs requeued) only when whatever runs its jobs
+    ``suspect`` and gets no new work. It is declared ``lost`` (its jobs requeued; a gang's once its other ranks,
+    stopped, ended too: ``decisions.rank_ended``) only when whatever runs its jobs
     has been silent long enough that they are surely stopped: the executor's silence past ``lost_after_s`` and past
     its own fencing deadline (a silent node-agent with a live executor never loses the node's jobs: they still
     run there); for a node whose executor was never heard from, the node-agent's silence past ``lost_after_s``.
@@ -101,7 +102,7 @@ def liveness(
     decision = Decision()
     silent = {n for n in leases.silent(now, policy.suspect_after_s) if n in state.nodes}
     mass = len(state.nodes) >= 2 and len(silent) > policy.mass_silence_fraction * len(state.nodes)
-    requeued: set[uuid.UUID] = set()
+    lost_ranks: dict[uuid.UUID, set[str]] = {}  # job -> its nodes declared lost in this tick (not folded yet)
     for node_id in sorted(silent | state.not_alive):
         node = state.nodes[node_id]
         agent_age, executor_age = leases.ages(node_id, now)
@@ -126,13 +127,10 @@ def liveness(
             for job in state.active_jobs():
                 if job.state in TERMINAL_STATES:
                     continue  # a cancelled placement still stopping: the lost event frees it
-                if job.job_id not in requeued and any(a.node_id == node_id for a in job.assignments):
-                    requeued.add(job.job_id)
-                    decision.extend(requeue_or_fail(job, f"node {node_id} lost"))
-                    others = [a for a in job.assignments if a.node_id != node_id]
-                    decision.published.extend(
-                        stop(a.node_id, job.job_id, job.placement_id, "drain", job.spec.checkpoint.grace_s)  # type: ignore[arg-type]
-                        for a in others)
+                if any(a.node_id == node_id for a in job.assignments):
+                    ended = lost_ranks.setdefault(job.job_id, set())
+                    ended.add(node_id)  # a gang's other ranks are stopped and held until they end too
+                    decision.extend(rank_ended(job, ended, f"node {node_id} lost"))
         elif node.liveness == "alive":
             silence = f"no heartbeat for {agent_age:.0f}s" if agent_age > policy.suspect_after_s else \
                 f"its executor silent for {executor_age:.0f}s"

@@ -73,6 +73,7 @@ from gpuorch_scheduling.decisions import (
     Decision,
     admit,
     after_lost,
+    after_rank_end,
     after_stop_confirmed,
     cancel,
     decision_id,
@@ -395,7 +396,7 @@ class Scheduler:
             return JobLost(message_id=message.message_id, job_id=message.job_id, placement_id=message.placement_id,
                            node_id=message.node_id, reason=message.reason, occurred_at=message.occurred_at,
                            tenant=message.tenant), Decision(), None  # dated when the job ended
-        return message, Decision(), message.job_id
+        return message, after_rank_end(self.state, message), message.job_id
 
     def _fold_node_registered(self, message: NodeRegistered, step: Step, item: Input, known: Known
                               ) -> _Folded | None:

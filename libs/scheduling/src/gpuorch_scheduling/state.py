@@ -106,10 +106,13 @@ class JobRecord:
     preempting_at: float | None = None
     """When the scheduler asked this placement to stop for a preemption (JobPreempting)."""
     stopped_nodes: list[str] = field(default_factory=list)
-    """Nodes whose executor confirmed the preempted placement ended (capacity is held until all did)."""
+    """Nodes where the current placement is known to have ended while the job itself has not: confirmed stopped
+    after a preemption, or a gang rank lost (``JobLost``, its node lost) and the ranks stopped after it. The job
+    holds its capacity on every node until all did; then the scheduler requeues it (or fails it)."""
     preemptions: int = 0
     stopping_nodes: list[str] = field(default_factory=list)
-    """Nodes of a cancelled placement whose executor has not yet confirmed it ended: its capacity stays held."""
+    """Nodes of a cancelled placement, or of a gang that ended with its first rank, whose executor has not yet
+    confirmed it ended there: its capacity stays held."""
     array_id: uuid.UUID | None = None
     """The array this job is a task of (``arrays``), with its index."""
     array_index: int | None = None
@@ -122,6 +125,16 @@ class JobRecord:
     @property
     def holds_capacity(self) -> bool:
         return self.state in ACTIVE_STATES or bool(self.stopping_nodes)
+
+    @property
+    def losing_ranks(self) -> bool:
+        """A rank of the placement (placed or running) was lost: the other ranks are being stopped, their capacity
+        held, and the job is requeued or failed once each ended (``decisions.rank_ended``)."""
+        return bool(self.stopped_nodes) and self.state in ("placed", "running")
+
+    def still_running(self, ended: str | None) -> list[str]:
+        """The nodes of the placement where it has not ended, besides ``ended`` (a gang's other ranks)."""
+        return sorted({a.node_id for a in self.assignments} - set(self.stopped_nodes) - {ended})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -243,7 +256,8 @@ class SchedulerState:
     preemptible: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
     """The preemptible jobs among ``active`` (preemption looks for victims here only)."""
     stopping: dict[uuid.UUID, JobRecord] = field(default_factory=dict)
-    """Active jobs being stopped (preempted, or cancelled while running): their room frees once confirmed."""
+    """Active jobs being stopped (preempted, cancelled while running, a gang ended or losing a rank): their room
+    frees once confirmed."""
     tenant_held: dict[str, list[float]] = field(default_factory=dict)
     """Tenant -> (GPUs, GPU memory MiB, host mCPU, host memory MiB) held by its active jobs."""
     clock: float = 0.0
@@ -304,7 +318,7 @@ class SchedulerState:
             if array is not None:
                 self._fill(array)
         elif isinstance(event, NodeLivenessChanged) and event.liveness == "lost":
-            for other in [j for j in self.active.values() if j.state in TERMINAL_STATES]:
+            for other in [j for j in self.active.values() if j.state in TERMINAL_STATES or j.stopped_nodes]:
                 self._reindex(other.job_id, True)
                 if other.array_id is not None and other.array_id in self.arrays:
                     self._fill(self.arrays[other.array_id])
@@ -332,7 +346,7 @@ class SchedulerState:
             self.preemptible[job_id] = job
         else:
             self.preemptible.pop(job_id, None)
-        if held and (job.state == "preempting" or job.stopping_nodes):
+        if held and (job.state == "preempting" or job.stopping_nodes or job.stopped_nodes):
             self.stopping[job_id] = job
         else:
             self.stopping.pop(job_id, None)
@@ -477,11 +491,14 @@ class SchedulerState:
                 if job is not None and job.state in ("placed", "running"):
                     job.state, job.started_at, job.log_path = "running", at, event.log_path
             case JobFinished() | JobFailed() | JobLost() if self._stop_confirmed(event):
-                pass  # a cancelled placement ended on that node: its capacity there is free now
+                pass  # a cancelled (or ended gang's) placement ended on that node: its capacity there is free now
             case JobFinished():
                 job = self._current(event.job_id, event.placement_id)
-                if job is not None and job.holds_capacity:
+                if job is not None and job.losing_ranks:
+                    self._rank_stopped(job, event.node_id)
+                elif job is not None and job.holds_capacity:
                     self._end(job, "succeeded" if event.exit_code == 0 else "failed", at, event.exit_code)
+                    job.stopping_nodes = job.still_running(event.node_id)  # a gang's other ranks: held until stopped
             case JobFailed():
                 job = self.jobs.get(event.job_id)
                 current = job is not None and event.placement_id in (None, job.placement_id)
@@ -491,6 +508,8 @@ class SchedulerState:
                         job.stopped_nodes.append(event.node_id)
                     elif event.node_id is None:
                         job.stopped_nodes = [a.node_id for a in job.assignments]
+                elif job is not None and current and event.node_id is not None and job.losing_ranks:
+                    self._rank_stopped(job, event.node_id)
                 elif job is not None and current and job.state in ("placed", "running") \
                         and outgrew_gpu_memory(event, job):
                     job.reason = event.reason  # stays active until the scheduler decides (escalation.py)
@@ -498,11 +517,13 @@ class SchedulerState:
                     job.holds_capacity or (event.placement_id is None and job.state == "queued")
                 ):
                     self._end(job, "failed", at, event.exit_code, event.reason)
+                    if event.node_id is not None:  # a gang's other ranks: held until stopped
+                        job.stopping_nodes = job.still_running(event.node_id)
             case JobLost():
                 job = self._current(event.job_id, event.placement_id)
-                if job is not None and job.holds_capacity:
-                    job.reason = f"lost on {event.node_id}: {event.reason}"
-                    # stays active until the scheduler decides (requeue or fail)
+                if job is not None and job.state in ACTIVE_STATES:
+                    # stays active until the scheduler decides (requeue or fail, once every rank ended)
+                    self._rank_lost(job, event.node_id, f"lost on {event.node_id}: {event.reason}")
             case JobCheckpointed():
                 job = self._current(event.job_id, event.placement_id)
                 if job is not None:
@@ -511,7 +532,7 @@ class SchedulerState:
                 job = self._current(event.job_id, event.placement_id)
                 if job is not None and job.holds_capacity and job.state != "preempting":
                     job.state, job.reason = "preempting", event.reason
-                    job.preempting_at, job.stopped_nodes = at, []
+                    job.preempting_at = at  # stopped_nodes kept: a rank already lost stays ended
                     job.parking = event.park
             case JobRequeued():
                 job = self.jobs.get(event.job_id)
@@ -577,6 +598,9 @@ class SchedulerState:
                     for job in self.jobs.values():
                         if event.node_id in job.stopping_nodes:
                             job.stopping_nodes.remove(event.node_id)
+                    for job in self.active.values():
+                        if job.state in ACTIVE_STATES and any(a.node_id == event.node_id for a in job.assignments):
+                            self._rank_lost(job, event.node_id, f"node {event.node_id} lost")
             case MigReconfiguration():
                 self._fold_mig(event, at)
             case ReservationCreated():
@@ -609,7 +633,7 @@ class SchedulerState:
         return self.queue_seq
 
     def _stop_confirmed(self, event: JobFinished | JobFailed | JobLost) -> bool:
-        """Record the end of a cancelled placement on one node; True if the event was that."""
+        """Record the end of a cancelled (or ended gang's) placement on one node; True if the event was that."""
         job = self.jobs.get(event.job_id)
         if job is None or not job.stopping_nodes or event.placement_id not in (None, job.placement_id):
             return False
@@ -618,6 +642,17 @@ class SchedulerState:
         elif event.node_id in job.stopping_nodes:
             job.stopping_nodes.remove(event.node_id)
         return True
+
+    @staticmethod
+    def _rank_stopped(job: JobRecord, node_id: str) -> None:
+        if node_id not in job.stopped_nodes:
+            job.stopped_nodes.append(node_id)
+
+    def _rank_lost(self, job: JobRecord, node_id: str, reason: str) -> None:
+        """A rank of an active placement is gone: recorded as ended there (the first loss names the reason)."""
+        if job.state != "preempting" and not job.stopped_nodes:
+            job.reason = reason
+        self._rank_stopped(job, node_id)
 
     def _current(self, job_id: uuid.UUID, placement_id: uuid.UUID) -> JobRecord | None:
         """The job if ``placement_id`` is its current placement (events of older placements are history)."""
@@ -762,7 +797,7 @@ class SchedulerState:
                 state.active[record.job_id] = record
                 if record.spec.preemptible:
                     state.preemptible[record.job_id] = record
-                if record.state == "preempting" or record.stopping_nodes:
+                if record.state == "preempting" or record.stopping_nodes or record.stopped_nodes:
                     state.stopping[record.job_id] = record
             elif record.state == "queued":
                 state.queued[record.job_id] = record
@@ -789,8 +824,9 @@ class SchedulerState:
 def outgrew_gpu_memory(event: JobFailed, job: JobRecord) -> bool:
     """Did this placement end because it outgrew its GPU memory: a share stopped by the executor's watchdog, or a
     MIG job out of memory in its slice (``escalation.py`` decides what follows)? Only an executor's report (it
-    names the node); the scheduler's own failure after an escalation does not."""
-    if event.node_id is None:
+    names the node); the scheduler's own failure after an escalation does not. Never a gang's rank: a rank that
+    fails so ends the gang like any rank's failure (its other ranks stopped first), it is not escalated."""
+    if event.node_id is None or job.spec.gang.nodes > 1:
         return False
     return event.stop_reason == "gpu_memory_exceeded" or (
         event.cause == "gpu_oom" and event.stop_reason is None and job.spec.resources.kind == "mig")
