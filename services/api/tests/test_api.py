@@ -135,7 +135,8 @@ async def test_a_submitter_sees_its_tenants_and_an_operator_sees_all(api: Runnin
         assert (today["tenant"], today["allocated_gpu_hours"] > 0) == ("acme", True)
         assert (await http.get("/api/v1/usage", headers=auth("research"))).json() == []
         tenants = (await http.get("/api/v1/tenants", headers=auth("acme"))).json()
-        assert tenants == [{"tenant": "acme", "allocated_gpus": 1.142, "quota_gpus": 4, "used_gpus": 0.628,
+        # a whole GPU plus a 1g.10gb slice (1 of 7 compute slices): 1.143, used at 55 %
+        assert tenants == [{"tenant": "acme", "allocated_gpus": 1.143, "quota_gpus": 4, "used_gpus": 0.629,
                             "mean_util_pct": 55.0, "queued": 0, "running": 1}]
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from gpuorch_api.domain.share_sizing import SIZING_LABEL, p95, sized_from_use
-from gpuorch_api.domain.views import node_view
+from gpuorch_api.domain.views import allocated_gpus, gpu_text, node_view
 from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun
+from gpuorch_contracts.jobs import gpu_equivalents
 
 AUTO = JobSpec(name="serve", run=ProcessRun(argv=["python"]), resources=GpuRequest.model_validate(
     {"gpu_memory_mib": "auto", "gpu_milli": 250}))
@@ -43,3 +44,16 @@ def test_each_share_on_a_gpu_shows_what_it_uses_of_its_share() -> None:
     serving, other = view["gpus"][0]["jobs"]
     assert (serving["memory_used_mib"], serving["memory_mib"], serving["utilization_pct"]) == (3000, 4096, 40.0)
     assert other == {"job_id": None, "tenant": "other tenant", "milli": 250}  # another tenant's use stays hidden
+
+
+def test_allocated_gpus_counts_a_mig_slice_as_its_compute_fraction() -> None:
+    # The scheduler places a MIG instance with the default milli (1000): it must not read as a whole GPU.
+    slice_ = {"node_id": "n1", "gpus": [{"gpu_uuid": "MIG-a", "gpu_index": 0, "milli": 1000,
+                                         "mig_profile": "3g.40gb"}]}
+    assert allocated_gpus([slice_]) == 0.429 and gpu_text([slice_]) == "0:3g.40gb"
+    mixed = {"node_id": "n1", "gpus": [{"gpu_uuid": "GPU-b", "gpu_index": 1},
+                                       {"gpu_uuid": "GPU-c", "gpu_index": 2, "milli": 250},
+                                       {"gpu_uuid": "MIG-d", "gpu_index": 3, "mig_profile": "1c.2g.20gb"},
+                                       {"gpu_uuid": "MIG-e", "gpu_index": 3, "mig_profile": "7g.80gb"}]}
+    assert allocated_gpus([mixed]) == round(1 + 0.25 + 1 / 7 + 1, 3)
+    assert gpu_equivalents(500, "odd-profile") == 0.5  # no slice count in the name: its milli

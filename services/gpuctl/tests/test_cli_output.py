@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gpuorch_gpuctl.cli import JOB_COLUMNS
+from gpuorch_gpuctl.jobs_view import allocated_gpus, gpu_text
 from gpuorch_gpuctl.output import AlignedRows
 from gpuorch_gpuctl.top_cmd import _lines, frame, gpu_count
 from rich.console import Console
@@ -54,3 +55,9 @@ def test_top_fits_a_24_line_terminal_and_counts_what_it_leaves_out() -> None:
     printed = text.file.getvalue()  # type: ignore[attr-defined]
     assert "more" in printed and "top jobs by GPU-hours" in printed and "queues" in printed
     assert not BOX_DRAWING & set(printed)  # not a terminal: no box characters
+
+
+def test_describe_counts_a_mig_slice_as_its_fraction_of_the_gpu() -> None:
+    row = {"assignments": '[{"node_id": "n1", "gpus": [{"gpu_uuid": "MIG-a", "gpu_index": 0, "milli": 1000, '
+                          '"mig_profile": "3g.40gb"}]}]'}
+    assert (allocated_gpus(row), gpu_text(row)) == (0.429, "0:3g.40gb")  # 3 of 7 compute slices, not 1.0

@@ -5,6 +5,7 @@ Each profile must raise exactly its detection with the right advice; the normal 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
@@ -60,8 +61,14 @@ def _whole_gpu_job(name: str, node: str, index: int, pid: int, **kwargs: object)
 
 
 async def _run_profiles(handlers: TelemetryHandlers, clock: Clock) -> dict[str, SimulatedJob]:
-    """Six jobs on one node (one GPU each, plus an inference share), sampled every 10 s for the window."""
+    """Six jobs on one node of H100s (one GPU each, plus an inference share), sampled every 10 s for the window."""
     node = "node-1"
+    inventory = {"node_id": node, "cpu_milli": 64000, "memory_mib": 262144,  # the scheduler's read model of it
+                 "gpus": [{"uuid": gpu_uuid(node, i), "index": i, "model": "H100-80GB", "memory_total_mib": 81920}
+                          for i in range(6)]}
+    await handlers.store.pool.execute(
+        "INSERT INTO nodes (node_id, liveness, inventory, inventory_hash) VALUES ($1, 'alive', $2::jsonb, 'h')",
+        node, json.dumps(inventory))
     start = clock.now - timedelta(minutes=20)
     jobs = {
         "normal": _whole_gpu_job("normal", node, 0, 1000),
@@ -116,7 +123,7 @@ async def test_each_profile_raises_its_detection_and_a_normal_job_nothing(store:
     assert "thermal" in alerts["throttled"].explanation and alerts["throttled"].evidence["thermal_pct"] == 100.0
     assert "replica" in (alerts["memory_pressure"].advice or "")  # inference: an autoscaling signal
     assert recommendation.job_id == jobs["oversized"].job_id
-    assert "1g.10gb" in (recommendation.advice or "") and "int8" in (recommendation.advice or "")
+    assert "1g.10gb" in (recommendation.advice or "") and "int8" in (recommendation.advice or "")  # an H100's
     assert recommendation.evidence["peak_memory_mib"] == 6000
     assert recommendation.evidence["fp16_weights_mib"] == 2862
 

@@ -25,15 +25,16 @@ from gpuorch_telemetry.domain.sizing import memory_class_gb, smallest_fit, weigh
 
 
 @pytest.mark.parametrize(
-    ("total_mib", "peak_mib", "profile"),
+    ("model", "peak_mib", "profile"),
     [
-        (40960, 3000, "1g.5gb"), (40960, 4500, "2g.10gb"), (40960, 9000, "3g.20gb"), (40960, 30000, "7g.40gb"),
-        (81920, 7000, "1g.10gb"), (81920, 9000, "1g.20gb"), (81920, 20000, "3g.40gb"), (81920, 70000, None),
-        (143771, 12000, "1g.18gb"), (24576, 5000, "1g.6gb"),
+        ("A100-40GB", 3000, "1g.5gb"), ("A100-40GB", 4500, "1g.10gb"), ("A100-40GB", 9000, "3g.20gb"),
+        ("A100-40GB", 30000, "7g.40gb"), ("H100-80GB", 7000, "1g.10gb"), ("NVIDIA H100 80GB HBM3", 9000, "1g.20gb"),
+        ("A100-80GB", 20000, "3g.40gb"), ("H100-80GB", 70000, None),
+        ("L4", 5000, None), ("T4", 5000, None), (None, 5000, None),  # no MIG, or the model unknown: a share only
     ],
 )
-def test_smallest_mig_profile_holds_peak_with_headroom(total_mib: int, peak_mib: int, profile: str | None) -> None:
-    fit = smallest_fit(peak_mib, total_mib, headroom=0.2, p95_util_of_gpu_pct=30.0)
+def test_smallest_mig_profile_holds_peak_with_headroom(model: str | None, peak_mib: int, profile: str | None) -> None:
+    fit = smallest_fit(peak_mib, model, headroom=0.2, p95_util_of_gpu_pct=30.0)
     assert fit.mig_profile == profile
     assert fit.share_memory_mib >= peak_mib * 1.2 and fit.share_memory_mib % 1024 == 0
     assert fit.share_milli == 400  # 30 % * 1.2 = 36 % -> rounded up to 400 milli
@@ -150,12 +151,22 @@ def test_not_enough_data_judges_nothing() -> None:
 def test_oversized_advice_names_profile_share_and_precisions() -> None:
     job = JobFacts(job_id=uuid.uuid4(), tenant="t", name="llm", tier="inference", state="running", cpu_milli=2000,
                    model_parameter_count=1_500_000_000, model_dtype="fp32", running_for_s=7200.0)
-    [finding] = evaluate_job(job, [_window(peak_memory_mib=6000, lifetime_peak_memory_mib=6000, p95_util_pct=50.0)],
-                             DetectionConfig()).findings
+    [finding] = evaluate_job(job, [_window(peak_memory_mib=6000, lifetime_peak_memory_mib=6000, p95_util_pct=50.0,
+                                           gpu_model="H100-80GB")], DetectionConfig()).findings
     assert finding.category == "recommendation"
     assert "1g.10gb" in (finding.advice or "") and "fp16" in (finding.advice or "")
     assert finding.evidence["fp16_weights_mib"] == 2862 and finding.evidence["int8_weights_mib"] == 1431
     assert finding.evidence["recommended_share_milli"] == 600
+
+
+def test_oversized_advice_on_a_gpu_without_mig_names_a_share_not_a_profile() -> None:
+    # An L4 (23034 MiB) sits in the A30's 24 GB memory class, but has no MIG: no "1g.6gb" advice.
+    window = _window(gpu_model="L4", gpu_memory_total_mib=23034, alloc_memory_mib=23034, peak_memory_mib=4000,
+                     lifetime_peak_memory_mib=4000, p95_util_pct=50.0)
+    [finding] = evaluate_job(JOB, [window], DetectionConfig()).findings
+    assert finding.kind == OVERSIZED
+    assert "MIG" not in (finding.advice or "") and "1g." not in (finding.advice or "")
+    assert "a share of 5 GiB" in (finding.advice or "") and "recommended_mig_memory_mib" not in finding.evidence
 
 
 def test_a_share_starved_by_a_busy_neighbour_on_a_saturated_gpu_is_contended() -> None:

@@ -367,6 +367,23 @@ class GpuAllocation(Strict):
     mig_profile: MigProfileName | None = None
 
 
+MIG_COMPUTE_SLICES_PER_GPU = 7
+"""Compute slices of a whole GPU on every MIG-capable model of the fleet (A100, H100: NVIDIA's MIG tables in
+``gpuorch_policy.mig_profiles``, ``MIG_COMPUTE_SLICES``)."""
+
+
+def gpu_equivalents(milli: int, mig_profile: str | None) -> float:
+    """The share of one GPU an allocation holds: a whole GPU 1.0, a share ``milli / 1000``, a MIG instance its
+    compute slices over the GPU's 7 (``3g.40gb``: 3/7, ``1c.2g.20gb``: its compute instance's 1/7). A profile name
+    without a slice count falls back to ``milli / 1000``. Not rounded."""
+    if mig_profile:
+        parts = mig_profile.split(".")
+        counts = [p[:-1] for p in parts if p[-1:] in ("c", "g") and p[:-1].isdigit()]
+        if counts:
+            return min(1.0, int(counts[0]) / MIG_COMPUTE_SLICES_PER_GPU)
+    return milli / 1000.0
+
+
 class NodeAssignment(Strict):
     node_id: Name
     gpus: Annotated[list[GpuAllocation], Field(max_length=64)] = []

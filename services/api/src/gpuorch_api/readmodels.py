@@ -255,7 +255,9 @@ class ReadModels:
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 """WITH alloc AS (
-                       SELECT tenant, sum((g->>'milli')::int) / 1000.0 AS gpus
+                       SELECT tenant, sum(coalesce(  -- a MIG instance: its compute slices / 7 (gpu_equivalents)
+                                  substring(g->>'mig_profile' from '^([0-9]+)[cg][.]')::int * 1000.0 / 7,
+                                  (g->>'milli')::int)) / 1000.0 AS gpus
                        FROM jobs, jsonb_array_elements(assignments) a, jsonb_array_elements(a->'gpus') g
                        WHERE state = ANY($2::text[]) GROUP BY tenant),
                    counts AS (

@@ -37,8 +37,11 @@ class JobSummary(BaseModel):
     state: str
     node: str | None
     nodes: list[str]
-    gpus: str
-    allocated_gpus: float
+    gpus: str = Field(description="what the job holds per GPU: `0,1` whole GPUs, `2:250m/4096MiB` a share, "
+                      "`3:3g.40gb` a MIG instance (`-` none)")
+    allocated_gpus: float = Field(description=(
+        "GPU equivalents held (a number, as before): a whole GPU 1, a share its milli / 1000, a MIG instance its "
+        "compute slices / 7 (a `3g.40gb` slice 0.429, not 1); `gpus` names the slices"))
     exit_code: int | None
     reason: str | None
     pending_reason: str | None

@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from gpuorch_contracts.jobs import gpu_equivalents
+
 from gpuorch_gpuctl.errors import fail
 
 TERMINAL = ("succeeded", "failed", "cancelled", "rejected")
@@ -123,10 +125,12 @@ def gpu_text(row: dict[str, Any]) -> str:
 
 
 def allocated_gpus(row: dict[str, Any]) -> float:
-    """GPUs held in GPU equivalents, as the API's ``allocated_gpus``: a whole GPU 1, a share its milli / 1000."""
+    """GPUs held in GPU equivalents, as the API's ``allocated_gpus``: a whole GPU 1, a share its milli / 1000, a MIG
+    instance its compute slices / 7 (``gpu_equivalents``)."""
     assignments = row.get("assignments") or []
     assignments = json.loads(assignments) if isinstance(assignments, str) else assignments
-    return round(sum(g.get("milli", 1000) for a in assignments for g in a.get("gpus", [])) / 1000.0, 3)
+    return round(sum(gpu_equivalents(g.get("milli", 1000), g.get("mig_profile"))
+                     for a in assignments for g in a.get("gpus", [])), 3)
 
 
 def public_row(row: dict[str, Any], *, full: bool = False) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
+from gpuorch_contracts.jobs import gpu_equivalents
+
 TIERS = ("training", "inference", "batch", "interactive")
 
 
@@ -144,8 +146,10 @@ def gpu_text(assignments: list[dict[str, Any]]) -> str:
 
 
 def allocated_gpus(assignments: list[dict[str, Any]]) -> float:
-    """GPUs held, in GPU equivalents: a whole GPU 1, a share its milli / 1000, a MIG instance its milli too."""
-    return round(sum(g.get("milli", 1000) for a in assignments for g in a.get("gpus", [])) / 1000.0, 3)
+    """GPUs held, in GPU equivalents (``gpu_equivalents``): a whole GPU 1, a share its milli / 1000, a MIG instance
+    its compute slices / 7 (``3g.40gb``: 0.429). Rounded to 3 decimals."""
+    return round(sum(gpu_equivalents(g.get("milli", 1000), g.get("mig_profile"))
+                     for a in assignments for g in a.get("gpus", [])), 3)
 
 
 def _counts(raw: Any) -> dict[str, int] | None:

@@ -106,6 +106,9 @@ class DeviceWindow:
     max_temperature_c: float | None
     mean_power_w: float | None
     mean_sm_clock_mhz: float | None
+    gpu_model: str | None = None
+    """The GPU's model as its node's inventory reports it (``H100-80GB``, ``L4``); None when not known. Sizing advice
+    names only this model's MIG profiles."""
 
 
 @dataclass(frozen=True)
@@ -382,7 +385,7 @@ def _oversized(job: JobFacts, devices: list[DeviceWindow], config: DetectionConf
     d = max(sized, key=lambda w: w.lifetime_peak_memory_mib)
     alloc = d.alloc_memory_mib or 1
     p95_of_gpu = (d.p95_util_pct * d.alloc_milli / 1000) if d.p95_util_pct is not None else None
-    fit = smallest_fit(d.lifetime_peak_memory_mib, d.gpu_memory_total_mib, headroom=config.headroom,
+    fit = smallest_fit(d.lifetime_peak_memory_mib, d.gpu_model, headroom=config.headroom,
                        p95_util_of_gpu_pct=p95_of_gpu)
     if d.mig_profile is not None and fit.mig_profile == d.mig_profile:
         return None  # already on the smallest profile that fits

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpuorch_policy.mig_profiles import mig_table_for
+
 MIB = 1024 * 1024
 GIB_MIB = 1024
 
@@ -43,7 +45,10 @@ MIG_PROFILES_BY_MEMORY_CLASS: dict[int, tuple[MigProfile, ...]] = {
     141: _eighths(("1g.18gb", 1, 1), ("1g.35gb", 1, 2), ("2g.35gb", 2, 2), ("3g.71gb", 3, 4), ("4g.71gb", 4, 4),
                   ("7g.141gb", 7, 8)),
 }
-"""Profiles per GPU memory class (GB), smallest first. Classes are matched from the reported memory total."""
+"""Profiles per GPU memory class (GB), smallest first. Classes are matched from the reported memory total. Only for
+reading the memory of a profile a job already holds: advice names profiles from the GPU model's own table
+(:func:`advisable_mig_profiles`), since a memory class does not say whether a model has MIG at all (an L4's 24 GB
+matches the A30's class)."""
 
 
 def memory_class_gb(gpu_memory_total_mib: int) -> int | None:
@@ -58,6 +63,17 @@ def memory_class_gb(gpu_memory_total_mib: int) -> int | None:
 def mig_profiles_for(gpu_memory_total_mib: int) -> tuple[MigProfile, ...]:
     klass = memory_class_gb(gpu_memory_total_mib)
     return MIG_PROFILES_BY_MEMORY_CLASS.get(klass, ()) if klass is not None else ()
+
+
+def advisable_mig_profiles(gpu_model: str | None) -> tuple[tuple[str, int], ...]:
+    """``(name, memory MiB)`` of the MIG profiles advice may name for ``gpu_model``, smallest memory first: the
+    model's table in ``gpuorch_policy.mig_profiles`` (the fleet's one copy, which the simulated NVML and the MIG
+    planner read), media-extension profiles left out. ``()`` for a model without MIG (L4, T4, V100 ...) and for an
+    unknown model: advice then names a share only."""
+    if not gpu_model:
+        return ()
+    table = [p for p in mig_table_for(gpu_model) if not p.media_extensions]
+    return tuple((p.name, p.memory_mib) for p in sorted(table, key=lambda p: (p.memory_mib, p.compute_slices)))
 
 
 def mig_profile_memory_mib(profile_name: str, gpu_memory_total_mib: int | None) -> int | None:
@@ -94,21 +110,17 @@ class Fit:
 
 
 def smallest_fit(
-    peak_memory_mib: int, gpu_memory_total_mib: int | None, *, headroom: float, p95_util_of_gpu_pct: float | None
+    peak_memory_mib: int, gpu_model: str | None, *, headroom: float, p95_util_of_gpu_pct: float | None
 ) -> Fit:
-    """Smallest MIG profile (on this GPU's class) and share that hold the peak with ``headroom`` (0.2 = +20 %).
+    """Smallest MIG profile (of ``gpu_model``'s own table, none for a model without MIG or unknown) and share that
+    hold the peak with ``headroom`` (0.2 = +20 %).
 
     The share's memory rounds up to whole GiB; its compute (milli) is the p95 utilisation of the whole GPU plus the
     same headroom, rounded up to 50 milli, at least 50.
     """
     needed = math.ceil(peak_memory_mib * (1 + headroom))
-    profile_name = profile_memory = None
-    if gpu_memory_total_mib:
-        for profile in mig_profiles_for(gpu_memory_total_mib):
-            memory = profile.memory_mib(gpu_memory_total_mib)
-            if memory >= needed:
-                profile_name, profile_memory = profile.name, memory
-                break
+    profile_name, profile_memory = next(((n, m) for n, m in advisable_mig_profiles(gpu_model) if m >= needed),
+                                        (None, None))
     share_memory = max(GIB_MIB, math.ceil(needed / GIB_MIB) * GIB_MIB)
     util = p95_util_of_gpu_pct if p95_util_of_gpu_pct is not None else 100.0
     share_milli = min(1000, max(50, math.ceil(util * 10 * (1 + headroom) / 50) * 50))

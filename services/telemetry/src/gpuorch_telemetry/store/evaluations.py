@@ -48,7 +48,8 @@ class EvaluationStore(AlertStore):
     async def device_windows(
         self, job_ids: Sequence[uuid.UUID], now: datetime, window_s: float, pressure_ratio: float
     ) -> dict[uuid.UUID, list[DeviceWindow]]:
-        """Per job and device, aggregates of the samples in ``(now - window_s, now]`` and the lifetime peak."""
+        """Per job and device, aggregates of the samples in ``(now - window_s, now]``, the lifetime peak and the GPU's
+        model (from its node's inventory in ``nodes``)."""
         if not job_ids:
             return {}
         ids = list(job_ids)
@@ -103,6 +104,14 @@ class EvaluationStore(AlertStore):
                     ids,
                 )
             }
+            models = {
+                r["gpu_uuid"]: r["model"]
+                for r in await conn.fetch(
+                    "SELECT g->>'uuid' AS gpu_uuid, g->>'model' AS model "
+                    "FROM nodes n, jsonb_array_elements(n.inventory->'gpus') g WHERE g->>'uuid' = ANY($1::text[])",
+                    list({r["gpu_uuid"] for r in rows}),
+                )
+            } if rows else {}
         result: dict[uuid.UUID, list[DeviceWindow]] = {}
         for r in rows:
             key = (r["job_id"], r["device_uuid"])
@@ -118,7 +127,7 @@ class EvaluationStore(AlertStore):
                 pressure_samples=r["pressure_samples"], mean_host_cpu_pct=r["host_cpu"],
                 mean_io_wait_pct=r["io_wait"], thermal_samples=r["thermal_samples"],
                 power_samples=r["power_samples"], max_temperature_c=r["max_temp"], mean_power_w=r["mean_power"],
-                mean_sm_clock_mhz=r["mean_clock"],
+                mean_sm_clock_mhz=r["mean_clock"], gpu_model=models.get(r["gpu_uuid"]),
             ))
         return result
 
