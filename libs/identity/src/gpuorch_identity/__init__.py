@@ -37,10 +37,13 @@ from gpuorch_contracts.jobs import DEFAULT_TENANT, PriorityClass
 from gpuorch_contracts.text import Name, TenantName
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gpuorch_identity.oidc import GroupRule, OidcConfig, groups_of, identity_for_claims, user_of
+
 __all__ = [
-    "ANY_TENANT", "Identity", "IdentityMap", "Rejection", "acting_user", "authorize_cancel", "authorize_job_access",
+    "ANY_TENANT", "GroupRule", "Identity", "IdentityMap", "OidcConfig", "Rejection", "acting_user", "authorize_cancel", "authorize_job_access",
     "configured_identity_map",
-    "authorize_submission", "load_identity_map", "log_credential", "token_digest",
+    "authorize_submission", "groups_of", "identity_for_claims", "load_identity_map", "log_credential", "token_digest",
+    "user_of",
 ]
 
 ANY_TENANT = "*"
@@ -89,12 +92,20 @@ class IdentityMap(BaseModel):
         default={}, description="tenant (or \"*\") -> seconds an idle interactive session of it is parked after, "
                                 "unless the session says otherwise (the scheduler's GPUORCH_SESSION_IDLE_PARK_BY_TENANT "
                                 "and GPUORCH_SESSION_IDLE_PARK_S for tenants not named)")
+    oidc: OidcConfig | None = Field(default=None, description="single sign-on with the team's OpenID provider: "
+                                    "its users sign in as the identity their group maps to (gpuorch_identity.oidc)")
 
     @model_validator(mode="after")
     def _tokens_name_identities(self) -> IdentityMap:
         unknown = sorted(set(self.tokens.values()) - set(self.identities))
         if unknown:
             raise ValueError(f"tokens name identities that do not exist: {', '.join(unknown)}")
+        if self.oidc is not None:
+            mapped = {rule.identity for rule in self.oidc.groups}
+            if missing := sorted(mapped - set(self.identities)):
+                raise ValueError(f"oidc groups name identities that do not exist: {', '.join(missing)}")
+            if bad := sorted(n for n in mapped if self.identities[n].role in ("service", "gateway")):
+                raise ValueError(f"oidc groups may not map to service or gateway identities: {', '.join(bad)}")
         return self
 
     @classmethod

@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuorch_api import metrics, schemas
 from gpuorch_api.auth import ApiError
+from gpuorch_api.auth_routes import router as auth_router
 from gpuorch_api.backends import Backends, open_backends
 from gpuorch_api.dlq_routes import router as dlq_router
 from gpuorch_api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_RATE_LIMIT, RateLimits, RequestGuard
@@ -145,6 +146,7 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
                   description="Jobs, fleet, queues and tenants of gpuorch; submissions and cancels on the "
                               "caller's behalf; live events. Authenticate with `Authorization: Bearer <token>`; errors are problem details (RFC 9457).")
     app.include_router(router, responses=schemas.ERRORS)
+    app.include_router(auth_router, responses=schemas.ERRORS)
     app.include_router(dlq_router, responses=schemas.ERRORS)
     app.include_router(reservation_router, responses=schemas.ERRORS)
     app.include_router(sessions_router, responses=schemas.ERRORS)

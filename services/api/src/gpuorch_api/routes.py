@@ -49,6 +49,7 @@ from gpuorch_api import schemas
 from gpuorch_api.auth import ApiError, Caller, Forbidden, authenticate
 from gpuorch_api.backends import Backends
 from gpuorch_api.domain import views
+from gpuorch_api.oidc import verifier_for
 
 router = APIRouter()
 
@@ -103,7 +104,8 @@ BEARER = HTTPBearer(auto_error=False, scheme_name="bearer", description="an API 
 
 def caller(request: Request,
            credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]) -> Caller:
-    return authenticate(backends(request).identity_map, credentials.credentials if credentials else None)
+    identity_map = backends(request).identity_map
+    return authenticate(identity_map, credentials.credentials if credentials else None, verifier_for(identity_map.oidc))
 
 
 CallerDep = Annotated[Caller, Depends(caller)]
@@ -128,7 +130,7 @@ async def readyz(request: Request) -> JSONResponse:
 @router.get("/api/v1/whoami", tags=["auth"], response_model=schemas.Caller)
 async def whoami(who: CallerDep) -> dict[str, Any]:
     tenants = who.tenants
-    return {"identity": who.name, "role": who.identity.role, "tenants": sorted(tenants) if tenants is not None
+    return {"identity": who.name, "user": who.user, "role": who.identity.role, "tenants": sorted(tenants) if tenants is not None
             else ["*"], "default_tenant": who.identity.default_tenant, "max_priority": who.identity.max_priority}
 
 

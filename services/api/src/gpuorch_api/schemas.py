@@ -200,6 +200,8 @@ class Tenant(BaseModel):
 
 class Caller(BaseModel):
     identity: str
+    user: str | None = Field(default=None, description="who signed in through the OpenID provider (None: a static "
+                                                        "token)")
     role: str
     tenants: list[str]
     default_tenant: str | None
