@@ -4,6 +4,9 @@
         current-context: demo
         contexts:
           demo: {server: http://127.0.0.1:8080, token: <token>}      # token may be left out: GPUCTL_TOKEN
+          sso: {server: ..., token: <ID token>, refresh_token: ..., token_expires_at: <epoch s>, oidc: {...}}
+                                                                     # written by gpuctl login (login_cmd.py), which
+                                                                     # refreshes the token here once it expired
 
     which API a command talks to, first match wins:
         --server / --context (global options), GPUCTL_SERVER
@@ -97,6 +100,10 @@ def context_endpoint(run: Run, name: str | None = None) -> Endpoint | None:
     entry = document["contexts"].get(name)
     if not isinstance(entry, dict) or not entry.get("server"):
         fail(f"no context {name!r} in {path} (gpuctl config get-contexts)")
+    if not (run.token or run.settings.token) and entry.get("refresh_token"):
+        from gpuorch_gpuctl.login_cmd import refreshed  # a context signed in by gpuctl login
+
+        entry = refreshed(entry, name, path)
     token = run.token or run.settings.token or entry.get("token")
     return Endpoint(str(entry["server"]), token, name)
 

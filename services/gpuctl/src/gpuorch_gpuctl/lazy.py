@@ -57,6 +57,10 @@ LAZY_COMMANDS = {
     "bench": LazyCommand("bench_cmd", "bench_app", "Benchmarks of the scheduler against the real broker and database "
                          "(see docs/PERFORMANCE.md).", _bench_extras),
     "mig": LazyCommand("mig_cmd", "mig_app", "MIG layouts: what the planner would change (mode advise) and why."),
+    "login": LazyCommand("login_cmd", "login", "Sign in with the team's OpenID provider (device flow: open the URL "
+                         "shown, enter the code)."),
+    "logout": LazyCommand("login_cmd", "logout", "Sign out: forget this context's token (and revoke its refresh "
+                          "token at the provider)."),
     "reserve": LazyCommand("reserve_cmd", "reserve_app", "Advance reservations: GPUs promised to a tenant for a "
                            "window (operators create)."),
 }
