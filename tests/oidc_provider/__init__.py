@@ -212,3 +212,54 @@ def sign_in_with_pkce(provider: Provider, user: str, redirect_uri: str = "http:/
         token.raise_for_status()
         answer: dict[str, Any] = token.json()
         return answer
+
+
+STATIC_TOKEN = "ops-machine-secret"
+"""A static API token of ``sign_in_identity_map`` (identity ops): machines keep using tokens next to sign-in."""
+
+
+def sign_in_identity_map(provider: Provider) -> dict[str, Any]:
+    """Two identities reached by the provider's groups (operators first), one static token, and the provider."""
+    return {
+        "identities": {
+            "*": {"role": "operator", "tenants": ["*"], "default_tenant": "default", "max_priority": "critical"},
+            "acme-team": {"role": "submitter", "tenants": ["acme"], "default_tenant": "acme"},
+            "ops": {"role": "operator", "tenants": ["*"], "default_tenant": "default", "max_priority": "critical"},
+        },
+        "tokens": {hashlib.sha256(STATIC_TOKEN.encode()).hexdigest(): "ops"},
+        "oidc": {"issuer": provider.issuer, "client_id": provider.client_id, "provider_name": "Test IdP",
+                 "groups": [{"group": "gpuorch-operators", "identity": "ops"},
+                            {"group": "acme-devs", "identity": "acme-team"}]},
+    }
+
+
+@contextmanager
+def api_with_sign_in(root: Path, provider: Provider) -> Iterator[str]:
+    """The API as a process (no other service) on a fresh vhost and database, signing in through ``provider``;
+    yields its URL once ready."""
+    import asyncio
+
+    from gpuorch_gpuctl.stack import LocalStack
+    from gpuorch_messaging import Broker
+
+    from conftest import AMQP_HOST, AMQP_PORT, PG_ADMIN, drop_database, drop_vhost, make_database, make_vhost
+
+    async def declare_exchanges(url: str) -> None:  # as the scheduler would: the API looks them up
+        broker = Broker(url, producer="test")
+        await broker.connect()
+        await broker.close()
+
+    vhost, database = make_vhost(), make_database()
+    amqp_url = f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}/{vhost}"
+    stack = LocalStack(root=root, amqp_url=amqp_url, database_url=f"{PG_ADMIN.rsplit('/', 1)[0]}/{database}",
+                       nodes=[], identity_map=sign_in_identity_map(provider))
+    try:
+        asyncio.run(declare_exchanges(amqp_url))
+        yield stack.start_api()
+    except Exception:
+        print(f"--- api ---\n{stack.tail('api', 40)}" if "api" in stack.processes else "")
+        raise
+    finally:
+        stack.stop_all()
+        drop_vhost(vhost)
+        drop_database(database)
