@@ -22,40 +22,40 @@ from tests.oidc_provider import (
 pytestmark = [pytest.mark.integration]
 
 
-def whoami(api_url: str, token: str) -> httpx.Response:
-    return httpx.get(f"{api_url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+def whoami(oidc_api_url: str, token: str) -> httpx.Response:
+    return httpx.get(f"{oidc_api_url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
 
 def test_a_provider_issued_id_token_signs_in_as_the_identity_of_the_users_group(
-        api_url: str, oidc_provider: Provider) -> None:
+        oidc_api_url: str, oidc_provider: Provider) -> None:
     alice = sign_in_with_pkce(oidc_provider, "alice")["id_token"]
-    me = whoami(api_url, alice)
+    me = whoami(oidc_api_url, alice)
     assert me.status_code == 200, me.text
     assert me.json() | {"user": me.json()["user"]} == {
         "identity": "acme-team", "user": "alice", "role": "submitter", "tenants": ["acme"],
         "default_tenant": "acme", "max_priority": "normal"}
-    jobs = httpx.get(f"{api_url}/api/v1/jobs", headers={"Authorization": f"Bearer {alice}"}, timeout=30)
+    jobs = httpx.get(f"{oidc_api_url}/api/v1/jobs", headers={"Authorization": f"Bearer {alice}"}, timeout=30)
     assert jobs.status_code == 200 and jobs.json() == []
 
-    olga = whoami(api_url, sign_in_with_pkce(oidc_provider, "olga")["id_token"]).json()  # staff, gpuorch-operators
+    olga = whoami(oidc_api_url, sign_in_with_pkce(oidc_provider, "olga")["id_token"]).json()  # staff, gpuorch-operators
     assert (olga["identity"], olga["user"], olga["role"], olga["tenants"]) == ("ops", "olga", "operator", ["*"])
 
 
-def test_a_user_in_no_mapped_group_is_refused_with_403_saying_why(api_url: str, oidc_provider: Provider) -> None:
-    refused = whoami(api_url, sign_in_with_pkce(oidc_provider, "mallory")["id_token"])
+def test_a_user_in_no_mapped_group_is_refused_with_403_saying_why(oidc_api_url: str, oidc_provider: Provider) -> None:
+    refused = whoami(oidc_api_url, sign_in_with_pkce(oidc_provider, "mallory")["id_token"])
     assert refused.status_code == 403, refused.text
     assert "mallory" in refused.json()["detail"] and "contractors" in refused.json()["detail"]
 
 
-def test_static_tokens_stay_for_machines(api_url: str) -> None:
-    me = whoami(api_url, STATIC_TOKEN)
+def test_static_tokens_stay_for_machines(oidc_api_url: str) -> None:
+    me = whoami(oidc_api_url, STATIC_TOKEN)
     assert me.status_code == 200 and me.json()["identity"] == "ops" and me.json()["user"] is None
 
 
 def test_a_token_signed_with_the_providers_own_key_and_valid_claims_is_accepted(
-        api_url: str, oidc_provider: Provider) -> None:
+        oidc_api_url: str, oidc_provider: Provider) -> None:
     """The control for the refusals below: the same forging path with nothing wrong passes."""
-    me = whoami(api_url, sign(claims_for(oidc_provider, "alice"), oidc_provider.key))
+    me = whoami(oidc_api_url, sign(claims_for(oidc_provider, "alice"), oidc_provider.key))
     assert me.status_code == 200, me.text
     assert me.json()["identity"] == "acme-team"
 
@@ -71,7 +71,7 @@ def test_a_token_signed_with_the_providers_own_key_and_valid_claims_is_accepted(
     ("no exp", "exp"),
 ])
 def test_tokens_the_provider_did_not_issue_as_they_are_are_refused(
-        api_url: str, oidc_provider: Provider, case: str, reason: str) -> None:
+        oidc_api_url: str, oidc_provider: Provider, case: str, reason: str) -> None:
     valid = claims_for(oidc_provider, "olga")
     past = int(time.time()) - 3600
     stranger = new_key("not-the-providers")
@@ -85,7 +85,7 @@ def test_tokens_the_provider_did_not_issue_as_they_are_are_refused(
         "HS256 with the public key": lambda: _hs256_with_public_key(valid, oidc_provider),
         "no exp": lambda: sign({k: v for k, v in valid.items() if k != "exp"}, oidc_provider.key),
     }[case]()
-    refused = whoami(api_url, token)
+    refused = whoami(oidc_api_url, token)
     assert refused.status_code == 401, f"{case}: {refused.text}"
     assert reason in refused.json()["detail"], refused.json()
     assert refused.headers["www-authenticate"].startswith("Bearer") and 'error="invalid_token"' in \
@@ -108,8 +108,8 @@ def _hs256_with_public_key(claims: dict[str, object], provider: Provider) -> str
     return f"{signing_input}.{mac.decode()}"
 
 
-def test_the_public_sign_in_config_names_the_providers_endpoints(api_url: str, oidc_provider: Provider) -> None:
-    config = httpx.get(f"{api_url}/api/v1/auth/config", timeout=30).json()["oidc"]
+def test_the_public_sign_in_config_names_the_providers_endpoints(oidc_api_url: str, oidc_provider: Provider) -> None:
+    config = httpx.get(f"{oidc_api_url}/api/v1/auth/config", timeout=30).json()["oidc"]
     issuer = oidc_provider.issuer
     assert config["issuer"] == issuer and config["client_id"] == "gpuorch" and config["provider_name"] == "Test IdP"
     assert config["authorization_endpoint"] == f"{issuer}/auth"

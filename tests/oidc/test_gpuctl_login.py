@@ -29,10 +29,10 @@ def _env(config: Path) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in drop}, "GPUCTL_CONFIG": str(config)}
 
 
-def test_gpuctl_login_by_device_flow_refresh_and_logout(api_url: str, oidc_provider: Provider,
+def test_gpuctl_login_by_device_flow_refresh_and_logout(oidc_api_url: str, oidc_provider: Provider,
                                                         tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
-    login = subprocess.Popen([sys.executable, "-m", "gpuorch_gpuctl", "login", "--server", api_url, "--context",
+    login = subprocess.Popen([sys.executable, "-m", "gpuorch_gpuctl", "login", "--server", oidc_api_url, "--context",
                               "sso", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=_env(config))
     try:
@@ -48,7 +48,7 @@ def test_gpuctl_login_by_device_flow_refresh_and_logout(api_url: str, oidc_provi
         login.kill()
     assert login.returncode == 0, err
     signed_in = json.loads(out)
-    assert signed_in | {"expires_at": 0} == {"context": "sso", "server": api_url, "identity": "acme-team",
+    assert signed_in | {"expires_at": 0} == {"context": "sso", "server": oidc_api_url, "identity": "acme-team",
                                              "user": "alice", "role": "submitter", "tenants": ["acme"],
                                              "expires_at": 0}
     document = yaml.safe_load(config.read_text())
@@ -74,7 +74,7 @@ def test_gpuctl_login_by_device_flow_refresh_and_logout(api_url: str, oidc_provi
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"context": "sso", "signed_out": True, "refresh_token_revoked": True}
     left = yaml.safe_load(config.read_text())["contexts"]["sso"]
-    assert left == {"server": api_url}
+    assert left == {"server": oidc_api_url}
     refused = gpuctl(config, "whoami")
     assert refused.returncode == 1 and "set a token" in refused.stderr, refused.stderr
 

@@ -7,7 +7,8 @@
     approve_device(...)             a person approving a device code on the provider's pages (httpx)
     sign_in_with_pkce(...)          a browserless authorization code + PKCE sign-in (httpx): an ID token
 
-The fixtures of tests/oidc/conftest.py and tests/e2e/test_oidc_dashboard.py use these.
+    oidc_provider, oidc_api_url     pytest fixtures: the provider for the session, the API signing in through it for
+                                    a module (import them into a conftest or a test module)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 from urllib.parse import parse_qs, urljoin, urlparse
 
 import httpx
+import pytest
 
 HERE = Path(__file__).parent
 CLIENT_ID = "gpuorch"
@@ -76,6 +78,7 @@ def new_key(kid: str) -> dict[str, Any]:
     from jwt.algorithms import RSAAlgorithm
 
     jwk = json.loads(RSAAlgorithm.to_jwk(rsa.generate_private_key(public_exponent=65537, key_size=2048)))
+    jwk.pop("key_ops", None)  # PyJWT writes ["sign"]: the provider would not verify with it (id_token_hint)
     return {**jwk, "kid": kid, "alg": "RS256", "use": "sig"}
 
 
@@ -263,3 +266,17 @@ def api_with_sign_in(root: Path, provider: Provider) -> Iterator[str]:
         stack.stop_all()
         drop_vhost(vhost)
         drop_database(database)
+
+
+@pytest.fixture(scope="session")
+def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
+    if NODE is None or NPM is None:
+        pytest.skip("node and npm run the OpenID provider (apt-get install -y nodejs npm; .ci/run does)")
+    with running_provider(tmp_path_factory.mktemp("oidc-provider")) as provider:
+        yield provider
+
+
+@pytest.fixture(scope="module")
+def oidc_api_url(oidc_provider: Provider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with api_with_sign_in(tmp_path_factory.mktemp("api"), oidc_provider) as url:
+        yield url

@@ -85,6 +85,7 @@ server.listen(Number(process.env.OIDC_PORT || 0), '127.0.0.1', () => {
     },
   });
   provider.proxy = false;
+  provider.on('end_session.error', (_ctx, error) => console.error('end_session.error', error, error.cause));
   server.on('request', provider.callback());
   process.stdout.write(`${JSON.stringify({ issuer })}\n`);
 });

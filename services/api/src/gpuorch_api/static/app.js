@@ -503,4 +503,5 @@ document.getElementById("login").addEventListener("submit", (event) => {
 });
 window.addEventListener("hashchange", render);
 setInterval(() => { if (state.who && (location.hash || "#/fleet").startsWith("#/fleet")) render(); }, 5000);
+window.gpuorchSignIn = signIn;  // auth.js: a single sign-on hands its ID token here
 if (state.token) signIn(state.token);
