@@ -4,6 +4,7 @@ that matches no static token is just an unknown token (no provider is asked)."""
 from __future__ import annotations
 
 import httpx
+
 from .conftest import RunningApi
 
 
