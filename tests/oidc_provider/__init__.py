@@ -83,14 +83,17 @@ def new_key(kid: str) -> dict[str, Any]:
 
 
 @contextmanager
-def running_provider(directory: Path, *, id_token_ttl_s: int = 600) -> Iterator[Provider]:
-    """The provider on a free port of 127.0.0.1 until the block ends."""
+def running_provider(directory: Path, *, id_token_ttl_s: int = 600, keys: list[dict[str, Any]] | None = None,
+                     port: int = 0) -> Iterator[Provider]:
+    """The provider on 127.0.0.1 (``port`` 0: a free one) until the block ends, signing with the first of ``keys``
+    (default: a new key) and publishing them all."""
     install()
-    key = new_key(f"test-{secrets.token_hex(4)}")
+    keys = keys or [new_key(f"test-{secrets.token_hex(4)}")]
+    key = keys[0]
     jwks = directory / "jwks.json"
-    jwks.write_text(json.dumps({"keys": [key]}))
+    jwks.write_text(json.dumps({"keys": keys}))
     assert NODE is not None
-    env = {**os.environ, "OIDC_JWKS": str(jwks), "OIDC_CLIENT_ID": CLIENT_ID, "OIDC_PORT": "0",
+    env = {**os.environ, "OIDC_JWKS": str(jwks), "OIDC_CLIENT_ID": CLIENT_ID, "OIDC_PORT": str(port),
            "OIDC_ID_TOKEN_TTL": str(id_token_ttl_s)}
     log = open(directory / "provider.log", "w")  # noqa: SIM115 - closed below
     process = subprocess.Popen([NODE, str(HERE / "provider.mjs")], env=env, stdout=subprocess.PIPE, stderr=log,
@@ -221,8 +224,9 @@ STATIC_TOKEN = "ops-machine-secret"
 """A static API token of ``sign_in_identity_map`` (identity ops): machines keep using tokens next to sign-in."""
 
 
-def sign_in_identity_map(provider: Provider) -> dict[str, Any]:
-    """Two identities reached by the provider's groups (operators first), one static token, and the provider."""
+def sign_in_identity_map(provider: Provider, **oidc: Any) -> dict[str, Any]:
+    """Two identities reached by the provider's groups (operators first), one static token, and the provider
+    (``oidc``: more settings of its section)."""
     return {
         "identities": {
             "*": {"role": "operator", "tenants": ["*"], "default_tenant": "default", "max_priority": "critical"},
@@ -232,14 +236,14 @@ def sign_in_identity_map(provider: Provider) -> dict[str, Any]:
         "tokens": {hashlib.sha256(STATIC_TOKEN.encode()).hexdigest(): "ops"},
         "oidc": {"issuer": provider.issuer, "client_id": provider.client_id, "provider_name": "Test IdP",
                  "groups": [{"group": "gpuorch-operators", "identity": "ops"},
-                            {"group": "acme-devs", "identity": "acme-team"}]},
+                            {"group": "acme-devs", "identity": "acme-team"}], **oidc},
     }
 
 
 @contextmanager
-def api_with_sign_in(root: Path, provider: Provider) -> Iterator[str]:
-    """The API as a process (no other service) on a fresh vhost and database, signing in through ``provider``;
-    yields its URL once ready."""
+def api_with_sign_in(root: Path, provider: Provider, **oidc: Any) -> Iterator[str]:
+    """The API as a process (no other service) on a fresh vhost and database, signing in through ``provider``
+    (``oidc``: more settings of the map's oidc section); yields its URL once ready."""
     import asyncio
 
     from gpuorch_gpuctl.stack import LocalStack
@@ -255,7 +259,7 @@ def api_with_sign_in(root: Path, provider: Provider) -> Iterator[str]:
     vhost, database = make_vhost(), make_database()
     amqp_url = f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}/{vhost}"
     stack = LocalStack(root=root, amqp_url=amqp_url, database_url=f"{PG_ADMIN.rsplit('/', 1)[0]}/{database}",
-                       nodes=[], identity_map=sign_in_identity_map(provider))
+                       nodes=[], identity_map=sign_in_identity_map(provider, **oidc))
     try:
         asyncio.run(declare_exchanges(amqp_url))
         yield stack.start_api()

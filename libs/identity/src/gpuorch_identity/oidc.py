@@ -50,6 +50,9 @@ class OidcConfig(BaseModel):
     username_claim: Annotated[str, Field(min_length=1, max_length=200)] = Field(
         default="preferred_username", description="the claim shown as the signed-in user (else email, else sub)")
     leeway_s: float = Field(default=30, ge=0, le=300, description="clock skew allowed on exp, nbf and iat")
+    jwks_refresh_cooldown_s: float = Field(default=30, ge=0, le=3600, description=(
+        "a token naming an unknown kid fetches the provider's JWKS again (key rotation) at most this often: "
+        "forged kids cannot make the API hammer the provider"))
     groups: list[GroupRule] = Field(default=[], max_length=10_000, description="group -> identity; first match wins")
 
     @field_validator("scopes")

@@ -5,7 +5,8 @@
         failure); its issuer must equal the configured one (OpenID Connect Discovery 1.0, section 4.3)
     OidcVerifier.verify(token) -> the token's claims, or
         TokenRefused(why)        signature not by a key of the provider's JWKS (found by the token's kid; an unknown
-                                 kid fetches the JWKS again once: key rotation), alg none or symmetric, issuer not
+                                 kid fetches the JWKS again, at most every jwks_refresh_cooldown_s: key
+                                 rotation), alg none or symmetric, issuer not
                                  the configured one, aud not one of the accepted audiences, expired, no exp/iat/sub
         ProviderUnavailable(why) the discovery document or the JWKS could not be fetched
 
@@ -67,7 +68,8 @@ class OidcVerifier:
                                           f"{document.get('issuer') if isinstance(document, dict) else None!r})")
             if self._jwks is None or self._jwks.uri != document["jwks_uri"]:
                 self._jwks = jwt.PyJWKClient(document["jwks_uri"], cache_jwk_set=True, lifespan=int(JWKS_TTL_S),
-                                             timeout=int(self.timeout_s))
+                                             timeout=int(self.timeout_s),
+                                             cooldown_duration=self.config.jwks_refresh_cooldown_s)
             self._discovery, self._discovered_at = document, time.monotonic()
             return document
 
