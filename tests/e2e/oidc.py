@@ -29,16 +29,17 @@ def oidc_sign_in(driver: Any, base_url: str, user: str, page: str = "#/jobs", id
     line (waited for until it names ``identity`` when given)."""
     from selenium.webdriver.common.by import By
 
-    driver.get(f"{base_url}/{page}")
+    home = f"{base_url}/"  # with its slash: the provider's port may start with the dashboard's digits
+    driver.get(f"{home}{page}")
     wait(driver, lambda d: d.find_element(By.ID, "sso")).click()
     login = wait(driver, lambda d: d.find_element(By.NAME, "login"))   # the provider's login page
     login.send_keys(user)
     driver.find_element(By.NAME, "password").send_keys("any")
     driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    while not driver.current_url.startswith(base_url):                  # consent, as often as the provider asks
-        wait(driver, lambda d: d.current_url.startswith(base_url) or d.find_elements(
+    while not driver.current_url.startswith(home):                      # consent, as often as the provider asks
+        wait(driver, lambda d: d.current_url.startswith(home) or d.find_elements(
             By.CSS_SELECTOR, "input[name=prompt][value=consent]"))
-        if not driver.current_url.startswith(base_url):
+        if not driver.current_url.startswith(home):
             driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
     who = wait(driver, lambda d: d.find_element(By.ID, "who").text)
     if identity is not None:
@@ -52,4 +53,4 @@ def oidc_sign_out(driver: Any, base_url: str) -> None:
 
     wait(driver, lambda d: d.find_element(By.ID, "sign-out")).click()
     wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, "button[name=logout]")).click()  # "Yes, sign me out"
-    wait(driver, lambda d: d.current_url.startswith(base_url) and d.find_element(By.ID, "sso"))
+    wait(driver, lambda d: d.current_url.startswith(f"{base_url}/") and d.find_element(By.ID, "sso"))

@@ -5,42 +5,17 @@ the login again)."""
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.e2e.oidc import oidc_sign_in, oidc_sign_out, wait
+from tests.e2e.test_dashboard import browser  # headless Chromium (skips this module where it is not installed)
 from tests.oidc_provider import STATIC_TOKEN, oidc_api_url, oidc_provider
 
-__all__ = ["oidc_api_url", "oidc_provider"]
+__all__ = ["browser", "oidc_api_url", "oidc_provider"]
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-if CHROMIUM is None or CHROMEDRIVER is None:
-    pytest.skip("headless Chromium is not installed (apt-get install -y chromium chromium-driver; .ci/run does)",
-                allow_module_level=True)
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is a dev dependency: run uv sync")
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM  # type: ignore[assignment]
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                     "--window-size=1400,1000"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def test_sign_in_through_the_provider_see_the_jobs_page_and_sign_out(oidc_api_url: str, browser: Any) -> None:
