@@ -43,19 +43,24 @@ GROUPS = {"alice": ["acme-devs"], "olga": ["staff", "gpuorch-operators"], "mallo
 
 
 def install() -> None:
-    """``npm ci`` in this directory unless node_modules already holds this package-lock.json's packages."""
+    """``npm ci`` in this directory unless node_modules already holds the oidc-provider version the lock file pins
+    (.ci/run installs it up front; a file lock keeps pytest-xdist workers from installing side by side)."""
     if NODE is None or NPM is None:
         raise RuntimeError("node and npm are needed for the OpenID provider (apt-get install -y nodejs npm)")
-    lock = HERE / "package-lock.json"
-    digest = hashlib.sha256(lock.read_bytes()).hexdigest()
-    stamp = HERE / "node_modules" / ".gpuorch-installed"
     with open(HERE / ".npm-ci.lock", "w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
-        if stamp.exists() and stamp.read_text() == digest:
+        if _installed():
             return
         subprocess.run([NPM, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--silent"], cwd=HERE, check=True,
                        timeout=300)
-        stamp.write_text(digest)
+
+
+def _installed() -> bool:
+    pinned = json.loads((HERE / "package-lock.json").read_text())["packages"]["node_modules/oidc-provider"]["version"]
+    try:
+        return bool(json.loads((HERE / "node_modules/oidc-provider/package.json").read_text())["version"] == pinned)
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 @dataclass
