@@ -98,8 +98,7 @@ def _not_ready() -> str:
 BackendsDep = Annotated[Backends, Depends(backends)]
 
 
-BEARER = HTTPBearer(auto_error=False, scheme_name="bearer", description="an API token of the identity map, or the OpenID "
-                    "provider's ID token (single sign-on: GET /api/v1/auth/config)")
+BEARER = HTTPBearer(auto_error=False, scheme_name="bearer", description="an API token of the identity map")
 """The security scheme of every /api/ route (OpenAPI ``securitySchemes``); auth.authenticate answers 401."""
 
 
