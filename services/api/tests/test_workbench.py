@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -11,6 +12,7 @@ import asyncpg
 import httpx
 import pytest
 from gpuorch_api.domain.series import SeriesWindow, aligned
+from gpuorch_contracts import decode
 
 from .conftest import RunningApi, auth
 
@@ -153,3 +155,34 @@ def test_a_bucket_without_a_sample_is_a_gap() -> None:
     assert out["series"][0]["memory_mib"][:4] == [None, None, None, 7.0]
     assert out["series"][1]["util_pct"] == [None] * 13  # a device without samples: all gaps
     assert SeriesWindow.pick(start, start + timedelta(hours=2)).source == "rollups"
+
+
+async def test_an_ended_job_is_resubmitted_as_a_new_job_on_the_callers_behalf(
+        api: RunningApi, migrated_dsn: str) -> None:
+    now = datetime.now(UTC)
+    failed, running, theirs = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    spec = {**SPEC, "name": "train", "tenant": "acme", "tier": "batch", "priority_class": "normal"}
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        await conn.execute(INSERT, failed, "train", "acme", "batch", "failed", json.dumps(spec), ["n1"],
+                           now - timedelta(minutes=3), now - timedelta(minutes=2), now - timedelta(minutes=1))
+        await conn.execute(INSERT, running, "train", "acme", "batch", "running", json.dumps(spec), ["n1"],
+                           now - timedelta(minutes=3), now - timedelta(minutes=2), None)
+        await conn.execute(INSERT, theirs, "x", "research", "batch", "failed", json.dumps(spec), [],
+                           now, None, now)
+    finally:
+        await conn.close()
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        answer = await http.post(f"/api/v1/jobs/{str(failed)[:8]}/resubmit", headers=auth("acme"))
+        assert answer.status_code == 202, answer.text
+        new_id = answer.json()["job_id"]
+        assert new_id != str(failed) and answer.headers["location"].endswith(f"/api/v1/jobs/{new_id}")
+        incoming = await asyncio.wait_for(api.submissions.get(), 10)
+        submitted = decode(incoming.body)
+        assert (incoming.routing_key, str(submitted.job_id), submitted.on_behalf_of) == (  # type: ignore[attr-defined]
+            "job.submit.acme", new_id, "acme-ci")
+        assert submitted.spec.name == "train" and submitted.spec.resources.gpus == 1  # type: ignore[attr-defined]
+        still = await http.post(f"/api/v1/jobs/{running}/resubmit", headers=auth("acme"))
+        assert still.status_code == 409 and "cancel it first" in still.json()["detail"]
+        assert (await http.post(f"/api/v1/jobs/{theirs}/resubmit", headers=auth("acme"))).status_code == 404
+        assert api.submissions.empty()

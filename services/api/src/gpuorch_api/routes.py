@@ -11,6 +11,7 @@ and shapes the answer with ``domain.views``. Errors are problem details (problem
     GET  /api/v1/jobs?array={id}                  the tasks of one array, by index (an array is otherwise one row)
     POST /api/v1/jobs/{id}/cancel                 {"reason"?, "array_tasks"?: "0-9"} -> 202, Location (the job);
                                                   409 when the job has already ended
+    POST /api/v1/jobs/{id}/resubmit               an ended job queued again as a new job (same spec) -> 202, Location
     POST /api/v1/jobs/{id}/parallelism            {"parallelism": N | null} -> 202, Location (an array's)
     GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor
     GET  /api/v1/jobs/{id}/utilisation            utilisation and memory per device over the job's life (chart series)
@@ -261,6 +262,24 @@ async def cancel_job(job_ref: str, who: CallerDep, svc: BackendsDep, request: Re
         raise ApiError(400, f"job {job['job_id']} is not an array: array_tasks names tasks of an array")
     await svc.gateway.cancel(who, job, body.reason, body.array_tasks)
     return _accepted(request, response, job["job_id"], "cancel requested")
+
+
+@router.post("/api/v1/jobs/{job_ref}/resubmit", status_code=202, tags=["jobs"],
+             responses={409: {**schemas.ERRORS[403], "description": "the job has not ended"}})
+async def resubmit_job(job_ref: str, who: CallerDep, svc: BackendsDep, request: Request,
+                       response: Response) -> Accepted:
+    """Queue an ended job again (the dashboard's requeue): a new job with the same spec, submitted on the
+    caller's behalf and judged as any submission (403 when the caller may not submit it). Its id is in the answer
+    and ``Location``. 409 for a job still queued or running (cancel it first); 400 for a task of an array."""
+    job = await _visible_job(svc, who, job_ref)
+    if job["state"] not in TERMINAL_STATES:
+        raise ApiError(409, f"job {job['job_id']} has not ended ({job['state']}): cancel it first")
+    if job.get("array_id") is not None:
+        raise ApiError(400, f"job {job['job_id']} is a task of array {job['array_id']}: resubmit the array")
+    spec = JobSpec.model_validate(job["spec"])
+    message = await svc.gateway.submit(who, spec)
+    await svc.read.record_submission(message.job_id, who.name, message.spec.model_dump(mode="json"))
+    return _accepted(request, response, message.job_id, f"resubmitted as {message.job_id}")
 
 
 @router.post("/api/v1/jobs/{job_ref}/parallelism", status_code=202, tags=["jobs"],
