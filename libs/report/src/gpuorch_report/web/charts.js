@@ -99,12 +99,23 @@
     return `rgba(${n >> 16}, ${(n >> 8) & 255}, ${n & 255}, ${a})`;
   }
 
+  // Sorted times with every missing bucket put back (the step: the smallest spacing seen), so that a bucket without
+  // telemetry (absent from the report's series) is a gap in the line, not a straight line across it.
+  function everyBucket(times) {
+    const t = times.sort((a, b) => a - b);
+    const step = Math.min(...t.slice(1).map((v, i) => v - t[i]));
+    if (!(step > 0) || (t[t.length - 1] - t[0]) / step > 5000) return t;
+    const out = [];
+    for (let v = t[0]; v <= t[t.length - 1]; v += step) out.push(v);
+    return out;
+  }
+
   // The weekly report (GET /api/v1/report, gpuctl report --json) as four charts.
   function report(report) {
     const tenants = report.tenants.map((t) => t.tenant);
     const colourOf = (tenant) => COLOURS[Math.max(0, tenants.indexOf(tenant)) % COLOURS.length];
     const at = (p) => Math.floor(Date.parse(p.bucket) / 1000);
-    const t = [...new Set([...report.fleet_series, ...report.tenant_series].map(at))].sort((a, b) => a - b);
+    const t = everyBucket([...new Set([...report.fleet_series, ...report.tenant_series].map(at))]);
     const along = (points) => { const by = new Map(points.map((p) => [at(p), p.util_pct])); return t.map((s) =>
       (by.has(s) ? by.get(s) : null)); };
     const seriesTenants = [...new Set(report.tenant_series.map((p) => p.tenant))].sort();
