@@ -295,15 +295,17 @@ async function sessionsPage() {
 const pages = { fleet: fleetPage, queues: queuesPage, jobs: jobsPage, tenants: tenantsPage, week: weekPage,
   report: reportPage, submit: submitPage, sessions: sessionsPage, job: jobPage, node: nodePage };
 
-async function render() {
-  const [, page = "fleet", id] = location.hash.split("/");
+// The page the hash names (#/page/id?query); live refreshes leave a search being typed alone (force: render anyway).
+async function render(force = false) {
+  const [route, query = ""] = location.hash.split("?");
+  const [, page = "fleet", id] = route.split("/");
   for (const link of document.querySelectorAll("nav a")) link.classList.toggle("active", link.id === `nav-${page}`);
   const view = document.getElementById("view");
   if (!state.who) return;
   if (page === "submit" && view.querySelector("#submit")) return;  // keep what is being typed
-  if (view.querySelector("#jobs-filters, dialog")?.contains(document.activeElement)) return;  // a filter being typed
+  if (!force && document.activeElement?.matches("#jobs-filters input")) return;
   try {
-    const content = await (pages[page] || fleetPage)(id);
+    const content = await (pages[page] || fleetPage)(id, new URLSearchParams(query));
     view.replaceChildren(content);
   } catch (e) { view.replaceChildren(el("p", { class: "error" }, e.message)); }
 }
@@ -362,6 +364,6 @@ document.getElementById("login").addEventListener("submit", (event) => {
   event.preventDefault();
   signIn(document.getElementById("token").value.trim());
 });
-window.addEventListener("hashchange", render);
+window.addEventListener("hashchange", () => render(true));
 setInterval(() => { if (state.who && (location.hash || "#/fleet").startsWith("#/fleet")) render(); }, 5000);
 if (state.token) signIn(state.token);

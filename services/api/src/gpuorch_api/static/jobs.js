@@ -9,16 +9,27 @@ const JOB_STATES = ["submitted", "queued", "placed", "running", "preempting", "p
 const JOB_SORTS = [["-submitted", "newest first"], ["submitted", "oldest first"], ["name", "name"],
   ["state", "state"], ["tenant", "tenant"], ["-ended", "ended last first"]];
 const PAGE_SIZE = 50;
+const FILTERS = ["state", "tenant", "tier", "q", "sort"];
 
 // -- jobs list ----------------------------------------------------------------------------------------------------
 
 // What the list shows; kept across the re-renders live events cause. ``pages``: the cursors of the pages before
-// the one shown (for "previous"); ``cursor``: the shown page's own (null: the first page).
-const jobsView = { state: "", tenant: "", tier: "", q: "", sort: "-submitted", cursor: null, pages: [], next: null };
+// the one shown (for "previous"); ``cursor``: the shown page's own (null: the first page). A link may set the
+// filters and the page size: #/jobs?state=running&q=train&limit=20 (``applied``: the link's query, applied once).
+const jobsView = { state: "", tenant: "", tier: "", q: "", sort: "-submitted", limit: PAGE_SIZE, cursor: null,
+  pages: [], next: null, applied: null };
+
+function applyLink(params) {
+  if (params.toString() === jobsView.applied) return;
+  jobsView.applied = params.toString();
+  for (const key of FILTERS) jobsView[key] = params.get(key) || (key === "sort" ? "-submitted" : "");
+  jobsView.limit = Math.min(500, Math.max(1, Number(params.get("limit")) || PAGE_SIZE));
+  jobsView.cursor = null; jobsView.pages = [];
+}
 
 function jobsQuery() {
-  const params = new URLSearchParams({ limit: String(PAGE_SIZE), sort: jobsView.sort });
-  for (const key of ["state", "tenant", "tier", "q"]) if (jobsView[key]) params.set(key, jobsView[key]);
+  const params = new URLSearchParams({ limit: String(jobsView.limit), sort: jobsView.sort });
+  for (const key of FILTERS) if (jobsView[key] && key !== "sort") params.set(key, jobsView[key]);
   if (jobsView.cursor) params.set("cursor", jobsView.cursor);
   return `/api/v1/jobs?${params}`;
 }
@@ -27,7 +38,7 @@ function jobsFilters() {
   const changed = (key) => (event) => {
     jobsView[key] = event.target.value.trim();
     jobsView.cursor = null; jobsView.pages = [];
-    render();
+    render(true);
   };
   const select = (key, label, options) => el("select", { id: `jobs-${key}`, "aria-label": label, onchange: changed(key) },
     options.map(([value, text]) => {
@@ -48,12 +59,12 @@ function jobsFilters() {
 }
 
 function jobsPager(total, shown) {
-  const first = jobsView.pages.length * PAGE_SIZE;
+  const first = jobsView.pages.length * jobsView.limit;
   const go = (forward) => () => {
     if (forward) { jobsView.pages.push(jobsView.cursor); jobsView.cursor = jobsView.next; } else {
       jobsView.cursor = jobsView.pages.pop() ?? null;
     }
-    render();
+    render(true);
   };
   return el("div", { class: "pager", id: "jobs-pager", "data-total": String(total) },
     el("button", { id: "jobs-prev", type: "button", onclick: go(false), ...(jobsView.pages.length ? {} : { disabled: "" }) },
@@ -63,7 +74,8 @@ function jobsPager(total, shown) {
       "next ›"));
 }
 
-async function jobsPage() {
+async function jobsPage(_, params) {
+  applyLink(params || new URLSearchParams());
   const { body: jobs, headers } = await apiPage(jobsQuery());
   jobsView.next = headers.get("X-Next-Cursor");
   const total = Number(headers.get("X-Total-Count") || jobs.length);
@@ -92,8 +104,13 @@ function confirmAction(title, text, verb) {
   });
 }
 
+// What the last action on a job answered, kept across re-renders of its page.
+const lastAction = { jobId: null, result: null };
+
 function jobActions(job) {
-  const result = el("span", { id: "action-result", class: "hint" });
+  if (lastAction.jobId !== job.id) Object.assign(lastAction, { jobId: job.id,
+    result: el("span", { id: "action-result", class: "hint" }) });
+  const result = lastAction.result;
   const act = (title, text, verb, path, body, done) => async () => {
     if (!(await confirmAction(title, text, verb))) return;
     try {
