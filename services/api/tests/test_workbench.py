@@ -186,3 +186,31 @@ async def test_an_ended_job_is_resubmitted_as_a_new_job_on_the_callers_behalf(
         assert still.status_code == 409 and "cancel it first" in still.json()["detail"]
         assert (await http.post(f"/api/v1/jobs/{theirs}/resubmit", headers=auth("acme"))).status_code == 404
         assert api.submissions.empty()
+
+
+async def test_only_operators_change_a_jobs_priority(api: RunningApi, migrated_dsn: str) -> None:
+    now = datetime.now(UTC)
+    queued, ended = uuid.uuid4(), uuid.uuid4()
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        await conn.execute(INSERT, queued, "train", "acme", "batch", "queued", json.dumps(SPEC), [], now, None, None)
+        await conn.execute(INSERT, ended, "old", "acme", "batch", "succeeded", json.dumps(SPEC), [], now, now, now)
+    finally:
+        await conn.close()
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        mine = await http.post(f"/api/v1/jobs/{queued}/priority", json={"priority_class": "low"}, headers=auth("acme"))
+        assert mine.status_code == 403 and "operator" in mine.json()["detail"]
+        answer = await http.post(f"/api/v1/jobs/{queued}/priority", json={"priority_class": "high"},
+                                 headers=auth("ops"))
+        assert answer.status_code == 202, answer.text
+        assert answer.headers["location"].endswith(f"/api/v1/jobs/{queued}")
+        incoming = await asyncio.wait_for(api.submissions.get(), 10)
+        change = decode(incoming.body)
+        assert (change.TYPE, incoming.routing_key, change.priority_class, change.on_behalf_of) == (  # type: ignore[attr-defined]
+            "job.priority_set", "job.priority_set.acme", "high", "ops")
+        late = await http.post(f"/api/v1/jobs/{ended}/priority", json={"priority_class": "high"}, headers=auth("ops"))
+        assert late.status_code == 409
+        bogus = await http.post(f"/api/v1/jobs/{queued}/priority", json={"priority_class": "urgent"},
+                                headers=auth("ops"))
+        assert bogus.status_code == 422
+        assert api.submissions.empty()

@@ -11,6 +11,7 @@ and shapes the answer with ``domain.views``. Errors are problem details (problem
     GET  /api/v1/jobs?array={id}                  the tasks of one array, by index (an array is otherwise one row)
     POST /api/v1/jobs/{id}/cancel                 {"reason"?, "array_tasks"?: "0-9"} -> 202, Location (the job);
                                                   409 when the job has already ended
+    POST /api/v1/jobs/{id}/priority               {"priority_class"} (operators) -> 202, Location; 409 once ended
     POST /api/v1/jobs/{id}/resubmit               an ended job queued again as a new job (same spec) -> 202, Location
     POST /api/v1/jobs/{id}/parallelism            {"parallelism": N | null} -> 202, Location (an array's)
     GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor
@@ -43,7 +44,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from gpuorch_contracts import JobSpec
 from gpuorch_contracts.arrays import MAX_ARRAY_PARALLELISM, IndexText
-from gpuorch_contracts.jobs import TERMINAL_STATES, JobState, Tier
+from gpuorch_contracts.jobs import TERMINAL_STATES, JobState, PriorityClass, Tier
 from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
 from gpuorch_observability import READINESS
@@ -77,6 +78,11 @@ class CancelRequest(BaseModel):
 class ParallelismRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     parallelism: int | None = Field(ge=1, le=MAX_ARRAY_PARALLELISM)
+
+
+class PriorityRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    priority_class: PriorityClass
 
 
 class Accepted(BaseModel):
@@ -280,6 +286,24 @@ async def resubmit_job(job_ref: str, who: CallerDep, svc: BackendsDep, request: 
     message = await svc.gateway.submit(who, spec)
     await svc.read.record_submission(message.job_id, who.name, message.spec.model_dump(mode="json"))
     return _accepted(request, response, message.job_id, f"resubmitted as {message.job_id}")
+
+
+@router.post("/api/v1/jobs/{job_ref}/priority", status_code=202, tags=["jobs"],
+             responses={409: {**schemas.ERRORS[403], "description": "the job has already ended"}})
+async def set_priority(job_ref: str, body: PriorityRequest, who: CallerDep, svc: BackendsDep, request: Request,
+                       response: Response) -> Accepted:
+    """Publish a SetJobPriority on the caller's behalf: the job's place in the queue and which jobs it may preempt
+    follow the new class. Operators only (403 for anyone else); 409 for a job that has already ended, 400 for an
+    array (change its tasks' class by resubmitting it)."""
+    job = await _job_for_action(svc, who, job_ref)
+    if not who.is_operator:
+        raise Forbidden(f"{who.name} is not an operator: a job's priority is changed by operators")
+    if job["state"] in TERMINAL_STATES:
+        raise ApiError(409, f"job {job['job_id']} has already ended ({job['state']}): nothing to change")
+    if _array_of(job) is not None:
+        raise ApiError(400, f"job {job['job_id']} is an array: its priority is its tasks'; resubmit it")
+    await svc.gateway.set_priority(who, job, body.priority_class)
+    return _accepted(request, response, job["job_id"], f"priority change to {body.priority_class} requested")
 
 
 @router.post("/api/v1/jobs/{job_ref}/parallelism", status_code=202, tags=["jobs"],
