@@ -304,3 +304,27 @@ def test_a_team_member_follows_a_jobs_log_cancels_it_pages_the_jobs_and_reads_it
     node = now(browser, lambda b: b.find_element(By.CSS_SELECTOR, '[data-field="nodes"]').text).split(",")[0]
     browser.get(f"{stack_url}/#/node/{node}")
     until(browser, lambda b: int(b.find_element(By.ID, "node-util").get_attribute("data-points") or 0) > 0)
+
+
+def test_an_operator_changes_a_jobs_priority_and_a_team_member_is_not_offered_it(
+        stack_url: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    job = submit(stack_url, "reprioritise-me", LOGGING_ARGV)
+    listed(stack_url, [job])
+    sign_in(browser, stack_url, who="acme-team", page=f"#/job/{job}")
+    until(browser, lambda b: b.find_element(By.ID, "cancel-job"))
+    assert not browser.find_elements(By.ID, "change-priority")  # submitters: no such control
+
+    sign_in(browser, stack_url, who="ops", page=f"#/job/{job}")
+    until(browser, lambda b: Select(b.find_element(By.ID, "priority-class")).select_by_value("low") or True)
+    until(browser, lambda b: b.find_element(By.ID, "change-priority").click() or True)
+    assert "normal to low" in until(browser, lambda b: b.find_element(By.CSS_SELECTOR, "dialog[open]").text)
+    browser.find_element(By.ID, "confirm-yes").click()
+    # the scheduler logged the change and its read model shows it: the page follows live
+    until(browser, lambda b: b.find_element(By.CSS_SELECTOR, '[data-field="priority"]').text == "low", 60)
+    headers = {"Authorization": f"Bearer {TEAM_TOKENS['acme-team']}"}
+    timeline = httpx.get(f"{stack_url}/api/v1/jobs/{job}", headers=headers).json()["timeline"]
+    assert "job.priority_changed" in [e["type"] for e in timeline]
+    httpx.post(f"{stack_url}/api/v1/jobs/{job}/cancel", headers=headers)

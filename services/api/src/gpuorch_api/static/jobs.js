@@ -8,6 +8,7 @@ const JOB_STATES = ["submitted", "queued", "placed", "running", "preempting", "p
   "cancelled", "rejected"];
 const JOB_SORTS = [["-submitted", "newest first"], ["submitted", "oldest first"], ["name", "name"],
   ["state", "state"], ["tenant", "tenant"], ["-ended", "ended last first"]];
+const PRIORITY_CLASSES = ["critical", "high", "normal", "low"];
 const PAGE_SIZE = 50;
 const FILTERS = ["state", "tenant", "tier", "q", "sort"];
 
@@ -125,12 +126,32 @@ function jobActions(job) {
       `${job.name} (${job.id.slice(0, 8)}) is ${job.state}: a running job gets its checkpoint signal, then is stopped.`,
       "Cancel job", `/api/v1/jobs/${job.id}/cancel`, { reason: `cancelled by ${state.who.identity} from the dashboard` },
       (a) => a.status) }, "Cancel…"),
+    !ended && !job.array_counts && state.who.role === "operator" ? priorityControl(job, act) : null,
     ended && !job.array_id ? el("button", { id: "requeue-job", onclick: act("Queue this job again?",
       `A new job with the same spec as ${job.name} (${job.id.slice(0, 8)}) is submitted on your behalf.`,
       "Requeue", `/api/v1/jobs/${job.id}/resubmit`, {},
       (a) => el("span", {}, "queued again as ", el("a", { href: `#/job/${a.job_id}`, id: "requeued-link" },
         a.job_id.slice(0, 8)))) }, "Requeue…") : null,
     result);
+}
+
+// Operators: a job's priority class, changed through the confirmation (the scheduler orders and preempts by it).
+// The class picked and not yet applied, kept across re-renders of the job's page.
+const priorityChoice = { jobId: null, value: null };
+
+function priorityControl(job, act) {
+  if (priorityChoice.jobId !== job.id) Object.assign(priorityChoice, { jobId: job.id, value: job.priority_class });
+  const choice = el("select", { id: "priority-class", "aria-label": "priority class",
+    onchange: (e) => { priorityChoice.value = e.target.value; } }, PRIORITY_CLASSES.map((p) => {
+    const option = el("option", { value: p }, p);
+    if (p === priorityChoice.value) option.setAttribute("selected", "");
+    return option;
+  }));
+  const button = el("button", { id: "change-priority", type: "button", onclick: () => act("Change this job's priority?",
+    `${job.name} (${job.id.slice(0, 8)}) goes from ${job.priority_class} to ${choice.value}: its place in the queue and ` +
+    "which jobs it may preempt follow the new class.", "Change priority", `/api/v1/jobs/${job.id}/priority`,
+    { priority_class: choice.value }, (a) => a.status)() }, "Change priority…");
+  return el("span", { class: "priority" }, choice, button);
 }
 
 // -- logs with follow ---------------------------------------------------------------------------------------------
