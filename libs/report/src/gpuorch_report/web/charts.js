@@ -63,7 +63,7 @@
           v !== null && (d[k - 1] === null || d[k - 1] === undefined) && (d[k + 1] === null || d[k + 1] === undefined)); },
           size: 5 },
       }))],
-      axes: [{ size: fitted }, { size: fitted, label: unit === "%" ? "percent" : unit, values: (u, splits) =>
+      axes: [{ size: fitted, space: 70 }, { size: fitted, label: unit === "%" ? "percent" : unit, values: (u, splits) =>
         splits.map((v) => `${Number(v.toFixed(2))}${unit === "%" ? "%" : ""}`) }],
       legend: { show: true },
     };

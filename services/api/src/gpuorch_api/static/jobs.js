@@ -172,7 +172,7 @@ function logPanel(job) {
   follow.checked = logs.autoscroll !== false;
   follow.addEventListener("change", () => { logs.autoscroll = follow.checked; });
   return el("div", { class: "log-panel" },
-    el("div", { class: "hint" }, el("label", {}, follow, " keep the end in view "), logs.status), logs.pre);
+    el("div", { class: "hint" }, el("label", {}, follow, " keep the end in view"), " · ", logs.status), logs.pre);
 }
 
 async function readLog(job) {
