@@ -96,6 +96,7 @@ IDENTITY_MAP = Path(__file__).resolve().parents[1] / "identity.json"
 TENANT_ROUTED_EVENTS = (
     "job.accepted", "job.rejected", "job.queued", "job.placed", "job.started", "job.finished", "job.failed",
     "job.checkpointed", "job.lost", "job.preempting", "job.requeued", "job.cancelled", "job.array_parallelism_changed",
+    "job.priority_changed",
     "job.submission_rejected",
 )
 """Events routed ``<type>.<tenant>`` (gpuorch_contracts.TENANT_ROUTED_TYPES)."""
@@ -104,7 +105,7 @@ HTTP_API_SUBMITTERS = ("submitter",)
 """Submitters that get the ``management`` tag (HTTP API): the generic user of examples/submit_job.sh."""
 SCHEDULER_EVENTS = (
     "job.accepted", "job.rejected", "job.submission_rejected", "job.queued", "job.placed", "job.preempting", "job.requeued", "job.cancelled",
-    "job.array_parallelism_changed", "job.failed", "node.liveness_changed", "alert.fleet", "gpu.mig_reconfiguration", "mig.plan_proposed",
+    "job.array_parallelism_changed", "job.priority_changed", "job.failed", "node.liveness_changed", "alert.fleet", "gpu.mig_reconfiguration", "mig.plan_proposed",
     "reservation.created", "reservation.refused", "reservation.deleted",
 )
 SCHEDULER_COMMANDS = ("launch_job", "stop_job", "apply_mig_layout")
@@ -113,9 +114,9 @@ NODE_AGENT_EVENTS = ("node.registered", "node.heartbeat", "gpu.health_changed", 
                      "node.mig_layout_applied")
 TELEMETRY_EVENTS = ("alert.raised", "alert.resolved", "recommendation.made", "fleet.scale_requested")
 SUBMIT_KEY_PATTERN = r"job\.(submit|cancel|array_set|session)"
-OPERATOR_KEY_PATTERN = r"(job\.(submit|cancel|array_set|session)|reservation\.(create|delete))"
-"""What an operator (and the API on its behalf) may publish on ``gpuorch.submit``: a submitter's keys and the
-reservation commands (the scheduler takes those from operators only)."""
+OPERATOR_KEY_PATTERN = r"(job\.(submit|cancel|array_set|session|priority_set)|reservation\.(create|delete))"
+"""What an operator (and the API on its behalf) may publish on ``gpuorch.submit``: a submitter's keys, priority
+changes and the reservation commands (the scheduler takes those from operators only)."""
 NOTHING = "^$"
 
 

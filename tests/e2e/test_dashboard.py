@@ -1,10 +1,13 @@
 """The dashboard in a real browser (headless Chromium from Debian's packages, driven by selenium through
 /usr/bin/chromedriver: nothing is downloaded): with a team's token the pages load with live data from a running
 stack, a job submitted through the page reaches succeeded, another team's jobs are not shown, and the weekly
-report's charts draw the team's job (and nothing of the other team's)."""
+report's charts draw the team's job (and nothing of the other team's). The workbench: a running job's log is
+followed, the job is cancelled through the confirmation and its state changes, the job list pages and filters,
+and the utilisation charts hold telemetry's points. Signing in is one call (``sign_in``)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -63,6 +66,19 @@ def until(browser: Any, condition: Any, timeout_s: float = 60) -> Any:
 def now(browser: Any, read: Any) -> Any:
     """``read(browser)`` as the page shows it now, read again if the page re-rendered mid-read (falsy allowed)."""
     return until(browser, lambda b: (read(b),))[0]
+
+
+def sign_in(browser: Any, url: str, who: str = "acme-team", page: str = "#/fleet") -> None:
+    """Open ``page`` of the dashboard signed in as ``who`` (one of ``TEAM_TOKENS``), once the page says so. The
+    one place a test signs in: today by pasting the team's token into the header's form."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{url}/{page}")
+    token = until(browser, lambda b: b.find_element(By.ID, "token"))
+    token.clear()
+    token.send_keys(TEAM_TOKENS[who])
+    browser.find_element(By.CSS_SELECTOR, "#login button").click()
+    until(browser, lambda b: who in b.find_element(By.ID, "who").text)
 
 
 def research_job(url: str) -> str:
@@ -138,19 +154,21 @@ def test_a_team_member_sees_the_fleet_submits_from_the_page_and_sees_only_its_jo
         browser.get(f"{stack_url}/#/report/1h")
         browser.refresh()
         section = until(browser, lambda b: b.find_element(By.ID, "report").text)
-        kinds = now(browser, lambda b: {bar.get_attribute("data-kind") for bar in b.find_elements(
-            By.CSS_SELECTOR, '#report-allocation rect[data-tenant="acme"]')})
-        if kinds:
+        labels = now(browser, lambda b: json.loads(b.find_element(By.ID, "report-allocation")
+                                                   .get_attribute("data-labels") or "[]"))
+        if "acme" in labels:
             break
         assert time.monotonic() < deadline, f"no bar for acme in the report: {section[:2000]}"
-    assert kinds == {"allocated", "used"}
-    assert now(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#report-utilisation circle[data-point]"))
+    assert labels == ["acme"]  # the team's own tenant only
+    assert int(now(browser, lambda b: b.find_element(By.ID, "report-allocation").get_attribute("data-points"))) == 2
+    assert int(now(browser, lambda b: b.find_element(By.ID, "report-utilisation").get_attribute("data-points"))) > 0
     assert now(browser, lambda b: b.find_element(By.ID, "report-queue-wait").is_displayed())
     assert now(browser, lambda b: b.find_element(By.ID, "report-conclusions").text)
     report = now(browser, lambda b: b.find_element(By.ID, "report").text)
     assert "from-the-page" in now(browser, lambda b: b.find_element(By.ID, "report-jobs").text)
     assert "research" not in report and hidden[:8] not in report  # another team's job is not listed
-    assert not now(browser, lambda b: b.find_elements(By.CSS_SELECTOR, '#report [data-tenant="research"]'))
+    assert "research" not in now(browser, lambda b: " ".join(
+        c.get_attribute("data-labels") or "" for c in b.find_elements(By.CSS_SELECTOR, "#report .chart")))
 
 
 SESSION_ARGV = ["python", "-c", "import http.server, os, pathlib; p = pathlib.Path('starts.txt'); "
@@ -167,9 +185,7 @@ def test_the_sessions_page_lists_parks_resumes_and_opens_a_session(stack_url: st
     spec = {"name": "notebook", "tier": "interactive", "resources": {"gpus": 1},
             "run": {"runtime": "process", "argv": SESSION_ARGV}}
     session = httpx.post(f"{stack_url}/api/v1/jobs", json={"spec": spec}, headers=headers).json()["job_id"]
-    browser.get(f"{stack_url}/#/sessions")
-    browser.find_element(By.ID, "token").send_keys(TEAM_TOKENS["acme-team"])
-    browser.find_element(By.CSS_SELECTOR, "#login button").click()
+    sign_in(browser, stack_url, page="#/sessions")
 
     def row(b: Any) -> Any:
         return b.find_element(By.CSS_SELECTOR, f'#sessions a[data-job="{session}"]').find_element(
@@ -196,3 +212,119 @@ def test_the_sessions_page_lists_parks_resumes_and_opens_a_session(stack_url: st
     browser.get(f"{stack_url}/#/sessions")
     until(browser, lambda b: row(b).find_element(By.CSS_SELECTOR, "button.stop-session").click() or True)
     until(browser, state_is("cancelled"), 90)
+
+
+LOGGING_ARGV = ["python", "-c", "import time\nfor i in range(100000):\n    print(f'line {i}', flush=True)\n"
+                "    time.sleep(0.2)"]
+"""A job that writes a line five times a second until it is cancelled."""
+
+
+def submit(url: str, name: str, argv: list[str], tier: str = "batch", who: str = "acme-team") -> str:
+    headers = {"Authorization": f"Bearer {TEAM_TOKENS[who]}"}
+    spec = {"name": name, "tier": tier, "resources": {"gpus": 1}, "run": {"runtime": "process", "argv": argv}}
+    answer = httpx.post(f"{url}/api/v1/jobs", json={"spec": spec}, headers=headers)
+    assert answer.status_code == 202, answer.text
+    job_id: str = answer.json()["job_id"]
+    return job_id
+
+
+def listed(url: str, job_ids: list[str], who: str = "acme-team") -> None:
+    """Wait until the scheduler accepted every job (each in the API's listing)."""
+    headers = {"Authorization": f"Bearer {TEAM_TOKENS[who]}"}
+    deadline = time.monotonic() + 60
+    while not set(job_ids) <= {j["id"] for j in httpx.get(f"{url}/api/v1/jobs", params={"limit": 500},
+                                                          headers=headers).json()}:
+        assert time.monotonic() < deadline, f"not all of {job_ids} were accepted"
+        time.sleep(0.2)
+
+
+def test_a_team_member_follows_a_jobs_log_cancels_it_pages_the_jobs_and_reads_its_utilisation(
+        stack_url: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    short = [submit(stack_url, f"pager-{i}", ["python", "-c", "print(1)"], tier="training" if i == 2 else "batch")
+             for i in range(3)]
+    running = submit(stack_url, "follow-me", LOGGING_ARGV)
+    listed(stack_url, [*short, running])
+    sign_in(browser, stack_url, page="#/jobs?q=pager-&limit=2")
+
+    # paging: two of three, then the third, then back; a filter narrows the list
+    def rows(b: Any) -> list[str]:
+        return [a.get_attribute("data-job") for a in b.find_elements(By.CSS_SELECTOR, "#jobs a.job-link")]
+
+    newest = [j["id"] for j in httpx.get(f"{stack_url}/api/v1/jobs", params={"q": "pager-"}, headers={
+        "Authorization": f"Bearer {TEAM_TOKENS['acme-team']}"}).json()]  # the order the scheduler accepted them in
+    assert sorted(newest) == sorted(short)
+    until(browser, lambda b: rows(b) == newest[:2])
+    assert "1–2 of 3" in now(browser, lambda b: b.find_element(By.ID, "jobs-pager").text)
+    browser.find_element(By.ID, "jobs-next").click()
+    until(browser, lambda b: rows(b) == newest[2:])
+    assert "3–3 of 3" in now(browser, lambda b: b.find_element(By.ID, "jobs-pager").text)
+    assert not now(browser, lambda b: b.find_element(By.ID, "jobs-next").is_enabled())
+    browser.find_element(By.ID, "jobs-prev").click()
+    until(browser, lambda b: rows(b) == newest[:2])
+    until(browser, lambda b: Select(b.find_element(By.ID, "jobs-tier")).select_by_value("training") or True)
+    until(browser, lambda b: rows(b) == [short[2]])
+
+    # the running job's log, followed as it grows
+    browser.get(f"{stack_url}/#/job/{running}")
+    until(browser, lambda b: b.find_element(By.ID, "job").get_attribute("data-state") == "running", 90)
+    until(browser, lambda b: "line 3" in b.find_element(By.ID, "job-log").text, 60)
+    assert now(browser, lambda b: b.find_element(By.ID, "job-log").get_attribute("data-following")) == "true"
+    until(browser, lambda b: "line 12" in b.find_element(By.ID, "job-log").text, 60)  # more came, unasked
+
+    # cancel: the confirmation first (Back leaves the job alone), then confirmed: the state changes
+    until(browser, lambda b: b.find_element(By.ID, "cancel-job").click() or True)
+    until(browser, lambda b: b.find_element(By.ID, "confirm-back").click() or True)
+    assert not browser.find_elements(By.CSS_SELECTOR, "dialog[open]")
+    assert httpx.get(f"{stack_url}/api/v1/jobs/{running}", headers={
+        "Authorization": f"Bearer {TEAM_TOKENS['acme-team']}"}).json()["state"] == "running"
+    until(browser, lambda b: b.find_element(By.ID, "cancel-job").click() or True)
+    assert "Cancel this job?" in until(browser, lambda b: b.find_element(By.CSS_SELECTOR, "dialog[open]").text)
+    browser.find_element(By.ID, "confirm-yes").click()
+    until(browser, lambda b: b.find_element(By.ID, "job").get_attribute("data-state") == "cancelled", 90)
+    until(browser, lambda b: "end of log" in b.find_element(By.ID, "log-status").text, 60)  # following stopped
+    assert not now(browser, lambda b: b.find_elements(By.ID, "cancel-job"))  # an ended job offers requeue only
+    assert now(browser, lambda b: b.find_element(By.ID, "requeue-job").is_displayed())
+
+    # its utilisation over its life, from telemetry's samples; and the GPUs of its node
+    def points(chart: str) -> int:
+        return int(now(browser, lambda b: b.find_element(By.ID, chart).get_attribute("data-points")) or 0)
+
+    deadline = time.monotonic() + 60
+    while points("job-util") == 0:
+        assert time.monotonic() < deadline, "no telemetry point in the job's utilisation chart"
+        browser.refresh()
+        until(browser, lambda b: b.find_element(By.ID, "job-util"))
+    assert points("job-memory") > 0
+    values = now(browser, lambda b: b.execute_script(
+        "return document.getElementById('job-util').chart.data[1].filter((v) => v !== null).length"))
+    assert values == points("job-util")  # drawn from the same series the chart counts
+    node = now(browser, lambda b: b.find_element(By.CSS_SELECTOR, '[data-field="nodes"]').text).split(",")[0]
+    browser.get(f"{stack_url}/#/node/{node}")
+    until(browser, lambda b: int(b.find_element(By.ID, "node-util").get_attribute("data-points") or 0) > 0)
+
+
+def test_an_operator_changes_a_jobs_priority_and_a_team_member_is_not_offered_it(
+        stack_url: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    job = submit(stack_url, "reprioritise-me", LOGGING_ARGV)
+    listed(stack_url, [job])
+    sign_in(browser, stack_url, who="acme-team", page=f"#/job/{job}")
+    until(browser, lambda b: b.find_element(By.ID, "cancel-job"))
+    assert not browser.find_elements(By.ID, "change-priority")  # submitters: no such control
+
+    sign_in(browser, stack_url, who="ops", page=f"#/job/{job}")
+    until(browser, lambda b: Select(b.find_element(By.ID, "priority-class")).select_by_value("low") or True)
+    until(browser, lambda b: b.find_element(By.ID, "change-priority").click() or True)
+    assert "normal to low" in until(browser, lambda b: b.find_element(By.CSS_SELECTOR, "dialog[open]").text)
+    browser.find_element(By.ID, "confirm-yes").click()
+    # the scheduler logged the change and its read model shows it: the page follows live
+    until(browser, lambda b: b.find_element(By.CSS_SELECTOR, '[data-field="priority"]').text == "low", 60)
+    headers = {"Authorization": f"Bearer {TEAM_TOKENS['acme-team']}"}
+    timeline = httpx.get(f"{stack_url}/api/v1/jobs/{job}", headers=headers).json()["timeline"]
+    assert "job.priority_changed" in [e["type"] for e in timeline]
+    httpx.post(f"{stack_url}/api/v1/jobs/{job}/cancel", headers=headers)

@@ -36,6 +36,7 @@ from gpuorch_contracts.jobs import (
     JobLost,
     JobPlaced,
     JobPreempting,
+    JobPriorityChanged,
     JobQueued,
     JobRejected,
     JobRequeued,
@@ -47,6 +48,7 @@ from gpuorch_contracts.jobs import (
     SessionParked,
     SessionSpec,
     SetArrayParallelism,
+    SetJobPriority,
     SubmissionRejected,
     SubmitJob,
 )
@@ -114,6 +116,6 @@ __all__ = [
     "strip_terminal_controls", "TENANT_ROUTED_TYPES", "ArraySpec", "ArrayTask", "array_task_id", "parse_array",
     "CreateReservation", "DeleteReservation", "ReservationCreated", "ReservationDeleted", "ReservationRefused",
     "GangTopology", "TOPOLOGY_LABEL_PREFIX", "parse_indices", "MAX_DEPENDENCIES", "ArrayParallelismChanged",
-    "Dependency", "SetArrayParallelism", "ChangeSession", "SessionParked", "SessionSpec", "event_binding",
+    "Dependency", "SetArrayParallelism", "SetJobPriority", "JobPriorityChanged", "ChangeSession", "SessionParked", "SessionSpec", "event_binding",
     "submit_routing_key", "tenant_binding",
 ]

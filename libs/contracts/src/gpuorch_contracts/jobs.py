@@ -309,6 +309,20 @@ class SetArrayParallelism(Message):
         "the identity a gateway acts for (see SubmitJob.on_behalf_of)"))
 
 
+class SetJobPriority(Message):
+    """Change the priority class of a job that has not ended. Who may send it: operators only (a tenant's own
+    ceiling, ``max_priority``, bounds what it submits; moving a job past others is the operators' call). From the
+    change on, the job's place in the queue and which jobs it may preempt, or be preempted by, follow the new class."""
+
+    TYPE = "job.priority_set"
+    type: Literal["job.priority_set"] = "job.priority_set"
+    job_id: uuid.UUID
+    priority_class: PriorityClass
+    tenant: TenantName | None = Field(default=None, description="routes it as CancelJob.tenant does")
+    on_behalf_of: Name | None = Field(default=None, description=(
+        "the identity a gateway acts for (see SubmitJob.on_behalf_of)"))
+
+
 class JobAccepted(TenantRouted):
     TYPE = "job.accepted"
     type: Literal["job.accepted"] = "job.accepted"
@@ -508,6 +522,16 @@ class ArrayParallelismChanged(TenantRouted):
     type: Literal["job.array_parallelism_changed"] = "job.array_parallelism_changed"
     job_id: uuid.UUID
     parallelism: int | None = Field(ge=1, le=MAX_ARRAY_PARALLELISM)
+
+
+class JobPriorityChanged(TenantRouted):
+    """A job's priority class was changed (``SetJobPriority``): the scheduler orders and preempts by the new one."""
+
+    TYPE = "job.priority_changed"
+    type: Literal["job.priority_changed"] = "job.priority_changed"
+    job_id: uuid.UUID
+    priority_class: PriorityClass
+    previous: PriorityClass
 
 
 SessionAction = Literal["park", "resume"]

@@ -2,8 +2,8 @@
 
 - ``gpuorch.submit`` (topic): the public entry point; only ``job.submit`` (SubmitJob), ``job.cancel``,
   ``job.array_set`` (SetArrayParallelism), ``job.session`` (ChangeSession) and the operators'
-  ``reservation.create``/``reservation.delete`` (only the operator's and the API's broker users may publish these
-  two); no tenant lane binds any of these, they always take the shared lane. A
+  ``job.priority_set`` (SetJobPriority), ``reservation.create``/``reservation.delete`` (only the operator's and the
+  API's broker users may publish these three); no tenant lane binds any of these, they always take the shared lane. A
   submission whose spec names a tenant routes ``job.submit.<tenant>``: the scheduler gives every tenant it knows
   (identity map, quotas) a queue of its own and takes from them in turn, so one tenant's flood does not wait in
   front of another's jobs. Every other key (``job.submit``, ``job.cancel``, a tenant the scheduler does not know)
@@ -40,7 +40,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         jobs.SubmitJob, jobs.CancelJob, jobs.JobAccepted, jobs.JobRejected, jobs.JobQueued, jobs.JobPlaced,
         jobs.JobStarted, jobs.JobFinished, jobs.JobFailed, jobs.JobCheckpointed, jobs.JobLost,
         jobs.JobPreempting, jobs.JobRequeued, jobs.JobCancelled, jobs.SetArrayParallelism,
-        jobs.ArrayParallelismChanged, jobs.ChangeSession, jobs.SessionParked, jobs.SubmissionRejected,
+        jobs.ArrayParallelismChanged, jobs.SetJobPriority, jobs.JobPriorityChanged, jobs.ChangeSession, jobs.SessionParked, jobs.SubmissionRejected,
         nodes.NodeRegistered, nodes.NodeHeartbeat, nodes.GpuHealthChanged, nodes.GpuUsageSampled,
         nodes.NodeLivenessChanged, nodes.FleetAlert, nodes.ExecutorHeartbeat, nodes.MigLayoutApplied,
         nodes.MigReconfiguration, nodes.MigPlanProposed,
@@ -53,7 +53,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 }
 COMMAND_TYPES = frozenset({commands.LaunchJob.TYPE, commands.StopJob.TYPE, commands.ApplyMigLayout.TYPE})
 SUBMIT_TYPES = frozenset({jobs.SubmitJob.TYPE, jobs.CancelJob.TYPE, jobs.SetArrayParallelism.TYPE,
-                          jobs.ChangeSession.TYPE, reservations.CreateReservation.TYPE,
+                          jobs.SetJobPriority.TYPE, jobs.ChangeSession.TYPE, reservations.CreateReservation.TYPE,
                           reservations.DeleteReservation.TYPE})
 TENANT_ROUTED_TYPES = frozenset(t for t, cls in MESSAGE_TYPES.items() if issubclass(cls, jobs.TenantRouted))
 """Job lifecycle events whose routing key carries the tenant: ``<type>.<tenant>``."""
@@ -83,7 +83,7 @@ def route(message: Message) -> tuple[str, str]:
     """Return ``(exchange, routing_key)`` for a message, following the table in this module's docstring."""
     if isinstance(message, jobs.SubmitJob):
         return SUBMIT_EXCHANGE, submit_routing_key(message.spec.tenant)
-    if isinstance(message, jobs.CancelJob | jobs.SetArrayParallelism | jobs.ChangeSession):
+    if isinstance(message, jobs.CancelJob | jobs.SetArrayParallelism | jobs.SetJobPriority | jobs.ChangeSession):
         return SUBMIT_EXCHANGE, submit_routing_key(message.tenant, message.TYPE)
     if message.TYPE in SUBMIT_TYPES:
         return SUBMIT_EXCHANGE, message.TYPE

@@ -131,8 +131,9 @@ ANY_IDENTIFIED = (Sender("*"),)
 def scheduler_accepts() -> dict[str, tuple[Sender, ...]]:
     """Allow-list of the scheduler's queues (``scheduler`` and ``scheduler.heartbeats``; one table serves both).
 
-    Submissions, cancels, array parallelism changes and reservations from any identified user (tenant and
-    priority are then checked against the identity map at admission; a reservation must come from an operator); job lifecycle facts from the executor of the node named in the body (``job.failed`` also
+    Submissions, cancels, array parallelism changes, priority changes and reservations from any identified user
+    (tenant and priority are then checked against the identity map at admission; a reservation and a priority
+    change must come from an operator); job lifecycle facts from the executor of the node named in the body (``job.failed`` also
     from the scheduler itself, which publishes it when a launch is undeliverable); node facts and ``NodeHeartbeat``
     from that node's agent; ``ExecutorHeartbeat`` (the other half of the lease) from that node's executor.
     """
@@ -140,6 +141,7 @@ def scheduler_accepts() -> dict[str, tuple[Sender, ...]]:
         "job.submit": ANY_IDENTIFIED,
         "job.cancel": ANY_IDENTIFIED,
         "job.array_set": ANY_IDENTIFIED,
+        "job.priority_set": ANY_IDENTIFIED,
         "job.session": ANY_IDENTIFIED,
         "reservation.create": ANY_IDENTIFIED,
         "reservation.delete": ANY_IDENTIFIED,
@@ -182,7 +184,7 @@ def telemetry_accepts() -> dict[str, tuple[Sender, ...]]:
         "gpu.health_changed": (NODE_AGENT_OF_NODE,),
         **{t: SCHEDULER for t in ("job.accepted", "job.rejected", "job.queued", "job.placed", "job.preempting",
                                   "job.requeued", "job.cancelled", "job.array_parallelism_changed",
-                                  "job.session_parked", "job.submission_rejected")},
+                                  "job.priority_changed", "job.session_parked", "job.submission_rejected")},
         **{t: (EXECUTOR_OF_NODE,) for t in ("job.started", "job.finished", "job.lost", "job.checkpointed")},
         "job.failed": executor_or_scheduler,
         "mig.plan_proposed": SCHEDULER,

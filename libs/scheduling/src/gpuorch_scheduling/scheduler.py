@@ -51,6 +51,7 @@ from gpuorch_contracts import (
     JobFinished,
     JobLost,
     JobPlaced,
+    JobPriorityChanged,
     JobQueued,
     JobRejected,
     JobRequeued,
@@ -61,9 +62,10 @@ from gpuorch_contracts import (
     NodeRegistered,
     ReservationRefused,
     SetArrayParallelism,
+    SetJobPriority,
     SubmitJob,
 )
-from gpuorch_contracts.jobs import TenantRouted
+from gpuorch_contracts.jobs import TERMINAL_STATES, TenantRouted
 from gpuorch_identity import IdentityMap, Rejection, acting_user, authorize_cancel, authorize_submission
 
 from gpuorch_scheduling import dependencies, escalation, mig, reservations, sessions
@@ -152,6 +154,7 @@ class Scheduler:
             SubmitJob.TYPE: self._fold_submit,
             CancelJob.TYPE: self._fold_cancel,
             SetArrayParallelism.TYPE: self._fold_set_parallelism,
+            SetJobPriority.TYPE: self._fold_set_priority,
             ChangeSession.TYPE: self._fold_change_session,
             JobFailed.TYPE: self._fold_job_ended,
             JobLost.TYPE: self._fold_job_ended,
@@ -348,6 +351,23 @@ class Scheduler:
             message_id=decision_id("parallelism", message.message_id), job_id=message.job_id,
             parallelism=message.parallelism)]), None
 
+    def _fold_set_priority(self, message: SetJobPriority, step: Step, item: Input, known: Known) -> _Folded | None:
+        """From operators only (``_operator``), for a job that has not ended; logged as JobPriorityChanged (the
+        state's job takes the new class: queue order and preemption follow it from the next cycle)."""
+        job = self.state.jobs.get(message.job_id)
+        who = self._operator(message, item.sender, "change a job's priority")
+        refused = ("not a known job that has not ended" if job is None or job.state in TERMINAL_STATES
+                   else who.reason if isinstance(who, Rejection) else None)
+        if refused is not None or job is None:
+            step.ignored.append((message, refused or "not a known job"))
+            return None
+        if job.spec.priority_class == message.priority_class:
+            return None
+        step.wants_cycle = True
+        return None, Decision(logged=[JobPriorityChanged(
+            message_id=decision_id("priority", message.message_id), job_id=message.job_id,
+            priority_class=message.priority_class, previous=job.spec.priority_class)]), None
+
     def _fold_reservation(self, message: CreateReservation | DeleteReservation, step: Step, item: Input,
                           known: Known) -> _Folded | None:
         """Advance reservations, from operators only (``reservations``): created on nodes chosen now, or refused
@@ -364,7 +384,8 @@ class Scheduler:
             return None, reservations.delete(self.state, message), None
         return None, reservations.create(self.state, message, step.now, who), None
 
-    def _operator(self, message: CreateReservation | DeleteReservation, sender: str | None) -> str | Rejection | None:
+    def _operator(self, message: CreateReservation | DeleteReservation | SetJobPriority, sender: str | None,
+                  what: str = "create or delete reservations") -> str | Rejection | None:
         """The operator acting (None when there is no identity map: tests of other things), or why not."""
         identity = self.config.identity
         if identity is None:
@@ -374,7 +395,7 @@ class Scheduler:
             return acting
         found = identity.identity_of(acting)
         if found is None or found.role != "operator":
-            return Rejection(f"only operators may create or delete reservations ({acting or 'unknown'} is not one)")
+            return Rejection(f"only operators may {what} ({acting or 'unknown'} is not one)")
         return acting
 
     def _fold_change_session(self, message: ChangeSession, step: Step, item: Input, known: Known

@@ -42,6 +42,7 @@ from gpuorch_contracts import (
     JobLost,
     JobPlaced,
     JobPreempting,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     JobSpec,
@@ -470,6 +471,10 @@ class SchedulerState:
                 array = self.arrays.get(event.job_id)
                 if array is not None:
                     array.parallelism = event.parallelism
+            case JobPriorityChanged():
+                changed = self.jobs.get(event.job_id)
+                if changed is not None:
+                    changed.spec = changed.spec.model_copy(update={"priority_class": event.priority_class})
             case JobAccepted():
                 if event.job_id not in self.jobs:
                     self.jobs[event.job_id] = JobRecord(

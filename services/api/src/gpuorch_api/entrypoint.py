@@ -142,7 +142,7 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
             if getattr(app.state, "backends", None) is not None:
                 await app.state.backends.close()
 
-    app = FastAPI(title="gpuorch API", version="1", lifespan=lifespan,
+    app = FastAPI(title="gpuorch API", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Jobs, fleet, queues and tenants of gpuorch; submissions and cancels on the "
                               "caller's behalf; live events. Authenticate with `Authorization: Bearer <token>`; errors are problem details (RFC 9457).")
     app.include_router(router, responses=schemas.ERRORS)
@@ -166,8 +166,34 @@ def create_app(settings: Settings | None = None, *, backends: Backends | None = 
     if max_body_bytes is None:
         max_body_bytes = settings.max_body_bytes if settings is not None else DEFAULT_MAX_BODY_BYTES
     app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes, rate_limits=rate_limits)  # outermost
+    _serve_docs(app)
     _mount_dashboard(app)
     return app
+
+
+SWAGGER_ASSETS = "/vendor/swagger-ui"
+"""Where the dashboard's static files hold swagger-ui-dist's bundle, stylesheet and icon (no CDN: a browser
+without internet access still shows ``/docs``)."""
+
+
+def _serve_docs(app: FastAPI) -> None:
+    """Swagger UI at ``/docs`` from the vendored assets (FastAPI's default loads them from a CDN); no ReDoc."""
+    from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.responses import HTMLResponse
+
+    redirect = "/docs/oauth2-redirect"
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} - docs",
+                                   swagger_js_url=f"{SWAGGER_ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{SWAGGER_ASSETS}/swagger-ui.css",
+                                   swagger_favicon_url=f"{SWAGGER_ASSETS}/favicon-32x32.png",
+                                   oauth2_redirect_url=redirect)
+
+    @app.get(redirect, include_in_schema=False)
+    async def oauth2_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
 
 
 async def _connect(app: FastAPI, settings: Settings) -> None:
@@ -224,11 +250,14 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _mount_dashboard(app: FastAPI) -> None:
-    """The dashboard's static files (``static/``) at ``/``, when they are present."""
+    """The dashboard's static files (``static/``) at ``/``, when they are present; the chart library and its
+    helpers at ``/charts/`` from ``gpuorch_report`` (the one copy the weekly report's HTML inlines too)."""
+    from fastapi.staticfiles import StaticFiles
+    from gpuorch_report.charts import WEB_ASSETS
+
+    app.mount("/charts", StaticFiles(directory=WEB_ASSETS), name="charts")
     static = Path(__file__).parent / "static"
     if (static / "index.html").exists():
-        from fastapi.staticfiles import StaticFiles
-
         app.mount("/", StaticFiles(directory=static, html=True), name="dashboard")
 
 

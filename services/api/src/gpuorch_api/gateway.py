@@ -8,6 +8,8 @@
                 CancelJob(job_id, tenant, on_behalf_of=name) -> gpuorch.submit / job.cancel.<tenant>
         set an array's parallelism: the same check as cancel
                 SetArrayParallelism(job_id, tenant, on_behalf_of=name) -> gpuorch.submit / job.array_set.<tenant>
+    set_priority: operators only -> SetJobPriority(job_id, priority_class, tenant, on_behalf_of=name)
+                -> gpuorch.submit / job.priority_set.<tenant>
         reserve / unreserve: operators only (else Forbidden)
                 CreateReservation / DeleteReservation(on_behalf_of=name) -> gpuorch.submit / reservation.*
         park or resume a session: the same check as cancel
@@ -33,9 +35,10 @@ from gpuorch_contracts import (
     DeleteReservation,
     JobSpec,
     SetArrayParallelism,
+    SetJobPriority,
     SubmitJob,
 )
-from gpuorch_contracts.jobs import SessionAction
+from gpuorch_contracts.jobs import PriorityClass, SessionAction
 from gpuorch_identity import IdentityMap, Rejection, authorize_job_access, authorize_submission
 from gpuorch_messaging import Broker
 from gpuorch_observability import tracer
@@ -89,6 +92,15 @@ class Gateway:
         await self.broker.publish(message)
         return message
 
+    async def set_priority(self, caller: Caller, job: dict[str, Any], priority_class: PriorityClass
+                           ) -> SetJobPriority:
+        """Change a job's priority class; operators only (the scheduler checks again)."""
+        self._operator(caller, "a job's priority is changed")
+        message = SetJobPriority(job_id=job["job_id"], priority_class=priority_class, tenant=job["tenant"] or None,
+                                 producer="gpuorch-api", on_behalf_of=caller.name)
+        await self.broker.publish(message)
+        return message
+
     async def reserve(self, caller: Caller, request: dict[str, Any]) -> CreateReservation:
         """Ask for an advance reservation (``request``: CreateReservation's fields); operators only."""
         self._operator(caller)
@@ -104,9 +116,9 @@ class Gateway:
         return message
 
     @staticmethod
-    def _operator(caller: Caller) -> None:
+    def _operator(caller: Caller, what: str = "reservations are made and deleted") -> None:
         if not caller.is_operator:
-            raise Forbidden(f"{caller.name} is not an operator: reservations are made and deleted by operators")
+            raise Forbidden(f"{caller.name} is not an operator: {what} by operators")
 
     async def change_session(self, caller: Caller, job: dict[str, Any], action: SessionAction,
                              reason: str = "asked by its owner") -> ChangeSession:

@@ -13,14 +13,19 @@ shaping for people is in ``domain/views.py``.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Collection
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
 from gpuorch_report import Period, WeeklyReport, read_report
+
+from gpuorch_api.domain.series import EPOCH as SERIES_EPOCH
+from gpuorch_api.domain.series import SeriesWindow, aligned
 
 JOB_COLUMNS = """j.job_id, j.name, j.tenant, j.tier, j.priority_class, j.state, j.spec::text AS spec, j.placement_id,
     j.node_ids, j.assignments::text AS assignments, j.exit_code, j.reason, j.pending_reason, j.estimated_start,
@@ -28,6 +33,38 @@ JOB_COLUMNS = """j.job_id, j.name, j.tenant, j.tier, j.priority_class, j.state, 
     j.array_index, j.array_counts::text AS array_counts, j.session_parks::text AS session_parks"""
 
 ACTIVE_STATES = ("placed", "running", "preempting")
+
+JOB_SORTS = {"submitted": ("j.submitted_at", "timestamptz"), "name": ("j.name", "text"), "state": ("j.state", "text"),
+             "tenant": ("j.tenant", "text"), "tier": ("j.tier", "text"), "ended": ("coalesce(j.ended_at, 'infinity')", "timestamptz"),
+             "index": ("j.array_index", "integer")}
+"""The orders of a job listing (``sort=name``, ``sort=-submitted``): a sort key's column and its SQL type (the
+keyset cursor's value is cast back to it). ``index``: an array's tasks. A column that may be NULL (``ended``) is
+compared through ``coalesce`` so that the keyset stays a total order."""
+
+
+@dataclass(frozen=True)
+class JobCursor:
+    """Where a page of a job listing ends: the sort key's value of its last row (as text) and that row's job id."""
+
+    value: str
+    job_id: uuid.UUID
+
+    def encode(self, sort: str) -> str:
+        """The opaque text a client sends back as ``cursor=`` (URL-safe base64 of the sort, value and job id)."""
+        raw = json.dumps([sort, self.value, str(self.job_id)], separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str, sort: str) -> JobCursor:
+        """The cursor ``encode`` wrote for ``sort``; ValueError when ``text`` is not one, or was of another sort."""
+        try:
+            named, value, job_id = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+            found = cls(str(value), uuid.UUID(str(job_id)))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"not a cursor of this listing: {text!r}") from e
+        if named != sort:
+            raise ValueError(f"the cursor is of sort={named!r}, not sort={sort!r}: start again without a cursor")
+        return found
 
 
 def _tenant_list(tenants: Collection[str] | None) -> list[str] | None:
@@ -75,22 +112,42 @@ class ReadModels:
             await conn.fetchval("SELECT 1")
 
     async def jobs(self, *, tenants: Collection[str] | None, state: str | None = None, tenant: str | None = None,
-                   tier: str | None = None, limit: int = 100, array: uuid.UUID | None = None) -> list[dict[str, Any]]:
-        """Jobs newest first, filtered; a rejected job's empty spec is filled from the API's own submissions. An
-        array is one row (its tasks counted in ``array_counts``); with ``array``, that array's tasks by index."""
+                   tier: str | None = None, limit: int = 100, array: uuid.UUID | None = None,
+                   search: str | None = None, sort: str = "-submitted", after: JobCursor | None = None,
+                   with_total: bool = False) -> tuple[list[dict[str, Any]], int | None]:
+        """A page of jobs in ``sort`` order (``JOB_SORTS``; ``-``: descending, ties broken by job id), filtered;
+        ``search``: a name containing it (any case) or a job id starting with it. A rejected job's empty spec is
+        filled from the API's own submissions. An array is one row (its tasks counted in ``array_counts``); with
+        ``array``, that array's tasks by index. ``after``: the keyset cursor of the last row of the previous page
+        (``job_cursor``): rows inserted meanwhile never shift a later page. With ``with_total``: the count of every
+        row matching the filters (all pages), else None."""
+        column, cast = JOB_SORTS["index" if array is not None else sort.lstrip("-")]
+        descending = sort.startswith("-") and array is None
+        bounds = job_id_range(search) if search else None
+        where = """($1::text[] IS NULL OR j.tenant = ANY($1) OR (j.tenant = '' AND s.spec->>'tenant' = ANY($1)))
+                  AND ($2::text IS NULL OR j.state = $2)
+                  AND ($3::text IS NULL OR j.tenant = $3 OR (j.tenant = '' AND s.spec->>'tenant' = $3))
+                  AND ($4::text IS NULL OR j.tier = $4 OR (j.tier = '' AND s.spec->>'tier' = $4))
+                  AND (($5::uuid IS NULL AND j.array_id IS NULL) OR j.array_id = $5)
+                  AND ($6::text IS NULL OR strpos(lower(coalesce(nullif(j.name, ''), s.spec->>'name', '')),
+                                                   lower($6)) > 0
+                       OR j.job_id BETWEEN $7::uuid AND $8::uuid)"""
+        args: list[Any] = [_tenant_list(tenants), state, tenant, tier, array, search or None,
+                           *(bounds or (None, None))]
+        keyset = ""
+        if after is not None:
+            keyset = f"AND ({column}, j.job_id) {'<' if descending else '>'} ($9::text::{cast}, $10::uuid)"
+            args += [after.value, after.job_id]
+        order = "DESC" if descending else "ASC"
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
-                f"""SELECT {JOB_COLUMNS}, s.spec::text AS submitted_spec FROM jobs j
-                    LEFT JOIN api_submissions s USING (job_id)
-                    WHERE ($1::text[] IS NULL OR j.tenant = ANY($1) OR (j.tenant = '' AND s.spec->>'tenant' = ANY($1)))
-                      AND ($2::text IS NULL OR j.state = $2)
-                      AND ($3::text IS NULL OR j.tenant = $3 OR (j.tenant = '' AND s.spec->>'tenant' = $3))
-                      AND ($4::text IS NULL OR j.tier = $4 OR (j.tier = '' AND s.spec->>'tier' = $4))
-                      AND (($6::uuid IS NULL AND j.array_id IS NULL) OR j.array_id = $6)
-                    ORDER BY CASE WHEN $6::uuid IS NULL THEN NULL ELSE j.array_index END, j.submitted_at DESC
-                    LIMIT $5""",
-                _tenant_list(tenants), state, tenant, tier, limit, array)
-        return [_with_submitted_spec(r) for r in rows]
+                f"""SELECT {JOB_COLUMNS}, s.spec::text AS submitted_spec, ({column})::text AS sort_value
+                    FROM jobs j LEFT JOIN api_submissions s USING (job_id)
+                    WHERE {where} {keyset}
+                    ORDER BY {column} {order}, j.job_id {order} LIMIT {int(limit)}""", *args)
+            total = (await conn.fetchval(f"""SELECT count(*) FROM jobs j LEFT JOIN api_submissions s USING (job_id)
+                                             WHERE {where}""", *args[:8]) if with_total else None)
+        return [_with_submitted_spec(r) for r in rows], total
 
     async def resolve(self, prefix: str, *, tenants: Collection[str] | None) -> uuid.UUID | None:
         """The job id an id or unique prefix names among the caller's jobs; None when none, several, or ``prefix``
@@ -171,6 +228,64 @@ class ReadModels:
                             "peak_memory_mib": r["peak_memory_mib"], "mean_util_pct": r["mean_util_pct"],
                             "last_sample_at": r["last_sample_at"]})
         return {"devices": devices, "gpu_hours": round(gpu_hours, 6)}
+
+    async def job_series(self, job_id: uuid.UUID, window: SeriesWindow) -> dict[str, Any]:
+        """Utilisation and memory of each device the job held over ``window`` (``domain.series``): telemetry's job
+        rollups and the minutes not rolled up yet, or its raw job samples for a short window."""
+        async with self.pool.acquire() as conn:
+            devices = await conn.fetch(
+                """SELECT DISTINCT node_id, device_uuid, gpu_uuid, gpu_index FROM telemetry_job_samples
+                   WHERE job_id = $1 ORDER BY node_id, gpu_index, device_uuid""", job_id)
+            if window.from_rollups:
+                rows = await conn.fetch(
+                    """SELECT bucket, device_uuid AS key, sum(util_pct_s) / nullif(sum(util_s), 0) AS util_pct,
+                              sum(memory_mib_s) / nullif(sum(observed_s), 0) AS memory_mib
+                       FROM (SELECT * FROM telemetry_job_rollups WHERE job_id = $1 AND bucket BETWEEN $2 AND $3
+                             UNION ALL
+                             SELECT * FROM telemetry_job_rollups_pending WHERE job_id = $1
+                               AND bucket BETWEEN $2 AND $3) r
+                       GROUP BY 1, 2""", job_id, window.start, window.end)
+            else:
+                rows = await conn.fetch(
+                    """SELECT date_bin($4::interval, sampled_at, $5) AS bucket, device_uuid AS key,
+                              avg(util_pct) AS util_pct, avg(memory_used_mib) AS memory_mib
+                       FROM telemetry_job_samples WHERE job_id = $1 AND sampled_at >= $2 AND sampled_at < $3::timestamptz + $4::interval
+                       GROUP BY 1, 2""", job_id, window.start, window.end, timedelta(seconds=window.bucket_s),
+                    SERIES_EPOCH)
+        labels = {d["device_uuid"]: f"{d['node_id']} GPU {d['gpu_index']}" +
+                  ("" if d["device_uuid"] == d["gpu_uuid"] else f" ({d['device_uuid']})") for d in devices}
+        labels.update({r["key"]: r["key"] for r in rows if r["key"] not in labels})
+        return aligned([dict(r) for r in rows], window, labels)
+
+    async def gpu_series(self, node_id: str, window: SeriesWindow) -> dict[str, Any]:
+        """Utilisation and memory of each GPU of ``node_id`` over ``window`` (whole GPUs, whoever used them; no
+        job or tenant is named): telemetry's GPU rollups up to its watermark and the newest samples binned the
+        same way after it, or raw samples for a short window."""
+        async with self.pool.acquire() as conn:
+            gpus = await conn.fetch(
+                """SELECT DISTINCT ON (gpu_uuid) gpu_uuid, gpu_index FROM (
+                       SELECT gpu_uuid, gpu_index FROM telemetry_gpu_samples WHERE node_id = $1 AND sampled_at >= $2
+                       UNION ALL
+                       SELECT gpu_uuid, gpu_index FROM telemetry_gpu_rollups WHERE node_id = $1 AND bucket >= $2) g
+                   ORDER BY gpu_uuid""", node_id, window.start)
+            width = timedelta(seconds=window.bucket_s)
+            raw = """SELECT date_bin($4::interval, sampled_at, $5) AS bucket, gpu_uuid AS key,
+                            avg(util_pct) AS util_pct, avg(memory_used_mib) AS memory_mib
+                     FROM telemetry_gpu_samples WHERE node_id = $1 AND sampled_at >= $2 AND sampled_at < $3::timestamptz + $4::interval
+                     GROUP BY 1, 2"""
+            if window.from_rollups:
+                rolled = await conn.fetchval(
+                    "SELECT rolled_until FROM telemetry_rollup_watermarks WHERE name = 'gpu'") or window.start
+                rows = [*await conn.fetch(
+                    """SELECT bucket, gpu_uuid AS key, util_pct_s / nullif(util_s, 0) AS util_pct,
+                              memory_mib_s / nullif(observed_s, 0) AS memory_mib
+                       FROM telemetry_gpu_rollups WHERE node_id = $1 AND bucket BETWEEN $2 AND $3 AND bucket < $4""",
+                    node_id, window.start, window.end, rolled),
+                    *await conn.fetch(raw, node_id, max(window.start, rolled), window.end, width, SERIES_EPOCH)]
+            else:
+                rows = await conn.fetch(raw, node_id, window.start, window.end, width, SERIES_EPOCH)
+        gpus = sorted(gpus, key=lambda g: g["gpu_index"])
+        return aligned([dict(r) for r in rows], window, {g["gpu_uuid"]: f"GPU {g['gpu_index']}" for g in gpus})
 
     async def run_peaks(self, name: str, tenant: str, runs: int) -> list[int]:
         """The peak GPU memory (MiB, per device) of each of the latest ``runs`` ended jobs named ``name`` of

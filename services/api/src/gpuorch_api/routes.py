@@ -3,14 +3,20 @@ and shapes the answer with ``domain.views``. Errors are problem details (problem
 
     GET  /healthz, /readyz                        no token (/metrics: on GPUORCH_METRICS_PORT, an internal port)
     GET  /api/v1/whoami                           the caller: identity, role, tenants
-    GET  /api/v1/jobs?state=&tenant=&tier=&limit= jobs of the caller's tenants (operator: all)
+    GET  /api/v1/jobs?state=&tenant=&tier=&q=&sort=&limit=&cursor=
+                                                  a page of the caller's tenants' jobs (operator: all); headers
+                                                  X-Total-Count, X-Next-Cursor, Link rel=next
     POST /api/v1/jobs                             {"spec": JobSpec, "job_id"?: uuid} -> 202 {"job_id"}, Location
     GET  /api/v1/jobs/{id}                        spec, state, reason, placement, timeline, usage, advice, trace link
     GET  /api/v1/jobs?array={id}                  the tasks of one array, by index (an array is otherwise one row)
     POST /api/v1/jobs/{id}/cancel                 {"reason"?, "array_tasks"?: "0-9"} -> 202, Location (the job);
                                                   409 when the job has already ended
+    POST /api/v1/jobs/{id}/priority               {"priority_class"} (operators) -> 202, Location; 409 once ended
+    POST /api/v1/jobs/{id}/resubmit               an ended job queued again as a new job (same spec) -> 202, Location
     POST /api/v1/jobs/{id}/parallelism            {"parallelism": N | null} -> 202, Location (an array's)
     GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor
+    GET  /api/v1/jobs/{id}/utilisation            utilisation and memory per device over the job's life (chart series)
+    GET  /api/v1/nodes/{node}/utilisation?since=1h  per GPU of the node, over time (chart series)
     GET  /api/v1/nodes, /queues, /tenants         fleet, queues per tier, allocation against quota and use
     GET  /api/v1/usage?days=7                     GPU-hours per day and tenant: allocated, used, idle
     GET  /api/v1/share                            fair share over time per tenant (as sshare): share, decayed usage,
@@ -38,7 +44,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from gpuorch_contracts import JobSpec
 from gpuorch_contracts.arrays import MAX_ARRAY_PARALLELISM, IndexText
-from gpuorch_contracts.jobs import TERMINAL_STATES, JobState, Tier
+from gpuorch_contracts.jobs import TERMINAL_STATES, JobState, PriorityClass, Tier
 from gpuorch_contracts.text import ShortText, TenantName
 from gpuorch_identity import authorize_job_access
 from gpuorch_observability import READINESS
@@ -50,6 +56,8 @@ from gpuorch_api.auth import ApiError, Caller, Forbidden, authenticate
 from gpuorch_api.backends import Backends
 from gpuorch_api.domain import views
 from gpuorch_api.oidc import verifier_for
+from gpuorch_api.domain.series import SeriesWindow
+from gpuorch_api.readmodels import JOB_SORTS, JobCursor
 
 router = APIRouter()
 
@@ -71,6 +79,11 @@ class CancelRequest(BaseModel):
 class ParallelismRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     parallelism: int | None = Field(ge=1, le=MAX_ARRAY_PARALLELISM)
+
+
+class PriorityRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    priority_class: PriorityClass
 
 
 class Accepted(BaseModel):
@@ -134,22 +147,54 @@ async def whoami(who: CallerDep) -> dict[str, Any]:
             else ["*"], "default_tenant": who.identity.default_tenant, "max_priority": who.identity.max_priority}
 
 
-@router.get("/api/v1/jobs", tags=["jobs"], response_model=list[schemas.JobSummary])
+SortText = Annotated[str, Query(pattern=f"^-?({'|'.join(k for k in JOB_SORTS if k != 'index')})$", description=(
+    "order: submitted, name, state, tenant, tier or ended; a leading `-` for descending (default `-submitted`, "
+    "newest first); ties are broken by job id"))]
+
+
+@router.get("/api/v1/jobs", tags=["jobs"], response_model=list[schemas.JobSummary],
+            responses={200: {"headers": {
+                "X-Total-Count": {"description": "jobs matching the filters, on every page together",
+                                  "schema": {"type": "integer"}},
+                "X-Next-Cursor": {"description": "the next page's `cursor` (absent on the last page)",
+                                  "schema": {"type": "string"}},
+                "Link": {"description": "`<next page URL>; rel=\"next\"` (absent on the last page)",
+                         "schema": {"type": "string"}}}}})
 async def list_jobs(
-    who: CallerDep, svc: BackendsDep,
+    who: CallerDep, svc: BackendsDep, request: Request, response: Response,
     state: Annotated[JobState | None, Query(description="only jobs in this state")] = None,
     tenant: Annotated[TenantName | None, Query(description="only this tenant's jobs")] = None,
     tier: Annotated[Tier | None, Query(description="only this tier")] = None,
-    limit: Annotated[int, Query(ge=1, le=5000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=5000, description="at most this many jobs on the page")] = 100,
     array: Annotated[str | None, Query(description="an array's id (or prefix): list its tasks")] = None,
+    q: Annotated[str | None, Query(max_length=100, description=(
+        "search: a name containing this (any case), or a job id starting with it"))] = None,
+    sort: SortText = "-submitted",
+    cursor: Annotated[str | None, Query(max_length=500, description=(
+        "where to go on: the `X-Next-Cursor` of the previous page (opaque; stable while jobs are added)"))] = None,
 ) -> list[dict[str, Any]]:
-    """Jobs newest first: the caller's tenants' (an operator's: every tenant's); an array is one row with its
-    tasks counted. With ``array``: that array's tasks, by index."""
+    """A page of jobs, newest first unless ``sort`` says otherwise: the caller's tenants' (an operator's: every
+    tenant's); an array is one row with its tasks counted. With ``array``: that array's tasks, by index.
+
+    The body stays a plain list (clients from before paging keep working); the page's metadata is in headers:
+    ``X-Total-Count`` (every matching job), ``X-Next-Cursor`` and ``Link rel="next"`` while more follow. The cursor
+    is a keyset (the last row's sort value and id), so jobs submitted while a client pages never shift or repeat
+    a row of a later page."""
     if tenant is not None and not who.sees(tenant):
         raise Forbidden(f"{who.name} may not read jobs of tenant {tenant!r}")
     array_id = (await _visible_job(svc, who, array))["job_id"] if array is not None else None
-    rows = await svc.read.jobs(tenants=who.tenants, state=state, tenant=tenant, tier=tier, limit=limit,
-                               array=array_id)
+    try:
+        after = JobCursor.decode(cursor, sort) if cursor else None
+    except ValueError as e:
+        raise ApiError(400, str(e)) from e
+    rows, total = await svc.read.jobs(tenants=who.tenants, state=state, tenant=tenant, tier=tier, limit=limit + 1,
+                                      array=array_id, search=q, sort=sort, after=after, with_total=True)
+    response.headers["X-Total-Count"] = str(total)
+    if len(rows) > limit:
+        rows = rows[:limit]
+        following = JobCursor(rows[-1]["sort_value"], rows[-1]["job_id"]).encode(sort)
+        response.headers["X-Next-Cursor"] = following
+        response.headers["Link"] = f'<{request.url.include_query_params(cursor=following)}>; rel="next"'
     return [views.job_view(r) for r in rows]
 
 
@@ -227,6 +272,42 @@ async def cancel_job(job_ref: str, who: CallerDep, svc: BackendsDep, request: Re
     return _accepted(request, response, job["job_id"], "cancel requested")
 
 
+@router.post("/api/v1/jobs/{job_ref}/resubmit", status_code=202, tags=["jobs"],
+             responses={409: {**schemas.ERRORS[403], "description": "the job has not ended"}})
+async def resubmit_job(job_ref: str, who: CallerDep, svc: BackendsDep, request: Request,
+                       response: Response) -> Accepted:
+    """Queue an ended job again (the dashboard's requeue): a new job with the same spec, submitted on the
+    caller's behalf and judged as any submission (403 when the caller may not submit it). Its id is in the answer
+    and ``Location``. 409 for a job still queued or running (cancel it first); 400 for a task of an array."""
+    job = await _visible_job(svc, who, job_ref)
+    if job["state"] not in TERMINAL_STATES:
+        raise ApiError(409, f"job {job['job_id']} has not ended ({job['state']}): cancel it first")
+    if job.get("array_id") is not None:
+        raise ApiError(400, f"job {job['job_id']} is a task of array {job['array_id']}: resubmit the array")
+    spec = JobSpec.model_validate(job["spec"])
+    message = await svc.gateway.submit(who, spec)
+    await svc.read.record_submission(message.job_id, who.name, message.spec.model_dump(mode="json"))
+    return _accepted(request, response, message.job_id, f"resubmitted as {message.job_id}")
+
+
+@router.post("/api/v1/jobs/{job_ref}/priority", status_code=202, tags=["jobs"],
+             responses={409: {**schemas.ERRORS[403], "description": "the job has already ended"}})
+async def set_priority(job_ref: str, body: PriorityRequest, who: CallerDep, svc: BackendsDep, request: Request,
+                       response: Response) -> Accepted:
+    """Publish a SetJobPriority on the caller's behalf: the job's place in the queue and which jobs it may preempt
+    follow the new class. Operators only (403 for anyone else); 409 for a job that has already ended, 400 for an
+    array (change its tasks' class by resubmitting it)."""
+    job = await _job_for_action(svc, who, job_ref)
+    if not who.is_operator:
+        raise Forbidden(f"{who.name} is not an operator: a job's priority is changed by operators")
+    if job["state"] in TERMINAL_STATES:
+        raise ApiError(409, f"job {job['job_id']} has already ended ({job['state']}): nothing to change")
+    if _array_of(job) is not None:
+        raise ApiError(400, f"job {job['job_id']} is an array: its priority is its tasks'; resubmit it")
+    await svc.gateway.set_priority(who, job, body.priority_class)
+    return _accepted(request, response, job["job_id"], f"priority change to {body.priority_class} requested")
+
+
 @router.post("/api/v1/jobs/{job_ref}/parallelism", status_code=202, tags=["jobs"],
              responses={409: {**schemas.ERRORS[403], "description": "the array has already ended"}})
 async def set_parallelism(job_ref: str, body: ParallelismRequest, who: CallerDep, svc: BackendsDep,
@@ -281,6 +362,29 @@ async def list_nodes(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
     now = datetime.now(UTC)
     nodes = await svc.read.nodes()
     return [views.node_view(n, n["allocations"], now, who.tenants) for n in nodes]
+
+
+@router.get("/api/v1/jobs/{job_ref}/utilisation", tags=["jobs"], response_model=schemas.Series)
+async def job_utilisation(job_ref: str, who: CallerDep, svc: BackendsDep) -> dict[str, Any]:
+    """Utilisation and memory of each device the job held, from its start to its end (or now), read from
+    telemetry's rollups (raw samples for a run shorter than half an hour). 404 for a job the caller does not see."""
+    job = await _visible_job(svc, who, job_ref)
+    start = job["started_at"] or job["submitted_at"]
+    window = SeriesWindow.pick(start, job["ended_at"] or datetime.now(UTC))
+    return await svc.read.job_series(job["job_id"], window)
+
+
+@router.get("/api/v1/nodes/{node_id}/utilisation", tags=["fleet"], response_model=schemas.Series)
+async def node_utilisation(node_id: str, who: CallerDep, svc: BackendsDep,
+                           since: Annotated[str, Query(pattern=r"^\s*\d+(\.\d+)?\s*[mhdw]\s*$", description=(
+                               "how far back: 30m, 12h, 7d (at most 31d)"))] = "1h") -> dict[str, Any]:
+    """Utilisation and memory of each GPU of the node over the last ``since`` (rollups, or raw samples for a
+    window under half an hour). Whole GPUs, as ``/nodes`` shows them to everyone: no job or tenant is named."""
+    back = parse_since(since)
+    if back > timedelta(days=31):
+        raise ApiError(400, f"since={since}: at most 31d")
+    now = datetime.now(UTC)
+    return await svc.read.gpu_series(node_id, SeriesWindow.pick(now - back, now))
 
 
 @router.get("/api/v1/mig/plan", tags=["fleet"], response_model=schemas.MigPlan)

@@ -281,3 +281,22 @@ class MigPlan(BaseModel):
     held_back: int = 0
     under_way: list[dict[str, Any]]
     history: list[dict[str, Any]]
+
+
+class SeriesLine(BaseModel):
+    key: str = Field(description="the device's UUID (a MIG instance's own) or the GPU's UUID")
+    label: str
+    util_pct: list[float | None] = Field(description="per point of `t`: mean utilisation, null where no sample")
+    memory_mib: list[float | None] = Field(description="per point of `t`: mean memory used, null where no sample")
+
+
+class Series(BaseModel):
+    """Values over time on one axis (``t``, epoch seconds of each bucket's start), null for a bucket without a
+    sample: a gap, drawn as one."""
+
+    source: str = Field(description="`rollups` (5-minute buckets) or `raw samples (N s buckets)` for a short span")
+    bucket_s: int
+    start: datetime
+    end: datetime
+    t: list[int]
+    series: list[SeriesLine]

@@ -82,7 +82,7 @@ def _session_view(job: dict[str, Any]) -> dict[str, Any]:
 @router.get("/api/v1/sessions", tags=["sessions"])
 async def list_sessions(who: CallerDep, svc: BackendsDep) -> list[dict[str, Any]]:
     """The caller's interactive sessions (operators: all), newest first, each with the path it is served at."""
-    rows = await svc.read.jobs(tenants=who.tenants, tier="interactive", limit=500)
+    rows, _ = await svc.read.jobs(tenants=who.tenants, tier="interactive", limit=500)
     return [_session_view(row) for row in rows]
 
 

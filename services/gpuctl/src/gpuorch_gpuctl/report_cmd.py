@@ -17,9 +17,7 @@ service, and reads no database unless told to.
 from __future__ import annotations
 
 import asyncio
-import base64
 import csv
-import html
 import io
 import json
 import sys
@@ -192,49 +190,12 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def write_html(report: WeeklyReport, charts: list[Path], path: Path) -> Path:
-    """A self-contained page: the tables and the charts inlined as base64 PNG."""
-    def cell(value: Any) -> str:
-        return f"<td>{html.escape(str(value))}</td>"
+def write_html(report: WeeklyReport, path: Path) -> Path:
+    """A self-contained page: the tables and the charts (uPlot and the data inlined: ``gpuorch_report.charts``)."""
+    from gpuorch_report.charts import report_html
 
-    tenant_rows = "".join(
-        "<tr>" + "".join(cell(v) for v in (t.tenant, t.jobs, _num(t.allocated_gpu_hours, 2),
-                                           _num(t.used_gpu_hours, 2), _num(t.use_pct), _num(t.idle_gpu_hours, 2),
-                                           _num(t.energy_kwh, 2))) + "</tr>"
-        for t in report.tenants
-    )
-    job_rows = "".join(
-        "<tr>" + "".join(cell(v) for v in (j.tenant, j.name or j.job_id, _num(j.gpus, 2),
-                                           _gib(j.alloc_memory_mib_per_gpu), _gib(j.peak_memory_mib_per_gpu),
-                                           _num(j.mean_util_pct), _num(j.p95_util_pct, 0),
-                                           _num(j.idle_gpu_hours, 2), j.detections, j.advice)) + "</tr>"
-        for j in report.jobs
-    )
-    conclusions = "".join(f"<li><b>{html.escape(c.kind)}</b>: {html.escape(c.text)}</li>" for c in report.conclusions)
-    images = "".join(
-        f'<figure><img alt="{html.escape(p.stem)}" src="data:image/png;base64,'
-        f'{base64.b64encode(p.read_bytes()).decode()}"></figure>'
-        for p in charts
-    )
-    page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>gpuorch GPU use report</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin-bottom:2em}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child,td:nth-child(2){{text-align:left}}
-img{{max-width:100%}}</style></head><body>
-<h1>Which work under-uses what it was given</h1>
-<p>{html.escape(report.period)}{html.escape(f", tenant {report.tenant}" if report.tenant else "")}, generated
-{report.generated_at:%Y-%m-%d %H:%M} UTC.</p>
-<h2>Conclusions</h2><ol>{conclusions or "<li>nothing to change in this period</li>"}</ol>
-<h2>By tenant</h2><table><tr><th>tenant</th><th>jobs</th><th>alloc GPU-h</th><th>used GPU-h</th><th>use %</th>
-<th>idle GPU-h</th><th>energy kWh</th></tr>{tenant_rows}</table>
-<h2>Jobs, most idle first</h2><table><tr><th>tenant</th><th>job</th><th>GPUs</th><th>mem GiB alloc/GPU</th>
-<th>peak GiB/GPU</th><th>mean util %</th><th>p95 %</th><th>idle GPU-h</th><th>detections</th><th>advice</th></tr>
-{job_rows}</table>
-<h2>Charts</h2>{images}
-</body></html>
-"""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
+    path.write_text(report_html(report), encoding="utf-8")
     return path
 
 
@@ -312,7 +273,7 @@ def report(
     if out is not None:
         err.print(f"drawing charts into {markup(out)} ...")
         charts, drawn = write_charts(result, out)
-        written = [*charts, *write_csv(result, out), write_html(result, charts, out / "report.html")]
+        written = [*charts, *write_csv(result, out), write_html(result, out / "report.html")]
     if output == "json":
         payload = result.model_dump(mode="json")
         payload.update(charts=drawn, files=[str(p) for p in written])

@@ -194,7 +194,8 @@ INSERT INTO jobs (job_id, name, tenant, tier, priority_class, state, spec, place
 VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10::text::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, $19,
         $20, $21, $22, $23::text::jsonb, $24::text::jsonb)
 ON CONFLICT (job_id) DO UPDATE SET
-    state = excluded.state, placement_id = excluded.placement_id, node_ids = excluded.node_ids,
+    state = excluded.state, priority_class = excluded.priority_class, placement_id = excluded.placement_id,
+    node_ids = excluded.node_ids,
     spec = CASE WHEN excluded.requeues <> jobs.requeues THEN excluded.spec ELSE jobs.spec END,
     assignments = excluded.assignments, exit_code = excluded.exit_code, reason = excluded.reason,
     pending_reason = excluded.pending_reason, requeues = excluded.requeues, log_path = excluded.log_path,

@@ -1,4 +1,5 @@
-// gpuorch dashboard: plain JavaScript over the API (/api/v1), no build step.
+// gpuorch dashboard: plain JavaScript over the API (/api/v1), no build step. jobs.js: the jobs list and the job
+// and node pages; /charts/charts.js: the charts (uPlot, vendored; the HTML report draws with the same file).
 // Every value from the API reaches the page through textContent (el()), never as HTML.
 // Live: /api/v1/events read with fetch() (EventSource cannot send the Authorization header); each event
 // refreshes the page shown, at most every 700 ms; the fleet also refreshes every 5 s (usage samples are not events).
@@ -29,6 +30,14 @@ async function api(path, options = {}) {
   try { body = await response.json(); } catch (_) { body = null; }
   if (!response.ok) throw new Error((body && body.error) || `HTTP ${response.status}`);
   return body;
+}
+
+// A listing with its paging headers (X-Total-Count, X-Next-Cursor): {body, headers}.
+async function apiPage(path) {
+  const response = await fetch(path, { headers: { "Authorization": `Bearer ${state.token}` } });
+  const body = await response.json().catch(() => null);
+  if (!response.ok) throw new Error((body && body.error) || `HTTP ${response.status}`);
+  return { body, headers: response.headers };
 }
 
 function ago(iso) {
@@ -78,7 +87,8 @@ function nodeCard(node) {
   const seen = node.last_seen_s === null ? "never" : `${node.last_seen_s} s ago`;
   const mig = node.mig_slices_total ? ` · ${node.mig_slices_free}/${node.mig_slices_total} MIG slices free` : "";
   return el("div", { class: "node", "data-node": node.node_id },
-    el("h3", {}, node.node_id, " ", stateCell(node.liveness, "liveness")),
+    el("h3", {}, el("a", { href: `#/node/${node.node_id}`, class: "node-link" }, node.node_id), " ",
+      stateCell(node.liveness, "liveness")),
     el("div", { class: "hint" }, `last seen ${seen} · ${node.gpus_free}/${node.gpus_total} GPUs free${mig}`),
     el("div", { class: "gpus" }, node.gpus.map(gpuTile)));
 }
@@ -137,52 +147,6 @@ function arrayProgress(counts) {
       (counts.failed ? ` · ${counts.failed} failed` : "") + (counts.cancelled ? ` · ${counts.cancelled} cancelled` : "")));
 }
 
-async function jobsPage() {
-  const jobs = await api("/api/v1/jobs?limit=200");
-  return el("section", { id: "jobs" }, el("h2", {}, `Jobs (${jobs.length})`),
-    table(["job", "name", "tenant", "tier", "state", "node", "gpus", "tasks", "exit", "submitted", "reason"],
-      jobs.map((j) => [
-        el("a", { href: `#/job/${j.id}`, class: "job-link", "data-job": j.id }, j.id.slice(0, 8)), j.name, j.tenant,
-        j.tier, stateCell(j.state), j.node || "-", j.gpus, arrayProgress(j.array_counts),
-        j.exit_code === null ? "-" : String(j.exit_code), ago(j.submitted_at), j.pending_reason || j.reason || "",
-      ])));
-}
-
-async function jobPage(id) {
-  const job = await api(`/api/v1/jobs/${encodeURIComponent(id)}`);
-  const facts = [["id", job.id], ["name", job.name], ["tenant", job.tenant], ["tier", job.tier],
-    ["priority", job.priority_class], ["state", stateCell(job.state)],
-    ["reason", job.pending_reason || job.reason || "-"], ["nodes", job.nodes.join(", ") || "-"],
-    ["GPUs", job.gpus], ["placement", job.placement_id || "-"], ["exit code", job.exit_code ?? "-"],
-    ["submitted", job.submitted_at], ["started", job.started_at || "-"], ["ended", job.ended_at || "-"],
-    ["estimated start", job.estimated_start || "-"], ["GPU-hours so far", String(job.usage.gpu_hours)],
-    ["trace", job.trace_url ? el("a", { href: job.trace_url, target: "_blank", rel: "noopener" }, "open in Jaeger")
-      : "tracing link not configured (GPUORCH_JAEGER_URL)"]];
-  if (job.array_counts) facts.splice(6, 0, ["tasks", arrayProgress(job.array_counts)]);
-  if (job.array_id) facts.splice(1, 0, ["array", el("a", { href: `#/job/${job.array_id}` },
-    `task ${job.array_index} of ${job.array_id.slice(0, 8)}`)]);
-  const tasks = job.array_counts ? await api(`/api/v1/jobs?array=${encodeURIComponent(job.id)}&limit=500`) : [];
-  return el("section", { id: "job", "data-state": job.state },
-    el("h2", {}, `Job ${job.name} `, stateCell(job.state)),
-    el("dl", {}, facts.map(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k }, v)])),
-    ...(job.array_counts ? [el("h2", {}, "Tasks (started or waiting)"),
-      table(["task", "job", "state", "node", "exit", "reason"], tasks.map((t) => [String(t.array_index),
-        el("a", { href: `#/job/${t.id}` }, t.id.slice(0, 8)), stateCell(t.state), t.node || "-",
-        t.exit_code === null ? "-" : String(t.exit_code), t.pending_reason || t.reason || ""]))] : []),
-    el("h2", {}, "Timeline"),
-    table(["at", "event", "detail"], job.timeline.map((e) => [e.at, e.type,
-      Object.entries(e).filter(([k]) => k !== "at" && k !== "type").map(([k, v]) => `${k}=${v}`).join(" ")])),
-    el("h2", {}, "Usage so far"),
-    table(["node", "GPU", "allocated", "samples", "peak memory", "mean util"], job.usage.devices.map((d) => [
-      d.node_id, String(d.gpu_index), `${d.alloc_milli} m`, String(d.samples), `${d.peak_memory_mib} MiB`,
-      pct(d.mean_util_pct)])),
-    el("h2", {}, "Advice and alerts"),
-    job.advice.length ? table(["kind", "severity", "explanation", "advice", "raised", "resolved"], job.advice.map((a) => [
-      a.kind, a.severity, a.explanation, a.advice || "", ago(a.raised_at), a.resolved_at ? ago(a.resolved_at) : "open",
-    ])) : el("p", { class: "hint" }, "nothing noticed"),
-    el("h2", {}, "Spec"), el("pre", {}, JSON.stringify(job.spec, null, 2)));
-}
-
 async function tenantsPage() {
   const [tenants, share] = await Promise.all([api("/api/v1/tenants"), api("/api/v1/share")]);
   const scale = Math.max(1, ...tenants.map((t) => Math.max(t.allocated_gpus, t.quota_gpus || 0)));
@@ -205,50 +169,27 @@ async function tenantsPage() {
     ])), fairShare);
 }
 
-function svg(tag, attrs, ...children) {
-  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
-  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
-  for (const child of children.flat(Infinity)) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-  return node;
-}
-
+// GPU-hours per day and tenant: used (solid) and allocated (light) bars per day, one pair per tenant in turn.
 async function weekPage() {
   const rows = await api("/api/v1/usage?days=7");
   const days = [...new Set(rows.map((r) => r.day))].sort();
   const tenants = [...new Set(rows.map((r) => r.tenant))].sort();
-  const top = Math.max(0.001, ...rows.map((r) => r.allocated_gpu_hours));
-  const width = 720, height = 240, left = 48, bottom = 36, group = (width - left) / Math.max(1, days.length);
-  const bar = Math.max(4, (group - 12) / Math.max(1, tenants.length));
-  const y = (v) => height - bottom - (v / top) * (height - bottom - 10);
-  const colours = ["#4f46e5", "#0891b2", "#d97706", "#16a34a", "#dc2626", "#7c3aed"];
-  const chart = svg("svg", { width, height, role: "img", id: "usage-chart", "aria-label": "GPU-hours per day" },
-    svg("line", { x1: left, y1: height - bottom, x2: width, y2: height - bottom, stroke: "#9ca3af" }),
-    svg("text", { x: 4, y: 14, "font-size": 11 }, `${top.toFixed(2)} GPU-h`),
-    days.map((day, d) => [
-      svg("text", { x: left + d * group + 4, y: height - bottom + 14, "font-size": 11 }, day.slice(5)),
-      tenants.map((tenant, t) => {
-        const row = rows.find((r) => r.day === day && r.tenant === tenant);
-        if (!row) return [];
-        const x = left + d * group + 4 + t * bar;
-        return [
-          svg("rect", { x, y: y(row.allocated_gpu_hours), width: bar - 2, height: height - bottom - y(row.allocated_gpu_hours),
-            fill: colours[t % colours.length], "fill-opacity": 0.3 }, svg("title", {}, `${tenant} ${day}: allocated ${row.allocated_gpu_hours} GPU-h`)),
-          svg("rect", { x, y: y(row.used_gpu_hours), width: bar - 2, height: height - bottom - y(row.used_gpu_hours),
-            fill: colours[t % colours.length] }, svg("title", {}, `${tenant} ${day}: used ${row.used_gpu_hours} GPU-h`)),
-        ];
-      }),
-    ]));
-  const legend = el("div", { class: "hint" }, tenants.map((tenant, t) => el("span", { style:
-    `color:${colours[t % colours.length]}; margin-right:1rem` }, `■ ${tenant}`)),
-    "light: allocated GPU-hours, dark: used (allocation × utilisation)");
-  return el("section", { id: "week" }, el("h2", {}, "GPU-hours per day, last 7 days"), chart, legend,
+  const value = (day, tenant, key) => { const row = rows.find((r) => r.day === day && r.tenant === tenant);
+    return row ? row[key] : null; };
+  const labels = days.flatMap((day) => tenants.map((tenant) => `${day.slice(5)} ${tenant}`));
+  const chart = GpuorchCharts.bars("usage-chart", "GPU-hours per day", { unit: "GPU-h", labels, series: [
+    { label: "allocated", colour: "rgba(79, 70, 229, 0.35)", size: 0.7,
+      values: days.flatMap((day) => tenants.map((tenant) => value(day, tenant, "allocated_gpu_hours"))) },
+    { label: "used", colour: "#4f46e5", size: 0.4,
+      values: days.flatMap((day) => tenants.map((tenant) => value(day, tenant, "used_gpu_hours"))) }] });
+  return el("section", { id: "week" }, el("h2", {}, "GPU-hours per day, last 7 days"), chart,
+    el("p", { class: "hint" }, "light: allocated GPU-hours, dark: used (allocation × utilisation)"),
     table(["day", "tenant", "allocated GPU-h", "used GPU-h", "idle GPU-h"], rows.map((r) => [
       r.day, r.tenant, String(r.allocated_gpu_hours), String(r.used_gpu_hours), String(r.idle_gpu_hours)])));
 }
 
-// -- the weekly report: GET /api/v1/report, drawn as inline SVG --------------------------------------------------
+// -- the weekly report: GET /api/v1/report, drawn by GpuorchCharts.report (as the HTML report is) --------------------------------------------------
 
-const COLOURS = ["#4f46e5", "#0891b2", "#d97706", "#16a34a", "#dc2626", "#7c3aed"];
 const PERIODS = ["1h", "1d", "7d", "30d"];
 
 function num(value, digits = 2) { return value === null || value === undefined ? "-" : Number(value).toFixed(digits); }
@@ -259,89 +200,10 @@ function hours(value) {
   return value === 0 || value >= 10 ? Number(value).toFixed(value >= 10 ? 1 : 0) : Number(value).toPrecision(3);
 }
 
-function waitText(seconds) { return seconds >= 60 ? `${(seconds / 60).toFixed(1)} min` : `${seconds.toFixed(0)} s`; }
-
-// Horizontal bars, one group per row; each bar: {value, colour, title, data}. Every drawn bar has data-bar.
-function barChart(id, label, unit, rows) {
-  const width = 720, left = 190, rowHeight = 14 * Math.max(1, ...rows.map((r) => r.bars.length)) + 10;
-  const height = 24 + Math.max(1, rows.length) * rowHeight;
-  const top = Math.max(1e-9, ...rows.flatMap((r) => r.bars.map((b) => b.value)));
-  const x = (v) => ((width - left - 70) * v) / top;
-  return svg("svg", { width, height, role: "img", id, "aria-label": label },
-    svg("text", { x: left, y: 12, "font-size": 11, fill: "#6b7280" }, rows.length ? `${unit}, longest bar ${hours(top)}` : unit),
-    rows.length ? [] : svg("text", { x: left, y: 34, "font-size": 12 }, "nothing in this period"),
-    rows.map((row, r) => {
-      const y0 = 20 + r * rowHeight;
-      return [
-        svg("text", { x: left - 6, y: y0 + 12, "font-size": 11, "text-anchor": "end" }, row.label.slice(0, 30)),
-        row.bars.map((bar, b) => svg("rect", { x: left, y: y0 + b * 14, width: Math.max(1, x(bar.value)), height: 12,
-          fill: bar.colour, "data-bar": "", ...bar.data }, svg("title", {}, bar.title))),
-        svg("text", { x: left + x(Math.max(...row.bars.map((b) => b.value))) + 6, y: y0 + 11, "font-size": 11 },
-          row.note || ""),
-      ];
-    }));
-}
-
-// Lines over time: series = [{name, colour, points: [{at: Date, value}]}]. Every point drawn has data-point.
-function lineChart(id, label, series) {
-  const width = 720, height = 240, left = 40, bottom = 28;
-  const all = series.flatMap((s) => s.points);
-  const first = Math.min(...all.map((p) => p.at)), last = Math.max(...all.map((p) => p.at));
-  const span = Math.max(1, last - first);
-  const x = (at) => left + ((width - left - 10) * (at - first)) / span;
-  const y = (v) => height - bottom - ((height - bottom - 10) * Math.min(100, v)) / 100;
-  const stamp = (at) => new Date(at).toISOString().slice(5, 16).replace("T", " ");
-  return svg("svg", { width, height, role: "img", id, "aria-label": label },
-    svg("line", { x1: left, y1: height - bottom, x2: width, y2: height - bottom, stroke: "#9ca3af" }),
-    [0, 50, 100].map((v) => svg("text", { x: 4, y: y(v) + 4, "font-size": 11 }, `${v}%`)),
-    all.length ? [svg("text", { x: left, y: height - 8, "font-size": 11 }, stamp(first)),
-      svg("text", { x: width - 90, y: height - 8, "font-size": 11 }, stamp(last))]
-      : svg("text", { x: left + 10, y: 60, "font-size": 12 }, "no telemetry in this period"),
-    series.map((s) => [
-      svg("polyline", { points: s.points.map((p) => `${x(p.at)},${y(p.value)}`).join(" "), fill: "none",
-        stroke: s.colour, "stroke-width": s.width || 1.5 }),
-      s.points.map((p) => svg("circle", { cx: x(p.at), cy: y(p.value), r: 2.5, fill: s.colour, "data-point": "",
-        "data-series": s.name }, svg("title", {}, `${s.name} ${stamp(p.at)}: ${num(p.value, 1)}%`))),
-    ]));
-}
-
-function legend(items) {
-  return el("div", { class: "hint" }, items.map((item) => el("span", {
-    style: `color:${item.colour}; margin-right:1rem` }, `■ ${item.name}`)));
-}
-
 async function reportPage(since) {
   const period = PERIODS.includes(since) ? since : "7d";
   const report = await api(`/api/v1/report?since=${period}`);
-  const tenants = report.tenants.map((t) => t.tenant);
-  const colourOf = (tenant) => COLOURS[Math.max(0, tenants.indexOf(tenant)) % COLOURS.length];
-  const seriesTenants = [...new Set(report.tenant_series.map((p) => p.tenant))].sort();
-  const point = (p) => ({ at: Date.parse(p.bucket), value: p.util_pct });
-  const utilisation = lineChart("report-utilisation", "GPU utilisation over time", [
-    { name: "all GPUs", colour: "#111827", width: 2.5,
-      points: report.fleet_series.filter((p) => p.util_pct !== null).map(point) },
-    ...seriesTenants.map((tenant) => ({ name: tenant, colour: colourOf(tenant),
-      points: report.tenant_series.filter((p) => p.tenant === tenant && p.util_pct !== null).map(point) })),
-  ]);
-  const allocation = barChart("report-allocation", "GPU-hours allocated against used, by tenant", "GPU-hours",
-    report.tenants.map((t) => ({ label: t.tenant, note: t.use_pct === null ? "" : `${num(t.use_pct, 0)}% used`,
-      bars: [
-        { value: t.allocated_gpu_hours, colour: colourOf(t.tenant), title: `${t.tenant}: allocated ${hours(t.allocated_gpu_hours)} GPU-h`,
-          data: { "data-tenant": t.tenant, "data-kind": "allocated", opacity: 0.35 } },
-        { value: t.used_gpu_hours, colour: colourOf(t.tenant), title: `${t.tenant}: used ${hours(t.used_gpu_hours)} GPU-h`,
-          data: { "data-tenant": t.tenant, "data-kind": "used" } },
-      ] })));
-  const idle = barChart("report-idle", "Idle GPU-hours by tenant", "idle GPU-hours",
-    report.tenants.filter((t) => t.idle_gpu_hours > 0).map((t) => ({ label: t.tenant, note: `${hours(t.idle_gpu_hours)} GPU-h`,
-      bars: [{ value: t.idle_gpu_hours, colour: "#dc2626", title: `${t.tenant}: ${hours(t.idle_gpu_hours)} idle GPU-h`,
-        data: { "data-tenant": t.tenant } }] })));
-  const waits = report.queue_waits.filter((w) => w.waited || w.never_fits).slice(0, 12);
-  const queueWait = barChart("report-queue-wait", "Queue wait by tier and request shape", "mean wait, seconds",
-    waits.map((w) => ({ label: `${w.tier} · ${w.shape}`,
-      note: `${waitText(w.mean_wait_s)} (longest ${waitText(w.max_wait_s)})` +
-        (w.never_fits ? `, ${w.never_fits} can never run` : "") + (w.queued_now ? `, ${w.queued_now} waiting` : ""),
-      bars: [{ value: w.mean_wait_s, colour: "#d97706", title: `${w.jobs} job(s), mean ${waitText(w.mean_wait_s)}`,
-        data: { "data-tier": w.tier } }] })));
+  const { utilisation, allocation, idle, queueWait } = GpuorchCharts.report(report);
   return el("section", { id: "report" },
     el("h2", {}, "Weekly report: which work under-uses what it was given"),
     el("p", { class: "hint" }, `${report.start.slice(0, 16).replace("T", " ")} – ${report.end.slice(0, 16).replace("T", " ")} UTC`,
@@ -352,8 +214,6 @@ async function reportPage(since) {
       ? report.conclusions.map((c) => el("li", { "data-kind": c.kind }, el("b", {}, c.kind), ": ", c.text))
       : el("li", {}, "nothing to change in this period")),
     el("h3", {}, `Utilisation over time (${report.series_source})`), utilisation,
-    legend([{ name: "all GPUs", colour: "#111827" },
-      ...seriesTenants.map((tenant) => ({ name: `${tenant} (of its allocation)`, colour: colourOf(tenant) }))]),
     el("h3", {}, "Allocated against used, by tenant"), allocation,
     el("p", { class: "hint" }, "light: allocated GPU-hours, dark: used (allocation × utilisation)"),
     el("h3", {}, "Idle GPU-hours by tenant"), idle,
@@ -433,16 +293,19 @@ async function sessionsPage() {
 }
 
 const pages = { fleet: fleetPage, queues: queuesPage, jobs: jobsPage, tenants: tenantsPage, week: weekPage,
-  report: reportPage, submit: submitPage, sessions: sessionsPage };
+  report: reportPage, submit: submitPage, sessions: sessionsPage, job: jobPage, node: nodePage };
 
-async function render() {
-  const [, page = "fleet", id] = location.hash.split("/");
+// The page the hash names (#/page/id?query); live refreshes leave a search being typed alone (force: render anyway).
+async function render(force = false) {
+  const [route, query = ""] = location.hash.split("?");
+  const [, page = "fleet", id] = route.split("/");
   for (const link of document.querySelectorAll("nav a")) link.classList.toggle("active", link.id === `nav-${page}`);
   const view = document.getElementById("view");
   if (!state.who) return;
   if (page === "submit" && view.querySelector("#submit")) return;  // keep what is being typed
+  if (!force && document.activeElement?.matches("#jobs-filters input")) return;
   try {
-    const content = page === "job" ? await jobPage(id) : await (pages[page] || fleetPage)(id);
+    const content = await (pages[page] || fleetPage)(id, new URLSearchParams(query));
     view.replaceChildren(content);
   } catch (e) { view.replaceChildren(el("p", { class: "error" }, e.message)); }
 }
@@ -501,7 +364,7 @@ document.getElementById("login").addEventListener("submit", (event) => {
   event.preventDefault();
   signIn(document.getElementById("token").value.trim());
 });
-window.addEventListener("hashchange", render);
+window.addEventListener("hashchange", () => render(true));
 setInterval(() => { if (state.who && (location.hash || "#/fleet").startsWith("#/fleet")) render(); }, 5000);
 window.gpuorchSignIn = signIn;  // auth.js: a single sign-on hands its ID token here
 if (state.token) signIn(state.token);
