@@ -4,13 +4,18 @@ placement is no longer active."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gpuorch_executor.logs_http import LogServer
+from gpuorch_executor.log_times import read_index
+from gpuorch_executor.logs_http import READ_CHUNK, LogServer, tail_offset
+
+from .conftest import Harness, launch_job
 
 TOKEN = "service-token"
 
@@ -63,3 +68,54 @@ async def test_follow_sends_what_the_job_writes_until_its_placement_ends(served)
             async for chunk in chunks:
                 received += chunk
     assert received == b"line 1\nline 2\nlast line\n"
+
+
+WAITS_FOR_TRIGGER = ("import os, sys, time\nprint('early', flush=True)\n"
+                     "while not os.path.exists(sys.argv[1]):\n    time.sleep(0.02)\nprint('late', flush=True)\n")
+
+
+async def test_since_tail_and_timestamps_use_the_times_the_executor_saw_the_log_grow(
+        harness: Harness, tmp_path: Path) -> None:
+    """A real job writes a line, the watch indexes it; the next line is written after ``since``: ``since`` serves
+    only that one, ``timestamps`` dates both (the raw log stays as written), ``tail`` counts lines."""
+    trigger = tmp_path / "go"
+    launch = launch_job(["python", "-c", WAITS_FOR_TRIGGER, str(trigger)])
+    await harness.executor.handle(launch)
+    log_file = harness.executor.store.log_path(launch.job_id, launch.placement_id)
+    await harness.until(lambda: bool(read_index(log_file)) and read_index(log_file)[-1][0] >= len(b"early\n"))
+    between = time.time()
+    trigger.touch()
+    await harness.until_ended(launch.placement_id)
+    assert log_file.read_bytes() == b"early\nlate\n"
+    entries = read_index(log_file)
+    assert entries[-1][0] == len(b"early\nlate\n") and entries[-1][1] >= between
+
+    server = LogServer(TOKEN, [harness.executor.store.logs_dir], lambda j: False)
+    url = await server.start("127.0.0.1", 0)
+    try:
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+            path = f"/jobs/{launch.job_id}/logs"
+            assert (await http.get(path, params={"since": str(between)})).text == "late\n"
+            assert (await http.get(path, params={"since": str(between - 3600)})).text == "early\nlate\n"
+            assert (await http.get(path, params={"since": str(time.time() + 60)})).text == ""
+            assert (await http.get(path, params={"tail": "1"})).text == "late\n"
+            assert (await http.get(path, params={"tail": "0"})).text == ""
+            assert (await http.get(path, params={"tail": "5"})).text == "early\nlate\n"
+            assert (await http.get(path, params={"tail": "x"})).status_code == 400
+            stamped = (await http.get(path, params={"timestamps": "1"})).text.splitlines()
+            times = [datetime.fromisoformat(line.split(" ", 1)[0]).timestamp() for line in stamped]
+            assert [line.split(" ", 1)[1] for line in stamped] == ["early", "late"]
+            assert times[0] < between <= times[1]
+            assert (await http.get(path)).text == "early\nlate\n"  # the raw bytes, unchanged, by default
+    finally:
+        await server.close()
+
+
+def test_tail_offset_counts_lines_across_reads_and_a_last_line_without_newline(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_bytes(b"a\n" + b"b" * (READ_CHUNK + 10) + b"\nc")
+    assert log.read_bytes()[tail_offset(log, 1):] == b"c"
+    assert log.read_bytes()[tail_offset(log, 2):] == b"b" * (READ_CHUNK + 10) + b"\nc"
+    assert tail_offset(log, 3) == 0 and tail_offset(log, 9) == 0
+    log.write_bytes(b"a\nb\n")
+    assert log.read_bytes()[tail_offset(log, 1):] == b"b\n"
