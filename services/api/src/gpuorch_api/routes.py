@@ -10,7 +10,8 @@ and shapes the answer with ``domain.views``. Errors are problem details (problem
     POST /api/v1/jobs/{id}/cancel                 {"reason"?, "array_tasks"?: "0-9"} -> 202, Location (the job);
                                                   409 when the job has already ended
     POST /api/v1/jobs/{id}/parallelism            {"parallelism": N | null} -> 202, Location (an array's)
-    GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor
+    GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor;
+                                                  &since=10m|<time> &tail=N &timestamps=1
     GET  /api/v1/nodes, /queues, /tenants         fleet, queues per tier, allocation against quota and use
     GET  /api/v1/usage?days=7                     GPU-hours per day and tenant: allocated, used, idle
     GET  /api/v1/share                            fair share over time per tenant (as sshare): share, decayed usage,
@@ -49,6 +50,7 @@ from gpuorch_api import schemas
 from gpuorch_api.auth import ApiError, Caller, Forbidden, authenticate
 from gpuorch_api.backends import Backends
 from gpuorch_api.domain import views
+from gpuorch_api.node_logs import log_since
 
 router = APIRouter()
 
@@ -257,8 +259,20 @@ async def _job_for_action(svc: Backends, who: Caller, job_ref: str) -> dict[str,
 async def job_logs(job_ref: str, who: CallerDep, svc: BackendsDep,
                    follow: Annotated[bool, Query(description="keep sending what the job writes until it ends")] = False,
                    node: Annotated[str | None, Query(description="for a gang job: which of its nodes")] = None,
+                   since: Annotated[str | None, Query(
+                       max_length=40, description="only lines written since: a duration back from now (30s, 10m, "
+                       "2h, 7d) or a time (2026-12-05T09:00, UTC without a zone); a line's time is when its "
+                       "executor saw it, at most about a second late")] = None,
+                   tail: Annotated[int | None, Query(ge=0, description="only the last N lines (of those since)")]
+                   = None,
+                   timestamps: Annotated[bool, Query(description="each line prefixed with its time (RFC 3339, UTC) "
+                                                     "and a space")] = False,
                    ) -> StreamingResponse:
     """The job's output (stdout and stderr), fetched from the executor of the node it ran on, whichever node."""
+    try:
+        since_unix = log_since(since, datetime.now(UTC)) if since else None
+    except ValueError as exc:
+        raise ApiError(422, f"since: {exc}") from exc
     job = await _job_for_action(svc, who, job_ref)
     refused = authorize_job_access(svc.identity_map, who.name, job["tenant"])
     if refused is not None:
@@ -268,7 +282,8 @@ async def job_logs(job_ref: str, who: CallerDep, svc: BackendsDep,
         raise ApiError(404, f"job {job['job_id']} has no log: it never ran (state {job['state']})")
     if node is not None and node not in nodes:
         raise ApiError(404, f"job {job['job_id']} did not run on {node!r} (its nodes: {', '.join(nodes)})")
-    chunks = await svc.logs.open(node or nodes[0], job["job_id"], follow=follow)
+    chunks = await svc.logs.open(node or nodes[0], job["job_id"], follow=follow, since=since_unix, tail=tail,
+                                 timestamps=timestamps)
     return StreamingResponse(chunks, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
 
