@@ -14,13 +14,14 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
+from gpuorch_client.logs import LogsRefused, job_logs
 from gpuorch_contracts import ExecutorHeartbeat
 from gpuorch_executor.log_times import LogTimes
 from gpuorch_executor.logs_http import LogServer
 from gpuorch_identity import log_credential
 from gpuorch_messaging import Broker
 
-from .conftest import RunningApi, auth
+from .conftest import TOKENS, RunningApi, auth
 
 pytestmark = pytest.mark.integration
 
@@ -82,6 +83,15 @@ async def test_since_tail_and_timestamps_pass_through_the_api_to_the_nodes_log_i
             bad = await logs(since="yesterday")
             assert bad.status_code == 422 and "since" in bad.text
             assert (await logs(tail="-1")).status_code == 422
+        # the typed client's reader (gpuctl's `logs --since` sends the same query)
+        read = [line async for line in job_logs(api.url, TOKENS["acme"], job_id, since=timedelta(minutes=10))]
+        assert read == ["a minute ago"]
+        stamped_lines = [line async for line in job_logs(api.url, TOKENS["acme"], job_id, since="2h", tail=1,
+                                                          timestamps=True)]
+        assert len(stamped_lines) == 1 and stamped_lines[0].endswith("Z a minute ago")
+        with pytest.raises(LogsRefused) as refused:
+            [line async for line in job_logs(api.url, TOKENS["research"], job_id)]
+        assert refused.value.status == 404  # another tenant's job: not disclosed
     finally:
         await publisher.close()
         await executor.close()
