@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -76,7 +76,7 @@ class ParallelismRequest(BaseModel):
 
 class Accepted(BaseModel):
     job_id: uuid.UUID
-    status: str
+    status: Literal["submitted", "cancel requested", "parallelism change requested"]
 
 
 def backends(request: Request) -> Backends:
