@@ -74,9 +74,12 @@ class ParallelismRequest(BaseModel):
     parallelism: int | None = Field(ge=1, le=MAX_ARRAY_PARALLELISM)
 
 
+AcceptedStatus = Literal["submitted", "cancel requested", "parallelism change requested"]
+
+
 class Accepted(BaseModel):
     job_id: uuid.UUID
-    status: Literal["submitted", "cancel requested", "parallelism change requested"]
+    status: AcceptedStatus
 
 
 def backends(request: Request) -> Backends:
@@ -163,7 +166,7 @@ async def submit_job(body: SubmitRequest, who: CallerDep, svc: BackendsDep, requ
     return _accepted(request, response, message.job_id, "submitted")
 
 
-def _accepted(request: Request, response: Response, job_id: uuid.UUID, status: str) -> Accepted:
+def _accepted(request: Request, response: Response, job_id: uuid.UUID, status: AcceptedStatus) -> Accepted:
     """A 202's body, with ``Location``: the job, where what was asked will show."""
     response.headers["Location"] = str(request.url_for("get_job", job_ref=str(job_id)))
     return Accepted(job_id=job_id, status=status)

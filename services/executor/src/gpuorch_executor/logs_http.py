@@ -167,7 +167,7 @@ class LogServer:
         listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off", server_header=False,
                                 date_header=False, proxy_headers=False, timeout_graceful_shutdown=1,
-                                timeout_keep_alive=REQUEST_TIMEOUT_S, h11_max_incomplete_event_size=16 * 1024)
+                                timeout_keep_alive=int(REQUEST_TIMEOUT_S), h11_max_incomplete_event_size=16 * 1024)
         config.load()
         server = uvicorn.Server(config)
         server.lifespan = config.lifespan_class(config)
