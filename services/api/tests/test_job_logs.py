@@ -4,7 +4,6 @@ it) decides which lines were written since when."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -15,13 +14,12 @@ import asyncpg
 import httpx
 import pytest
 from gpuorch_client.logs import LogsRefused, job_logs
-from gpuorch_contracts import ExecutorHeartbeat
 from gpuorch_executor.log_times import LogTimes
 from gpuorch_executor.logs_http import LogServer
 from gpuorch_identity import log_credential
 from gpuorch_messaging import Broker
 
-from .conftest import TOKENS, RunningApi, auth
+from .conftest import TOKENS, RunningApi, announce, auth
 
 pytestmark = pytest.mark.integration
 
@@ -59,11 +57,7 @@ async def test_since_tail_and_timestamps_pass_through_the_api_to_the_nodes_log_i
     publisher = Broker(amqp_url, producer="executor")
     await publisher.connect()
     try:
-        await publisher.publish(ExecutorHeartbeat(node_id="n1", sequence=1, fencing_deadline_s=30, interval_s=2,
-                                                  logs_url=node_url))
-        async with asyncio.timeout(30):
-            while "n1" not in api.backends.logs.endpoints:
-                await asyncio.sleep(0.05)
+        await announce(api, publisher, node_url)
         async with httpx.AsyncClient(base_url=api.url, headers=auth("acme")) as http:
             async def logs(**params: str) -> httpx.Response:
                 return await http.get(f"/api/v1/jobs/{job_id}/logs", params=params)
