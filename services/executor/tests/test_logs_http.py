@@ -11,9 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import websockets
 
 from gpuorch_executor.log_times import read_index
-from gpuorch_executor.logs_http import READ_CHUNK, LogServer, tail_offset
+from gpuorch_executor.logs_http import READ_CHUNK, LogServer, SessionTarget, tail_offset
 
 from .conftest import Harness, launch_job
 
@@ -119,3 +120,37 @@ def test_tail_offset_counts_lines_across_reads_and_a_last_line_without_newline(t
     assert tail_offset(log, 3) == 0 and tail_offset(log, 9) == 0
     log.write_bytes(b"a\nb\n")
     assert log.read_bytes()[tail_offset(log, 1):] == b"b\n"
+
+
+async def test_a_websocket_is_relayed_to_the_session_with_its_subprotocol_and_refusals_are_answers() -> None:
+    job_id = uuid.uuid4()
+
+    async def echo(socket: websockets.ServerConnection) -> None:
+        assert socket.request is not None
+        async for message in socket:
+            await socket.send(f"{message} {socket.request.path} {socket.request.headers.get('x-forwarded-prefix')} "
+                              f"{socket.request.headers.get('authorization')}")
+
+    session = await websockets.serve(echo, "127.0.0.1", 0, subprotocols=["v2"])  # type: ignore[list-item]
+    port = session.sockets[0].getsockname()[1]
+    traffic: list[uuid.UUID] = []
+    server = LogServer(TOKEN, [], lambda j: False, requested=traffic.append,
+                       session=lambda j: SessionTarget(port, True) if j == job_id else None)
+    url = (await server.start("127.0.0.1", 0)).replace("http", "ws", 1)
+    ok = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        for headers, target, status in (({}, job_id, 401), (ok, uuid.uuid4(), 404)):
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                async with websockets.connect(f"{url}/jobs/{target}/proxy/ws", additional_headers=headers):
+                    pass
+            assert refused.value.response.status_code == status
+            assert refused.value.response.headers["x-gpuorch-executor"] == "1"  # the endpoint's own answer
+        async with websockets.connect(f"{url}/jobs/{job_id}/proxy/ws?a=1", additional_headers=ok,
+                                      subprotocols=["v1", "v2"]) as socket:  # type: ignore[list-item]
+            assert socket.subprotocol == "v2"
+            await socket.send("hi")
+            assert await socket.recv() == f"hi /ws?a=1 /sessions/{job_id} None"  # no credential passed on
+        assert traffic.count(job_id) >= 3  # the handshake and each message
+    finally:
+        await server.close()
+        session.close()

@@ -49,6 +49,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import os
 import signal
 import socket
@@ -121,6 +122,17 @@ class SessionTarget(NamedTuple):
 
     port: int
     strip_prefix: bool
+
+class _DenialIsNoError(logging.Filter):
+    """uvicorn's WebSocket protocol logs "returned without completing handshake" as an error after a denial response
+    (``send_denial_response``: our 401/404/502 before a handshake), which is an answer, not an application bug."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "without completing handshake" not in record.getMessage()
+
+
+logging.getLogger("uvicorn.error").addFilter(_DenialIsNoError())
+
 
 class Refused(Exception):
     """An answer of the endpoint's own instead of what was asked (``status``: 400, 401, 403, 404, 502)."""
