@@ -128,7 +128,8 @@ async def test_a_websocket_is_relayed_to_the_session_with_its_subprotocol_and_re
     async def echo(socket: websockets.ServerConnection) -> None:
         assert socket.request is not None
         async for message in socket:
-            await socket.send(f"{message} {socket.request.path} {socket.request.headers.get('x-forwarded-prefix')} "
+            text = message if isinstance(message, str) else message.decode()
+            await socket.send(f"{text} {socket.request.path} {socket.request.headers.get('x-forwarded-prefix')} "
                               f"{socket.request.headers.get('authorization')}")
 
     session = await websockets.serve(echo, "127.0.0.1", 0, subprotocols=["v2"])  # type: ignore[list-item]
