@@ -29,7 +29,6 @@ from types import ModuleType
 from typing import Any
 
 import httpx
-
 from gpuorch_executor import logs_http
 
 ROOT = Path(__file__).resolve().parents[1]
