@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from gpuorch_api.backends import Backends, open_backends
 from gpuorch_api.entrypoint import create_app
-from gpuorch_contracts import SUBMIT_EXCHANGE
+from gpuorch_contracts import SUBMIT_EXCHANGE, ExecutorHeartbeat
 from gpuorch_identity import Identity, IdentityMap, token_digest
 from gpuorch_messaging import Broker
 
@@ -39,6 +39,15 @@ class RunningApi:
     url: str
     backends: Backends
     submissions: asyncio.Queue[aio_pika.abc.AbstractIncomingMessage]
+
+
+async def announce(api: RunningApi, publisher: Broker, node_url: str, node_id: str = "n1") -> None:
+    """What a node's executor does: a heartbeat naming its log endpoint; returns once the API took it."""
+    await publisher.publish(ExecutorHeartbeat(node_id=node_id, sequence=1, fencing_deadline_s=30, interval_s=2,
+                                              logs_url=node_url))
+    async with asyncio.timeout(30):
+        while node_id not in api.backends.logs.endpoints:
+            await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager

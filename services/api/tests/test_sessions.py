@@ -15,7 +15,7 @@ import asyncpg
 import httpx
 import pytest
 import websockets
-from gpuorch_contracts import ChangeSession, ExecutorHeartbeat, decode
+from gpuorch_contracts import ChangeSession, decode
 from gpuorch_executor.logs_http import LogServer, SessionTarget
 from gpuorch_identity import log_credential
 from gpuorch_messaging import Broker
@@ -25,7 +25,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from .conftest import TOKENS, RunningApi, auth, serve
+from .conftest import TOKENS, RunningApi, announce, auth, serve
 
 pytestmark = pytest.mark.integration
 SPEC = {"run": {"runtime": "process", "argv": ["python", "-m", "http.server", "$(GPUORCH_PORT)"]},
@@ -80,11 +80,7 @@ async def test_the_owner_reaches_the_session_over_http_and_websocket_others_do_n
                                  "argv": argv, "env": {"PATH": os.environ["PATH"]}} if job_id == running else None)
         node_url = await executor.start("127.0.0.1", 0)
         try:
-            await publisher.publish(ExecutorHeartbeat(node_id="n1", sequence=1, fencing_deadline_s=30, interval_s=2,
-                                                      logs_url=node_url))
-            async with asyncio.timeout(30):
-                while "n1" not in api.backends.logs.endpoints:
-                    await asyncio.sleep(0.05)
+            await announce(api, publisher, node_url)
             async with httpx.AsyncClient(base_url=api.url) as http:
                 listed = {s["id"]: s for s in (await http.get("/api/v1/sessions", headers=auth("acme"))).json()}
                 assert listed[str(parked)]["parked_gpu_hours"] == pytest.approx(2 + 1 / 60, abs=0.01)

@@ -4,6 +4,7 @@ reads logs from whichever node ran the job, and cancels its own jobs but not ano
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -126,6 +127,12 @@ def test_a_team_member_submits_watches_reads_logs_and_cancels(gpuctl: Gpuctl, li
     assert out == "first\nlast\n", errors
     assert gpuctl.ok("logs", running, "--tail", "1").stdout == "last\n"
     assert gpuctl.ok("logs", running, "--tail", "5").stdout == "first\nlast\n"
+    assert gpuctl.ok("logs", running, "--since", "10m").stdout == "first\nlast\n"  # times from the node's index
+    assert gpuctl.ok("logs", running, "--since", "2999-01-01T00:00").stdout == ""
+    stamped = gpuctl.ok("logs", running, "--timestamps", "--tail", "1").stdout
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z last\n", stamped), stamped
+    bad_since = gpuctl("logs", running, "--since", "yesterday")
+    assert bad_since.exit_code == 2 and "since" in bad_since.stderr
     long = gpuctl.ok("submit", "--gpus", "1", "--", "python", "-c", PRINT_AND_WAIT, "600").stdout.strip()
     gpuctl.ok("config", "set-context", "research", "--server", live_api.url, "--token", TOKENS["research-team"])
     assert long not in {j["id"] for j in gpuctl.json("jobs")}  # type: ignore[union-attr,index]

@@ -14,6 +14,9 @@
     set_parallelism(array_id, n)           SetArrayParallelism (the shared lane: job.array_set.<tenant>)
     park(job_id) / resume(job_id)          ChangeSession of an interactive session (job.session.<tenant>)
 
+A job's output comes through the API, not the broker: ``gpuorch_client.logs.job_logs(api_url, token, job_id,
+since="10m", tail=, timestamps=, follow=)`` (imported on its own, so that AMQP-only users do not load httpx).
+
 Contract: only events of jobs this client submitted (or ``watch``-ed) are kept, at most ``max_buffered`` per job;
 events arrive at least once (dedupe by ``message_id`` if it matters). The tenant is the one the broker user may
 read; the spec's own ``tenant`` may be omitted (the publisher's default tenant applies at admission).

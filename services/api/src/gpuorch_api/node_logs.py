@@ -6,8 +6,9 @@ identity), and the proxy to it with that node's own credential.
             the node the heartbeat names (``log_endpoint_accepts``); anything else is ignored and counted
             (``refused``), so no other identity can move a node's endpoint
         --> NodeLogEndpoints: node id -> (the logs_url its own executor announced last, that executor's identity)
-    GET /api/v1/jobs/{id}/logs?follow=1 --> (route checks authorize_job_access) --> open(job's node, job id)
-        --> GET <logs_url>/jobs/<id>/logs?follow=1 with log_credential(GPUORCH_LOGS_SECRET, announcing identity)
+    GET /api/v1/jobs/{id}/logs?follow=1&since=10m --> (route checks authorize_job_access; ``log_since``)
+        --> open(job's node, job id) --> GET <logs_url>/jobs/<id>/logs?follow=1&since=<unix time>
+            with log_credential(GPUORCH_LOGS_SECRET, announcing identity)
         --> bytes streamed
 
 No shared token: the API holds the issuing secret and sends each executor the credential derived for that
@@ -24,9 +25,11 @@ answers ``LogsUnavailable``; a node whose heartbeats announce no endpoint is ans
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import aio_pika
@@ -37,9 +40,23 @@ from gpuorch_identity import log_credential
 from gpuorch_messaging import judged_publisher, refusal
 from gpuorch_messaging.senders import IdentityMode, log_endpoint_accepts
 from gpuorch_observability import get_logger
+from gpuorch_report import parse_when
 
 log = get_logger(__name__)
 DIRECTORY = "api.nodes"
+_SECONDS = re.compile(r"^\s*(\d+(?:\.\d+)?)s\s*$")
+
+
+def log_since(text: str, now: datetime) -> float:
+    """``?since=`` of a log as a unix time: ``30s`` (and ``10m``, ``2h``, ``7d``, ``2w``) back from ``now``, or a
+    time (``2026-12-05T09:00``; UTC without a zone). ValueError with one line otherwise."""
+    seconds = _SECONDS.match(text)
+    if seconds is not None:
+        return now.timestamp() - float(seconds.group(1))
+    try:
+        return parse_when(text, now).timestamp()
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or seconds back, e.g. 30s") from None
 
 
 class LogsUnavailable(Exception):
@@ -147,9 +164,18 @@ class NodeLogEndpoints:
                                        f"{self.announce_wait_s:g} s)")
         return endpoint.url.rstrip("/"), log_credential(self.secret, endpoint.identity)
 
-    async def open(self, node_id: str, job_id: uuid.UUID, *, follow: bool) -> AsyncIterator[bytes]:
-        """The job's log from its node's executor, as it arrives; raises LogsUnavailable before the first byte."""
-        return await self.stream(node_id, "GET", f"/jobs/{job_id}/logs", params={"follow": "1" if follow else "0"})
+    async def open(self, node_id: str, job_id: uuid.UUID, *, follow: bool, since: float | None = None,
+                   tail: int | None = None, timestamps: bool = False) -> AsyncIterator[bytes]:
+        """The job's log from its node's executor, as it arrives; raises LogsUnavailable before the first byte.
+        ``since`` (unix time), ``tail`` (lines) and ``timestamps`` as the executor's ``logs_http`` serves them."""
+        params = {"follow": "1" if follow else "0"}
+        if since is not None:
+            params["since"] = f"{since:.3f}"
+        if tail is not None:
+            params["tail"] = str(tail)
+        if timestamps:
+            params["timestamps"] = "1"
+        return await self.stream(node_id, "GET", f"/jobs/{job_id}/logs", params=params)
 
     async def stream(self, node_id: str, method: str, path: str, *, params: dict[str, str] | None = None,
                      json: Any = None) -> AsyncIterator[bytes]:

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
+from gpuorch_contracts import JobSpec
 from gpuorch_report import Period, WeeklyReport, read_report
 
 from gpuorch_api.domain.series import EPOCH as SERIES_EPOCH
@@ -471,6 +472,8 @@ def _with_submitted_spec(row: asyncpg.Record) -> dict[str, Any]:
         out["tenant"] = out["tenant"] or spec.get("tenant", "")
         out["tier"] = out["tier"] or spec.get("tier", "")
         out["priority_class"] = out["priority_class"] or spec.get("priority_class", "")
+    for field in ("tier", "priority_class"):  # a row rejected at admission keeps none: the spec's default, as sent
+        out[field] = out[field] or JobSpec.model_fields[field].default
     return out
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from gpuorch_contracts.reservations import MAX_RESERVATION_S, ReservationNodes
@@ -45,7 +45,7 @@ class ReservationRequest(BaseModel):
 
 class ReservationAccepted(BaseModel):
     reservation_id: uuid.UUID
-    status: str
+    status: Literal["reservation requested", "deletion requested"]
 
 
 @router.post("/api/v1/reservations", status_code=202, tags=["reservations"], response_model=ReservationAccepted)

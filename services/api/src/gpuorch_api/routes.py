@@ -14,7 +14,8 @@ and shapes the answer with ``domain.views``. Errors are problem details (problem
     POST /api/v1/jobs/{id}/priority               {"priority_class"} (operators) -> 202, Location; 409 once ended
     POST /api/v1/jobs/{id}/resubmit               an ended job queued again as a new job (same spec) -> 202, Location
     POST /api/v1/jobs/{id}/parallelism            {"parallelism": N | null} -> 202, Location (an array's)
-    GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor
+    GET  /api/v1/jobs/{id}/logs?follow=1          the job's output, fetched from its node's executor;
+                                                  &since=10m|<time> &tail=N &timestamps=1
     GET  /api/v1/jobs/{id}/utilisation            utilisation and memory per device over the job's life (chart series)
     GET  /api/v1/nodes/{node}/utilisation?since=1h  per GPU of the node, over time (chart series)
     GET  /api/v1/nodes, /queues, /tenants         fleet, queues per tier, allocation against quota and use
@@ -36,7 +37,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -58,6 +59,7 @@ from gpuorch_api.domain import views
 from gpuorch_api.oidc import verifier_for
 from gpuorch_api.domain.series import SeriesWindow
 from gpuorch_api.readmodels import JOB_SORTS, JobCursor
+from gpuorch_api.node_logs import log_since
 
 router = APIRouter()
 
@@ -84,11 +86,13 @@ class ParallelismRequest(BaseModel):
 class PriorityRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     priority_class: PriorityClass
+AcceptedStatus = Literal["submitted", "resubmitted", "cancel requested", "priority change requested",
+                         "parallelism change requested"]
 
 
 class Accepted(BaseModel):
     job_id: uuid.UUID
-    status: str
+    status: AcceptedStatus
 
 
 def backends(request: Request) -> Backends:
@@ -208,7 +212,7 @@ async def submit_job(body: SubmitRequest, who: CallerDep, svc: BackendsDep, requ
     return _accepted(request, response, message.job_id, "submitted")
 
 
-def _accepted(request: Request, response: Response, job_id: uuid.UUID, status: str) -> Accepted:
+def _accepted(request: Request, response: Response, job_id: uuid.UUID, status: AcceptedStatus) -> Accepted:
     """A 202's body, with ``Location``: the job, where what was asked will show."""
     response.headers["Location"] = str(request.url_for("get_job", job_ref=str(job_id)))
     return Accepted(job_id=job_id, status=status)
@@ -287,7 +291,7 @@ async def resubmit_job(job_ref: str, who: CallerDep, svc: BackendsDep, request: 
     spec = JobSpec.model_validate(job["spec"])
     message = await svc.gateway.submit(who, spec)
     await svc.read.record_submission(message.job_id, who.name, message.spec.model_dump(mode="json"))
-    return _accepted(request, response, message.job_id, f"resubmitted as {message.job_id}")
+    return _accepted(request, response, message.job_id, "resubmitted")  # job_id: the new job
 
 
 @router.post("/api/v1/jobs/{job_ref}/priority", status_code=202, tags=["jobs"],
@@ -305,7 +309,7 @@ async def set_priority(job_ref: str, body: PriorityRequest, who: CallerDep, svc:
     if _array_of(job) is not None:
         raise ApiError(400, f"job {job['job_id']} is an array: its priority is its tasks'; resubmit it")
     await svc.gateway.set_priority(who, job, body.priority_class)
-    return _accepted(request, response, job["job_id"], f"priority change to {body.priority_class} requested")
+    return _accepted(request, response, job["job_id"], "priority change requested")
 
 
 @router.post("/api/v1/jobs/{job_ref}/parallelism", status_code=202, tags=["jobs"],
@@ -340,8 +344,20 @@ async def _job_for_action(svc: Backends, who: Caller, job_ref: str) -> dict[str,
 async def job_logs(job_ref: str, who: CallerDep, svc: BackendsDep,
                    follow: Annotated[bool, Query(description="keep sending what the job writes until it ends")] = False,
                    node: Annotated[str | None, Query(description="for a gang job: which of its nodes")] = None,
+                   since: Annotated[str | None, Query(
+                       max_length=40, description="only lines written since: a duration back from now (30s, 10m, "
+                       "2h, 7d) or a time (2026-12-05T09:00, UTC without a zone); a line's time is when its "
+                       "executor saw it, at most about a second late")] = None,
+                   tail: Annotated[int | None, Query(ge=0, description="only the last N lines (of those since)")]
+                   = None,
+                   timestamps: Annotated[bool, Query(description="each line prefixed with its time (RFC 3339, UTC) "
+                                                     "and a space")] = False,
                    ) -> StreamingResponse:
     """The job's output (stdout and stderr), fetched from the executor of the node it ran on, whichever node."""
+    try:
+        since_unix = log_since(since, datetime.now(UTC)) if since else None
+    except ValueError as exc:
+        raise ApiError(422, f"since: {exc}") from exc
     job = await _job_for_action(svc, who, job_ref)
     refused = authorize_job_access(svc.identity_map, who.name, job["tenant"])
     if refused is not None:
@@ -351,7 +367,8 @@ async def job_logs(job_ref: str, who: CallerDep, svc: BackendsDep,
         raise ApiError(404, f"job {job['job_id']} has no log: it never ran (state {job['state']})")
     if node is not None and node not in nodes:
         raise ApiError(404, f"job {job['job_id']} did not run on {node!r} (its nodes: {', '.join(nodes)})")
-    chunks = await svc.logs.open(node or nodes[0], job["job_id"], follow=follow)
+    chunks = await svc.logs.open(node or nodes[0], job["job_id"], follow=follow, since=since_unix, tail=tail,
+                                 timestamps=timestamps)
     return StreamingResponse(chunks, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import date, datetime
-from typing import Any
+from typing import Any, Literal
 
+from gpuorch_contracts.jobs import JobState, PriorityClass, Tier
+from gpuorch_contracts.nodes import GpuHealth
+from gpuorch_contracts.telemetry import Severity
+from gpuorch_identity import Role
 from gpuorch_messaging.dead_letters import DeadLetter, SkippedDeadLetter
 from pydantic import BaseModel, Field
 
@@ -27,14 +31,23 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 """Documented on every route: what ``entrypoint``'s error handlers answer (not FastAPI's default shapes)."""
 
+# A field with a closed set of values is typed with it (an ``enum`` in the OpenAPI document); a value outside it is a
+# server error, never passed on (test_openapi_enums). The contracts' own types where they define one:
+Liveness = Literal["alive", "suspect", "lost"]
+"""``NodeLivenessChanged.liveness``, as the scheduler's read model keeps it."""
+AdviceCategory = Literal["alert", "recommendation"]
+ReservationState = Literal["pending", "active", "ended", "refused", "deleted"]
+MigMode = Literal["off", "advise", "auto", "unknown"]
+"""The scheduler's ``GPUORCH_SCHEDULER_MIG_MODE``; ``unknown`` before a scheduler first wrote its plan."""
+
 
 class JobSummary(BaseModel):
     id: str
     name: str
     tenant: str
-    tier: str
-    priority_class: str
-    state: str
+    tier: Tier
+    priority_class: PriorityClass
+    state: JobState
     node: str | None
     nodes: list[str]
     gpus: str = Field(description="what the job holds per GPU: `0,1` whole GPUs, `2:250m/4096MiB` a share, "
@@ -87,9 +100,9 @@ class Usage(BaseModel):
 
 
 class Advice(BaseModel):
-    category: str
+    category: AdviceCategory
     kind: str
-    severity: str
+    severity: Severity
     explanation: str
     advice: str | None
     raised_at: datetime
@@ -137,7 +150,7 @@ class Gpu(BaseModel):
     uuid: str
     model: str
     memory_total_mib: int
-    health: str
+    health: GpuHealth
     health_reason: str | None
     mig_enabled: bool
     allocated_milli: int
@@ -152,7 +165,7 @@ class Gpu(BaseModel):
 
 class Node(BaseModel):
     node_id: str
-    liveness: str
+    liveness: Liveness
     hostname: str
     last_seen: datetime | None
     last_seen_s: float | None
@@ -181,7 +194,7 @@ class EstimatedStart(BaseModel):
 
 
 class Queue(BaseModel):
-    tier: str
+    tier: Tier
     depth: int
     oldest_wait_s: float | None
     pending_reasons: list[PendingReason]
@@ -202,10 +215,10 @@ class Caller(BaseModel):
     identity: str
     user: str | None = Field(default=None, description="who signed in through the OpenID provider (None: a static "
                                                         "token)")
-    role: str
+    role: Role
     tenants: list[str]
     default_tenant: str | None
-    max_priority: str
+    max_priority: PriorityClass
 
 
 class DailyUsage(BaseModel):
@@ -264,7 +277,7 @@ class Reservation(BaseModel):
     start_at: datetime | None
     end_at: datetime | None
     created_by: str | None
-    state: str
+    state: ReservationState
     reason: str | None
     problems: list[str]
 
@@ -274,7 +287,7 @@ class MigPlan(BaseModel):
     reconfigurations under way and when each GPU was last reconfigured. For a caller who is not an operator, job ids
     in ``drains``/``enables`` are replaced by their counts."""
 
-    mode: str
+    mode: MigMode
     updated_at: datetime | None = None
     proposals: list[dict[str, Any]]
     unmet_jobs: int = 0

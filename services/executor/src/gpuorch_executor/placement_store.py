@@ -10,6 +10,7 @@ Layout (``GPUORCH_EXECUTOR_STATE_DIR``/<node_id>)::
     placements/<placement_id>/home/          the job's HOME, TMPDIR and default working directory
     placements/<placement_id>/supervisor.log the supervisor's own stderr (empty unless it crashed)
     logs/<job_id>/<placement_id>.log         the job's stdout and stderr, interleaved (JobStarted.log_path)
+    logs/<job_id>/<placement_id>.log.idx     when the log grew (``log_times``: the watch's index of line times)
 
 Permissions (jobs run as other uids, see ``domain.job_users``): directories are ``0711`` (a job can reach its
 own checkpoint and home directories, and list nothing); every file the executor or a supervisor writes is

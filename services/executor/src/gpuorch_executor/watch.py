@@ -13,7 +13,7 @@ Guarantees:
 Pipeline per tick: supervisor handles reaped -> for each active placement not under a command: ``exit.json``?
 -> classify (``domain.outcome``) -> outcome; stopping? -> checkpoint file? -> JobCheckpointed; kill time passed?
 -> SIGKILL; max runtime passed? -> stop; share over its GPU memory (``share_watchdog``)? -> stop; supervisor and
-job gone? -> JobLost.
+job gone? -> JobLost. And each active placement's log that grew gets an entry in its time index (``log_times``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from gpuorch_executor.domain.outcome import ExitReport, Outcome, classify
 from gpuorch_executor.domain.placement import PlacementRecord, StopRequest
 from gpuorch_executor.domain.reports import checkpointed_event, lost_event, outcome_event, started_event
 from gpuorch_executor.domain.share_memory import Exceeded
+from gpuorch_executor.log_times import LogTimes
 from gpuorch_executor.node import NodeContext
 from gpuorch_executor.placement_store import read_tail
 from gpuorch_executor.share_watchdog import ShareWatchdog
@@ -58,6 +59,7 @@ class PlacementWatch:
     def __init__(self, node: NodeContext) -> None:
         self.node = node
         self.shares = ShareWatchdog(node)
+        self.log_times = LogTimes()
 
     # -- launching --------------------------------------------------------------------------------------------
 
@@ -188,6 +190,8 @@ class PlacementWatch:
         for record in list(self.node.records.values()):
             if not record.active or self.node.command_lock(record.placement_id).locked():
                 continue
+            if record.log_path:
+                self.log_times.note(Path(record.log_path), self.node.clock())
             try:
                 await self.watch(record)
             except Exception:  # one broken placement must not stop the watch of the others
@@ -295,6 +299,8 @@ class PlacementWatch:
 
     def _end(self, record: PlacementRecord, event: Message) -> None:
         self.shares.forget(record.placement_id)
+        if record.log_path:
+            self.log_times.note(Path(record.log_path), self.node.clock(), final=True)
         record.advance("ended")
         record.outcome_type = event.TYPE
         record.traceparent = _run_span(record, event) or record.traceparent

@@ -479,37 +479,34 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing as the job writes")] = False,
     tail: Annotated[int | None, typer.Option(min=0, help="only the last N lines written so far (then, with -f, "
                                              "what follows)")] = None,
+    since: Annotated[str | None, typer.Option(help="only lines written since: a duration back (30s, 10m, 2h) or a "
+                                              "time (2026-12-05T09:00, UTC without a zone)")] = None,
+    timestamps: Annotated[bool, typer.Option("--timestamps", help="prefix each line with the time its node saw "
+                                             "it written (RFC 3339, UTC)")] = False,
     node: Annotated[str | None, typer.Option(help="for a gang job: which of its nodes")] = None,
     dsn: DsnOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Print a job's output, from whichever node it ran on (the API fetches it from that node's executor)."""
+    """Print a job's output, from whichever node it ran on (the API fetches it from that node's executor, which
+    also applies --tail, --since and --timestamps)."""
     target = api_or_dsn(dsn)
     if isinstance(target, str):
-        if tail is not None:
-            fail("--tail needs the API (a context or --server), not --dsn", USAGE)
+        if tail is not None or since is not None or timestamps:
+            fail("--tail, --since and --timestamps need the API (a context or --server), not --dsn", USAGE)
         _local_logs(target, job_id, follow, as_json)
         return
     path = f"/api/v1/jobs/{job_id}/logs"
     with target:
         if follow:
             _wait_until_started(target, job_id)
-        skip = 0
-        if as_json or tail is not None:
-            written = list(target.stream_lines(path, node=node))
-            shown = written if tail is None else written[len(written) - tail:] if tail else []
-            if as_json:
-                print(json.dumps({"job_id": job_id, "text": "".join(line + "\n" for line in shown)}))
-                return
-            sys.stdout.write(log_output("".join(line + "\n" for line in shown)))
+        lines = target.stream_lines(path, follow=(follow and not as_json) or None, node=node, tail=tail,
+                                    since=since, timestamps=timestamps or None)
+        if as_json:  # what was written so far, as one document
+            print(json.dumps({"job_id": job_id, "text": "".join(line + "\n" for line in lines)}))
+            return
+        for line in lines:
+            sys.stdout.write(log_output(line + "\n"))
             sys.stdout.flush()
-            if not follow:
-                return
-            skip = len(written)  # a followed log is sent from its start: what was shown already is skipped
-        for number, line in enumerate(target.stream_lines(path, follow=follow or None, node=node)):
-            if number >= skip:
-                sys.stdout.write(log_output(line + "\n"))
-                sys.stdout.flush()
 
 
 def _wait_until_started(client: ApiClient, job_id: str, timeout_s: float = 3600) -> None:
