@@ -56,10 +56,10 @@ from gpuorch_api import schemas
 from gpuorch_api.auth import ApiError, Caller, Forbidden, authenticate
 from gpuorch_api.backends import Backends
 from gpuorch_api.domain import views
-from gpuorch_api.oidc import verifier_for
 from gpuorch_api.domain.series import SeriesWindow
-from gpuorch_api.readmodels import JOB_SORTS, JobCursor
 from gpuorch_api.node_logs import log_since
+from gpuorch_api.oidc import verifier_for
+from gpuorch_api.readmodels import JOB_SORTS, JobCursor
 
 router = APIRouter()
 
