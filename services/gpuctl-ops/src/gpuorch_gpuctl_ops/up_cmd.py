@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-
 from gpuorch_gpuctl.contexts import load_config, save_config, set_context
 from gpuorch_gpuctl.errors import fail
 from gpuorch_gpuctl.settings import this_run
-from gpuorch_gpuctl.stack import LocalStack, SimNode, free_port
-from gpuorch_gpuctl.team import TeamError, create_broker_users, team_identity_map
+
+from gpuorch_gpuctl_ops.stack import LocalStack, SimNode, free_port
+from gpuorch_gpuctl_ops.team import TeamError, create_broker_users, team_identity_map
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """The PATH the executor resolves jobs' commands on when jobs run as uids of their own: the host's interpreters,

@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from gpuorch_gpuctl.contexts import load_config, save_config, set_context
+from gpuorch_gpuctl.errors import fail
+from gpuorch_gpuctl.settings import this_run
+from gpuorch_gpuctl.terminal_text import cell, markup
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from gpuorch_gpuctl.contexts import load_config, save_config, set_context
-from gpuorch_gpuctl.errors import fail
-from gpuorch_gpuctl.settings import this_run
-from gpuorch_gpuctl.stack import LocalStack, SimNode, free_port
-from gpuorch_gpuctl.terminal_text import cell, markup
+from gpuorch_gpuctl_ops.stack import LocalStack, SimNode, free_port
 
 console = Console(stderr=True, emoji=False)
 
@@ -205,7 +205,7 @@ async def _job_rows(database_url: str, ids: list[uuid.UUID]) -> list[dict[str, A
 
 
 def _table(names: dict[uuid.UUID, str], rows: list[dict[str, Any]], elapsed: float) -> Table:
-    from gpuorch_gpuctl.jobs_view import gpu_text
+    from gpuorch_gpuctl_ops.jobs_view import gpu_text
 
     by_id = {r["job_id"]: r for r in rows}
     table = Table(title=f"gpuorch demo: {elapsed:.0f}s", expand=False)
