@@ -27,6 +27,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuorch_identity import log_credential
 from gpuorch_messaging.connection import user_of
@@ -116,6 +117,9 @@ class LocalStack:
             "GPUORCH_EXECUTOR_ALLOW": env.get("GPUORCH_EXECUTOR_ALLOW", LOCAL_ALLOW_LIST),
             # the executor serves its jobs' logs (any free port here) to its own credential (``_spawn``)
             "GPUORCH_LOGS_PORT": "0", "GPUORCH_LOGS_HOST": "127.0.0.1",
+            # every process of this stack, and every job it starts, carries its root: ``gpuctl down`` finds them
+            # by it even when the record is gone or stale (``marked_processes``)
+            STACK_MARKER: str(self.root.resolve()),
         })
         if self.identity_map is not None:
             path = self.root / "identity.json"
@@ -312,37 +316,70 @@ class LocalStack:
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
-    def keep(self) -> Path:
-        """Leave the stack running past ``with``: record its processes in ``<root>/stack.json`` for
-        ``stop_recorded``; returns that path."""
+    def keep(self, **extra: Any) -> Path:
+        """Leave the stack running past ``with``: record its processes (pid and start time, so that a pid reused
+        by a stranger is never taken for one of them) in ``<root>/stack.json`` for ``stop_recorded``, with
+        ``extra`` fields (the broker URL and vhost other systems use); returns that path."""
+        import psutil
+
+        processes = {}
+        for p in self.processes.values():
+            if p.popen is not None and p.running:
+                with contextlib.suppress(psutil.Error):
+                    processes[p.name] = {"pid": p.popen.pid, "started": psutil.Process(p.popen.pid).create_time()}
         record = self.root / "stack.json"
-        record.write_text(json.dumps({"root": str(self.root), "api_url": self.api_url, "processes": {
-            p.name: p.popen.pid for p in self.processes.values() if p.popen is not None and p.running}}))
+        record.write_text(json.dumps({"root": str(self.root.resolve()), "api_url": self.api_url,
+                                      "amqp_url": self.amqp_url, "processes": processes, **extra}))
         self._kept = True
         return record
 
     @staticmethod
-    def stop_recorded(record: Path, timeout_s: float = 15.0) -> list[str]:
-        """Stop a stack ``keep`` recorded (its process groups: SIGTERM, then SIGKILL) and its jobs; returns the
-        names of the services that were still running. The record is removed."""
+    def running_recorded(record: Path) -> dict[str, Any]:
+        """The processes of the stack recorded at ``record`` that still run (name -> psutil.Process): a pid
+        counts only with its recorded start time, or, without one (an older record), carrying the stack's
+        marker. Empty when there is no record."""
         import psutil
 
-        document = json.loads(record.read_text())
+        try:
+            document = json.loads(record.read_text())
+        except (OSError, ValueError):
+            return {}
+        root = str(document.get("root", record.parent))
         running = {}
-        for name, pid in document["processes"].items():
+        for name, entry in document.get("processes", {}).items():
+            pid, started = (entry, None) if isinstance(entry, int) else (entry.get("pid"), entry.get("started"))
             try:
                 process = psutil.Process(pid)
-                if "gpuorch" in " ".join(process.cmdline()):  # not a stranger that reused the pid
-                    running[name] = process
-                    os.killpg(pid, signal.SIGTERM)
-            except (psutil.Error, ProcessLookupError):
-                pass
-        _, alive = psutil.wait_procs(list(running.values()), timeout=timeout_s)
-        for process in alive:
+                same = abs(process.create_time() - started) < 0.01 if started is not None else _marked(process, root)
+            except (psutil.Error, TypeError, ValueError):
+                continue
+            if same:
+                running[name] = process
+        return running
+
+    @staticmethod
+    def stop_recorded(record: Path, timeout_s: float = 15.0) -> list[str]:
+        """Stop a stack ``keep`` recorded (its process groups: SIGTERM, then SIGKILL), every other process that
+        carries its marker (an orphan of an earlier run, a service restarted by hand) and its jobs; returns the
+        names of the recorded services that were still running. The record is removed."""
+        import psutil
+
+        document = json.loads(record.read_text()) if record.exists() else {"root": str(record.parent)}
+        root = str(document.get("root", record.parent))
+        running = LocalStack.running_recorded(record)
+        for process in running.values():
             with contextlib.suppress(OSError):
-                os.killpg(process.pid, signal.SIGKILL)
-        LocalStack(root=Path(document["root"]), amqp_url="", database_url="", nodes=[]).kill_jobs()
-        record.unlink()
+                os.killpg(process.pid, signal.SIGTERM)
+        orphans = [p for p in marked_processes(root) if p.pid not in {r.pid for r in running.values()}]
+        for process in orphans:
+            with contextlib.suppress(psutil.Error):
+                process.terminate()
+        _, alive = psutil.wait_procs([*running.values(), *orphans], timeout=timeout_s)
+        for process in alive:
+            with contextlib.suppress(OSError, psutil.Error):
+                process.kill()
+        LocalStack(root=Path(root), amqp_url="", database_url="", nodes=[]).kill_jobs()
+        record.unlink(missing_ok=True)
         return sorted(running)
 
     def __enter__(self) -> LocalStack:
@@ -353,6 +390,28 @@ class LocalStack:
             return
         self.stop_all()
         self.kill_jobs()
+
+
+STACK_MARKER = "GPUORCH_STACK_ROOT"
+"""The environment variable every process of a LocalStack carries: the stack's root directory."""
+
+
+def _marked(process: Any, root: str) -> bool:
+    import psutil
+
+    try:
+        return bool(process.environ().get(STACK_MARKER) == root)
+    except psutil.Error:  # another user's process, or gone
+        return False
+
+
+def marked_processes(root: str | Path) -> list[Any]:
+    """This user's processes that carry the marker of the stack at ``root`` (its services and their jobs),
+    whatever became of the record."""
+    import psutil
+
+    wanted = str(Path(root).resolve())
+    return [p for p in psutil.process_iter() if p.pid != os.getpid() and _marked(p, wanted)]
 
 
 def free_port() -> int:
