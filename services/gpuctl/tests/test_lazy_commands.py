@@ -94,3 +94,13 @@ def test_help_shows_flags_without_a_type(args: list[str]) -> None:
 
 def test_the_job_states_written_out_are_the_contracts() -> None:
     assert (get_args(JobState), get_args(Tier)) == (JOB_STATES, TIERS)
+
+
+def test_the_version_gpuctl_prints_is_the_installed_distributions() -> None:
+    """``--version`` reads ``gpuorch_gpuctl.__version__`` (no importlib.metadata at start-up); the distribution's
+    version is read from the same line (hatch's dynamic version), so the two cannot drift apart."""
+    from importlib.metadata import version
+
+    from gpuorch_gpuctl import version_line
+
+    assert version_line() == f"gpuctl {version('gpuorch-gpuctl')}"

@@ -14,7 +14,6 @@ value such as ``--state bogus`` is typer's usage error). The environment gpuctl 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -292,9 +291,16 @@ def _submit_direct(spec: dict[str, Any], amqp_url: str, dsn: str | None, wait: b
     if not wait:
         print(json.dumps({"job_id": job_id}) if as_json else job_id)
         return
-    row = asyncio.run(read_models.wait_for_end(dsn or read_models.DEFAULT_DSN, uuid.UUID(job_id),
+    row = _run_async(read_models.wait_for_end(dsn or read_models.DEFAULT_DSN, uuid.UUID(job_id),
                                                progress=lambda s: err.print(markup(s))))
     _report_end(job_id, row, as_json)
+
+
+def _run_async(awaitable: Any) -> Any:
+    """``asyncio.run`` for the direct paths (asyncio loads only there)."""
+    import asyncio
+
+    return asyncio.run(awaitable)
 
 
 def jobs_view() -> Any:
@@ -383,7 +389,7 @@ def jobs(
     if watch and isinstance(target, str):
         fail("-w needs the API (a context or --server), not --dsn", USAGE)
     if isinstance(target, str):
-        rows = asyncio.run(jobs_view().list_jobs(target, state=state.value if state else None, limit=limit))
+        rows = _run_async(jobs_view().list_jobs(target, state=state.value if state else None, limit=limit))
         listed = [jobs_view().public_row(r) for r in rows if tenant is None or r["tenant"] == tenant]
     else:
         listed = target.get("/api/v1/jobs", state=state.value if state else None, tenant=tenant,
@@ -437,7 +443,7 @@ def describe(
     fmt = chosen(output, as_json)
     target = api_or_dsn(dsn)
     if isinstance(target, str):
-        job = jobs_view().public_row(asyncio.run(jobs_view().get_job(target, job_id)), full=True)
+        job = jobs_view().public_row(_run_async(jobs_view().get_job(target, job_id)), full=True)
     else:
         with target:
             job = target.get(f"/api/v1/jobs/{job_id}")
@@ -517,7 +523,7 @@ def _wait_until_started(client: ApiClient, job_id: str, timeout_s: float = 3600)
 
 def _local_logs(dsn: str, job_id: str, follow: bool, as_json: bool) -> None:
     """The pre-API path: the log file its executor wrote, when it is on this host."""
-    row = asyncio.run(jobs_view().get_job(dsn, job_id))
+    row = _run_async(jobs_view().get_job(dsn, job_id))
     path = row.get("log_path")
     if not path:
         fail(f"job {row['job_id']} has no log yet (state {row['state']})")
@@ -535,7 +541,7 @@ def _local_logs(dsn: str, job_id: str, follow: bool, as_json: bool) -> None:
                 sys.stdout.flush()
             if not follow:
                 return
-            current = asyncio.run(jobs_view().get_job(dsn, str(row["job_id"])))
+            current = _run_async(jobs_view().get_job(dsn, str(row["job_id"])))
             if current["state"] in TERMINAL and not chunk:
                 return
             time.sleep(0.5)
@@ -568,7 +574,7 @@ def nodes(dsn: DsnOpt = None, output: OutputOpt = Format.table, no_headers: NoHe
     fmt = chosen(output, as_json)
     target = api_or_dsn(dsn)
     if isinstance(target, str):
-        rows = asyncio.run(jobs_view().list_nodes(target))
+        rows = _run_async(jobs_view().list_nodes(target))
         if fmt != Format.table:
             dump(rows, fmt)
             return
