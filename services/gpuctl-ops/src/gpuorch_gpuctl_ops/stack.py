@@ -84,6 +84,8 @@ class LocalStack:
     identity_map: dict[str, object] | None = None
     logs_secret: str = field(default_factory=lambda: secrets.token_hex(16))
     api_url: str | None = None
+    supervised: bool = False
+    """Each service runs under a supervisor that restarts it when it crashes (supervise.py; ``gpuctl up``)."""
     _namespace: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     _kept: bool = False
 
@@ -142,9 +144,11 @@ class LocalStack:
         elif script == "gpuorch-api":
             env.setdefault("GPUORCH_LOGS_SECRET", self.logs_secret)
         process = ServiceProcess(name, [_script(script)], env, log_dir / f"{name}.log")
+        argv = [sys.executable, "-m", "gpuorch_gpuctl_ops.supervise", name, "--", *process.argv] if self.supervised \
+            else process.argv
         log_file = process.log_path.open("ab")
         process.popen = subprocess.Popen(
-            process.argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         log_file.close()

@@ -6,7 +6,8 @@
         plain submitter of its own tenant, their tokens under <root>/tokens/; one broker user per service;
         every service runs with GPUORCH_IDENTITY=strict (no ``trust_all``, no ``"*"`` identity)
     scheduler, executor, telemetry, one node-agent (real NVML; ``--nvml sim`` for a machine without GPUs), the API
-        as local processes (LocalStack), left running and recorded in <root>/stack.json
+        as local processes (LocalStack), left running and recorded in <root>/stack.json, each under a supervisor
+        that restarts it when it crashes, with backoff (supervise.py; systemd user units are not used yet)
     the sandbox: run as root, the executor lends each process job a uid of its own (``--job-uids``), confines it
         to its GPUs with a device cgroup and limits its memory and CPU where the host allows; what the executor
         could not enforce is printed at start (``isolation``). Not root: ``up`` refuses, unless ``--unsandboxed``
@@ -147,7 +148,7 @@ def up(
              f"{type(exc).__name__}: {exc}")
     stack = LocalStack(root=root, amqp_url=f"amqp://guest:guest@127.0.0.1:5672/{vhost}", database_url=database_url,
                        nodes=[SimNode(node_id, "this-host", 0)], identity_map=team.identity_map,
-                       extra_env={"GPUORCH_IDENTITY": "strict", "GPUORCH_EXECUTOR_ALLOW": allow})
+                       extra_env={"GPUORCH_IDENTITY": "strict", "GPUORCH_EXECUTOR_ALLOW": allow}, supervised=True)
     with stack:
         try:
             stack.start_scheduler(GPUORCH_AMQP_URL=urls["scheduler"])
