@@ -118,3 +118,11 @@ def test_the_example_submits_with_exactly_what_the_demo_prints(tmp_path: Path, a
         done = subprocess.run([sys.executable, *command[3:]], cwd=REPO, capture_output=True, text=True, timeout=90)
         assert done.returncode == 0, (done.stdout, done.stderr, stack.tail("scheduler"))
         assert "job.accepted" in done.stdout and "job.finished" in done.stdout
+
+
+def test_up_refuses_over_a_running_stack(tmp_path: Path, sleepers: list) -> None:
+    root = (tmp_path / "up").resolve()
+    _sleeper(sleepers, {STACK_MARKER: str(root)})  # a service of a stack whose record is gone
+    root.mkdir()
+    done = _gpuctl(tmp_path, "up", "--root", str(root), "--unsandboxed", "--nvml", "sim")
+    assert done.returncode == 1 and f"a stack already runs at {root}" in done.stderr, done.stderr

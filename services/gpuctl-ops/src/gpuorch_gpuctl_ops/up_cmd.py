@@ -36,7 +36,7 @@ from gpuorch_gpuctl.contexts import load_config, save_config, set_context
 from gpuorch_gpuctl.errors import fail
 from gpuorch_gpuctl.settings import this_run
 
-from gpuorch_gpuctl_ops.stack import LocalStack, SimNode, free_port
+from gpuorch_gpuctl_ops.stack import LocalStack, SimNode, free_port, marked_processes
 from gpuorch_gpuctl_ops.team import TeamError, create_broker_users, team_identity_map
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -130,8 +130,9 @@ def up(
 
     settings = this_run().settings
     root = root.resolve()
-    if (root / "stack.json").exists():
-        fail(f"a stack is already recorded at {root / 'stack.json'} (gpuctl down --root {root})")
+    if LocalStack.running_recorded(root / "stack.json") or marked_processes(root):
+        fail(f"a stack already runs at {root} (gpuctl down --root {root})")
+    (root / "stack.json").unlink(missing_ok=True)  # a record whose processes are all gone
     executor_env = sandbox_env(root, unsandboxed=unsandboxed, job_uids=job_uids)
     node_id = socket.gethostname().split(".")[0].lower()
     who = operator or settings.sudo_user or getpass.getuser()

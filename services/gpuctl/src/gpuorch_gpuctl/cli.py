@@ -280,9 +280,9 @@ def _wait_for_end(client: ApiClient, job_id: str, timeout_s: float) -> dict[str,
 
 def _submit_direct(spec: dict[str, Any], amqp_url: str, dsn: str | None, wait: bool, as_json: bool) -> None:
     """The pre-API path (gpuorch-gpuctl-ops): publish SubmitJob to the broker, read the outcome from the database."""
-    from pydantic import ValidationError
-
     direct, read_models = ops_module("direct"), ops_module("jobs_view")
+    from pydantic import ValidationError  # installed with the ops package's contracts
+
     try:
         checked = direct.checked_spec(spec)
     except ValidationError as exc:
