@@ -280,7 +280,7 @@ def demo(
         console.print(f"[bold]dashboard:[/bold] {api_url}/  (token for the login field: "
                       f"{tokens['demo-operator']}; per team: " + ", ".join(
                           f"{name} {token}" for name, token in tokens.items() if name != "demo-operator") + ")")
-        console.print(publish_instructions(amqp_url))
+        console.print(publish_instructions(amqp_url), soft_wrap=True)
         console.print(f"{len(DEMO_NODES)} simulated nodes registered; submitting {len(workload)} jobs")
         names = _submit_all(api_url, tokens["demo-operator"], workload)
         ids = list(names)
@@ -328,7 +328,7 @@ def demo(
         console.print(f"autoscaler (advise): pool {cell(item['pool'])} {item['current_nodes']} -> "
                       f"{item['desired_nodes']} node(s): {cell(item['reason'])}")
     if keep:
-        console.print(publish_instructions(amqp_url))
+        console.print(publish_instructions(amqp_url), soft_wrap=True)
         console.print(f"the stack keeps running: dashboard {outcome['api_url']}/ ; gpuctl context 'demo' "
                       f"({settings.config_path}): try  uv run gpuctl jobs ,  uv run gpuctl top ,  uv run gpuctl nodes ;  "
                       "uv run gpuctl down  stops it")
