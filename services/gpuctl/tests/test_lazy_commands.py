@@ -54,21 +54,39 @@ def test_the_ops_package_provides_every_command_the_thin_client_names_for_it() -
     assert set(OPS_COMMANDS) == set(plugin_commands())
 
 
+THIN_ABSENT = ("asyncpg", "aio_pika", "aiormq", "numpy", "matplotlib", "psutil", "opentelemetry", "pydantic_settings")
+"""What the thin client's environment does not hold (with every gpuorch library but gpuctl itself)."""
+
+
+def test_the_thin_client_depends_on_typer_rich_httpx_and_yaml_only() -> None:
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert sorted(d.split(">")[0].split("=")[0] for d in project["dependencies"]) == ["httpx", "pyyaml", "rich",
+                                                                                      "typer"]
+
+
 def test_without_the_ops_package_its_commands_say_what_to_install(tmp_path: Path) -> None:
-    """The thin client alone (the ops package hidden: no entry points, no module) refuses ``gpuctl demo`` with
-    one line naming the package to install, and a direct path (``--dsn``) likewise; client commands still load."""
+    """The thin client alone (the ops package, every other gpuorch library and the heavy packages hidden: no
+    entry points, no module) refuses ``gpuctl demo`` with one line naming the package to install, and a direct
+    path (``--dsn``) likewise; the client commands run (here: to an API that refuses the connection)."""
     hide = ("import importlib.metadata as m, sys\n"
+            f"HIDDEN = {THIN_ABSENT!r}\n"
             "real = m.entry_points\n"
             "m.entry_points = lambda **kw: [] if kw.get('group') == 'gpuctl.commands' else real(**kw)\n"
             "class Hide:\n"
             "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name.split('.')[0] in ('gpuorch_gpuctl_ops', 'gpuorch_contracts', 'gpuorch_messaging'):\n"
+            "        top = name.split('.')[0]\n"
+            "        if top.startswith('gpuorch_') and top != 'gpuorch_gpuctl' or top in HIDDEN:\n"
             "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
             "sys.meta_path.insert(0, Hide())\n")
     (tmp_path / "sitecustomize.py").write_text(hide)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "GPUCTL_CONFIG": str(tmp_path / "none.yaml")}
     for args, needs in ((["demo"], "gpuctl demo: install gpuorch-gpuctl-ops"),
-                        (["jobs", "--dsn", "postgresql://127.0.0.1:9/x"], "needs gpuorch-gpuctl-ops")):
+                        (["jobs", "--dsn", "postgresql://127.0.0.1:9/x"], "needs gpuorch-gpuctl-ops"),
+                        (["--server", "http://127.0.0.1:9", "submit", "--gpus", "1", "--array", "0-3%2", "--",
+                          "python", "x.py"], "cannot reach the gpuorch API"),
+                        (["--server", "http://127.0.0.1:9", "jobs"], "cannot reach the gpuorch API")):
         done = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", *args], capture_output=True, text=True,
                               env=env, timeout=120)
         assert done.returncode == 1 and needs in done.stderr and "Traceback" not in done.stderr, done.stderr
