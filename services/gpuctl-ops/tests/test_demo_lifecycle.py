@@ -82,7 +82,7 @@ def test_down_stops_the_recorded_services_and_the_orphans_that_carry_the_marker(
     assert refused.returncode == 1 and "a kept stack runs" in refused.stderr
     done = _gpuctl(tmp_path, "down", "--root", str(root), "--json")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["stopped"] == ["scheduler"]
+    assert json.loads(done.stdout)["stopped"] == ["scheduler", f"pid {orphan.pid} (marked)"]
     assert service.wait(20) is not None and orphan.wait(20) is not None and other_stack.poll() is None
     (root / "stack.json").unlink(missing_ok=True)
     orphan_only = _sleeper(sleepers, {STACK_MARKER: str(root)})

@@ -354,7 +354,8 @@ class LocalStack:
             pid, started = (entry, None) if isinstance(entry, int) else (entry.get("pid"), entry.get("started"))
             try:
                 process = psutil.Process(pid)
-                same = abs(process.create_time() - started) < 0.01 if started is not None else _marked(process, root)
+                same = abs(process.create_time() - started) < 0.01 if started is not None else \
+                    _marked(process, root) or "gpuorch" in " ".join(process.cmdline())  # a record before the marker
             except (psutil.Error, TypeError, ValueError):
                 continue
             if same:
@@ -365,16 +366,21 @@ class LocalStack:
     def stop_recorded(record: Path, timeout_s: float = 15.0) -> list[str]:
         """Stop a stack ``keep`` recorded (its process groups: SIGTERM, then SIGKILL), every other process that
         carries its marker (an orphan of an earlier run, a service restarted by hand) and its jobs; returns the
-        names of the recorded services that were still running. The record is removed."""
+        names of the recorded services that were still running, then ``pid N (marked)`` for each other process
+        stopped by its marker. The record is removed."""
         import psutil
 
         document = json.loads(record.read_text()) if record.exists() else {"root": str(record.parent)}
         root = str(document.get("root", record.parent))
         running = LocalStack.running_recorded(record)
+        ours = {r.pid for r in running.values()}
+        for process in running.values():
+            with contextlib.suppress(psutil.Error):
+                ours.update(child.pid for child in process.children(recursive=True))
         for process in running.values():
             with contextlib.suppress(OSError):
                 os.killpg(process.pid, signal.SIGTERM)
-        orphans = [p for p in marked_processes(root) if p.pid not in {r.pid for r in running.values()}]
+        orphans = [p for p in marked_processes(root) if p.pid not in ours]
         for process in orphans:
             with contextlib.suppress(psutil.Error):
                 process.terminate()
@@ -384,7 +390,7 @@ class LocalStack:
                 process.kill()
         LocalStack(root=Path(root), amqp_url="", database_url="", nodes=[]).kill_jobs()
         record.unlink(missing_ok=True)
-        return sorted(running)
+        return [*sorted(running), *(f"pid {p.pid} (marked)" for p in orphans)]
 
     def __enter__(self) -> LocalStack:
         return self
