@@ -33,7 +33,7 @@ from gpuorch_capacity.mig_simulation import (
     mig_workload,
     simulate_layout,
 )
-from gpuorch_gpuctl.replay_cmd import parse_seeds
+from gpuorch_gpuctl_ops.replay_cmd import parse_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

@@ -10,7 +10,7 @@ bench/results/replay_variants.md and .json and the plot docs/img/replay_variants
 
 Writes bench/results/replay.md (printed too), bench/results/replay.json (all numbers, per seed) and the plot
 docs/img/replay_allocation.png (allocated % against arrived %, mean of the seeds, every policy). The replays are
-the same code as `gpuctl replay` (gpuorch_gpuctl.replay_cmd.run_arrivals), timed per run with time.perf_counter.
+the same code as `gpuctl replay` (gpuorch_gpuctl_ops.replay_cmd.run_arrivals), timed per run with time.perf_counter.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from gpuorch_gpuctl.replay_cmd import parse_seeds, run_arrivals
+from gpuorch_gpuctl_ops.replay_cmd import parse_seeds, run_arrivals
 from gpuorch_policy import PUBLISHED, Cluster, Placement, TaskMix, build_policy, policy_names
 from gpuorch_policy.index import PlacementIndex
 from gpuorch_policy.model import NodeView

@@ -90,7 +90,7 @@ def latency(node_counts: list[int], queued: int, repeats: int) -> None:
 
 def drill(jobs: int, kills: int, seed: int, standby: bool) -> None:
     from crash_drill import crash_drill
-    from gpuorch_gpuctl.stack import LocalStack, SimNode
+    from gpuorch_gpuctl_ops.stack import LocalStack, SimNode
 
     import conftest  # the test fixtures' helpers: a fresh vhost and database
 

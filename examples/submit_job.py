@@ -1,6 +1,9 @@
 """Submit a job from Python with the typed client, wait for the answer and follow the job to its end.
 
-    uv run python examples/submit_job.py amqp://submitter:submitter-dev@127.0.0.1:5672/gpuorch default
+    uv run python examples/submit_job.py amqp://guest:guest@127.0.0.1:5672/gpuorch-demo default
+
+with the URL `gpuctl demo` prints ("other systems publish to: ..."; a `--keep` stack keeps it in var/demo/stack.json);
+against an installation, a submitter broker user of its own: amqp://USER:PASSWORD@HOST:5672/VHOST TENANT.
 
 ``gpuorch_client`` binds its own queue to the tenant's job events (``job.*.<tenant>``) before publishing, publishes
 the SubmitJob with confirms, ``mandatory`` and ``user_id``, then waits. Exit status: 0 the job finished,

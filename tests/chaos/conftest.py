@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gpuorch_gpuctl.stack import SimNode
+from gpuorch_gpuctl_ops.stack import SimNode
 
 from tests.chaos.faults import FAST_LEASES, ChaosStack
 

@@ -7,7 +7,7 @@ import asyncio
 import os
 from dataclasses import dataclass
 
-from gpuorch_gpuctl.stack import LocalStack, ServiceProcess, SimNode
+from gpuorch_gpuctl_ops.stack import LocalStack, ServiceProcess, SimNode
 
 
 def scale(name: str, ci_default: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 import aio_pika
 import pytest
 from gpuorch_contracts import EVENTS_EXCHANGE, ApplyMigLayout, JobSpec, LaunchJob, MigGpuLayout, decode
-from gpuorch_gpuctl.stack import LocalStack, SimNode
+from gpuorch_gpuctl_ops.stack import LocalStack, SimNode
 from gpuorch_messaging import REASON_HEADER, Broker
 
 from tests.deploy.broker_users import RoleUsers

@@ -30,7 +30,7 @@ from gpuorch_contracts import (
     SubmitJob,
     decode,
 )
-from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_gpuctl_ops.stack import LocalStack
 from gpuorch_messaging import REASON_HEADER, Broker, QueueSpec
 from gpuorch_scheduling.testing import registered_node
 

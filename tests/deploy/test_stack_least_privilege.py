@@ -15,7 +15,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 from gpuorch_contracts import JobSpec, ProcessRun, SubmitJob
-from gpuorch_gpuctl.stack import LocalStack, SimNode
+from gpuorch_gpuctl_ops.stack import LocalStack, SimNode
 from gpuorch_messaging.queues import Installation, install
 
 from tests.deploy.broker_users import BrokerUsers, gen

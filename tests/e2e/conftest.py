@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gpuorch_gpuctl.stack import LocalStack, SimNode
+from gpuorch_gpuctl_ops.stack import LocalStack, SimNode
 
 
 @pytest.fixture

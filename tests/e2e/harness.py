@@ -15,7 +15,7 @@ from gpuorch_contracts import Message, NodeHeartbeat, NodeRegistered
 from gpuorch_messaging import Broker
 
 if TYPE_CHECKING:
-    from gpuorch_gpuctl.stack import LocalStack
+    from gpuorch_gpuctl_ops.stack import LocalStack
 
 TERMINAL = ("succeeded", "failed", "rejected", "cancelled")
 
@@ -135,7 +135,7 @@ def api_stack(root: Path) -> Iterator[LocalStack]:
     import json
 
     import httpx
-    from gpuorch_gpuctl.stack import LocalStack, SimNode
+    from gpuorch_gpuctl_ops.stack import LocalStack, SimNode
 
     from conftest import AMQP_HOST, AMQP_PORT, PG_ADMIN, drop_database, drop_vhost, make_database, make_vhost
 

@@ -24,10 +24,13 @@ def test_demo_runs_a_mixed_workload_on_three_simulated_nodes(tmp_path: Path) -> 
     env = {**{k: v for k, v in os.environ.items() if k not in ("GPUORCH_DATABASE_URL", "GPUCTL_SERVER")},
            "GPUORCH_DEMO_VHOST": vhost, "GPUORCH_DEMO_DATABASE_URL": f"postgresql://postgres@127.0.0.1:5432/{database}",
            "GPUCTL_CONFIG": str(tmp_path / "gpuctl.yaml")}
-    report = listed = stopped = None
+    report = listed = stopped = again = None
     try:
         done = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "demo", "--json", "--keep", "--api-port", "0",
                                "--root", str(tmp_path)], env=env, capture_output=True, text=True, timeout=180)
+        if done.returncode == 0:  # `make demo` over the kept stack: refused, its state and database untouched
+            again = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "demo", "--api-port", "0", "--root",
+                                    str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
         if done.returncode == 0:  # kept: gpuctl with no flags reads the demo's jobs through its API
             listed = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", "jobs", "--json"], env=env,
                                     capture_output=True, text=True, timeout=60)
@@ -42,6 +45,8 @@ def test_demo_runs_a_mixed_workload_on_three_simulated_nodes(tmp_path: Path) -> 
         drop_vhost(vhost)
         drop_database(database)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert again is not None and again.returncode == 1 and "a kept stack runs" in again.stderr, again
+    assert f"other systems publish to: amqp://guest:guest@127.0.0.1:5672/{vhost}" in done.stderr
     assert listed is not None and listed.returncode == 0, listed.stderr if listed else ""
     assert len(json.loads(listed.stdout)) == 15
     assert stopped is not None and set(json.loads(stopped.stdout)["stopped"]) >= {"api", "executor", "telemetry"}

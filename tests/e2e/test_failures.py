@@ -9,7 +9,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 from gpuorch_contracts import SUBMIT_EXCHANGE, GpuRequest, JobSpec, ProcessRun, SubmitJob
-from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_gpuctl_ops.stack import LocalStack
 from gpuorch_messaging import REASON_HEADER, Broker
 from gpuorch_messaging.testing import TcpProxy
 from gpuorch_scheduling.testing import registered_node

@@ -8,7 +8,7 @@ import socket
 
 import httpx
 import pytest
-from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_gpuctl_ops.stack import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_gpuctl_ops.stack import LocalStack
 from gpuorch_scheduling.testing import registered_node
 
 from tests.e2e.harness import nodes_online, wait_rows

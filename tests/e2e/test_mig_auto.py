@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
-from gpuorch_gpuctl.stack import LocalStack, SimNode
+from gpuorch_gpuctl_ops.stack import LocalStack, SimNode
 from gpuorch_messaging import Broker
 
 from tests.e2e.harness import publish_when_routable, wait_jobs_terminal, wait_rows

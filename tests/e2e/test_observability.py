@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
-from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_gpuctl_ops.stack import LocalStack
 from gpuorch_observability import configure_tracing, inject_trace, tracer
 from gpuorch_scheduling.testing import registered_node
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest

@@ -9,7 +9,7 @@ import uuid
 import asyncpg
 import pytest
 from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
-from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_gpuctl_ops.stack import LocalStack
 from gpuorch_scheduling.testing import registered_node
 
 from tests.e2e.harness import nodes_online, publish_when_routable, wait_jobs_terminal

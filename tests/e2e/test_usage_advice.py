@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
-from gpuorch_gpuctl.stack import LocalStack, SimNode
+from gpuorch_gpuctl_ops.stack import LocalStack, SimNode
 
 from tests.e2e.harness import publish_when_routable, wait_rows
 

@@ -26,7 +26,7 @@ from gpuorch_api.backends import open_backends
 from gpuorch_api.entrypoint import create_app
 from gpuorch_api.limits import RateLimits
 from gpuorch_api.readmodels import RESOLVE_SQL, ReadModels, job_id_range
-from gpuorch_gpuctl.stack import LocalStack, free_port
+from gpuorch_gpuctl_ops.stack import LocalStack, free_port
 from gpuorch_messaging import Broker
 
 from services.api.tests.conftest import IDENTITY_MAP, auth, serve

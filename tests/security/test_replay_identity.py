@@ -29,7 +29,7 @@ from typing import Any
 import aio_pika
 import pytest
 from gpuorch_contracts import SUBMIT_EXCHANGE, GpuRequest, JobSpec, Message, ProcessRun, SubmitJob
-from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_gpuctl_ops.stack import LocalStack
 from gpuorch_messaging import ORIGINAL_PUBLISHER_HEADER, Broker, submission_lanes
 from gpuorch_messaging.dead_letters import peek
 from gpuorch_messaging.queues import Installation, install

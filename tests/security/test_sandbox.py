@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 from gpuorch_contracts import JobFailed
-from gpuorch_gpuctl.up_cmd import describe_isolation
+from gpuorch_gpuctl_ops.up_cmd import describe_isolation
 
 from conftest import PG_ADMIN, drop_database, drop_vhost, make_database, make_vhost
 from services.executor.tests.conftest import Harness, launch_job, terminal

@@ -6,7 +6,7 @@ import json
 
 import asyncpg
 import pytest
-from gpuorch_gpuctl.db_cmd import db_app
+from gpuorch_gpuctl_ops.db_cmd import db_app
 from gpuorch_store.migrations import available_migrations
 from typer.testing import CliRunner
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_gpuctl_ops.stack import LocalStack
 from typer.testing import CliRunner, Result
 
 from tests.e2e.harness import TEAM_TOKENS, api_stack

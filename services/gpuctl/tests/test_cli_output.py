@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gpuorch_gpuctl.cli import JOB_COLUMNS
-from gpuorch_gpuctl.jobs_view import allocated_gpus, gpu_text
 from gpuorch_gpuctl.output import AlignedRows
 from gpuorch_gpuctl.top_cmd import _lines, frame, gpu_count
+from gpuorch_gpuctl_ops.jobs_view import allocated_gpus, gpu_text
 from rich.console import Console
 
 NOW = datetime.now(UTC)

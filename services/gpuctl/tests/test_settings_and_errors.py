@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpuorch_gpuctl.mig_cmd import mig_app
 from gpuorch_gpuctl.settings import GpuctlSettings
-from gpuorch_settings import variable_of
+from gpuorch_gpuctl_ops.mig_cmd import mig_app
 from typer.testing import CliRunner
 
 from .conftest import Gpuctl
@@ -39,9 +38,9 @@ READ = {
 
 
 def test_the_settings_class_names_every_variable_gpuctl_reads() -> None:
-    fields = {variable_of(info, name): name for name, info in GpuctlSettings.model_fields.items()}
+    fields = {variable: name for variable, (name, _) in GpuctlSettings.variables().items()}
     assert fields == {variable: field for variable, (field, _, _) in READ.items()}
-    assert all(info.description for info in GpuctlSettings.model_fields.values())
+    assert all(meaning for _, meaning in GpuctlSettings.variables().values())
 
 
 @pytest.mark.parametrize("variable", sorted(READ))
@@ -75,9 +74,9 @@ def test_a_services_settings_file_is_not_gpuctls(tmp_path: Path, monkeypatch: py
 def test_help_lists_every_variable_with_its_meaning(gpuctl: Gpuctl) -> None:
     gpuctl.env["COLUMNS"] = "400"  # one line per variable
     shown = gpuctl.ok("--help").stdout
-    for name, info in GpuctlSettings.model_fields.items():
-        line = next((line for line in shown.splitlines() if f" {variable_of(info, name)} " in line), "")
-        assert info.description and info.description in line, f"{variable_of(info, name)} in gpuctl --help"
+    for variable, (_, meaning) in GpuctlSettings.variables().items():
+        line = next((line for line in shown.splitlines() if f" {variable} " in line), "")
+        assert meaning and meaning in line, f"{variable} in gpuctl --help"
 
 
 def test_settings_and_options_belong_to_one_run(gpuctl: Gpuctl, tmp_path: Path) -> None:

@@ -18,8 +18,11 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from gpuorch_contracts.text import strip_terminal_controls
 from gpuorch_gpuctl import cli
 from gpuorch_gpuctl.terminal_text import cell, log_output, markup, neutralised
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -142,3 +145,13 @@ def test_gpuctl_logs_strips_escape_sequences_from_job_output(read_models: tuple[
     assert result.stdout == "Error click\ndone [/]\n"
     raw = CliRunner().invoke(cli.app, ["logs", str(job_id), "--dsn", dsn, "--json"])
     assert json.loads(raw.stdout)["text"] == log.read_text()  # JSON escapes control characters itself
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(["\x1b[", "\x1b]", "\x1b\\", "\x07", "\x9b", "\x9d", "\x90", "\r", "\r\n",
+                                          "\n", "\t", "\u202e", "\x00", "31m", ";", "P", "[", "\x9c"]),
+                          st.text(max_size=4)), max_size=30))
+def test_log_output_strips_exactly_what_the_contracts_strip(parts: list[str]) -> None:
+    """The thin client holds its own copy of ``strip_terminal_controls`` (it does not depend on the contracts)."""
+    text = "".join(parts)
+    assert log_output(text) == strip_terminal_controls(text)

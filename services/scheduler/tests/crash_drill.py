@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 from gpuorch_contracts import COMMANDS_EXCHANGE, GpuRequest, JobSpec, Message, ProcessRun, SubmitJob
-from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_gpuctl_ops.stack import LocalStack
 from gpuorch_messaging import Broker, QueueSpec
 from gpuorch_scheduler.handlers import SchedulerService
 from gpuorch_scheduling.testing import registered_node

@@ -25,7 +25,7 @@ from gpuorch_contracts import (
     SetArrayParallelism,
     SubmitJob,
 )
-from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_gpuctl_ops.stack import LocalStack
 from gpuorch_messaging import Broker
 from gpuorch_scheduler.settings import Settings
 from gpuorch_scheduling.harness import Harness

@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 from gpuorch_contracts import COMMANDS_EXCHANGE, CancelJob, GpuRequest, JobSpec, ProcessRun, SubmitJob
-from gpuorch_gpuctl.stack import LocalStack
+from gpuorch_gpuctl_ops.stack import LocalStack
 from gpuorch_messaging import Broker, QueueSpec
 from gpuorch_scheduling.testing import registered_node
 

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 import typer
 from gpuorch_contracts import GpuAllocation
-from gpuorch_gpuctl.report_cmd import report
+from gpuorch_gpuctl_ops.report_cmd import report
 from gpuorch_messaging.testing import RecordingPublisher
 from gpuorch_telemetry.domain.detection import DetectionConfig
 from gpuorch_telemetry.handlers import TelemetryHandlers

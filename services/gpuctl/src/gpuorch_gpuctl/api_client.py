@@ -12,22 +12,27 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from gpuorch_gpuctl.contexts import Endpoint, context_endpoint, explicit_endpoint
 from gpuorch_gpuctl.errors import USAGE, fail
 from gpuorch_gpuctl.settings import this_run
 
-TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+if TYPE_CHECKING:
+    import httpx
+
+TIMEOUT_S, CONNECT_TIMEOUT_S = 30.0, 5.0
+"""A request's timeouts; httpx itself loads with the first client (``gpuctl --help`` does not import it)."""
 
 
 class ApiClient:
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         headers = {"Authorization": f"Bearer {endpoint.token}"} if endpoint.token else {}
-        self.http = httpx.Client(base_url=endpoint.server, headers=headers, timeout=TIMEOUT)
+        import httpx
+
+        self.http = httpx.Client(base_url=endpoint.server, headers=headers,
+                                 timeout=httpx.Timeout(TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
 
     def close(self) -> None:
         self.http.close()
@@ -43,6 +48,8 @@ class ApiClient:
 
     def find(self, path: str) -> Any:
         """Like ``get``, but None for 404 (a job just submitted is not in the read model yet)."""
+        import httpx
+
         try:
             response = self.http.get(path)
         except httpx.HTTPError as exc:
@@ -71,7 +78,9 @@ class ApiClient:
 
     @contextlib.contextmanager
     def _streamed(self, method: str, path: str, **kwargs: Any) -> Iterator[httpx.Response]:
-        request = self.http.build_request(method, path, timeout=httpx.Timeout(30.0, connect=5.0, read=None),
+        import httpx
+
+        request = self.http.build_request(method, path, timeout=httpx.Timeout(TIMEOUT_S, connect=CONNECT_TIMEOUT_S, read=None),
                                           **kwargs)
         try:
             response = self.http.send(request, stream=True)
@@ -88,6 +97,8 @@ class ApiClient:
             response.close()
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        import httpx
+
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:

@@ -40,10 +40,23 @@ def dependencies(text: str, resolve: Callable[[str], str]) -> list[dict[str, str
 
 
 def array_field(text: str) -> dict[str, Any]:
-    """``0-11%3`` -> the spec's ``array`` (``{"indices": "0-11", "parallelism": 3}``); raises ValueError."""
-    from gpuorch_contracts import parse_array
+    """``0-11%3`` -> the spec's ``array`` (``{"indices": "0-11", "parallelism": 3}``); raises ValueError. The
+    indices are checked here where the job contracts are installed, else by the API (``_check_indices``)."""
+    indices, _, parallelism = text.partition("%")
+    if parallelism and not parallelism.isdigit():
+        raise ValueError(f"array parallelism: {parallelism!r} is not a number")
+    _check_indices(indices)
+    return {"indices": indices, **({"parallelism": int(parallelism)} if parallelism else {})}
 
-    return parse_array(text).model_dump(exclude_none=True)
+
+def _check_indices(text: str) -> None:
+    """Slurm's index syntax checked by the contracts' own parser (raises ValueError) where they are installed (the
+    workspace, gpuorch-gpuctl-ops); the thin client alone leaves it to the API (its 422: exit 2 as well)."""
+    try:
+        from gpuorch_contracts import parse_indices
+    except ModuleNotFoundError:
+        return
+    parse_indices(text)
 
 
 def resolver(client: Any) -> Callable[[str], str]:
@@ -81,10 +94,8 @@ def cancel_tasks(
     as_json: JsonOpt = False,
 ) -> None:
     """Cancel some tasks of an array (gpuctl cancel ID cancels all of them)."""
-    from gpuorch_contracts import parse_indices
-
     try:
-        parse_indices(tasks)
+        _check_indices(tasks)
     except ValueError as exc:
         fail(str(exc), USAGE)
     with api() as client:

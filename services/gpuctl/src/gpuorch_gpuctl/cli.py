@@ -14,10 +14,10 @@ value such as ``--state bogus`` is typer's usage error). The environment gpuctl 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
+import uuid
 from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
@@ -27,14 +27,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuorch_gpuctl import jobs_view
 from gpuorch_gpuctl.api_client import ApiClient, api, api_or_dsn
 from gpuorch_gpuctl.array_cmd import array_app, array_field, dependencies, resolver
 from gpuorch_gpuctl.contexts import config_app, context_endpoint, explicit_endpoint
 from gpuorch_gpuctl.dlq_cmd import dlq_app
 from gpuorch_gpuctl.errors import USAGE, error_line, fail
 from gpuorch_gpuctl.events_cmd import events
-from gpuorch_gpuctl.lazy import LazyGroup, without_panels
+from gpuorch_gpuctl.lazy import LazyGroup, ops_module, without_panels
 from gpuorch_gpuctl.output import (
     AlignedRows,
     Column,
@@ -169,9 +168,6 @@ def submit(
     Everything before ``--`` is gpuctl's options: an unknown one is refused (exit 2, naming the nearest).
     A sweep: gpuctl submit --array 0-11%3 -- python train.py (each task reads GPUORCH_ARRAY_TASK_ID); a pipeline
     step: gpuctl submit --dependency afterok:ID -- python eval.py."""
-    from gpuorch_contracts import JobSpec
-    from pydantic import ValidationError
-
     spec = _read_spec_file(file) if file is not None else {}
     fields = {"name": name, "tenant": tenant, "tier": tier, "priority_class": priority, "cpu_milli": cpu,
               "memory_mib": memory, "preemptible": preemptible, "runtime_estimate_s": runtime_estimate,
@@ -215,13 +211,10 @@ def submit(
     if isinstance(run_spec, dict) and run_spec.get("runtime") == "process" and not run_spec.get("argv"):
         fail("no command to run: gpuctl submit [OPTIONS] -- COMMAND [ARGS...] (or run.argv in the -f job file)",
              USAGE)
-    try:
-        checked = JobSpec.model_validate(spec)
-    except ValidationError as exc:
-        fail(f"invalid job: {invalid_fields(exc)}", USAGE)
     if _direct(amqp_url or dsn):
-        _submit_direct(checked, amqp_url or LOCAL_AMQP_URL, dsn, wait, as_json)
+        _submit_direct(spec, amqp_url or LOCAL_AMQP_URL, dsn, wait, as_json)
         return
+    _check_locally(spec)
     with api() as client:
         answer = client.post("/api/v1/jobs", {"spec": spec})
         job_id = answer["job_id"]
@@ -230,6 +223,20 @@ def submit(
             return
         job = _wait_for_end(client, job_id, timeout)
     _report_end(job_id, job, as_json)
+
+
+def _check_locally(spec: dict[str, Any]) -> None:
+    """Refuse a wrong spec before sending it where the job contracts are installed (the workspace,
+    gpuorch-gpuctl-ops); the thin client alone leaves that to the API, whose 422 is the same usage error (exit 2)."""
+    try:
+        from gpuorch_contracts import JobSpec
+        from pydantic import ValidationError
+    except ModuleNotFoundError:
+        return
+    try:
+        JobSpec.model_validate(spec)
+    except ValidationError as exc:
+        fail(f"invalid job: {invalid_fields(exc)}", USAGE)
 
 
 def invalid_fields(exc: Any) -> str:
@@ -271,41 +278,34 @@ def _wait_for_end(client: ApiClient, job_id: str, timeout_s: float) -> dict[str,
         time.sleep(0.5)
 
 
-def _submit_direct(spec: Any, amqp_url: str, dsn: str | None, wait: bool, as_json: bool) -> None:
-    """The pre-API path: publish SubmitJob to the broker, read the outcome from the database."""
-    from gpuorch_contracts import SubmitJob
+def _submit_direct(spec: dict[str, Any], amqp_url: str, dsn: str | None, wait: bool, as_json: bool) -> None:
+    """The pre-API path (gpuorch-gpuctl-ops): publish SubmitJob to the broker, read the outcome from the database."""
+    direct, read_models = ops_module("direct"), ops_module("jobs_view")
+    from pydantic import ValidationError  # installed with the ops package's contracts
 
-    message = SubmitJob(spec=spec, producer="gpuctl")
-    asyncio.run(_publish(amqp_url, message, this_run().settings.otlp_endpoint))
-    if not wait:
-        print(json.dumps({"job_id": str(message.job_id)}) if as_json else message.job_id)
-        return
-    row = asyncio.run(jobs_view.wait_for_end(dsn or jobs_view.DEFAULT_DSN, message.job_id,
-                                             progress=lambda s: err.print(markup(s))))
-    _report_end(str(message.job_id), row, as_json)
-
-
-async def _publish(amqp_url: str, message: Any, otlp_endpoint: str | None) -> None:
-    """Publish with confirms inside a ``gpuctl <type>`` span: the root of the job's trace in Jaeger."""
-    from gpuorch_messaging import Broker, PublishError, TopologyMissing
-    from gpuorch_observability import configure_tracing, tracer
-    from opentelemetry import trace
-
-    configure_tracing("gpuctl", otlp_endpoint)
-    # a submit-only broker user (gpuctl-submit) may not declare exchanges: look them up only
-    broker = Broker(amqp_url, producer="gpuctl", publish_timeout_s=15, declare_topology=False, topology_wait_s=5)
     try:
-        await broker.connect(timeout_s=10)
-        with tracer("gpuctl").start_as_current_span(f"gpuctl {message.TYPE}", kind=trace.SpanKind.PRODUCER,
-                                                      attributes={"gpuorch.job_id": str(message.job_id)}):
-            await broker.publish(message)
-    except (PublishError, ConnectionError, TopologyMissing) as exc:
-        fail(f"not submitted: {exc} (is the scheduler running?)")
-    finally:
-        await broker.close()
-        provider = trace.get_tracer_provider()
-        if hasattr(provider, "force_flush"):
-            provider.force_flush(5000)
+        checked = direct.checked_spec(spec)
+    except ValidationError as exc:
+        fail(f"invalid job: {invalid_fields(exc)}", USAGE)
+    job_id = direct.submit(checked, amqp_url, this_run().settings.otlp_endpoint)
+    if not wait:
+        print(json.dumps({"job_id": job_id}) if as_json else job_id)
+        return
+    row = _run_async(read_models.wait_for_end(dsn or read_models.DEFAULT_DSN, uuid.UUID(job_id),
+                                               progress=lambda s: err.print(markup(s))))
+    _report_end(job_id, row, as_json)
+
+
+def _run_async(awaitable: Any) -> Any:
+    """``asyncio.run`` for the direct paths (asyncio loads only there)."""
+    import asyncio
+
+    return asyncio.run(awaitable)
+
+
+def jobs_view() -> Any:
+    """The read models read directly (``--dsn``; gpuorch-gpuctl-ops)."""
+    return ops_module("jobs_view")
 
 
 @app.command()
@@ -319,12 +319,7 @@ def cancel(
     """Cancel a job, or every task of an array (a running job gets its checkpoint signal, then is stopped); some
     tasks only: gpuctl array cancel ID --tasks 5-9."""
     if amqp_url and dsn and _direct(amqp_url):
-        from gpuorch_contracts import CancelJob
-
-        full = asyncio.run(jobs_view.resolve_id(dsn, job_id))
-        asyncio.run(_publish(amqp_url, CancelJob(job_id=full, reason=reason, producer="gpuctl"),
-                             this_run().settings.otlp_endpoint))
-        full_id = str(full)
+        full_id = ops_module("direct").cancel(job_id, reason, amqp_url, dsn, this_run().settings.otlp_endpoint)
     else:
         with api() as client:
             full_id = client.post(f"/api/v1/jobs/{job_id}/cancel", {"reason": reason})["job_id"]
@@ -394,8 +389,8 @@ def jobs(
     if watch and isinstance(target, str):
         fail("-w needs the API (a context or --server), not --dsn", USAGE)
     if isinstance(target, str):
-        rows = asyncio.run(jobs_view.list_jobs(target, state=state.value if state else None, limit=limit))
-        listed = [jobs_view.public_row(r) for r in rows if tenant is None or r["tenant"] == tenant]
+        rows = _run_async(jobs_view().list_jobs(target, state=state.value if state else None, limit=limit))
+        listed = [jobs_view().public_row(r) for r in rows if tenant is None or r["tenant"] == tenant]
     else:
         listed = target.get("/api/v1/jobs", state=state.value if state else None, tenant=tenant,
                             tier=tier.value if tier else None, limit=limit, array=array)
@@ -448,7 +443,7 @@ def describe(
     fmt = chosen(output, as_json)
     target = api_or_dsn(dsn)
     if isinstance(target, str):
-        job = jobs_view.public_row(asyncio.run(jobs_view.get_job(target, job_id)), full=True)
+        job = jobs_view().public_row(_run_async(jobs_view().get_job(target, job_id)), full=True)
     else:
         with target:
             job = target.get(f"/api/v1/jobs/{job_id}")
@@ -525,7 +520,7 @@ def _wait_until_started(client: ApiClient, job_id: str, timeout_s: float = 3600)
 
 def _local_logs(dsn: str, job_id: str, follow: bool, as_json: bool) -> None:
     """The pre-API path: the log file its executor wrote, when it is on this host."""
-    row = asyncio.run(jobs_view.get_job(dsn, job_id))
+    row = _run_async(jobs_view().get_job(dsn, job_id))
     path = row.get("log_path")
     if not path:
         fail(f"job {row['job_id']} has no log yet (state {row['state']})")
@@ -543,7 +538,7 @@ def _local_logs(dsn: str, job_id: str, follow: bool, as_json: bool) -> None:
                 sys.stdout.flush()
             if not follow:
                 return
-            current = asyncio.run(jobs_view.get_job(dsn, str(row["job_id"])))
+            current = _run_async(jobs_view().get_job(dsn, str(row["job_id"])))
             if current["state"] in TERMINAL and not chunk:
                 return
             time.sleep(0.5)
@@ -576,7 +571,7 @@ def nodes(dsn: DsnOpt = None, output: OutputOpt = Format.table, no_headers: NoHe
     fmt = chosen(output, as_json)
     target = api_or_dsn(dsn)
     if isinstance(target, str):
-        rows = asyncio.run(jobs_view.list_nodes(target))
+        rows = _run_async(jobs_view().list_nodes(target))
         if fmt != Format.table:
             dump(rows, fmt)
             return

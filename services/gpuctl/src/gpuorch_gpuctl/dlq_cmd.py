@@ -22,6 +22,7 @@ from rich.table import Table
 
 from gpuorch_gpuctl.api_client import api_or_dsn
 from gpuorch_gpuctl.errors import fail
+from gpuorch_gpuctl.lazy import OPS_DISTRIBUTION, OPS_HINT
 from gpuorch_gpuctl.terminal_text import cell
 
 dlq_app = typer.Typer(help="Inspect and replay dead-lettered messages (operators).", no_args_is_help=True)
@@ -36,16 +37,23 @@ AmqpOpt = Annotated[str | None, typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
 
 
-def _direct_list(amqp_url: str, queues: list[str] | None, limit: int) -> list[dict[str, Any]]:
-    from gpuorch_messaging import dead_letters
+def _dead_letters() -> Any:
+    """gpuorch_messaging's dead-letter tools: the direct path, installed with gpuorch-gpuctl-ops."""
+    try:
+        from gpuorch_messaging import dead_letters
+    except ModuleNotFoundError:
+        fail(f"the direct path (--amqp-url) needs {OPS_DISTRIBUTION}: {OPS_HINT}")
+    return dead_letters
 
+
+def _direct_list(amqp_url: str, queues: list[str] | None, limit: int) -> list[dict[str, Any]]:
+    dead_letters = _dead_letters()
     found = asyncio.run(dead_letters.peek(amqp_url, queues or list(dead_letters.KNOWN_QUEUES), limit))
     return [asdict(letter) for letter in found]
 
 
 def _direct_replay(amqp_url: str, queue: str, limit: int) -> dict[str, Any]:
-    from gpuorch_messaging import dead_letters
-
+    dead_letters = _dead_letters()
     try:
         done = asyncio.run(dead_letters.replay(amqp_url, queue, limit, producer="gpuctl/dlq"))
     except dead_letters.DeadLetterQueueMissing as exc:

@@ -1,9 +1,16 @@
-"""Commands whose modules load only when they run: ``gpuctl --help``, ``--version`` and the client commands do not
-import the stack (broker, OpenTelemetry), the policy and scheduling libraries (numpy), the report or asyncpg.
+"""Commands whose modules load only when they run: ``gpuctl --help``, ``--version`` and the client commands import
+no more than typer, rich, httpx and yaml (decision 63).
 
-    LAZY_COMMANDS: name -> where the command is (module, attribute: a function or a typer group) and its one-line
-        help, shown by ``gpuctl --help`` without importing the module (tests/test_lazy_commands.py holds the line to
-        the command's own docstring)
+    LAZY_COMMANDS: this package's lazy commands, name -> where the command is (module, attribute: a function or a
+        typer group) and its one-line help, shown by ``gpuctl --help`` without importing the module
+        (tests/test_lazy_commands.py holds the line to the command's own docstring). A new command module of this
+        package registers here: ``"login": LazyCommand("login_cmd", "login", "Sign in ...")``.
+    plugin_commands(): the commands other installed packages add, through entry points of the group
+        ``gpuctl.commands`` (name = the command, value = a ``LazyCommand`` in a module that imports nothing heavy;
+        gpuorch-gpuctl-ops adds demo, up, down, bench, replay, report ...). Read only when a name is not found
+        here, or for ``--help``.
+    OPS_COMMANDS: the names gpuorch-gpuctl-ops provides, so that without it ``gpuctl demo`` says what to install
+        instead of "no such command"; ``ops_module`` does the same for a direct path (``--dsn``, ``--amqp-url``).
     LazyGroup (the app's click group): lists them with the eager commands; a lazy one is a proxy whose
         ``make_context`` loads the module and hands over to the real command (its options, help and callback)
 """
@@ -13,63 +20,79 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from types import ModuleType
 from typing import Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
+
+from gpuorch_gpuctl.errors import fail
+
+OPS_DISTRIBUTION = "gpuorch-gpuctl-ops"
+OPS_HINT = (f"install {OPS_DISTRIBUTION} for this command (pip install {OPS_DISTRIBUTION}; in the gpuorch "
+            "workspace: make env)")
 
 
 @dataclass(frozen=True)
 class LazyCommand:
     module: str
+    """A module of gpuorch_gpuctl (``report_cmd``), or a full module path (``gpuorch_gpuctl_ops.demo_cmd``)."""
     attribute: str
     short_help: str
     mount: Callable[[Any], None] | None = None
     """Called with the loaded module before the command is built (a group that takes commands from elsewhere)."""
 
 
-def _bench_extras(_: Any) -> None:
-    """``bench capacity`` and ``bench mig`` live in their own modules and join the bench group."""
-    from gpuorch_gpuctl.bench_capacity_cmd import capacity
-    from gpuorch_gpuctl.bench_cmd import bench_app
-    from gpuorch_gpuctl.bench_mig_cmd import mig
-
-    bench_app.command("capacity")(capacity)
-    bench_app.command("mig")(mig)
-
-
-LAZY_COMMANDS = {
-    "demo": LazyCommand("demo_cmd", "demo", "Run a simulated 3-node fleet with a mixed workload of real processes, "
-                        "then stop everything (or --keep)."),
-    "down": LazyCommand("demo_cmd", "down", "Stop the stack `gpuctl demo --keep` or `gpuctl up` left running (and "
-                        "its jobs)."),
-    "up": LazyCommand("up_cmd", "up", "Start every service on this host against its GPUs and leave them running "
-                      "(gpuctl down --root ROOT stops)."),
-    "replay": LazyCommand("replay_cmd", "replay", "Replay a trace through the scheduler on its Harness (FGD paper "
-                          "protocol, or a job-level replay)."),
-    "report": LazyCommand("report_cmd", "report", "The weekly review, from the gpuorch API of the current context: "
-                          "per tenant and job, allocated vs used, idle GPU-hours, advice, queue wait by request "
-                          "shape, and conclusions (idle GPUs, jobs to right-size, shortages, throttling, what the "
-                          "autoscaler would do)."),
-    "setup": LazyCommand("setup_cmd", "setup_app", "Install-time setup: the broker topology, node log credentials."),
-    "schema": LazyCommand("schema_cmd", "schema_app", "Export message schemas (JSON Schema, AsyncAPI)."),
-    "db": LazyCommand("db_cmd", "db_app", "Database schema: apply migrations and show their status."),
-    "bench": LazyCommand("bench_cmd", "bench_app", "Benchmarks of the scheduler against the real broker and database "
-                         "(see docs/PERFORMANCE.md).", _bench_extras),
-    "mig": LazyCommand("mig_cmd", "mig_app", "MIG layouts: what the planner would change (mode advise) and why."),
+LAZY_COMMANDS: dict[str, LazyCommand] = {
     "login": LazyCommand("login_cmd", "login", "Sign in with the team's OpenID provider (device flow: open the URL "
                          "shown, enter the code)."),
     "logout": LazyCommand("login_cmd", "logout", "Sign out: forget this context's token (and revoke its refresh "
                           "token at the provider)."),
-    "reserve": LazyCommand("reserve_cmd", "reserve_app", "Advance reservations: GPUs promised to a tenant for a "
-                           "window (operators create)."),
 }
+"""This package's lazy commands (its other client commands are light and built at once)."""
+OPS_COMMANDS = ("demo", "down", "up", "replay", "report", "setup", "schema", "db", "bench", "mig", "reserve")
+
+
+@cache
+def plugin_commands() -> dict[str, LazyCommand]:
+    """The commands of the ``gpuctl.commands`` entry points of the installed packages (a broken one is skipped:
+    it must not take the whole client down)."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, LazyCommand] = {}
+    for point in entry_points(group="gpuctl.commands"):
+        try:
+            command = point.load()
+        except Exception:  # noqa: BLE001 - a plugin that does not load is left out, the others stay
+            continue
+        if isinstance(command, LazyCommand) and point.name not in found:
+            found[point.name] = command
+    return found
+
+
+def lazy_command(name: str) -> LazyCommand | None:
+    """Where command ``name`` lives: this package's table first, then the installed plugins."""
+    return LAZY_COMMANDS.get(name) or plugin_commands().get(name)
+
+
+def ops_module(name: str) -> ModuleType:
+    """``gpuorch_gpuctl_ops.<name>`` (a direct path's code), or the usage error saying what to install."""
+    try:
+        module = importlib.import_module(f"gpuorch_gpuctl_ops.{name}")
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("gpuorch_gpuctl_ops"):
+            raise
+        fail(f"the direct path (--dsn, --amqp-url) needs {OPS_DISTRIBUTION}: {OPS_HINT}")
+    return module
 
 
 def load(name: str) -> Any:
     """The real click command of a lazy one (its module imported now)."""
-    where = LAZY_COMMANDS[name]
-    module = importlib.import_module(f"gpuorch_gpuctl.{where.module}")
+    where = lazy_command(name)
+    if where is None:
+        raise KeyError(name)
+    module = importlib.import_module(where.module if "." in where.module else f"gpuorch_gpuctl.{where.module}")
     if where.mount is not None:
         where.mount(module)
     target = getattr(module, where.attribute)
@@ -84,6 +107,20 @@ def load(name: str) -> Any:
     return command
 
 
+def _flags_without_type(display: Callable[[Any, Any], str | None]) -> Callable[[Any, Any], str | None]:
+    """typer's panels print a flag's type (``--json <bool>``, ``--wait / --no-wait <bool>``): a flag takes no
+    value, so its type column stays empty (tests/test_lazy_commands.py)."""
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        return None if self.is_flag else display(self, ctx)
+
+    return display_type_rich
+
+
+if not getattr(TyperOption.display_type_rich, "gpuctl_flags", False):
+    TyperOption.display_type_rich = _flags_without_type(TyperOption.display_type_rich)  # type: ignore[method-assign,assignment]
+    TyperOption.display_type_rich.gpuctl_flags = True  # type: ignore[attr-defined]
+
+
 def without_panels(command: Any) -> None:
     """Click's plain help and usage errors for ``command`` and every command under it: no typer panels (their
     box-drawing characters) where the output is not a terminal."""
@@ -96,8 +133,8 @@ class _Proxy(TyperCommand):
     """A lazy command in the listing; parsing its arguments loads it and the real command takes over (plain, as
     its group, when its group is)."""
 
-    def __init__(self, name: str, *, plain: bool) -> None:
-        super().__init__(name, short_help=LAZY_COMMANDS[name].short_help, help=LAZY_COMMANDS[name].short_help)
+    def __init__(self, name: str, where: LazyCommand, *, plain: bool) -> None:
+        super().__init__(name, short_help=where.short_help, help=where.short_help)
         self._real: Any = None
         self._plain = plain
 
@@ -119,9 +156,15 @@ class LazyGroup(TyperGroup):
     """gpuctl's top-level group: the eager commands typer built, and ``LAZY_COMMANDS`` as proxies."""
 
     def list_commands(self, ctx: Any) -> list[str]:
-        return [*super().list_commands(ctx), *(n for n in LAZY_COMMANDS if n not in self.commands)]
+        lazy = [*LAZY_COMMANDS, *plugin_commands()]
+        return [*super().list_commands(ctx), *dict.fromkeys(n for n in lazy if n not in self.commands)]
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
-            return _Proxy(cmd_name, plain=self.rich_markup_mode is None)
+        if cmd_name in self.commands:
+            return super().get_command(ctx, cmd_name)
+        where = lazy_command(cmd_name)
+        if where is not None:
+            return _Proxy(cmd_name, where, plain=self.rich_markup_mode is None)
+        if cmd_name in OPS_COMMANDS:
+            fail(f"gpuctl {cmd_name}: {OPS_HINT}")
         return super().get_command(ctx, cmd_name)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 
-from gpuorch_contracts.text import strip_terminal_controls
 from rich.markup import escape
 
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
@@ -47,7 +46,26 @@ def markup(value: object) -> str:
     return escape(neutralised(value))
 
 
+_ESCAPE_SEQUENCE = re.compile(
+    r"""
+      \x1b\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?     # OSC ... BEL/ST (titles, hyperlinks, clipboard writes)
+    | \x9d[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?       # OSC, C1 form
+    | \x1b[PX^_][^\x1b\x9c]*(?:\x1b\\|\x9c)?          # DCS / SOS / PM / APC strings
+    | [\x90\x98\x9e\x9f][^\x1b\x9c]*(?:\x1b\\|\x9c)?  # the same, C1 form
+    | \x1b\[[0-?]*[ -/]*[@-~]?                        # CSI (colours, cursor moves, screen clears)
+    | \x9b[0-?]*[ -/]*[@-~]?                          # CSI, C1 form
+    | \x1b[ -/]*[0-~]?                                # other ESC sequences (charset switches, resets)
+    """,
+    re.VERBOSE,
+)
+_REMOVED = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
 def log_output(text: str) -> str:
     """A job's output for the terminal: escape sequences and control characters removed (TAB/LF kept; of a line
-    redrawn with CR, only its last frame)."""
-    return strip_terminal_controls(text)
+    redrawn with CR, only its last frame). The same as ``gpuorch_contracts.text.strip_terminal_controls`` (the
+    thin client does not depend on the contracts; tests/test_terminal_text.py holds the two equal)."""
+    text = _ESCAPE_SEQUENCE.sub("", text).replace("\r\n", "\n")
+    if "\r" in text:
+        text = "\n".join(([frame for frame in line.split("\r") if frame] or [""])[-1] for line in text.split("\n"))
+    return _REMOVED.sub("", text)

@@ -11,8 +11,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 import typer
-from gpuorch_gpuctl.bench_mig_cmd import mig as bench_mig
-from gpuorch_gpuctl.mig_cmd import mig_app
+from gpuorch_gpuctl_ops.bench_mig_cmd import mig as bench_mig
+from gpuorch_gpuctl_ops.mig_cmd import mig_app
 from typer.testing import CliRunner
 
 H100 = {"uuid": "GPU-0", "index": 0, "model": "H100-80GB", "memory_total_mib": 81559}

@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from gpuorch_report import Period, WeeklyReport, read_report, resolve_period
-from rich.console import Console
-from rich.table import Table
-
 from gpuorch_gpuctl.api_client import ApiClient, api_or_dsn
 from gpuorch_gpuctl.output import console as output_console
 from gpuorch_gpuctl.terminal_text import cell, markup
+from gpuorch_report import Period, WeeklyReport, read_report, resolve_period
+from rich.console import Console
+from rich.table import Table
 
 
 async def read_direct(dsn: str, period: Period, tenant: str | None) -> WeeklyReport:

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpuorch_gpuctl.bench_baselines import bare_floor, raw_two_hops
-from gpuorch_gpuctl.bench_scratch import ProcessMeter, ScratchServers, machine, progress
-from gpuorch_gpuctl.bench_traffic import Arrivals, ms, percentile, publish_paced, submit_bodies
+from gpuorch_gpuctl_ops.bench_baselines import bare_floor, raw_two_hops
+from gpuorch_gpuctl_ops.bench_scratch import ProcessMeter, ScratchServers, machine, progress
+from gpuorch_gpuctl_ops.bench_traffic import Arrivals, ms, percentile, publish_paced, submit_bodies
 
 GPUS_PER_NODE = 8
 NODE_PROFILE = "h100"
@@ -49,7 +49,7 @@ class E2eParameters:
 def run_e2e(params: E2eParameters, servers: ScratchServers) -> dict[str, Any]:
     """One end-to-end measurement on a scratch vhost and database (and, with ``floor``, a second database for
     the floor); returns the result (keys: see ``gpuctl bench e2e --help``)."""
-    from gpuorch_gpuctl.stack import LocalStack, SimNode
+    from gpuorch_gpuctl_ops.stack import LocalStack, SimNode
 
     if params.jobs > params.nodes * GPUS_PER_NODE:
         raise ValueError(f"{params.jobs} one-GPU jobs cannot all be placed on {params.nodes} nodes x "

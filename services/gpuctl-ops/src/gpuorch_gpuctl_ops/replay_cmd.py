@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from gpuorch_gpuctl.errors import fail
+from gpuorch_gpuctl.terminal_text import cell
 from gpuorch_policy import DEFAULT_POLICY, PUBLISHED, TaskMix, build_policy, policy_names
 from gpuorch_policy.jobs import jobs_from_tasks
 from gpuorch_policy.openb import Task, inflate_seeded, parse_nodes, parse_tasks
@@ -34,9 +36,6 @@ from gpuorch_scheduling.trace_replay import replay_jobs, replay_protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-
-from gpuorch_gpuctl.errors import fail
-from gpuorch_gpuctl.terminal_text import cell
 
 CURVE_POINTS = tuple(range(0, 131, 10))
 

@@ -28,8 +28,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from gpuorch_gpuctl.bench_e2e import GPUS_PER_NODE
-from gpuorch_gpuctl.bench_scratch import ScratchServers, progress
+from gpuorch_gpuctl_ops.bench_e2e import GPUS_PER_NODE
+from gpuorch_gpuctl_ops.bench_scratch import ScratchServers, progress
 
 STREAM = "scheduler"
 
@@ -231,7 +231,7 @@ class SchedulerRestarts:
     run's recovery from its log. Every process is stopped by ``close`` (also used on failure)."""
 
     def __init__(self, root: Path, amqp_url: str, dsn: str, timeout_s: float) -> None:
-        from gpuorch_gpuctl.stack import LocalStack
+        from gpuorch_gpuctl_ops.stack import LocalStack
 
         self.dsn, self.timeout_s = dsn, timeout_s
         self.stack = LocalStack(root=root, amqp_url=amqp_url, database_url=dsn, nodes=[],

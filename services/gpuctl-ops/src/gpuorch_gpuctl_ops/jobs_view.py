@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuorch_contracts.jobs import gpu_equivalents
-
 from gpuorch_gpuctl.errors import fail
 
 TERMINAL = ("succeeded", "failed", "cancelled", "rejected")

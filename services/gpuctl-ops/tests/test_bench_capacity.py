@@ -7,7 +7,7 @@ import json
 
 import pytest
 import typer
-from gpuorch_gpuctl.bench_capacity_cmd import capacity
+from gpuorch_gpuctl_ops.bench_capacity_cmd import capacity
 from typer.testing import CliRunner
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpuorch_gpuctl.bench_recovery import read_restart
+from gpuorch_gpuctl_ops.bench_recovery import read_restart
 
 E2E_KEYS = {"nodes", "offered_per_s", "jobs", "placed", "placements_per_s", "p50_ms", "p99_ms", "raw_p50_ms",
             "raw_p99_ms", "overhead_ratio_p50", "scheduler_cpu_s", "cpu_ms_per_message", "scheduler_rss_mib",
@@ -83,10 +83,12 @@ def test_a_restart_is_timed_by_the_services_own_seconds_then_by_its_log_lines(tm
 
 
 def test_gpuctl_imports_no_service_package() -> None:
-    services = {p.name for p in (REPO / "services").glob("*/src/gpuorch_*") if p.name != "gpuorch_gpuctl"}
+    clients = ("gpuorch_gpuctl", "gpuorch_gpuctl_ops")
+    services = {p.name for p in (REPO / "services").glob("*/src/gpuorch_*") if p.name not in clients}
     assert "gpuorch_scheduler" in services
     found = []
-    for source in (REPO / "services/gpuctl/src/gpuorch_gpuctl").rglob("*.py"):
+    sources = [*(REPO / "services/gpuctl/src").rglob("*.py"), *(REPO / "services/gpuctl-ops/src").rglob("*.py")]
+    for source in sources:
         for node in ast.walk(ast.parse(source.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []

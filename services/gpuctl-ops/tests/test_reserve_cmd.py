@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from gpuorch_gpuctl.reserve_cmd import parse_start
+from gpuorch_gpuctl_ops.reserve_cmd import parse_start
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 

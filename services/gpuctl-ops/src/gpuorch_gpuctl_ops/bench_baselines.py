@@ -25,8 +25,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from gpuorch_gpuctl.bench_scratch import ProcessMeter
-from gpuorch_gpuctl.bench_traffic import Arrivals, ms, percentile, publish_paced
+from gpuorch_gpuctl_ops.bench_scratch import ProcessMeter
+from gpuorch_gpuctl_ops.bench_traffic import Arrivals, ms, percentile, publish_paced
 
 RAW_IN_EXCHANGE, RAW_OUT_EXCHANGE, RAW_RELAY_QUEUE = "bench.raw.in", "bench.raw.out", "bench.raw.relay"
 FLOOR_IN_EXCHANGE, FLOOR_OUT_EXCHANGE, FLOOR_QUEUE = "bench.floor.in", "bench.floor.out", "bench.floor"

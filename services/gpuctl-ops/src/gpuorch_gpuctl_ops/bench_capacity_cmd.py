@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gpuorch_gpuctl.replay_cmd import parse_seeds
+from gpuorch_gpuctl_ops.replay_cmd import parse_seeds
 
 
 def capacity(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import aio_pika
 import pytest
-from gpuorch_gpuctl.setup_cmd import setup_app
+from gpuorch_gpuctl_ops.setup_cmd import setup_app
 from gpuorch_identity import log_credential
 from typer.testing import CliRunner
 

@@ -26,7 +26,6 @@ from typing import Annotated
 
 import aiormq.exceptions
 import typer
-
 from gpuorch_gpuctl.errors import fail
 
 setup_app = typer.Typer(help="Install-time setup: the broker topology, node log credentials.",

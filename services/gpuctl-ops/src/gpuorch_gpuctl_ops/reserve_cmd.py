@@ -17,13 +17,12 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
-from gpuorch_report.period import parse_since
-
 from gpuorch_gpuctl.api_client import api
 from gpuorch_gpuctl.errors import fail
 from gpuorch_gpuctl.output import Column, Format, JsonOpt, NoHeadersOpt, OutputOpt, chosen, dump, emit
 from gpuorch_gpuctl.output import console as output_console
 from gpuorch_gpuctl.terminal_text import cell
+from gpuorch_report.period import parse_since
 
 reserve_app = typer.Typer(help="Advance reservations: GPUs promised to a tenant for a window (operators create).",
                           no_args_is_help=True)

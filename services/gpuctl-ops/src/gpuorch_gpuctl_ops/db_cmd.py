@@ -14,10 +14,9 @@ from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
 import typer
+from gpuorch_gpuctl.errors import fail
 from gpuorch_store.migrations import MigrationError, ensure_database, migrate, status
 from gpuorch_store.outbox import outbox_backlog, parked_rows
-
-from gpuorch_gpuctl.errors import fail
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/gpuorch"
 PARKED_SHOWN = 5

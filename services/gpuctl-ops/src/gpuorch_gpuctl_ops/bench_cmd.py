@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from gpuorch_gpuctl.errors import fail
 
-from gpuorch_gpuctl.bench_scratch import (
+from gpuorch_gpuctl_ops.bench_scratch import (
     DEFAULT_AMQP,
     DEFAULT_AMQP_ADMIN,
     DEFAULT_PG_ADMIN,
@@ -41,8 +42,7 @@ from gpuorch_gpuctl.bench_scratch import (
     machine,
     progress,
 )
-from gpuorch_gpuctl.bench_tables import CORE_COLUMNS, CURVE_COLUMNS, E2E_COLUMNS, RECOVERY_COLUMNS, print_table
-from gpuorch_gpuctl.errors import fail
+from gpuorch_gpuctl_ops.bench_tables import CORE_COLUMNS, CURVE_COLUMNS, E2E_COLUMNS, RECOVERY_COLUMNS, print_table
 
 bench_app = typer.Typer(help="Benchmarks of the scheduler against the real broker and database (see docs/PERFORMANCE.md).",
                         no_args_is_help=True)
@@ -100,7 +100,7 @@ def e2e(
     its outbox-relay child), its peak RSS (MiB), and the simulated fleet's own CPU (fleet_idle_cpu_pct over
     --idle-s, fleet_cpu_pct over the submit window; % of one core).
     """
-    from gpuorch_gpuctl.bench_e2e import E2eParameters, run_e2e
+    from gpuorch_gpuctl_ops.bench_e2e import E2eParameters, run_e2e
 
     params = E2eParameters(nodes=nodes, rate=rate, jobs=jobs, timeout_s=timeout_s, idle_s=idle_s,
                            register_timeout_s=register_timeout_s, heartbeat_s=heartbeat_s,
@@ -132,8 +132,8 @@ def curve(
 ) -> None:
     """The cost curve: `bench e2e` at each fleet size, fixed rate; per-message scheduler CPU, latency and RSS (with
     the raw baseline, without the floor)."""
-    from gpuorch_gpuctl.bench_e2e import GPUS_PER_NODE, E2eParameters, run_e2e
-    from gpuorch_gpuctl.bench_tables import write_curve_png
+    from gpuorch_gpuctl_ops.bench_e2e import GPUS_PER_NODE, E2eParameters, run_e2e
+    from gpuorch_gpuctl_ops.bench_tables import write_curve_png
 
     servers = ScratchServers(amqp, amqp_admin, pg_admin)
     sizes = [int(n) for n in nodes.split(",") if n.strip()]
@@ -181,8 +181,8 @@ def recovery(
     ``state_jobs``/``state_nodes`` are what the service recovered (a scheduler that forgets finished jobs holds
     fewer jobs than the log has).
     """
-    from gpuorch_gpuctl.bench_e2e import GPUS_PER_NODE
-    from gpuorch_gpuctl.bench_recovery import HistoryShape, run_recovery
+    from gpuorch_gpuctl_ops.bench_e2e import GPUS_PER_NODE
+    from gpuorch_gpuctl_ops.bench_recovery import HistoryShape, run_recovery
 
     before = machine()
     shape = HistoryShape(events=events, nodes=nodes, running=min(running, nodes * GPUS_PER_NODE))
@@ -209,7 +209,7 @@ def core(
     shape of Armada's scheduler benchmark. Keys per fleet size: placements_per_s (one cycle and the plan applier
     deciding every job), step_placements_per_s (the whole step, admission included) and engine_placements_per_s
     (the placement engine alone)."""
-    from gpuorch_gpuctl.bench_core import run_core
+    from gpuorch_gpuctl_ops.bench_core import run_core
 
     sizes = [int(n) for n in nodes.split(",") if n.strip()]
     rows = []
@@ -226,7 +226,7 @@ def core(
 @bench_app.command("relay", hidden=True)
 def relay(amqp_url: str, duration_s: float = 600.0) -> None:
     """The raw baseline's relay process (started by ``bench e2e``; stops after ``duration_s``)."""
-    from gpuorch_gpuctl.bench_baselines import relay_hop
+    from gpuorch_gpuctl_ops.bench_baselines import relay_hop
 
     asyncio.run(relay_hop(amqp_url, duration_s))
 
@@ -234,6 +234,6 @@ def relay(amqp_url: str, duration_s: float = 600.0) -> None:
 @bench_app.command("floor-hop", hidden=True)
 def floor_hop(amqp_url: str, dsn: str, duration_s: float = 600.0) -> None:
     """The floor's middle process (started by ``bench e2e``; stops after ``duration_s``)."""
-    from gpuorch_gpuctl.bench_baselines import floor_hop as hop
+    from gpuorch_gpuctl_ops.bench_baselines import floor_hop as hop
 
     asyncio.run(hop(amqp_url, dsn, duration_s))

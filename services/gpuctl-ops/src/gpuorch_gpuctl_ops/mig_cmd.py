@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from gpuorch_gpuctl.terminal_text import cell
 from gpuorch_policy.mig_planner import MIG_MODES, MigPlan, PlannerSettings, describe, plan_mig
 from gpuorch_policy.mig_snapshot import MigSnapshot, from_read_models
 from rich.console import Console
 from rich.table import Table
-
-from gpuorch_gpuctl.terminal_text import cell
 
 mig_app = typer.Typer(help="MIG layouts: what the planner would change (mode advise) and why.", no_args_is_help=True)
 
@@ -37,7 +36,7 @@ def _group() -> None:
 
 async def read_snapshot(dsn: str) -> MigSnapshot:
     """The planner's input from the read models (read-only queries)."""
-    from gpuorch_gpuctl.jobs_view import _connect
+    from gpuorch_gpuctl_ops.jobs_view import _connect
 
     conn = await _connect(dsn)
     try:

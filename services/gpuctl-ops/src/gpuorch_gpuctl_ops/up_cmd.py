@@ -6,7 +6,8 @@
         plain submitter of its own tenant, their tokens under <root>/tokens/; one broker user per service;
         every service runs with GPUORCH_IDENTITY=strict (no ``trust_all``, no ``"*"`` identity)
     scheduler, executor, telemetry, one node-agent (real NVML; ``--nvml sim`` for a machine without GPUs), the API
-        as local processes (LocalStack), left running and recorded in <root>/stack.json
+        as local processes (LocalStack), left running and recorded in <root>/stack.json, each under a supervisor
+        that restarts it when it crashes, with backoff (supervise.py; systemd user units are not used yet)
     the sandbox: run as root, the executor lends each process job a uid of its own (``--job-uids``), confines it
         to its GPUs with a device cgroup and limits its memory and CPU where the host allows; what the executor
         could not enforce is printed at start (``isolation``). Not root: ``up`` refuses, unless ``--unsandboxed``
@@ -31,12 +32,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-
 from gpuorch_gpuctl.contexts import load_config, save_config, set_context
 from gpuorch_gpuctl.errors import fail
 from gpuorch_gpuctl.settings import this_run
-from gpuorch_gpuctl.stack import LocalStack, SimNode, free_port
-from gpuorch_gpuctl.team import TeamError, create_broker_users, team_identity_map
+
+from gpuorch_gpuctl_ops.stack import LocalStack, SimNode, free_port, marked_processes
+from gpuorch_gpuctl_ops.team import TeamError, create_broker_users, team_identity_map
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """The PATH the executor resolves jobs' commands on when jobs run as uids of their own: the host's interpreters,
@@ -129,8 +130,9 @@ def up(
 
     settings = this_run().settings
     root = root.resolve()
-    if (root / "stack.json").exists():
-        fail(f"a stack is already recorded at {root / 'stack.json'} (gpuctl down --root {root})")
+    if LocalStack.running_recorded(root / "stack.json") or marked_processes(root):
+        fail(f"a stack already runs at {root} (gpuctl down --root {root})")
+    (root / "stack.json").unlink(missing_ok=True)  # a record whose processes are all gone
     executor_env = sandbox_env(root, unsandboxed=unsandboxed, job_uids=job_uids)
     node_id = socket.gethostname().split(".")[0].lower()
     who = operator or settings.sudo_user or getpass.getuser()
@@ -147,7 +149,7 @@ def up(
              f"{type(exc).__name__}: {exc}")
     stack = LocalStack(root=root, amqp_url=f"amqp://guest:guest@127.0.0.1:5672/{vhost}", database_url=database_url,
                        nodes=[SimNode(node_id, "this-host", 0)], identity_map=team.identity_map,
-                       extra_env={"GPUORCH_IDENTITY": "strict", "GPUORCH_EXECUTOR_ALLOW": allow})
+                       extra_env={"GPUORCH_IDENTITY": "strict", "GPUORCH_EXECUTOR_ALLOW": allow}, supervised=True)
     with stack:
         try:
             stack.start_scheduler(GPUORCH_AMQP_URL=urls["scheduler"])

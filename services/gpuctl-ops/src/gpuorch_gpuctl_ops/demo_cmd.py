@@ -12,6 +12,7 @@ management API it creates the vhost with are settings (settings.py: GPUORCH_DEMO
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -19,15 +20,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from gpuorch_gpuctl.contexts import load_config, save_config, set_context
+from gpuorch_gpuctl.errors import fail
+from gpuorch_gpuctl.settings import this_run
+from gpuorch_gpuctl.terminal_text import cell, markup
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from gpuorch_gpuctl.contexts import load_config, save_config, set_context
-from gpuorch_gpuctl.errors import fail
-from gpuorch_gpuctl.settings import this_run
-from gpuorch_gpuctl.stack import LocalStack, SimNode, free_port
-from gpuorch_gpuctl.terminal_text import cell, markup
+from gpuorch_gpuctl_ops.stack import LocalStack, SimNode, free_port, marked_processes
 
 console = Console(stderr=True, emoji=False)
 
@@ -205,7 +206,7 @@ async def _job_rows(database_url: str, ids: list[uuid.UUID]) -> list[dict[str, A
 
 
 def _table(names: dict[uuid.UUID, str], rows: list[dict[str, Any]], elapsed: float) -> Table:
-    from gpuorch_gpuctl.jobs_view import gpu_text
+    from gpuorch_gpuctl_ops.jobs_view import gpu_text
 
     by_id = {r["job_id"]: r for r in rows}
     table = Table(title=f"gpuorch demo: {elapsed:.0f}s", expand=False)
@@ -236,11 +237,12 @@ def demo(
     """Run a simulated 3-node fleet with a mixed workload of real processes, then stop everything (or --keep)."""
     started = time.monotonic()
     settings = this_run().settings
+    root = root.resolve()
+    refuse_if_kept(root, settings.config_path)  # before the vhost, the database or the root are touched
     vhost, database_url = settings.demo_vhost, settings.demo_database_url
     have_vhost = _fresh_vhost(settings.amqp_admin, vhost)
-    amqp_url = f"amqp://guest:guest@127.0.0.1:5672/{vhost if have_vhost else ''}"
+    amqp_url = demo_amqp_url(vhost if have_vhost else "")
     asyncio.run(_fresh_database(database_url))
-    root = root.resolve()
     if root.exists():
         import shutil
 
@@ -278,6 +280,7 @@ def demo(
         console.print(f"[bold]dashboard:[/bold] {api_url}/  (token for the login field: "
                       f"{tokens['demo-operator']}; per team: " + ", ".join(
                           f"{name} {token}" for name, token in tokens.items() if name != "demo-operator") + ")")
+        console.print(publish_instructions(amqp_url), soft_wrap=True)
         console.print(f"{len(DEMO_NODES)} simulated nodes registered; submitting {len(workload)} jobs")
         names = _submit_all(api_url, tokens["demo-operator"], workload)
         ids = list(names)
@@ -305,9 +308,10 @@ def demo(
                                "explanation": a["explanation"], "advice": a["advice"]} for a in advice],
                    "jobs_detail": [{"name": names[r["job_id"]], "state": r["state"], "node": (r["node_ids"] or [None])[0],
                                     "exit_code": r["exit_code"]} for r in rows],
-                   "capacity_advice": scaling, "api_url": api_url}
+                   "capacity_advice": scaling, "api_url": api_url, "amqp_url": amqp_url,
+                   "vhost": vhost if have_vhost else "/"}
         if keep:
-            record = stack.keep()
+            record = stack.keep(vhost=outcome["vhost"])
             set_context("demo", api_url, tokens["demo-operator"], use=True, path=settings.config_path)
             _remember_stack(record, settings.config_path)
     console.print(f"[bold]done in {outcome['seconds']}s:[/bold] " + ", ".join(f"{v} {k}" for k, v in counts.items())
@@ -324,6 +328,7 @@ def demo(
         console.print(f"autoscaler (advise): pool {cell(item['pool'])} {item['current_nodes']} -> "
                       f"{item['desired_nodes']} node(s): {cell(item['reason'])}")
     if keep:
+        console.print(publish_instructions(amqp_url), soft_wrap=True)
         console.print(f"the stack keeps running: dashboard {outcome['api_url']}/ ; gpuctl context 'demo' "
                       f"({settings.config_path}): try  uv run gpuctl jobs ,  uv run gpuctl top ,  uv run gpuctl nodes ;  "
                       "uv run gpuctl down  stops it")
@@ -338,6 +343,43 @@ def demo(
     if counts.get("succeeded", 0) < 10 or len(nodes_used) < 3:
         fail(f"the demo expected at least 10 succeeded jobs on 3 nodes: {counts.get('succeeded', 0)} on "
              f"{len(nodes_used)}")
+
+
+def demo_amqp_url(vhost: str) -> str:
+    """The broker URL of the demo's stack, for its services and for other systems: the local broker's guest user
+    (the demo's identity is trust_all: any tenant), on the demo's vhost (``""``: the default vhost)."""
+    from urllib.parse import quote
+
+    return f"amqp://guest:guest@127.0.0.1:5672/{quote(vhost, safe='')}"
+
+
+def publish_instructions(amqp_url: str) -> str:
+    """What another system publishes to: the URL (user, password, vhost) and a command that works with it."""
+    from urllib.parse import unquote, urlsplit
+
+    where = urlsplit(amqp_url)
+    vhost = unquote(where.path[1:]) or "/"
+    return (f"[bold]other systems publish to:[/bold] {amqp_url}  (vhost {vhost}, user {where.username}, password "
+            f"{where.password}; exchange gpuorch.submit; any tenant)  e.g.  uv run python examples/submit_job.py "
+            f"{amqp_url} default")
+
+
+def refuse_if_kept(root: Path, config: Path) -> None:
+    """``gpuctl demo`` would empty the vhost, drop the database and delete the root of a stack that runs: when one
+    that ``demo --keep`` or ``up`` left runs at ``root`` (or the demo context's record names one that runs), stop
+    here, naming it and ``gpuctl down`` (exit 1)."""
+    records = [root / "stack.json"]
+    with contextlib.suppress(Exception):
+        kept = (load_config(config).get("contexts") or {}).get("demo", {}).get("stack")
+        if kept:
+            records.append(Path(kept))
+    for record in records:
+        running = LocalStack.running_recorded(record)
+        if running:
+            fail(f"a kept stack runs ({', '.join(sorted(running))}; recorded at {record}): the demo would delete its "
+                 f"state and database. Stop it first: gpuctl down --root {record.parent}")
+    if marked_processes(root):
+        fail(f"processes of a stack at {root} still run (orphans of an earlier run): gpuctl down --root {root}")
 
 
 def _port_free(port: int) -> bool:
@@ -372,7 +414,7 @@ def down(
         entry = contexts.get(document.get("current-context") or "") or {}
         entry = entry if entry.get("stack") else contexts.get("demo") or {}
         record = Path(entry.get("stack") or "var/demo/stack.json").resolve()
-    if not record.exists():
+    if not record.exists() and not marked_processes(record.parent):
         fail(f"no running demo stack recorded at {record}")
     stopped = LocalStack.stop_recorded(record)
     if as_json:
