@@ -111,11 +111,13 @@ TEAM_TOKENS = {"acme-team": "acme-secret", "research-team": "research-secret", "
 """API tokens of ``api_stack``: two teams (tenants acme and research) and an operator."""
 
 
-def team_identity_map() -> dict[str, Any]:
-    """Every local process is guest (an operator, as in development); two teams and an operator hold tokens."""
+def team_identity_map(oidc: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every local process is guest (an operator, as in development); two teams and an operator hold tokens;
+    ``oidc``: the map's single sign-on section (None: static tokens only)."""
     import hashlib
 
     return {
+        **({"oidc": oidc} if oidc is not None else {}),
         "identities": {
             "*": {"role": "operator", "tenants": ["*"], "default_tenant": "default", "max_priority": "critical"},
             "acme-team": {"role": "submitter", "tenants": ["acme"], "default_tenant": "acme",
@@ -128,10 +130,11 @@ def team_identity_map() -> dict[str, Any]:
 
 
 @contextmanager
-def api_stack(root: Path) -> Iterator[LocalStack]:
+def api_stack(root: Path, oidc: dict[str, Any] | None = None) -> Iterator[LocalStack]:
     """A whole stack with the API (``stack.api_url``) on a fresh vhost and database: two simulated nodes (node-1:
-    2 x A100, node-2: 1 x L4), the teams of ``team_identity_map``, python allowed for both teams. Yields once both
-    nodes are registered; stops everything and drops the vhost and database afterwards."""
+    2 x A100, node-2: 1 x L4), the teams of ``team_identity_map`` (signing in through ``oidc``'s provider too when
+    given), python allowed for both teams. Yields once both nodes are registered; stops everything and drops the
+    vhost and database afterwards."""
     import json
 
     import httpx
@@ -144,7 +147,7 @@ def api_stack(root: Path) -> Iterator[LocalStack]:
     stack = LocalStack(root=root, amqp_url=f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}/{vhost}",
                        database_url=f"{PG_ADMIN.rsplit('/', 1)[0]}/{database}",
                        nodes=[SimNode("node-1", "a100-80", 2), SimNode("node-2", "l4", 1)],
-                       identity_map=team_identity_map(),
+                       identity_map=team_identity_map(oidc),
                        extra_env={"GPUORCH_HEARTBEAT_S": "1", "GPUORCH_TICK_S": "0.5",
                                   "GPUORCH_EXECUTOR_ALLOW": json.dumps(allow),
                                   # the MIG planner (mode advise) plans at once: gpuctl mig plan's test waits less

@@ -1,9 +1,10 @@
 """The dashboard in a real browser (headless Chromium from Debian's packages, driven by selenium through
 /usr/bin/chromedriver: nothing is downloaded): with a team's token the pages load with live data from a running
 stack, a job submitted through the page reaches succeeded, another team's jobs are not shown, and the weekly
-report's charts draw the team's job (and nothing of the other team's). The workbench: a running job's log is
-followed, the job is cancelled through the confirmation and its state changes, the job list pages and filters,
-and the utilisation charts hold telemetry's points. Signing in is one call (``sign_in``)."""
+report's charts draw the team's job (and nothing of the other team's). The workbench: signed in through a real
+OpenID provider (tests/oidc_provider, where node and npm run it, as in CI; else with the team's token), a running
+job's log is followed, the job is cancelled through the confirmation and its state changes, the job list pages and
+filters, and the utilisation charts hold telemetry's points. Signing in is one call (``sign_in``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ import httpx
 import pytest
 
 from tests.e2e.harness import TEAM_TOKENS, api_stack
+from tests.e2e.oidc import oidc_sign_in
+from tests.oidc_provider import Provider, oidc_provider
+
+__all__ = ["oidc_provider"]
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -29,8 +34,21 @@ webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is a dev 
 
 
 @pytest.fixture(scope="module")
-def stack_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with api_stack(tmp_path_factory.mktemp("dashboard")) as stack:
+def sso_provider(request: pytest.FixtureRequest) -> Provider | None:
+    """The real OpenID provider where node and npm run it (CI installs both), else None (token sign-in only)."""
+    try:
+        provider: Provider = request.getfixturevalue("oidc_provider")
+    except pytest.skip.Exception:
+        return None
+    return provider
+
+
+@pytest.fixture(scope="module")
+def stack_url(tmp_path_factory: pytest.TempPathFactory, sso_provider: Provider | None) -> Iterator[str]:
+    oidc = None if sso_provider is None else {
+        "issuer": sso_provider.issuer, "client_id": sso_provider.client_id, "provider_name": "Test IdP",
+        "groups": [{"group": "gpuorch-operators", "identity": "ops"}, {"group": "acme-devs", "identity": "acme-team"}]}
+    with api_stack(tmp_path_factory.mktemp("dashboard"), oidc) as stack:
         assert stack.api_url is not None
         yield stack.api_url
 
@@ -239,7 +257,7 @@ def listed(url: str, job_ids: list[str], who: str = "acme-team") -> None:
 
 
 def test_a_team_member_follows_a_jobs_log_cancels_it_pages_the_jobs_and_reads_its_utilisation(
-        stack_url: str, browser: Any) -> None:
+        stack_url: str, browser: Any, sso_provider: Provider | None) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
@@ -247,7 +265,10 @@ def test_a_team_member_follows_a_jobs_log_cancels_it_pages_the_jobs_and_reads_it
              for i in range(3)]
     running = submit(stack_url, "follow-me", LOGGING_ARGV)
     listed(stack_url, [*short, running])
-    sign_in(browser, stack_url, page="#/jobs?q=pager-&limit=2")
+    if sso_provider is not None:  # through the provider's login page: alice (group acme-devs) is acme-team
+        oidc_sign_in(browser, stack_url, "alice", "#/jobs?q=pager-&limit=2", identity="acme-team")
+    else:
+        sign_in(browser, stack_url, page="#/jobs?q=pager-&limit=2")
 
     # paging: two of three, then the third, then back; a filter narrows the list
     def rows(b: Any) -> list[str]:
