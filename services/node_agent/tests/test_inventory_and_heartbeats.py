@@ -143,14 +143,14 @@ def test_heartbeats_carry_the_gpus_state_when_utilisation_or_health_changed_and_
     agent.start()
     beats = []
     for _ in range(8):
-        beats.append([m for m in agent.heartbeat_messages() if isinstance(m, NodeHeartbeat)][0])
+        beats.append(next(m for m in agent.heartbeat_messages() if isinstance(m, NodeHeartbeat)))
     carried = [bool(b.gpus) for b in beats]
     # with the inventory, then unchanged idle GPUs: empty until the sixth beat since the last full one
     assert carried == [True, False, False, False, False, False, True, False]
     assert [b.sequence for b in beats] == list(range(beats[0].sequence, beats[0].sequence + 8))  # liveness as before
     agent.nvml.inject_xid(0, 74)
     agent.on_nvml_event(agent.uuid_of(0), 0x8, 74)
-    changed = [m for m in agent.heartbeat_messages() if isinstance(m, NodeHeartbeat)][0]
+    changed = next(m for m in agent.heartbeat_messages() if isinstance(m, NodeHeartbeat))
     assert changed.gpus and changed.gpus[0].health == "unhealthy"
     agent.heartbeat.forget_sent()
-    assert [m for m in agent.heartbeat_messages() if isinstance(m, NodeHeartbeat)][0].gpus
+    assert next(m for m in agent.heartbeat_messages() if isinstance(m, NodeHeartbeat)).gpus
