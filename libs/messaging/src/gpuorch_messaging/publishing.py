@@ -163,10 +163,12 @@ class ConfirmedPublisher:
                                                                     drain_future=drained))
                 await drained
         if confirms:
-            await _all_settled(list(confirms.values()), self.publish_timeout_s)
-            settled = [_settled(f) for f in confirms.values()]
-            for f in confirms.values():
-                f.cancel()  # one left open timed out: stop waiting for it (a no-op on the settled ones)
+            try:
+                await _all_settled(list(confirms.values()), self.publish_timeout_s)
+                settled = [_settled(f) for f in confirms.values()]
+            finally:
+                for f in confirms.values():
+                    f.cancel()  # one left open timed out (or we were cancelled): stop waiting for it
             for k, result in zip(confirms, settled, strict=True):
                 m = messages[k]
                 if isinstance(result, aio_pika.exceptions.PublishError):
