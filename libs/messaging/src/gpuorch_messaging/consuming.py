@@ -71,7 +71,14 @@ MESSAGES_CONSUMED = Counter("gpuorch_messages_consumed_total", "Messages handled
 MESSAGES_DEAD_LETTERED = Counter("gpuorch_messages_dead_lettered_total", "Messages dead-lettered", ["queue", "cause"])
 
 _CONSUMED: dict[tuple[str, str], Any] = {}
-"""(queue, type) -> its ``MESSAGES_CONSUMED`` child: looked up once, not per heartbeat."""
+"""(queue, type) -> its ``MESSAGES_CONSUMED`` child: looked up once, not per delivery."""
+
+
+def _consumed(queue: str, kind: str) -> Any:
+    counter = _CONSUMED.get((queue, kind))
+    if counter is None:
+        counter = _CONSUMED[queue, kind] = MESSAGES_CONSUMED.labels(queue, kind)
+    return counter
 
 Handler = Callable[[Message], Awaitable[None]]
 SenderAwareHandler = Callable[[Message, str | None], Awaitable[None]]
@@ -316,7 +323,7 @@ class Consumers:
                     log.warning("consume.handler_failed", queue=spec.name, attempt=attempts, error=repr(exc))
                     await _quiet(incoming.nack(requeue=True))
                 return False
-            MESSAGES_CONSUMED.labels(spec.name, message.TYPE).inc()
+            _consumed(spec.name, message.TYPE).inc()
             if message.TYPE in _LIFECYCLE_LOGGED:
                 log.info("message.handled", queue=spec.name)
             return True
@@ -332,10 +339,7 @@ class Consumers:
         except Exception as exc:  # noqa: BLE001 - the next delivery of the same state replaces this one
             log.warning("consume.handler_failed", queue=spec.name, error=repr(exc), note="not retried: latest wins")
             return
-        counter = _CONSUMED.get((spec.name, message.TYPE))
-        if counter is None:
-            counter = _CONSUMED[spec.name, message.TYPE] = MESSAGES_CONSUMED.labels(spec.name, message.TYPE)
-        counter.inc()
+        _consumed(spec.name, message.TYPE).inc()
 
     def _handler_outlived_delivery(self, handling: asyncio.Future[None]) -> None:
         self._running_handlers.discard(handling)
