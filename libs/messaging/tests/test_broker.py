@@ -574,3 +574,58 @@ async def test_a_nodes_dead_letter_queue_reports_its_fullness(amqp_url: str) -> 
         gauges.cancel()
         await connection.close()
         await broker.close()
+
+
+async def test_a_latest_wins_queue_takes_deliveries_raw_dead_letters_the_invalid_and_keeps_it_after_a_reconnect(
+    amqp_url: str, amqp_vhost: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Heartbeat-like queues (``acknowledged=False``) are handled from aiormq's deliveries directly; an invalid
+    body still takes the full path (dead-lettered with its reason); after the connection is cut the raw path is
+    installed again on the restored consumer."""
+    from gpuorch_messaging.consuming import Consumers
+
+    raw_calls = [0]
+    deliver_raw = Consumers._deliver_raw
+
+    async def counting(self, consumer, delivered):  # type: ignore[no-untyped-def]
+        raw_calls[0] += 1
+        await deliver_raw(self, consumer, delivered)
+
+    monkeypatch.setattr(Consumers, "_deliver_raw", counting)
+    proxy = TcpProxy("127.0.0.1", 5672)
+    await proxy.start()
+    broker = Broker(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{amqp_vhost}", producer="test")
+    await broker.connect()
+    seen: list[uuid.UUID] = []
+
+    async def handler(message):  # type: ignore[no-untyped-def]
+        seen.append(message.job_id)
+
+    async def handled(expected: list[uuid.UUID]) -> None:
+        for _ in range(200):
+            if seen == expected:
+                return
+            await asyncio.sleep(0.05)
+        assert seen == expected
+
+    try:
+        await broker.consume(QueueSpec("t.latest", [(SUBMIT_EXCHANGE, "job.submit")], acknowledged=False), handler)
+        first = [SubmitJob(spec=SPEC) for _ in range(3)]
+        for message in first:
+            await broker.publish(message)
+        await handled([m.job_id for m in first])
+        assert raw_calls[0] == 3
+
+        await _publish_foreign(amqp_url, b"{not json")
+        dead = await _drain(amqp_url, "t.latest.dlq", 1)
+        assert len(dead) == 1 and "invalid message" in dead[0].headers[REASON_HEADER]
+
+        await proxy.cut()
+        later = SubmitJob(spec=SPEC)
+        await broker.publish(later)  # waits for the reconnect
+        await handled([m.job_id for m in first] + [later.job_id])
+        assert proxy.cuts == 1
+        assert raw_calls[0] == 5  # the invalid body and the message after the reconnect came raw too
+    finally:
+        await broker.close()
+        await proxy.stop()

@@ -136,3 +136,21 @@ def test_inventory_is_resent_periodically_even_when_unchanged() -> None:
     kinds = [[type(m) for m in state.messages(inventory, [GpuLive(index=0)])] for _ in range(7)]
     registered_at = [i for i, k in enumerate(kinds) if NodeRegistered in k]
     assert registered_at == [0, 3, 6]
+
+
+def test_heartbeats_carry_the_gpus_state_when_utilisation_or_health_changed_and_every_few_beats():
+    (agent,) = _agents("a100x8:1")
+    agent.start()
+    beats = []
+    for _ in range(8):
+        beats.append(next(m for m in agent.heartbeat_messages() if isinstance(m, NodeHeartbeat)))
+    carried = [bool(b.gpus) for b in beats]
+    # with the inventory, then unchanged idle GPUs: empty until the sixth beat since the last full one
+    assert carried == [True, False, False, False, False, False, True, False]
+    assert [b.sequence for b in beats] == list(range(beats[0].sequence, beats[0].sequence + 8))  # liveness as before
+    agent.nvml.inject_xid(0, 74)
+    agent.on_nvml_event(agent.uuid_of(0), 0x8, 74)
+    changed = next(m for m in agent.heartbeat_messages() if isinstance(m, NodeHeartbeat))
+    assert changed.gpus and changed.gpus[0].health == "unhealthy"
+    agent.heartbeat.forget_sent()
+    assert next(m for m in agent.heartbeat_messages() if isinstance(m, NodeHeartbeat)).gpus

@@ -101,7 +101,10 @@ class NodeHeartbeat(Message):
     node_id: Name
     inventory_hash: Token
     sequence: Count
-    gpus: Annotated[list[GpuLive], Field(max_length=64)] = []
+    gpus: Annotated[list[GpuLive], Field(max_length=64)] = Field(
+        default=[], description="The GPUs' live state; empty when no GPU's utilisation or health changed since the "
+        "last heartbeat that carried it (sent with every inventory and at least every few heartbeats): "
+        "'as last reported'")
     nvml_errors: Annotated[list[ShortText], Field(max_length=64)] = Field(
         default=[], description="NVML calls that failed for this reading ('function: error'); their fields are None"
     )

@@ -14,7 +14,8 @@ letter that says why.
 
 Every delivery ends acked or nacked: nothing raised on the way leaves it holding a prefetch slot. A latest-wins queue
 (``QueueSpec.acknowledged`` False: heartbeats) is consumed without acknowledgements and its handler runs inline; a
-delivery it loses is replaced by the next. A dead letter is
+delivery it loses is replaced by the next. Its deliveries are taken from aiormq directly (no aio-pika message object,
+no second task per delivery); one that is not a valid message its sender may send takes the full path above. A dead letter is
 published with confirms to ``gpuorch.dlx`` (key Q) carrying the body, the original headers and ``REASON_HEADER``,
 ``QUEUE_HEADER``, ``EXCHANGE_HEADER``, ``ROUTING_KEY_HEADER`` and the original publisher
 (``provenance.ORIGINAL_PUBLISHER_HEADER``: the identity the delivery was judged by, never the consumer's); only
@@ -26,12 +27,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
+from aio_pika import IncomingMessage
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel
+from aiormq.abc import DeliveredMessage
 from gpuorch_contracts import DEAD_LETTER_EXCHANGE, MAX_MESSAGE_BYTES, Message, decode
 from gpuorch_observability import bind_context, extract_trace, get_logger, tracer, tracing_exported
 from opentelemetry import context as otel_context
@@ -65,6 +69,16 @@ UNTRACED = frozenset({"node.heartbeat", "executor.heartbeat", "gpu.usage_sampled
 (80 of 95 traces of a demo were heartbeats). Their counters and the services' metrics show them instead."""
 MESSAGES_CONSUMED = Counter("gpuorch_messages_consumed_total", "Messages handled and acked", ["queue", "type"])
 MESSAGES_DEAD_LETTERED = Counter("gpuorch_messages_dead_lettered_total", "Messages dead-lettered", ["queue", "cause"])
+
+_CONSUMED: dict[tuple[str, str], Any] = {}
+"""(queue, type) -> its ``MESSAGES_CONSUMED`` child: looked up once, not per delivery."""
+
+
+def _consumed(queue: str, kind: str) -> Any:
+    counter = _CONSUMED.get((queue, kind))
+    if counter is None:
+        counter = _CONSUMED[queue, kind] = MESSAGES_CONSUMED.labels(queue, kind)
+    return counter
 
 Handler = Callable[[Message], Awaitable[None]]
 SenderAwareHandler = Callable[[Message, str | None], Awaitable[None]]
@@ -173,6 +187,46 @@ class Consumers:
 
         consumer.tag = await queue.consume(on_message, no_ack=not spec.acknowledged)
         self._consumers.append(consumer)
+        if not spec.acknowledged:
+            await self._take_deliveries_raw(consumer)
+            channel.reopen_callbacks.add(lambda _channel: self._take_deliveries_raw(consumer))
+
+    async def _take_deliveries_raw(self, consumer: _Consumer) -> None:
+        """A latest-wins consumer (heartbeats: the bulk of an idle scheduler's deliveries) takes aiormq's deliveries
+        itself (``_deliver_raw``) instead of through aio-pika's message objects. aio-pika still owns the consumer
+        and restores it after a reconnect; this runs again then (``reopen_callbacks``). Should it not, deliveries
+        simply take aio-pika's path: the same outcome, at the old cost."""
+        try:
+            assert consumer.channel is not None
+            raw: Any = await consumer.channel.get_underlay_channel()  # aiormq.Channel: its consumers by tag
+            if consumer.tag in raw.consumers:
+                raw.consumers[consumer.tag] = functools.partial(self._deliver_raw, consumer)
+        except Exception as exc:  # noqa: BLE001 - aio-pika's path stays in place
+            log.warning("consume.raw_path_unavailable", queue=consumer.spec.name, error=repr(exc))
+
+    async def _deliver_raw(self, consumer: _Consumer, delivered: DeliveredMessage) -> None:
+        """One delivery of a latest-wins queue, straight from aiormq: judged, decoded and handled as
+        ``_judge_and_handle`` would, for the common case (a known, valid message its sender may send). Anything
+        else (too large, undecodable, refused, a forged publisher header) takes the full path, with the aio-pika
+        message it expects."""
+        spec = consumer.spec
+        properties = delivered.header.properties
+        judged = judged_publisher(properties.user_id, properties.headers, mode=self.policy.identity,
+                                  node_scopes=self.policy.node_scopes)
+        message: Message | None = None
+        if judged.refused is None and len(delivered.body) <= MAX_MESSAGE_BYTES:
+            try:
+                message = consumer.decoder(delivered.body)
+            except Exception:  # noqa: BLE001 - the full path dead-letters it and says why
+                message = None
+        if message is not None and spec.accepts is not None and refusal(
+                spec.accepts, message, judged.publisher, queue=spec.name, mode=self.policy.identity,
+                node_scopes=self.policy.node_scopes) is not None:
+            message = None
+        if message is None:
+            await self._deliver(consumer, IncomingMessage(delivered, no_ack=True))
+            return
+        await self._handle_unacknowledged(consumer, message, judged.publisher)
 
     async def close(self) -> None:
         for consumer in self._consumers:
@@ -269,7 +323,7 @@ class Consumers:
                     log.warning("consume.handler_failed", queue=spec.name, attempt=attempts, error=repr(exc))
                     await _quiet(incoming.nack(requeue=True))
                 return False
-            MESSAGES_CONSUMED.labels(spec.name, message.TYPE).inc()
+            _consumed(spec.name, message.TYPE).inc()
             if message.TYPE in _LIFECYCLE_LOGGED:
                 log.info("message.handled", queue=spec.name)
             return True
@@ -285,7 +339,7 @@ class Consumers:
         except Exception as exc:  # noqa: BLE001 - the next delivery of the same state replaces this one
             log.warning("consume.handler_failed", queue=spec.name, error=repr(exc), note="not retried: latest wins")
             return
-        MESSAGES_CONSUMED.labels(spec.name, message.TYPE).inc()
+        _consumed(spec.name, message.TYPE).inc()
 
     def _handler_outlived_delivery(self, handling: asyncio.Future[None]) -> None:
         self._running_handlers.discard(handling)

@@ -126,6 +126,9 @@ class ConfirmedPublisher:
         outcomes: list[BaseException | None] = [None] * len(messages)
         confirms: dict[int, asyncio.Future[Any]] = {}
         frames: list[Any] = []
+        context_headers: dict[str, Any] = {}
+        inject_trace(context_headers)  # the relay's current context: the same for every row of the batch
+        user_id = self.connection.user_id
         async with channel.lock:
             for k, m in enumerate(messages):
                 if m.exchange not in self._exchanges:
@@ -136,12 +139,13 @@ class ConfirmedPublisher:
                                                  f"{MAX_MESSAGE_BYTES}")
                     continue
                 headers = dict(m.headers or {})
-                if "traceparent" not in headers:
-                    inject_trace(headers)
-                properties = aio_pika.Message(
-                    m.body, message_id=m.message_id, content_type="application/json",
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT, headers=headers, app_id=self.producer,
-                    user_id=self.connection.user_id).properties
+                if context_headers and "traceparent" not in headers:
+                    headers = {**context_headers, **headers}
+                # the properties ``publish_confirmed``'s aio_pika.Message gives, without building the Message
+                properties = Basic.Properties(
+                    app_id=self.producer, content_type="application/json",
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT, headers=headers, message_id=m.message_id,
+                    priority=0, user_id=user_id)
                 channel.delivery_tag += 1
                 tag = channel.delivery_tag
                 confirmation = channel.create_future()
@@ -160,12 +164,11 @@ class ConfirmedPublisher:
                 await drained
         if confirms:
             try:
-                settled = await asyncio.wait_for(asyncio.gather(*confirms.values(), return_exceptions=True),
-                                                 timeout=self.publish_timeout_s)
-            except TimeoutError:
-                settled = [f.exception() if f.done() and not f.cancelled() and f.exception() else
-                           (None if f.done() and not f.cancelled() else PublishError("not confirmed in time"))
-                           for f in confirms.values()]
+                await _all_settled(list(confirms.values()), self.publish_timeout_s)
+                settled = [_settled(f) for f in confirms.values()]
+            finally:
+                for f in confirms.values():
+                    f.cancel()  # one left open timed out (or we were cancelled): stop waiting for it
             for k, result in zip(confirms, settled, strict=True):
                 m = messages[k]
                 if isinstance(result, aio_pika.exceptions.PublishError):
@@ -233,6 +236,43 @@ class ConfirmedPublisher:
 _AIORMQ_CHANNEL = ("lock", "delivery_tag", "confirmations", "message_id_delivery_tag", "write_queue", "_split_body",
                    "create_future", "number")
 """The aiormq channel internals ``publish_raw_batch`` writes through (aiormq's own ``basic_publish`` uses the same)."""
+
+
+async def _all_settled(futures: list[asyncio.Future[Any]], timeout_s: float) -> None:
+    """Return once every future is done, or after ``timeout_s`` (one waiter and a counter: a batch's hundreds of
+    confirms cost one callback each, not a gathering future's bookkeeping)."""
+    pending = sum(1 for f in futures if not f.done())
+    if not pending:
+        return
+    loop = asyncio.get_running_loop()
+    all_done: asyncio.Future[None] = loop.create_future()
+    left = [pending]
+
+    def one_done(_: asyncio.Future[Any]) -> None:
+        left[0] -= 1
+        if not left[0] and not all_done.done():
+            all_done.set_result(None)
+
+    for f in futures:
+        if not f.done():
+            f.add_done_callback(one_done)
+    try:
+        await asyncio.wait_for(all_done, timeout=timeout_s)
+    except TimeoutError:
+        pass
+    finally:
+        for f in futures:
+            f.remove_done_callback(one_done)
+
+
+def _settled(future: asyncio.Future[Any]) -> BaseException | None:
+    """A confirm's outcome: None once confirmed, the exception it ended with, or ``PublishError`` if it is still
+    open (or was cancelled: its channel closed)."""
+    if not future.done():
+        return PublishError("not confirmed in time")
+    if future.cancelled():
+        return PublishError("not confirmed: the channel closed before its confirm")
+    return future.exception()
 
 
 def _cancelling() -> bool:

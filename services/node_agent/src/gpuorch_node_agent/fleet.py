@@ -7,7 +7,7 @@ Contract:
   a slow confirm never delays the next tick; at most ``max_in_flight`` batches wait for confirms (back-pressure);
 - a health event goes out at once, on its own task, never waiting for a heartbeat tick;
 - a failed publish is logged and counted, never fatal: a heartbeat is latest-wins (the next one replaces it) and a
-  node whose ``NodeRegistered`` failed re-sends its inventory with its next heartbeat;
+  node whose ``NodeRegistered`` (or heartbeat with its GPUs' state) failed re-sends it with its next heartbeat;
 - ``stats`` counts what was published and each heartbeat's publish lag (confirm time minus its due time).
 """
 
@@ -238,10 +238,12 @@ class FleetRunner:
         except Exception as exc:
             self.stats.publish_failures += len(messages)
             log.warning("fleet.publish_failed", count=len(messages), error=str(exc)[:300])
-            by_id = self.by_node_id if any(isinstance(m, NodeRegistered) for m in messages) else {}
+            by_id = self.by_node_id  # what was lost goes again with the next heartbeat: inventory, GPUs' state
             for m in messages:
                 if isinstance(m, NodeRegistered) and m.inventory.node_id in by_id:
                     by_id[m.inventory.node_id].heartbeat.forget_sent()
+                elif isinstance(m, NodeHeartbeat) and m.gpus and m.node_id in by_id:
+                    by_id[m.node_id].heartbeat.sent_gpus = None
             return
         confirmed = self.clock()
         if len(self.stats.confirm_s) < self.max_lag_samples:

@@ -252,7 +252,8 @@ class SchedulerService:
         await self.handle(lost)
 
     async def heartbeat(self, beat: NodeHeartbeat) -> None:
-        """Renew a node's lease (in memory only; latest wins)."""
+        """Renew a node's lease (in memory only; latest wins). A heartbeat without ``gpus`` leaves the GPUs'
+        utilisation as the node last reported it (node-agents send it when it changed, and every few beats)."""
         lease_now = self._lease_clock()
         self.scheduler.node_heartbeat(beat.node_id, lease_now, beat.gpus)
         if self._journal is not None:
