@@ -685,11 +685,13 @@ class SchedulerState:
             if holders is not None:
                 holders.discard(job.job_id)
 
-    def _holding(self, nodes: set[str] | None) -> list[JobRecord]:
+    def _holding(self, nodes: set[str] | None, ordered: bool = True) -> list[JobRecord]:
+        """The jobs holding capacity (on ``nodes`` when given: by job id when ``ordered``)."""
         if nodes is None:
             return [j for j in self.jobs.values() if j.holds_capacity]
-        found = {j for n in nodes for j in self._holders.get(n, ()) if j in self.jobs and self.jobs[j].holds_capacity}
-        return [self.jobs[j] for j in sorted(found, key=str) if j in self.jobs]  # type: ignore[index]
+        jobs = self.jobs
+        found = {j for n in nodes for j in self._holders.get(n, ()) if j in jobs and jobs[j].holds_capacity}
+        return [jobs[j] for j in (sorted(found, key=str) if ordered else found)]  # type: ignore[index]
 
     def jobs_on(self, node_id: str) -> list[JobRecord]:
         """The jobs holding capacity on ``node_id`` (from the fold's index of holders per node)."""
@@ -716,19 +718,35 @@ class SchedulerState:
 
     def capacity_violations(self, nodes: set[str] | None = None) -> list[str]:
         """Every way current allocations exceed capacity (empty when the invariant holds), derived from the jobs
-        alone; on ``nodes`` only when given."""
+        alone; on ``nodes`` only when given. One pass over the jobs holding capacity there (the plan applier runs
+        it on every node a plan placed on); the problems come sorted."""
+        gpu_milli: dict[tuple[str, str], int] = {}
+        host: dict[str, list[int]] = {}
+        for job in self._holding(nodes, ordered=False):
+            cpu, mem = job.spec.cpu_milli, job.spec.memory_mib
+            for assignment in job.assignments:
+                node_id = assignment.node_id
+                used = host.get(node_id)
+                if used is None:
+                    host[node_id] = [cpu, mem]
+                else:
+                    used[0] += cpu
+                    used[1] += mem
+                for gpu in assignment.gpus:
+                    key = (node_id, gpu.gpu_uuid)
+                    gpu_milli[key] = gpu_milli.get(key, 0) + gpu.milli
         problems: list[str] = []
-        for (node_id, gpu_uuid), (milli, _mem) in self.gpu_usage(nodes).items():
+        for (node_id, gpu_uuid), milli in gpu_milli.items():
             if milli > 1000:
                 problems.append(f"{node_id}/{gpu_uuid}: {milli} milli allocated")
             node = self.nodes.get(node_id)
             if node is not None and gpu_uuid not in _device_uuids(node.inventory):
                 problems.append(f"{node_id}/{gpu_uuid}: allocated but not in inventory")
-        for node_id, (cpu, mem) in self.host_usage(nodes).items():
+        for node_id, (cpu, mem) in host.items():
             node = self.nodes.get(node_id)
             if node is not None and (cpu > node.inventory.cpu_milli or mem > node.inventory.memory_mib):
                 problems.append(f"{node_id}: host cpu {cpu}/{node.inventory.cpu_milli} mem {mem}")
-        return problems
+        return sorted(problems)
 
     # -- snapshots --------------------------------------------------------------------------------------------
 

@@ -30,6 +30,9 @@ from gpuorch_scheduling.state import SchedulerState
 
 UNLIMITED = SchedulerConfig(queues=QueuePolicy(max_queued_per_tenant=10**9, submission_burst=10**9))
 """No admission limit: every job of the burst is admitted (the service's per-tenant rate would refuse most)."""
+SERVICE_GC_THRESHOLD = (50_000, 20, 100)
+"""The collector's thresholds the scheduler service runs with (``gpuorch_scheduler.entrypoint.main``): the step is
+timed under them, as the service runs it."""
 SPEC = JobSpec(run=ProcessRun(argv=["python", "-c", "pass"]), resources=GpuRequest(gpus=1), cpu_milli=4000,
                memory_mib=16384)
 
@@ -82,9 +85,14 @@ def run_core(node_counts: list[int], jobs: int, repeats: int) -> list[dict[str, 
                 harness.submit(SPEC, at=1.0)
             gc.collect()
             gc.freeze()  # as the scheduler does after recovery: long-lived state is not traversed by every GC
+            thresholds = gc.get_threshold()
+            gc.set_threshold(*SERVICE_GC_THRESHOLD)
             timer.seconds = 0.0
             started = time.perf_counter()
-            harness.run(until=1.0)
+            try:
+                harness.run(until=1.0)
+            finally:
+                gc.set_threshold(*thresholds)
             step_seconds = time.perf_counter() - started
             placed = sum(1 for j in harness.jobs.values() if j.placements)
             placed_counts.append(placed)
