@@ -271,7 +271,7 @@ class Scheduler:
         """Log ``event`` in this step and apply it to the state. Decisions are stamped with ``now`` and carry their
         job's tenant (so they route to that tenant's subscribers)."""
         if stamp:
-            when, tenant = datetime.fromtimestamp(step.now, UTC), self._tenant_of(event)
+            when, tenant = step.stamp, self._tenant_of(event)
             if tenant or event.occurred_at != when:
                 event = event.model_copy(update={"occurred_at": when, **tenant})
         headers = self.trace_of(event, trace)
