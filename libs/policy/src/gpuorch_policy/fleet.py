@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
+from functools import cached_property
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,7 +69,7 @@ class Ask:
     topology: tuple[str, bool] | None = None
     """A gang's topology level and whether it is required (else preferred): ``TopologyBlocks``."""
 
-    @property
+    @cached_property
     def shape(self) -> Hashable:
         """Equal shapes fit exactly the same places (used to remember 'does not fit' within a cycle)."""
         return (self.kind, self.request, self.nodes, self.mig_profiles, self.topology)
@@ -460,7 +461,7 @@ class Fleet:
             if within is not None:  # only the nodes of the chosen blocks
                 allowed = {cluster.index_of[n] for n in within}
                 blocked = blocked | frozenset(n for n in cluster.index_of if cluster.index_of[n] not in allowed)
-        exclude = {cluster.index_of[n] for n in blocked if n in cluster.index_of}
+        exclude = {cluster.index_of[n] for n in blocked if n in cluster.index_of} if blocked else set()
         result: list[NodeAssignment] = []
         for rank in range(ask.nodes):  # a gang: every rank on its own node, all or nothing
             decision = self.index.place(ask.request, exclude)
