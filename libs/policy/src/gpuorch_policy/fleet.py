@@ -32,8 +32,8 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
-from functools import cached_property
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from gpuorch_contracts import TOPOLOGY_LABEL_PREFIX, GpuAllocation, JobSpec, NodeAssignment, NodeInventory
