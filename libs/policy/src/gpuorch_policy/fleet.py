@@ -355,7 +355,7 @@ class Fleet:
     _pending: set[str] = field(default_factory=set)
     _held: dict[object, _Holding] = field(default_factory=dict)
     _on_node: dict[str, set[object]] = field(default_factory=dict)
-    _plans: list[list[tuple[JobSpec, list[NodeAssignment]]]] = field(default_factory=list)
+    _plans: list[list[tuple[JobSpec, list[NodeAssignment], object]]] = field(default_factory=list)
     _policy: Policy | None = None
     _pinned: bool = False
     _rng: np.random.Generator | None = None
