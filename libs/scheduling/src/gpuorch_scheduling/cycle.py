@@ -2,7 +2,8 @@
 them, and why every other job waits.
 
 ``schedule`` is pure (no I/O, no clock): it works over the live fleet the fold keeps (``state.fleet``, never rebuilt);
-its decisions are taken inside ``Fleet.plan()`` so later jobs see earlier ones, and given back when the cycle ends.
+its decisions are taken inside ``Fleet.plan()`` so later jobs see earlier ones, and given back when the cycle ends
+(with ``keep_takes``, the Scheduler's way, left taken for the plan applier to verify and adopt).
 The plan it returns goes through the plan applier (``gpuorch_scheduling.applier``) before anything is logged::
 
     queued jobs ──► queueing.fair_order (tiers, priority + ageing, DRF between tenants with decayed past usage)

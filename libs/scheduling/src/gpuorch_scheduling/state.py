@@ -15,9 +15,10 @@ the log and the read model keep them. Arrays (``arrays``) are records of their o
 materializes as queued jobs (``_fill``: a pure function of the log, so a replay makes the same tasks); so are
 advance reservations (``reservations``, with the nodes each holds as logged).
 
-``capacity_violations`` re-derives usage from the jobs alone (independently of the fleet's arrays): tests and the
-crash drill check the whole state with it; the plan applier checks each decision with ``Fleet.check`` before it is
-logged and ``capacity_violations(nodes)`` on the nodes a committed plan touched.
+``capacity_violations`` checks usage independently of the fleet's arrays: re-derived from the jobs alone for the
+whole state (tests and the crash drill), from what the fold counted per node for given nodes; the plan applier
+checks each decision with ``Fleet.check`` before it is logged and ``capacity_violations(nodes)`` on the nodes a
+committed plan touched.
 """
 
 from __future__ import annotations
