@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Callable
 
 import pytest
 from gpuorch_contracts import (
+    GpuAllocation,
     GpuRequest,
     JobAccepted,
     JobPlaced,
@@ -39,15 +41,45 @@ def accept(state: SchedulerState, **spec: object) -> uuid.UUID:
     return job_id
 
 
+KEEP = False
+"""Whether ``cycle_plan`` leaves the plan's capacity taken for the applier to adopt (``keep_takes``): the table of
+refusals runs both ways (the ``takes`` fixture)."""
+
+
+@pytest.fixture(params=[False, True], ids=["given-back", "kept"])
+def takes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    monkeypatch.setattr(sys.modules[__name__], "KEEP", request.param)
+    return bool(request.param)
+
+
 def cycle_plan(state: SchedulerState) -> Decision:
-    return schedule(state, 1_900_000_000.0).decision
+    return schedule(state, 1_900_000_000.0, keep_takes=KEEP).decision
+
+
+def fleet_matches_jobs(state: SchedulerState) -> None:
+    """The fleet's free capacity is the inventory minus what the jobs hold (nothing taken twice, nothing leaked),
+    and the usage the fold keeps per node is what the jobs hold."""
+    cluster = state.fleet.cluster
+    gpus, host = state.gpu_usage(), state.host_usage()
+    for node_id, node in state.nodes.items():
+        i = cluster.index_of[node_id]
+        cpu, mem = host.get(node_id, (0, 0))
+        assert (int(cluster.cpu_free[i]), int(cluster.mem_free[i])) == (
+            node.inventory.cpu_milli - cpu, node.inventory.memory_mib - mem), node_id
+        for gpu in node.inventory.gpus:
+            assert int(cluster.gpu_free[i, gpu.index]) == 1000 - gpus.get((node_id, gpu.uuid), (0, 0))[0]
+    assert state.fleet.tentative(None) is None and not state.fleet._tentative
+    derived_gpus, derived_host = state._derived_use()
+    kept = {n: use for n, use in state._node_use.items() if use[0] or use[1] or use[2]}
+    assert {n: use[:2] for n, use in kept.items()} == derived_host
+    assert {(n, g): m for n, use in kept.items() for g, m in use[2].items()} == derived_gpus
 
 
 def apply(state: SchedulerState, plan: Decision):  # type: ignore[no-untyped-def]
     return apply_plan(state, plan, lambda event: state.apply(event))
 
 
-def test_a_cycles_plan_is_applied_whole_with_its_commands() -> None:
+def test_a_cycles_plan_is_applied_whole_with_its_commands(takes: bool) -> None:
     state = world()
     jobs = [accept(state, resources=GpuRequest(gpus=1)) for _ in range(3)]
     plan = cycle_plan(state)
@@ -57,6 +89,7 @@ def test_a_cycles_plan_is_applied_whole_with_its_commands() -> None:
     assert [m.TYPE for m in result.published] == ["launch_job"] * 3
     assert all(state.jobs[j].state == "placed" for j in jobs)
     assert state.capacity_violations() == []
+    fleet_matches_jobs(state)  # kept takes were adopted, not taken a second time
 
 
 def _placed_elsewhere(state: SchedulerState) -> tuple[Decision, uuid.UUID]:
@@ -130,7 +163,8 @@ def _victim_elsewhere(state: SchedulerState) -> tuple[Decision, uuid.UUID]:
     (_victim_not_preemptible, "not preemptible"),
     (_victim_elsewhere, "no longer holds that placement"),
 ])
-def test_the_applier_refuses(make: Callable[[SchedulerState], tuple[Decision, uuid.UUID]], why: str) -> None:
+def test_the_applier_refuses(make: Callable[[SchedulerState], tuple[Decision, uuid.UUID]], why: str,
+                             takes: bool) -> None:
     state = world()
     plan, job = make(state)
     before = {j: (r.state, r.placement_id) for j, r in state.jobs.items()}
@@ -142,6 +176,49 @@ def test_the_applier_refuses(make: Callable[[SchedulerState], tuple[Decision, uu
     refused_placements = set(result.refused)
     assert not [m for m in result.published if getattr(m, "placement_id", None) in refused_placements]
     assert state.capacity_violations() == []
+    fleet_matches_jobs(state)  # a refused placement's kept take was given back
+
+
+def test_a_kept_take_the_node_cannot_hold_is_refused() -> None:
+    """The applier verifies a kept take on the arrays that hold it: capacity gone meanwhile (here: behind the
+    fold's back) is refused, not adopted."""
+    state = world(gpus=1, nodes=1)
+    job = accept(state, resources=GpuRequest(gpus=1), cpu_milli=1000)
+    plan = schedule(state, 1_900_000_000.0, keep_takes=True).decision
+    assert state.fleet.tentative(job) is not None
+    state.fleet.cluster.cpu_free[0] -= 64_000  # the node's CPU is over-allocated now
+    result = apply(state, plan)
+    assert "host CPU" in result.refused[plan.logged[0].placement_id][1]  # type: ignore[attr-defined]
+    assert state.jobs[job].state == "queued" and state.fleet.tentative(job) is None
+
+
+def test_a_decision_other_than_its_take_is_checked_in_full() -> None:
+    """A JobPlaced whose assignments are not what the cycle took (a tampered plan) is not adopted: its take is
+    given back and the decision is checked on its own, then held once."""
+    state = world(gpus=2, nodes=2)
+    job = accept(state, resources=GpuRequest(gpus=1))
+    plan = schedule(state, 1_900_000_000.0, keep_takes=True).decision
+    placed = plan.logged[0]
+    taken_node = placed.assignments[0].node_id  # type: ignore[attr-defined]
+    other = "n1" if taken_node == "n0" else "n0"
+    moved = placed.model_copy(update={"assignments": [NodeAssignment(node_id=other, gpus=[
+        GpuAllocation(gpu_uuid=f"GPU-{other}-1", gpu_index=1, memory_mib=81920)])]})
+    result = apply(state, Decision(logged=[moved]))
+    assert result.refused == {}
+    assert state.jobs[job].assignments[0].node_id == other
+    fleet_matches_jobs(state)
+
+
+def test_settle_gives_back_every_take_no_placement_adopted() -> None:
+    state = world()
+    cluster = state.fleet.cluster
+    free = (cluster.cpu_free.copy(), cluster.gpu_free.copy())
+    for _ in range(3):
+        accept(state, resources=GpuRequest(gpus=1))
+    schedule(state, 1_900_000_000.0, keep_takes=True)
+    assert (cluster.gpu_free != free[1]).any()
+    state.fleet.settle()
+    assert (cluster.cpu_free == free[0]).all() and (cluster.gpu_free == free[1]).all()
 
 
 def test_a_plan_that_leaves_a_node_over_capacity_is_an_error() -> None:

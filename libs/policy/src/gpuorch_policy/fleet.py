@@ -16,7 +16,11 @@
 
 A scheduling cycle works inside ``plan()``: what it takes with ``take_assignments`` is given back when the plan
 ends, so the cycle sees its own decisions without writing them; the plan applier then checks each decision with
-``check`` before it is logged, and the fold applies what was logged with ``hold``. ``copy()`` gives an independent
+``check`` before it is logged, and the fold applies what was logged with ``hold``. With ``plan(keep=True)`` the
+takes made under a key (the job id) stay taken when the plan ends, as *tentative* takes: ``check`` verifies such a
+decision against the arrays that already include it (the same tests, on what is left after every tentative take),
+``hold`` of the same job and assignments adopts the take instead of taking again, ``abandon`` gives one back (a
+refused decision) and ``settle`` gives back whatever was not adopted (the applier calls it when it is done). ``copy()`` gives an independent
 fleet for simulations (start-time estimates, preemption searches). Pure: no I/O, no clock.
 
 Nodes registered while nothing asks for placements are added to the arrays together, the next time the cluster is
@@ -29,6 +33,7 @@ import math
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from gpuorch_contracts import TOPOLOGY_LABEL_PREFIX, GpuAllocation, JobSpec, NodeAssignment, NodeInventory
@@ -41,6 +46,7 @@ from gpuorch_policy.index import LEFT_OUT, PlacementIndex
 from gpuorch_policy.mig_profiles import mig_table_for
 from gpuorch_policy.model import GPU_MILLI, GpuView, NodeView, Placement, Request
 from gpuorch_policy.policies import DEFAULT_POLICY, build_policy
+from gpuorch_policy.trusted import trusted
 
 HEALTHY = ("healthy", "degraded")
 NO_FREE_MIG = "no free MIG instance of "
@@ -63,7 +69,7 @@ class Ask:
     topology: tuple[str, bool] | None = None
     """A gang's topology level and whether it is required (else preferred): ``TopologyBlocks``."""
 
-    @property
+    @cached_property
     def shape(self) -> Hashable:
         """Equal shapes fit exactly the same places (used to remember 'does not fit' within a cycle)."""
         return (self.kind, self.request, self.nodes, self.mig_profiles, self.topology)
@@ -349,7 +355,7 @@ class Fleet:
     _pending: set[str] = field(default_factory=set)
     _held: dict[object, _Holding] = field(default_factory=dict)
     _on_node: dict[str, set[object]] = field(default_factory=dict)
-    _plans: list[list[tuple[JobSpec, list[NodeAssignment]]]] = field(default_factory=list)
+    _plans: list[list[tuple[JobSpec, list[NodeAssignment], object]]] = field(default_factory=list)
     _policy: Policy | None = None
     _pinned: bool = False
     _rng: np.random.Generator | None = None
@@ -359,6 +365,10 @@ class Fleet:
     _idle_version: int = -1
     _never: dict[Hashable, str | None] = field(default_factory=dict)
     _assignments: dict[Hashable, NodeAssignment] = field(default_factory=dict)
+    _asks: dict[int, tuple[JobSpec, int, Ask]] = field(default_factory=dict)
+    """id(spec) -> (spec, largest GPU memory then, its Ask): a job's Ask is asked at admission and at each cycle."""
+    _tentative: dict[object, tuple[JobSpec, list[NodeAssignment]]] = field(default_factory=dict)
+    """Takes a ``plan(keep=True)`` left in the arrays, by key, until adopted, abandoned or settled."""
 
     # -- reading ----------------------------------------------------------------------------------------------
 
@@ -424,7 +434,16 @@ class Fleet:
         self._pinned, self._rng, self._index = True, np.random.default_rng(seed) if seed is not None else None, None
 
     def ask(self, spec: JobSpec) -> Ask:
-        return ask_for(spec, self.largest_gpu_memory_mib)
+        """``ask_for(spec)`` on this fleet, remembered per spec object (specs are immutable)."""
+        largest = self.largest_gpu_memory_mib
+        found = self._asks.get(id(spec))
+        if found is not None and found[0] is spec and found[1] == largest:
+            return found[2]
+        ask = ask_for(spec, largest)
+        if len(self._asks) >= 50_000:
+            self._asks.clear()
+        self._asks[id(spec)] = (spec, largest, ask)
+        return ask
 
     def find(self, ask: Ask, blocked: frozenset[str] = frozenset()) -> list[NodeAssignment] | str:
         """Assignments for ``ask`` (one per gang rank, each on a different node), or why it does not fit now.
@@ -442,7 +461,7 @@ class Fleet:
             if within is not None:  # only the nodes of the chosen blocks
                 allowed = {cluster.index_of[n] for n in within}
                 blocked = blocked | frozenset(n for n in cluster.index_of if cluster.index_of[n] not in allowed)
-        exclude = {cluster.index_of[n] for n in blocked if n in cluster.index_of}
+        exclude = {cluster.index_of[n] for n in blocked if n in cluster.index_of} if blocked else set()
         result: list[NodeAssignment] = []
         for rank in range(ask.nodes):  # a gang: every rank on its own node, all or nothing
             decision = self.index.place(ask.request, exclude)
@@ -473,13 +492,13 @@ class Fleet:
         gpus = []
         for slot, milli in placement.gpus:
             uuid = cluster.gpu_uuid[i][slot]
-            if milli >= GPU_MILLI:
-                gpus.append(GpuAllocation(gpu_uuid=uuid, gpu_index=slot,
-                                          memory_mib=int(cluster.gpu_mem_total[i, slot])))
+            if milli >= GPU_MILLI:  # from the fleet's own inventory and the request's checked numbers: trusted
+                gpus.append(trusted(GpuAllocation, gpu_uuid=uuid, gpu_index=slot,
+                                    memory_mib=int(cluster.gpu_mem_total[i, slot])))
             else:
-                gpus.append(GpuAllocation(gpu_uuid=uuid, gpu_index=slot, milli=milli,
-                                          memory_mib=request.gpu_memory_mib or None))
-        return NodeAssignment(node_id=placement.node_id, gpus=gpus)
+                gpus.append(trusted(GpuAllocation, gpu_uuid=uuid, gpu_index=slot, milli=milli,
+                                    memory_mib=request.gpu_memory_mib or None))
+        return trusted(NodeAssignment, node_id=placement.node_id, gpus=gpus)
 
     def node_fits(self, ask: Ask, node_id: str) -> bool:
         """Could one rank of ``ask`` go on ``node_id`` now."""
@@ -602,13 +621,16 @@ class Fleet:
         inv = info.inventory
         used: dict[str, tuple[int, int]] = {}
         cpu = mem = 0
-        for job_id in self._on_node.get(node_id, ()):
-            holding = self._held[job_id]
-            for assignment in holding.assignments:
+        holdings = [(h.cpu_milli, h.memory_mib, h.assignments) for h in map(self._held.__getitem__,
+                                                                            self._on_node.get(node_id, ()))]
+        holdings += [(spec.cpu_milli, spec.memory_mib, taken) for spec, taken in self._tentative.values()
+                     if any(a.node_id == node_id for a in taken)]  # tentative takes stay in the row
+        for cpu_milli, memory_mib, assignments in holdings:
+            for assignment in assignments:
                 if assignment.node_id != node_id:
                     continue
-                cpu += holding.cpu_milli
-                mem += holding.memory_mib
+                cpu += cpu_milli
+                mem += memory_mib
                 for alloc in assignment.gpus:
                     milli, memory = used.get(alloc.gpu_uuid, (0, 0))
                     used[alloc.gpu_uuid] = (milli + alloc.milli, memory + (alloc.memory_mib or 0))
@@ -643,13 +665,27 @@ class Fleet:
     # -- the fold's side: holdings ------------------------------------------------------------------------------
 
     def hold(self, job_id: object, spec: JobSpec, assignments: list[NodeAssignment]) -> None:
-        """A job holds its assignments from now on (placed, or replayed). Unchecked: the applier checked it."""
+        """A job holds its assignments from now on (placed, or replayed). Unchecked: the applier checked it. A
+        tentative take of the same job and assignments is adopted (it is in the arrays already)."""
         if job_id in self._held:
             self.free(job_id)
         self._held[job_id] = _Holding(spec.cpu_milli, spec.memory_mib, list(assignments))
         for assignment in assignments:
             self._on_node.setdefault(assignment.node_id, set()).add(job_id)
+        if self._tentative:
+            taken = self._tentative.pop(job_id, None)
+            if taken is not None:
+                if self._same(taken, spec, assignments):
+                    return
+                self._change(taken[0].cpu_milli, taken[0].memory_mib, taken[1], +1)  # another take: give it back
         self._change(spec.cpu_milli, spec.memory_mib, assignments, -1)
+
+    @staticmethod
+    def _same(taken: tuple[JobSpec, list[NodeAssignment]], spec: JobSpec, assignments: list[NodeAssignment]) -> bool:
+        """The tentative take is exactly this holding (same host amounts, same assignments)."""
+        held = taken[0]
+        return held.cpu_milli == spec.cpu_milli and held.memory_mib == spec.memory_mib and \
+            taken[1] == list(assignments)
 
     def free(self, job_id: object) -> None:
         """The job no longer holds anything (ended, requeued, its stop confirmed)."""
@@ -668,21 +704,46 @@ class Fleet:
     # -- plans: the cycle's tentative decisions, and the applier's check ----------------------------------------
 
     @contextmanager
-    def plan(self) -> Iterator[None]:
-        """Within the block, ``take_assignments`` changes the fleet; all of it is given back when the block ends."""
+    def plan(self, keep: bool = False) -> Iterator[None]:
+        """Within the block, ``take_assignments`` changes the fleet; all of it is given back when the block ends,
+        except, with ``keep`` and when the block ends without an error, the takes made under a key: those stay as
+        tentative takes (see the module docstring; ``settle`` gives back what no ``hold`` adopted)."""
         self._plans.append([])
+        kept = False
         try:
             yield
+            kept = keep and len(self._plans) == 1
         finally:
-            for spec, assignments in reversed(self._plans.pop()):
-                self._change(spec.cpu_milli, spec.memory_mib, assignments, +1)
+            for spec, assignments, key in reversed(self._plans.pop()):
+                if kept and key is not None and key not in self._tentative:
+                    self._tentative[key] = (spec, assignments)
+                else:
+                    self._change(spec.cpu_milli, spec.memory_mib, assignments, +1)
 
-    def take_assignments(self, spec: JobSpec, assignments: Iterable[NodeAssignment]) -> None:
-        """Reserve ``assignments`` of a job in this view (inside a plan on the live fleet, or on a copy)."""
+    def take_assignments(self, spec: JobSpec, assignments: Iterable[NodeAssignment], key: object = None) -> None:
+        """Reserve ``assignments`` of a job in this view (inside a plan on the live fleet, or on a copy). ``key``
+        (the job id) lets a ``plan(keep=True)`` keep the take for the job's ``hold`` to adopt."""
         taken = list(assignments)
         if self._plans:
-            self._plans[-1].append((spec, taken))
+            self._plans[-1].append((spec, taken, key))
         self._change(spec.cpu_milli, spec.memory_mib, taken, -1)
+
+    def tentative(self, key: object) -> list[NodeAssignment] | None:
+        """The assignments of the tentative take under ``key`` (None: none)."""
+        taken = self._tentative.get(key)
+        return taken[1] if taken is not None else None
+
+    def abandon(self, key: object) -> None:
+        """Give back the tentative take under ``key`` (its decision was refused), if there is one."""
+        taken = self._tentative.pop(key, None)
+        if taken is not None:
+            self._change(taken[0].cpu_milli, taken[0].memory_mib, taken[1], +1)
+
+    def settle(self) -> None:
+        """Give back every tentative take no ``hold`` adopted."""
+        while self._tentative:
+            _key, (spec, assignments) = self._tentative.popitem()
+            self._change(spec.cpu_milli, spec.memory_mib, assignments, +1)
 
     def release_assignments(self, spec: JobSpec, assignments: Iterable[NodeAssignment]) -> None:
         """Give back what a job's assignments hold (on a copy: a job that will end, in a simulation)."""
@@ -690,10 +751,18 @@ class Fleet:
             raise RuntimeError("release_assignments on a fleet inside a plan: simulate on a copy")
         self._change(spec.cpu_milli, spec.memory_mib, list(assignments), +1)
 
-    def check(self, spec: JobSpec, assignments: list[NodeAssignment]) -> str | None:
+    def check(self, spec: JobSpec, assignments: list[NodeAssignment], key: object = None) -> str | None:
         """The plan applier's test of one decision against current capacity: None if the fleet can hold it, else
         why not (unknown or unschedulable node, a node used twice, CPU, memory, GPU-milli or a MIG instance over
-        what is free)."""
+        what is free). When ``key`` has a tentative take of exactly this decision, the same tests run on the arrays
+        that already hold it (and every other tentative take): nothing there may be over-allocated. If that fails,
+        or the decision is not what was taken, the take is given back and the decision is tested in full."""
+        if self._tentative:
+            taken = self._tentative.get(key)
+            if taken is not None:
+                if self._same(taken, spec, assignments) and self._holds_taken(assignments):
+                    return None
+                self.abandon(key)
         cluster = self.cluster
         seen: set[str] = set()
         for assignment in assignments:
@@ -721,6 +790,30 @@ class Fleet:
             if short is not None:
                 return short
         return None
+
+    def _holds_taken(self, assignments: list[NodeAssignment]) -> bool:
+        """``check``'s tests of a decision whose take is in the arrays: known, schedulable nodes, each once; GPUs
+        of the node's inventory, each once, healthy; and no host CPU, memory or GPU-milli over-allocated there.
+        MIG instances are not judged here (False: the full check judges them)."""
+        cluster = self._cluster
+        seen: set[str] = set()
+        for assignment in assignments:
+            node_id = assignment.node_id
+            i = cluster.index_of.get(node_id)
+            if i is None or node_id in seen or not cluster.schedulable[i] or cluster.cpu_free[i] < 0 \
+                    or cluster.mem_free[i] < 0:
+                return False
+            seen.add(node_id)
+            uuids = cluster.gpu_uuid[i]
+            slots: set[int] = set()
+            for alloc in assignment.gpus:
+                slot = alloc.gpu_index
+                if alloc.mig_profile is not None or slot in slots or not 0 <= slot < len(uuids) or \
+                        uuids[slot] != alloc.gpu_uuid or not cluster.gpu_healthy[i, slot] or \
+                        cluster.gpu_free[i, slot] < 0:
+                    return False
+                slots.add(slot)
+        return True
 
     def _change(self, cpu_milli: int, memory_mib: int, assignments: list[NodeAssignment], sign: int) -> None:
         """Give (+1) or take (-1) CPU, memory, GPUs and MIG instances of ``assignments``."""

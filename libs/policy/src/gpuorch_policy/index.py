@@ -42,9 +42,11 @@ LEFT_OUT = "every node it fits on is left out"
 
 
 class _ShapeHeap:
-    __slots__ = ("arrays_seen", "entries", "epoch", "feasible", "near", "picks", "scores", "seen", "version")
+    __slots__ = ("arrays_seen", "entries", "epoch", "feasible", "near", "picks", "scores", "seen", "valid", "version")
 
-    def __init__(self) -> None:
+    def __init__(self, valid: bool = True) -> None:
+        self.valid = valid
+        """The request is well formed (``Request.invalid_reason``; judged once per shape)."""
         self.entries: list[_Entry] | None = None
         """The heap (None: not built, or dropped while the shape was answered from the arrays)."""
         self.epoch = -1
@@ -81,9 +83,9 @@ class PlacementIndex:
     def place(self, request: Request, exclude: Collection[int] = (), explain: bool = True) -> Placement | Unfit:
         """The best node for ``request`` leaving out the rows in ``exclude``, or why none fits."""
         cluster = self.cluster
-        if not self.indexed or request.invalid_reason() is not None:
-            return self._place_plain(request, exclude, explain)
         heap = self._current_heap(request)
+        if not self.indexed or not heap.valid:
+            return self._place_plain(request, exclude, explain)
         entries = self._caught_up(request, heap)
         if entries is None:
             return self._place_from_arrays(request, heap, exclude, explain)
@@ -125,7 +127,7 @@ class PlacementIndex:
     def _current_heap(self, request: Request) -> _ShapeHeap:
         heap = self._heaps.get(request)
         if heap is None:
-            heap = self._heaps[request] = _ShapeHeap()
+            heap = self._heaps[request] = _ShapeHeap(request.invalid_reason() is None)
         return heap
 
     def _caught_up(self, request: Request, heap: _ShapeHeap) -> list[_Entry] | None:
@@ -138,7 +140,8 @@ class PlacementIndex:
         if heap.entries is not None and same_epoch and 0 <= len(cluster.changes) - heap.seen <= limit:
             behind = len(cluster.changes) - heap.seen
             if behind:
-                rows = np.fromiter(set(cluster.changes[heap.seen:]), dtype=np.int64)
+                # one changed row (the last placement's) is the usual case of a busy cycle
+                rows = cluster.changes[heap.seen:] if behind == 1 else list(set(cluster.changes[heap.seen:]))
                 heap.seen = len(cluster.changes)
                 for entry in self._entries(request, rows):
                     heapq.heappush(heap.entries, entry)
@@ -209,20 +212,20 @@ class PlacementIndex:
         gpus = self.chooser(request, cluster, row, int(heap.picks[row]))
         return Placement(node_id=cluster.node_ids[row], gpus=gpus, score=int(heap.scores[row]))
 
-    def _entries(self, request: Request, rows: IntArray) -> list[_Entry]:
+    def _entries(self, request: Request, rows: list[int]) -> list[_Entry]:
         """Heap entries for the feasible ones among ``rows``, from the memo where the same class and state of
         node was scored before."""
         cluster = self.cluster
         memo = self._memo
         classes = cluster.static_class
-        keys = [(request, int(classes[r]), cluster.dynamic_key(int(r))) for r in rows] if len(rows) < 64 else None
+        keys = [(request, int(classes[r]), cluster.dynamic_key(r)) for r in rows] if len(rows) < 64 else None
         if keys is not None:
             missing = [k for k, key in enumerate(keys) if key not in memo]
             self.stats["memo_hits"] += len(rows) - len(missing)
         else:
             missing = list(range(len(rows)))
         if missing:
-            todo = rows[missing] if len(missing) != len(rows) else rows
+            todo = np.array([rows[k] for k in missing] if len(missing) != len(rows) else rows, dtype=np.int64)
             scored = self._score(request, todo)
             if keys is not None:
                 for k, value in zip(missing, scored, strict=True):
@@ -237,7 +240,7 @@ class PlacementIndex:
             values = [memo[key] for key in keys]  # type: ignore[union-attr]
         rank, version = cluster.name_rank, cluster.version
         keyed = keys if keys is not None else [None] * len(rows)
-        return [(-v[0], int(rank[r]), int(r), int(version[r]), v[1], k)
+        return [(-v[0], int(rank[r]), r, int(version[r]), v[1], k)
                 for r, v, k in zip(rows, values, keyed, strict=True) if v is not None]
 
     def _score(self, request: Request, rows: IntArray) -> list[tuple[int, int] | None]:

@@ -55,6 +55,15 @@ class Request:
     gpu_milli: int = 0
     gpu_models: tuple[str, ...] = ()
     gpu_memory_mib: int = 0
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+    """The hash, computed once: a request keys the index's per-shape caches on every placement."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.cpu_milli, self.memory_mib, self.num_gpu, self.gpu_milli,
+                                                self.gpu_models, self.gpu_memory_mib)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def is_share(self) -> bool:

@@ -5,11 +5,14 @@
         JobPlaced      ownership   the job exists and is still queued (not placed, cancelled or ended meanwhile)
                        shape       one assignment per gang rank, each on a node of its own
                        fencing     every node known and alive (a suspect or lost node takes no new work)
-                       capacity    CPU, memory, GPU-milli and MIG instances free (``Fleet.check``)
+                       capacity    CPU, memory, GPU-milli and MIG instances free (``Fleet.check``; a placement
+                                   whose capacity the cycle left taken, ``schedule(keep_takes=True)``, is checked
+                                   on the arrays that hold it: nothing there may be over-allocated)
         JobPreempting  ownership   the victim still holds that placement, is placed or running, and is preemptible
       accepted ──► ``record(event)`` at once (logged and folded), so the next decision is checked against it
       refused  ──► not applied; the commands of that placement are dropped; the reason is returned (the job stays
-                   queued and shows it as its pending reason)
+                   queued and shows it as its pending reason); a capacity the cycle left taken for it is given back
+    when the plan is done (or fails), every take left by the cycle that no accepted placement adopted is given back
     after the plan: capacity is re-derived from the jobs alone on every node the plan placed on; a violation raises
     ``PlanViolation`` (the caller aborts the unit of work: nothing of it is committed)
 
@@ -57,7 +60,7 @@ def refusal(state: SchedulerState, event: Message) -> str | None:
             node = state.nodes.get(assignment.node_id)
             if node is not None and node.liveness != "alive":
                 return f"{assignment.node_id} is {node.liveness}: it takes no new work"
-        return state.fleet.check(job.spec, list(event.assignments))
+        return state.fleet.check(job.spec, list(event.assignments), key=event.job_id)
     if isinstance(event, JobPreempting):
         victim = state.jobs.get(event.job_id)
         if victim is None or victim.placement_id != event.placement_id:
@@ -75,15 +78,21 @@ def apply_plan(state: SchedulerState, plan: Decision, record: Callable[[Message]
     docstring)."""
     result = AppliedPlan()
     placed_nodes: set[str] = set()
-    for event in plan.logged:
-        reason = refusal(state, event)
-        if reason is not None:
-            result.refused[event.placement_id] = (event.job_id, reason)  # type: ignore[attr-defined]
-            continue
-        if isinstance(event, JobPlaced):
-            placed_nodes.update(a.node_id for a in event.assignments)
-        record(event)
-        result.applied.append(event)
+    fleet = state.fleet
+    try:
+        for event in plan.logged:
+            reason = refusal(state, event)
+            if reason is not None:
+                result.refused[event.placement_id] = (event.job_id, reason)  # type: ignore[attr-defined]
+                if isinstance(event, JobPlaced):
+                    fleet.abandon(event.job_id)
+                continue
+            if isinstance(event, JobPlaced):
+                placed_nodes.update(a.node_id for a in event.assignments)
+            record(event)
+            result.applied.append(event)
+    finally:
+        fleet.settle()
     for command in plan.published:
         if isinstance(command, LaunchJob | StopJob) and command.placement_id in result.refused:
             continue

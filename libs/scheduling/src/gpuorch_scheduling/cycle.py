@@ -2,7 +2,8 @@
 them, and why every other job waits.
 
 ``schedule`` is pure (no I/O, no clock): it works over the live fleet the fold keeps (``state.fleet``, never rebuilt);
-its decisions are taken inside ``Fleet.plan()`` so later jobs see earlier ones, and given back when the cycle ends.
+its decisions are taken inside ``Fleet.plan()`` so later jobs see earlier ones, and given back when the cycle ends
+(with ``keep_takes``, the Scheduler's way, left taken for the plan applier to verify and adopt).
 The plan it returns goes through the plan applier (``gpuorch_scheduling.applier``) before anything is logged::
 
     queued jobs ──► queueing.fair_order (tiers, priority + ageing, DRF between tenants with decayed past usage)
@@ -33,9 +34,11 @@ import uuid
 from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 from gpuorch_contracts import PRIORITY_VALUE, ArrayTask, JobPlaced, JobPreempting, LaunchJob, NodeAssignment
 from gpuorch_policy.fleet import Ask, Fleet, TopologyBlocks
+from gpuorch_policy.trusted import trusted
 
 from gpuorch_scheduling.decisions import PLACEMENT, Decision, at, decision_id, derived_id, stops
 from gpuorch_scheduling.dependencies import Unmet, unmet
@@ -105,31 +108,33 @@ def _expected_end(job: JobRecord, now: float) -> float:
     return max(now, begun + length)
 
 
-def _place(job: JobRecord, assignments: list[NodeAssignment], now: float, decision: Decision,
+def _place(job: JobRecord, assignments: list[NodeAssignment], stamp: datetime, decision: Decision,
            array_task: ArrayTask | None = None) -> None:
-    """JobPlaced and one LaunchJob per gang rank. Built without re-validation: every part is validated already (the
-    job's spec at admission, the assignments by the fleet), and this is the hottest path of a busy cycle."""
+    """JobPlaced and one LaunchJob per gang rank. Built without re-validation (``trusted``): every part is validated
+    already (the job's spec at admission, the assignments by the fleet), and this is the hottest path of a busy
+    cycle. ``stamp``: the cycle's time (``at(now)``, made once per cycle)."""
     placement_id = derived_id(job.job_id, PLACEMENT + 128 * job.preemptions + job.requeues)
-    stamp, tenant = at(now), job.spec.tenant
-    decision.logged.append(JobPlaced.model_construct(
-        message_id=derived_id(placement_id, 0), type=JobPlaced.TYPE, schema_version=1, occurred_at=stamp,
-        producer="unknown", labels={}, tenant=tenant, job_id=job.job_id, placement_id=placement_id,
-        assignments=assignments))
+    tenant = job.spec.tenant
+    decision.logged.append(trusted(
+        JobPlaced, message_id=derived_id(placement_id, 0), occurred_at=stamp, tenant=tenant,
+        job_id=job.job_id, placement_id=placement_id, assignments=assignments))
     for rank, assignment in enumerate(assignments):
-        decision.published.append(LaunchJob.model_construct(
-            message_id=derived_id(placement_id, 1 + rank), type=LaunchJob.TYPE, schema_version=1,
-            occurred_at=stamp, producer="unknown", labels={}, node_id=assignment.node_id, job_id=job.job_id,
-            placement_id=placement_id, spec=job.spec, gpus=assignment.gpus, gang_rank=rank,
-            gang_size=len(assignments), array_task=array_task))
+        decision.published.append(trusted(
+            LaunchJob, message_id=derived_id(placement_id, 1 + rank), occurred_at=stamp,
+            node_id=assignment.node_id, job_id=job.job_id, placement_id=placement_id, spec=job.spec,
+            gpus=assignment.gpus, gang_rank=rank, gang_size=len(assignments), array_task=array_task))
 
 
 def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = None,
              limits: CycleLimits | None = None, refresh_mix: bool = True,
-             earlier: Mapping[uuid.UUID, Waiting] | None = None) -> CycleResult:
+             earlier: Mapping[uuid.UUID, Waiting] | None = None, keep_takes: bool = False) -> CycleResult:
     """One scheduling cycle over every queued job (see the module docstring). Leaves the state as it found it
     (its tentative fleet changes are given back); no I/O, no clock. With ``refresh_mix`` the fleet's task mix is
     updated from a sample of the queue and the running jobs first (scores change only if the mix did).
-    ``earlier``: the start estimates published before (a job waiting on a queued dependency counts its estimate)."""
+    ``earlier``: the start estimates published before (a job waiting on a queued dependency counts its estimate).
+    ``keep_takes``: the capacity of each placement stays taken in the fleet, under its job id, for the plan applier
+    to verify and the fold to adopt (``Fleet.plan(keep=True)``); the caller must run the plan applier next (it
+    gives back what it does not adopt)."""
     policy = policy or QueuePolicy()
     limits = limits or CycleLimits()
     queued = state.queued_jobs()
@@ -141,7 +146,7 @@ def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = Non
     if refresh_mix:
         fleet.update_mix(fleet.ask(j.spec).request for j in (queued[:500] + state.active_jobs()[:500]))
     usage = TenantUsage.of(state, policy, now)
-    with fleet.plan():
+    with fleet.plan(keep=keep_takes):
         cycle = _Cycle(state, now, policy, limits, fleet, usage, decision)
         for job in fair_order(queued, now, policy, usage):
             pending_for = cycle.held(job, pending, earlier or {}) or cycle.decide(job)
@@ -156,6 +161,7 @@ class _Cycle:
     def __init__(self, state: SchedulerState, now: float, policy: QueuePolicy, limits: CycleLimits,
                  fleet: Fleet, usage: TenantUsage, decision: Decision) -> None:
         self.state, self.now, self.policy, self.limits = state, now, policy, limits
+        self.stamp = at(now)
         self._active: list[JobRecord] | None = None
         """Jobs holding capacity at the start of the cycle (decisions of this cycle are not applied yet)."""
         self.fleet, self.usage, self.decision = fleet, usage, decision
@@ -164,7 +170,8 @@ class _Cycle:
         self.unfit: dict[object, str] = {}
         self.no_victims: set[object] = set()
         self.estimates: dict[object, tuple[float | None, frozenset[str]]] = {}
-        self.placed_now: list[JobRecord] = []
+        self.placed_now: list[tuple[JobRecord, list[NodeAssignment]]] = []
+        """Jobs placed in this cycle, with where (as records only when an estimate needs them: ``_releases``)."""
         self.victims: set[uuid.UUID] = set()
         self.preemptions = 0
         self.preemption_attempts = 0
@@ -237,7 +244,7 @@ class _Cycle:
         key = (ask.shape, blocked)
         fit: list[NodeAssignment] | str = self.unfit.get(key) or self.fleet.find(ask, blocked)
         if not isinstance(fit, str):
-            self.fleet.take_assignments(spec, fit)
+            self.fleet.take_assignments(spec, fit, key=job.job_id)
             if self._future is not None:
                 self._future.take_assignments(spec, fit)
             self.usage.add_amounts(spec.tenant, demand, +1)
@@ -246,9 +253,8 @@ class _Cycle:
                 self.array_placed[job.array_id] = self.array_placed.get(job.array_id, 0) + 1
                 array_task = ArrayTask.model_construct(array_job_id=job.array_id, task_id=job.array_index,
                                                        task_count=self.state.arrays[job.array_id].total)
-            _place(job, fit, self.now, self.decision, array_task)
-            self.placed_now.append(JobRecord(job_id=job.job_id, spec=spec, state="placed", assignments=fit,
-                                             placed_at=self.now))
+            _place(job, fit, self.stamp, self.decision, array_task)
+            self.placed_now.append((job, fit))
             return None
         self.unfit[key] = fit
         # room that jobs already being preempted will free: the first job in order claims it
@@ -399,7 +405,8 @@ class _Cycle:
     def _releases(self) -> list[tuple[float, JobRecord]]:
         cached: list[tuple[float, JobRecord]] | None = getattr(self, "_release_list", None)
         if cached is None:
-            jobs = [*self.active, *self.placed_now]
+            jobs = [*self.active, *(JobRecord(job_id=j.job_id, spec=j.spec, state="placed", assignments=fit,
+                                              placed_at=self.now) for j, fit in self.placed_now)]
             # ties by job id (its integer orders as its text does, without formatting thousands of ids)
             cached = sorted(((_expected_end(j, self.now), j) for j in jobs), key=lambda p: (p[0], p[1].job_id.int))
             self._release_list = cached

@@ -52,7 +52,13 @@ preemptions + requeues: requeues are at most 100, so every placement of a job ha
 def derived_id(base: uuid.UUID, k: int) -> uuid.UUID:
     """The ``k``-th id derived from a decision's id (a placement's JobPlaced and its LaunchJobs): distinct for
     distinct ``k``, the same every time, and far cheaper than hashing (a bijection of the base id)."""
-    return uuid.UUID(int=base.int ^ ((k + 1) * 0x9E3779B97F4A7C15F39CC0605CEDC835 & (1 << 128) - 1))
+    derived = object.__new__(uuid.UUID)  # ``uuid.UUID(int=...)`` checks the range: an XOR of two 128-bit values is in it
+    object.__setattr__(derived, "int", base.int ^ ((k + 1) * 0x9E3779B97F4A7C15F39CC0605CEDC835 & _MASK))
+    object.__setattr__(derived, "is_safe", uuid.SafeUUID.unknown)
+    return derived
+
+
+_MASK = (1 << 128) - 1
 
 
 def at(now: float) -> datetime:

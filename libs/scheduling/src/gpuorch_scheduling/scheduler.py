@@ -274,7 +274,7 @@ class Scheduler:
         """Log ``event`` in this step and apply it to the state. Decisions are stamped with ``now`` and carry their
         job's tenant (so they route to that tenant's subscribers)."""
         if stamp:
-            when, tenant = datetime.fromtimestamp(step.now, UTC), self._tenant_of(event)
+            when, tenant = step.stamp, self._tenant_of(event)
             if tenant or event.occurred_at != when:
                 event = event.model_copy(update={"occurred_at": when, **tenant})
         headers = self.trace_of(event, trace)
@@ -566,11 +566,14 @@ class Scheduler:
         """One scheduling cycle; its plan goes through the plan applier."""
         now = step.now
         result = hooks.cycle(lambda: schedule(self.state, now, self.config.queues, self.config.limits,
-                                              refresh_mix=False, earlier=self.pending))
-        self.mig.note_pending(self.state, result.pending)
-        self._last_cycle_at = now
-        step.preemptions += result.preemptions
-        applied = hooks.apply(lambda: apply_plan(self.state, result.decision, lambda e: self._record(step, e)))
+                                              refresh_mix=False, earlier=self.pending, keep_takes=True))
+        try:  # the cycle left its placements' capacity taken: the plan applier adopts it or gives it back
+            self.mig.note_pending(self.state, result.pending)
+            self._last_cycle_at = now
+            step.preemptions += result.preemptions
+            applied = hooks.apply(lambda: apply_plan(self.state, result.decision, lambda e: self._record(step, e)))
+        finally:
+            self.state.fleet.settle()
         step.published += applied.published
         step.refused = applied.refused
         for job_id, reason in applied.refused.values():

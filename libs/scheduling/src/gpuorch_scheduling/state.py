@@ -15,9 +15,10 @@ the log and the read model keep them. Arrays (``arrays``) are records of their o
 materializes as queued jobs (``_fill``: a pure function of the log, so a replay makes the same tasks); so are
 advance reservations (``reservations``, with the nodes each holds as logged).
 
-``capacity_violations`` re-derives usage from the jobs alone (independently of the fleet's arrays): tests and the
-crash drill check the whole state with it; the plan applier checks each decision with ``Fleet.check`` before it is
-logged and ``capacity_violations(nodes)`` on the nodes a committed plan touched.
+``capacity_violations`` checks usage independently of the fleet's arrays: re-derived from the jobs alone for the
+whole state (tests and the crash drill), from what the fold counted per node for given nodes; the plan applier
+checks each decision with ``Fleet.check`` before it is logged and ``capacity_violations(nodes)`` on the nodes a
+committed plan touched.
 """
 
 from __future__ import annotations
@@ -291,9 +292,13 @@ class SchedulerState:
     _held_models: dict[uuid.UUID, tuple[tuple[str, float], ...]] = field(default_factory=dict)
     """Job -> (GPU model, GPUs) it holds, as counted into ``usage`` (given back by the same amounts)."""
     _holders: dict[str, set[uuid.UUID]] = field(default_factory=dict)
-    _held_on: dict[uuid.UUID, tuple[str, ...]] = field(default_factory=dict)
-    """Node -> the jobs holding capacity there, kept by the fold apart from the fleet's own index, so that
-    ``capacity_violations(nodes)`` re-derives usage independently of the fleet."""
+    _held_on: dict[uuid.UUID, tuple[tuple[str, int, int, tuple[tuple[str, int], ...]], ...]] = \
+        field(default_factory=dict)
+    """Node -> the jobs holding capacity there; job -> what it holds, per assignment (node, mCPU, MiB, ((GPU uuid,
+    milli), ...)); node -> what all of them hold there (``_node_use``: [mCPU, MiB, {GPU uuid: milli}]). Kept by the
+    fold from the jobs, apart from the fleet's arrays, so that ``capacity_violations(nodes)`` checks usage
+    independently of the fleet."""
+    _node_use: dict[str, list[Any]] = field(default_factory=dict)
 
     # -- the fold ---------------------------------------------------------------------------------------------
 
@@ -679,22 +684,42 @@ class SchedulerState:
         return list(self.queued.values())
 
     def _hold(self, job: JobRecord) -> None:
-        nodes = self._held_on[job.job_id] = tuple({a.node_id for a in job.assignments})
-        for node_id in nodes:
+        cpu, mem = job.spec.cpu_milli, job.spec.memory_mib
+        held = self._held_on[job.job_id] = tuple(
+            (a.node_id, cpu, mem, tuple((g.gpu_uuid, g.milli) for g in a.gpus)) for a in job.assignments)
+        for node_id, _cpu, _mem, gpus in held:
             self._holders.setdefault(node_id, set()).add(job.job_id)
+            self._use(node_id, cpu, mem, gpus, +1)
 
     def _release(self, job: JobRecord) -> None:
-        """By the nodes it held when it began to hold (a requeue clears the assignments before this runs)."""
-        for node_id in self._held_on.pop(job.job_id, ()):
+        """By what it held when it began to hold (a requeue clears the assignments before this runs)."""
+        for node_id, cpu, mem, gpus in self._held_on.pop(job.job_id, ()):
             holders = self._holders.get(node_id)
             if holders is not None:
                 holders.discard(job.job_id)
+            self._use(node_id, cpu, mem, gpus, -1)
+
+    def _use(self, node_id: str, cpu: int, mem: int, gpus: tuple[tuple[str, int], ...], sign: int) -> None:
+        use = self._node_use.get(node_id)
+        if use is None:
+            use = self._node_use[node_id] = [0, 0, {}]
+        use[0] += sign * cpu
+        use[1] += sign * mem
+        milli = use[2]
+        for gpu_uuid, amount in gpus:
+            left = milli.get(gpu_uuid, 0) + sign * amount
+            if left:
+                milli[gpu_uuid] = left
+            else:
+                milli.pop(gpu_uuid, None)
 
     def _holding(self, nodes: set[str] | None) -> list[JobRecord]:
+        """The jobs holding capacity (on ``nodes`` when given, by job id)."""
         if nodes is None:
             return [j for j in self.jobs.values() if j.holds_capacity]
-        found = {j for n in nodes for j in self._holders.get(n, ()) if j in self.jobs and self.jobs[j].holds_capacity}
-        return [self.jobs[j] for j in sorted(found, key=str) if j in self.jobs]  # type: ignore[index]
+        jobs = self.jobs
+        found = {j for n in nodes for j in self._holders.get(n, ()) if j in jobs and jobs[j].holds_capacity}
+        return [jobs[j] for j in sorted(found, key=str)]
 
     def jobs_on(self, node_id: str) -> list[JobRecord]:
         """The jobs holding capacity on ``node_id`` (from the fold's index of holders per node)."""
@@ -720,20 +745,53 @@ class SchedulerState:
         return usage
 
     def capacity_violations(self, nodes: set[str] | None = None) -> list[str]:
-        """Every way current allocations exceed capacity (empty when the invariant holds), derived from the jobs
-        alone; on ``nodes`` only when given."""
+        """Every way current allocations exceed capacity (empty when the invariant holds), sorted. On the whole
+        state (``nodes`` None: tests, the crash drill) usage is re-derived from the jobs alone; on ``nodes`` (the
+        plan applier, on every node a plan placed on) it is what the fold counted from the jobs as they began and
+        stopped holding (``_node_use``): both are independent of the fleet's arrays."""
+        if nodes is None:
+            return self._violations(*self._derived_use())
+        gpu_milli: dict[tuple[str, str], int] = {}
+        host: dict[str, list[int]] = {}
+        for node_id in nodes:
+            use = self._node_use.get(node_id)
+            if use is not None:
+                host[node_id] = use[:2]
+                gpu_milli.update(((node_id, gpu_uuid), milli) for gpu_uuid, milli in use[2].items())
+        return self._violations(gpu_milli, host)
+
+    def _derived_use(self) -> tuple[dict[tuple[str, str], int], dict[str, list[int]]]:
+        """(node, GPU uuid) -> GPU-milli and node -> [mCPU, MiB] held, re-derived from the jobs alone."""
+        gpu_milli: dict[tuple[str, str], int] = {}
+        host: dict[str, list[int]] = {}
+        for job in self._holding(None):
+            cpu, mem = job.spec.cpu_milli, job.spec.memory_mib
+            for assignment in job.assignments:
+                node_id = assignment.node_id
+                used = host.get(node_id)
+                if used is None:
+                    host[node_id] = [cpu, mem]
+                else:
+                    used[0] += cpu
+                    used[1] += mem
+                for gpu in assignment.gpus:
+                    key = (node_id, gpu.gpu_uuid)
+                    gpu_milli[key] = gpu_milli.get(key, 0) + gpu.milli
+        return gpu_milli, host
+
+    def _violations(self, gpu_milli: dict[tuple[str, str], int], host: dict[str, list[int]]) -> list[str]:
         problems: list[str] = []
-        for (node_id, gpu_uuid), (milli, _mem) in self.gpu_usage(nodes).items():
+        for (node_id, gpu_uuid), milli in gpu_milli.items():
             if milli > 1000:
                 problems.append(f"{node_id}/{gpu_uuid}: {milli} milli allocated")
             node = self.nodes.get(node_id)
             if node is not None and gpu_uuid not in _device_uuids(node.inventory):
                 problems.append(f"{node_id}/{gpu_uuid}: allocated but not in inventory")
-        for node_id, (cpu, mem) in self.host_usage(nodes).items():
+        for node_id, (cpu, mem) in host.items():
             node = self.nodes.get(node_id)
             if node is not None and (cpu > node.inventory.cpu_milli or mem > node.inventory.memory_mib):
                 problems.append(f"{node_id}: host cpu {cpu}/{node.inventory.cpu_milli} mem {mem}")
-        return problems
+        return sorted(problems)
 
     # -- snapshots --------------------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from gpuorch_contracts import JobRejected, Message, SubmitJob
@@ -79,6 +80,14 @@ class Step:
     wants_cycle: bool = False
     mig_changed: bool = False
     """The MIG plan or a reconfiguration changed: the ``mig_plan`` read model is due."""
+    _stamp: datetime | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def stamp(self) -> datetime:
+        """``now`` as the time every decision of this step is dated with (made once per step)."""
+        if self._stamp is None:
+            self._stamp = datetime.fromtimestamp(self.now, UTC)
+        return self._stamp
 
     @property
     def outgoing(self) -> list[Message]:

@@ -207,7 +207,7 @@ def core(
 ) -> None:
     """The scheduler's step in process, on its Harness (no broker, no database): one-GPU jobs onto N x 8 GPUs, the
     shape of Armada's scheduler benchmark. Keys per fleet size: placements_per_s (one cycle and the plan applier
-    deciding every job), step_placements_per_s (the whole step, admission included) and engine_placements_per_s
+    deciding every job; placements_per_cpu_s the same per second of CPU time), step_placements_per_s (the whole step, admission included) and engine_placements_per_s
     (the placement engine alone)."""
     from gpuorch_gpuctl_ops.bench_core import run_core
 

@@ -16,8 +16,8 @@ CURVE_COLUMNS = ("nodes", "jobs", "offered_per_s", "placements_per_s", "cpu_ms_p
 RECOVERY_COLUMNS = ("events", "nodes", "jobs_in_log", "recover_no_snapshot_s", "recover_snapshot_s",
                     "restart_no_snapshot_s", "restart_snapshot_s", "state_jobs_without_snapshot", "state_jobs",
                     "state_nodes", "snapshot_mib_stored", "snapshot_error", "fill_s", "load_avg_1m_start")
-CORE_COLUMNS = ("nodes", "gpus", "jobs", "placed", "placements_per_s", "step_placements_per_s", "engine_placements_per_s",
-                "repeats")
+CORE_COLUMNS = ("nodes", "gpus", "jobs", "placed", "placements_per_s", "placements_per_cpu_s", "step_placements_per_s",
+                "engine_placements_per_s", "repeats")
 
 
 def print_table(rows: list[dict[str, Any]], columns: Sequence[str], title: str) -> None:
