@@ -1,5 +1,4 @@
-"""Shared pytest fixtures: a fresh RabbitMQ vhost and a fresh PostgreSQL database per test, and the grouping of
-tests for pytest-xdist (``make test`` runs the suite on several workers with ``--dist loadgroup``).
+"""Shared pytest fixtures: a fresh RabbitMQ vhost and a fresh PostgreSQL database per test.
 
 Tests talk to the real servers (127.0.0.1:5672 guest/guest with the management API on 15672, and PostgreSQL on
 127.0.0.1:5432 with trust auth). Override with GPUORCH_TEST_AMQP_ADMIN / GPUORCH_TEST_PG_ADMIN.
@@ -128,35 +127,3 @@ async def late_database(migrated_dsn: str) -> AsyncIterator[tuple[str, Callable[
     yield migrated_dsn, appear
     with contextlib.suppress(Exception):
         await _admin(f'DROP DATABASE IF EXISTS "{name}_later" WITH (FORCE)')
-
-
-# Modules whose tests must not run beside each other on two workers, although they share no module-scoped fixture:
-# they are kept in one xdist group (one worker, in order). Add a module here, or mark its tests with
-# ``pytest.mark.xdist_group("name")``, rather than leaving a test out of the parallel run.
-SERIAL_MODULES: frozenset[str] = frozenset()
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks (--dist loadgroup)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests of a module for pytest-xdist when they share a module- or class-scoped fixture of this
-    project (a live stack, a browser's stack: started once per module, as in a serial run), or when the module is
-    in ``SERIAL_MODULES``; every other test is scheduled on its own. Also moves the ungrouped tests marked ``slow``
-    to the front (stable order otherwise), so that no long test starts last and runs alone at the end."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        module = item.nodeid.split("::", 1)[0]
-        if module in SERIAL_MODULES or _shares_scoped_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(module))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None or item.get_closest_marker("xdist_group") is not None)
-
-
-def _shares_scoped_fixture(item: pytest.Item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    for name in info.names_closure:
-        for definition in info.name2fixturedefs.get(name, ()):
-            if definition.scope in ("module", "class", "package") and definition.baseid:  # baseid "": a plugin's
-                return True
-    return False

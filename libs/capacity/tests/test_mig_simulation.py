@@ -65,7 +65,7 @@ def test_the_planner_repartitions_whole_gpus_for_waiting_slices_and_gives_no_ins
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # about 15 s alone for each layout, minutes on a busy machine
-@pytest.mark.parametrize("layout", ["fixed_mix", "planner_training_first"])  # one test each: two workers share them
+@pytest.mark.parametrize("layout", ["fixed_mix", "planner_training_first"])
 def test_a_busy_day_of_every_layout_gives_no_instance_twice(layout: str) -> None:
     harness, _ = layout_harness(layout, mig_workload(1), 2, day_s=1.5 * HOUR)
     harness.observers.append(no_instance_twice)

@@ -11,7 +11,6 @@ from gpuorch_gpuctl.bench_capacity_cmd import capacity
 from typer.testing import CliRunner
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)  # the day through the real scheduler: about 35 s of CPU for seed 3, minutes on a busy box
 def test_bench_capacity_json_compares_three_fleets_on_one_day() -> None:
     # the command alone: the bench group's callback would point the process's logging at the runner's stderr,
