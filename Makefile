@@ -14,8 +14,11 @@ servers:
 demo: env servers  ## a 3-node simulated fleet runs a mixed workload of real processes through every service
 	@$(UV) run gpuctl demo
 
-test: env servers  ## the whole suite against the real RabbitMQ and PostgreSQL
-	@$(UV) run pytest -q -p no:cacheprovider
+# Workers of pytest-xdist for `make test` (--dist loadscope from pyproject's addopts: a module per worker): most tests
+# wait on the broker, the database or service processes, so 4 workers pay on 2 cores too. TEST_WORKERS=0: serially.
+TEST_WORKERS ?= 4
+test: env servers  ## the whole suite against the real RabbitMQ and PostgreSQL, on TEST_WORKERS pytest-xdist workers
+	@$(UV) run pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
 
 lint: env
 	@$(UV) run ruff check .
