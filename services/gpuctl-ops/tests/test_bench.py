@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,9 +22,9 @@ E2E_KEYS = {"nodes", "offered_per_s", "jobs", "placed", "placements_per_s", "p50
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _gpuctl(*args: str, timeout_s: float) -> dict[str, object]:
+def _gpuctl(*args: str, timeout_s: float, env: dict[str, str] | None = None) -> dict[str, object]:
     done = subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", *args, "--json"], capture_output=True, text=True,
-                          timeout=timeout_s)
+                          timeout=timeout_s, env={**os.environ, **(env or {})})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -44,9 +45,11 @@ def test_e2e_places_every_submitted_job_and_reports_the_raw_baseline_and_the_flo
 
 @pytest.mark.integration
 def test_recovery_restarts_the_real_scheduler_with_and_without_a_snapshot() -> None:
-    # 10 nodes, then jobs of 4 events each with at most 40 running: 10 + 4 x 40 + ... = 2,000 events
+    # 10 nodes, then jobs of 4 events each with at most 40 running: 10 + 4 x 40 + ... = 2,000 events, 2.5 s apart
+    # up to now. The schedulers keep finished jobs for a day: with the default hour, the retention boundary falls
+    # inside the history and moves with the wall clock between the two restarts (a job more or less forgotten)
     result = _gpuctl("bench", "recovery", "--events", "2000", "--nodes", "10", "--running", "40", "--repeats", "1",
-                     timeout_s=150)
+                     timeout_s=150, env={"GPUORCH_RETENTION_S": "86400"})
     assert result["events"] == 2000
     assert result["state_nodes"] == 10
     # the service's own snapshot keeps what its replay built; a scheduler may forget finished jobs (retention),
