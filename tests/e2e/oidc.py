@@ -32,15 +32,23 @@ def oidc_sign_in(driver: Any, base_url: str, user: str, page: str = "#/jobs", id
     home = f"{base_url}/"  # with its slash: the provider's port may start with the dashboard's digits
     driver.get(f"{home}{page}")
     wait(driver, lambda d: d.find_element(By.ID, "sso")).click()
-    login = wait(driver, lambda d: d.find_element(By.NAME, "login"))   # the provider's login page
-    login.send_keys(user)
-    driver.find_element(By.NAME, "password").send_keys("any")
-    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+
+    def log_in(d: Any) -> bool:  # the provider's login page; filled again if it re-rendered under our hands
+        login, password = d.find_element(By.NAME, "login"), d.find_element(By.NAME, "password")
+        login.clear()
+        login.send_keys(user)
+        password.clear()
+        password.send_keys("any")
+        d.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        return True
+
+    wait(driver, log_in)
     while not driver.current_url.startswith(home):                      # consent, as often as the provider asks
         wait(driver, lambda d: d.current_url.startswith(home) or d.find_elements(
             By.CSS_SELECTOR, "input[name=prompt][value=consent]"))
         if not driver.current_url.startswith(home):
-            driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+            wait(driver, lambda d: d.current_url.startswith(home) or d.find_element(
+                By.CSS_SELECTOR, "button[type=submit]").click() or True)
     who = wait(driver, lambda d: d.find_element(By.ID, "who").text)
     if identity is not None:
         who = wait(driver, lambda d: identity in d.find_element(By.ID, "who").text and d.find_element(By.ID, "who").text)
