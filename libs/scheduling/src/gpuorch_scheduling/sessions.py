@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpuorch_contracts import (
@@ -89,22 +89,11 @@ class IdleSessions:
     quiet_from: dict[uuid.UUID, float] = field(default_factory=dict)
     """Session (job id) -> lease time of its last proxied request (or its start), as its executor last said."""
 
-    _idle_seen: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """Node -> its last beat's GPUs, each as its index if idle, ``-1 - index`` if not: a beat that says the same
-    changes nothing (idleness keeps its first time), so it is skipped after one comparison."""
-
     def reset(self) -> None:
         self.gpu_idle_from.clear()
         self.quiet_from.clear()
-        self._idle_seen.clear()
 
-    def node_beat(self, node_id: str, gpus: Sequence[GpuLive], lease_now: float) -> None:
-        """A node's GPUs' utilisation: a GPU below ``IDLE_UTIL_PCT`` is idle from the first beat that said so."""
-        seen = tuple([g.index if g.utilization_pct is not None and g.utilization_pct < IDLE_UTIL_PCT else -1 - g.index
-                      for g in gpus])
-        if self._idle_seen.get(node_id) == seen:
-            return
-        self._idle_seen[node_id] = seen
+    def node_beat(self, node_id: str, gpus: Iterable[GpuLive], lease_now: float) -> None:
         for gpu in gpus:
             key = (node_id, gpu.index)
             if gpu.utilization_pct is None or gpu.utilization_pct >= IDLE_UTIL_PCT:
