@@ -58,9 +58,13 @@ def trusted(cls: type[M], /, **values: Any) -> M:
     for name, factory in factories:
         if name not in values:
             data[name] = factory()
+    return _instance(cls, data, set(keys))
+
+
+def _instance(cls: type[M], data: dict[str, Any], fields_set: set[str]) -> M:
     model = cls.__new__(cls)
     _set(model, "__dict__", data)
-    _set(model, "__pydantic_fields_set__", set(keys))
+    _set(model, "__pydantic_fields_set__", fields_set)
     _set(model, "__pydantic_extra__", None)
     _set(model, "__pydantic_private__", None)
     return model
@@ -92,12 +96,7 @@ class Maker:
         data.update(zip(self._names, values, strict=True))
         for name, factory in self._factories:
             data[name] = factory()
-        model = self._cls.__new__(self._cls)
-        _set(model, "__dict__", data)
-        _set(model, "__pydantic_fields_set__", set(self._set_names))
-        _set(model, "__pydantic_extra__", None)
-        _set(model, "__pydantic_private__", None)
-        return model
+        return _instance(self._cls, data, set(self._set_names))
 
 
 __all__ = ["Maker", "trusted"]
