@@ -46,7 +46,7 @@ from gpuorch_policy.index import LEFT_OUT, PlacementIndex
 from gpuorch_policy.mig_profiles import mig_table_for
 from gpuorch_policy.model import GPU_MILLI, GpuView, NodeView, Placement, Request
 from gpuorch_policy.policies import DEFAULT_POLICY, build_policy
-from gpuorch_policy.trusted import trusted
+from gpuorch_policy.trusted import Maker
 
 HEALTHY = ("healthy", "degraded")
 NO_FREE_MIG = "no free MIG instance of "
@@ -110,6 +110,12 @@ def demand_of(spec: JobSpec, largest_gpu_memory_mib: int = DEFAULT_GPU_MEMORY_MI
             slices = int(profile.split("g", 1)[0]) if profile[:1].isdigit() else 1
             return slices / 7 * nodes, int(largest_gpu_memory_mib * slices / 7) * nodes
     return 0.0, 0
+
+
+_WHOLE_GPU = Maker(GpuAllocation, ("gpu_uuid", "gpu_index", "memory_mib"))
+_GPU_SHARE = Maker(GpuAllocation, ("gpu_uuid", "gpu_index", "milli", "memory_mib"))
+_ASSIGNMENT = Maker(NodeAssignment, ("node_id", "gpus"))
+"""Contract models the placement engine builds from its own checked values (``gpuorch_policy.trusted``)."""
 
 
 def gpu_units(allocation: GpuAllocation, gpu_memory_total_mib: int | None = None) -> tuple[float, int]:
@@ -489,16 +495,14 @@ class Fleet:
     def _new_assignment(self, request: Request, placement: Placement) -> NodeAssignment:
         cluster = self.cluster
         i = cluster.index_of[placement.node_id]
+        uuids = cluster.gpu_uuid[i]
         gpus = []
         for slot, milli in placement.gpus:
-            uuid = cluster.gpu_uuid[i][slot]
             if milli >= GPU_MILLI:  # from the fleet's own inventory and the request's checked numbers: trusted
-                gpus.append(trusted(GpuAllocation, gpu_uuid=uuid, gpu_index=slot,
-                                    memory_mib=int(cluster.gpu_mem_total[i, slot])))
+                gpus.append(_WHOLE_GPU(uuids[slot], slot, int(cluster.gpu_mem_total[i, slot])))
             else:
-                gpus.append(trusted(GpuAllocation, gpu_uuid=uuid, gpu_index=slot, milli=milli,
-                                    memory_mib=request.gpu_memory_mib or None))
-        return trusted(NodeAssignment, node_id=placement.node_id, gpus=gpus)
+                gpus.append(_GPU_SHARE(uuids[slot], slot, milli, request.gpu_memory_mib or None))
+        return _ASSIGNMENT(placement.node_id, gpus)  # type: ignore[no-any-return]
 
     def node_fits(self, ask: Ask, node_id: str) -> bool:
         """Could one rank of ``ask`` go on ``node_id`` now."""

@@ -58,12 +58,45 @@ def trusted(cls: type[M], /, **values: Any) -> M:
     for name, factory in factories:
         if name not in values:
             data[name] = factory()
+    return _instance(cls, data, set(keys))
+
+
+def _instance(cls: type[M], data: dict[str, Any], fields_set: set[str]) -> M:
     model = cls.__new__(cls)
     _set(model, "__dict__", data)
-    _set(model, "__pydantic_fields_set__", set(keys))
+    _set(model, "__pydantic_fields_set__", fields_set)
     _set(model, "__pydantic_extra__", None)
     _set(model, "__pydantic_private__", None)
     return model
 
 
-__all__ = ["trusted"]
+class Maker:
+    """``trusted(cls, **dict(zip(names, values)))`` for a fixed tuple of field ``names``, checked once here instead
+    of on every call: ``Maker(JobPlaced, ("job_id", ...))(job_id, ...)``. For the hottest paths (a placement builds
+    four models); the result is the same as ``trusted``'s."""
+
+    __slots__ = ("_cls", "_defaults", "_factories", "_names", "_set_names")
+
+    def __init__(self, cls: type[BaseModel], names: tuple[str, ...]) -> None:
+        found = _TEMPLATES.get(cls)
+        if found is None:
+            found = _TEMPLATES[cls] = _template(cls)
+        defaults, factories, required, known = found
+        keys = set(names)
+        if len(keys) != len(names) or not required <= keys or not keys <= known:
+            raise TypeError(f"{cls.__name__}: missing {sorted(required - keys)}, unknown {sorted(keys - known)}, "
+                            "or a name twice")
+        self._cls, self._defaults, self._names = cls, defaults, names
+        self._factories = tuple((n, f) for n, f in factories if n not in keys)
+        self._set_names = frozenset(names)
+
+    def __call__(self, *values: Any) -> Any:
+        """An instance holding ``values`` in the order of ``names`` (defaults for the rest), not validated."""
+        data = self._defaults.copy()
+        data.update(zip(self._names, values, strict=True))
+        for name, factory in self._factories:
+            data[name] = factory()
+        return _instance(self._cls, data, set(self._set_names))
+
+
+__all__ = ["Maker", "trusted"]

@@ -38,7 +38,7 @@ from datetime import datetime
 
 from gpuorch_contracts import PRIORITY_VALUE, ArrayTask, JobPlaced, JobPreempting, LaunchJob, NodeAssignment
 from gpuorch_policy.fleet import Ask, Fleet, TopologyBlocks
-from gpuorch_policy.trusted import trusted
+from gpuorch_policy.trusted import Maker
 
 from gpuorch_scheduling.decisions import PLACEMENT, Decision, at, decision_id, derived_id, stops
 from gpuorch_scheduling.dependencies import Unmet, unmet
@@ -108,21 +108,24 @@ def _expected_end(job: JobRecord, now: float) -> float:
     return max(now, begun + length)
 
 
+_JOB_PLACED = Maker(JobPlaced, ("message_id", "occurred_at", "tenant", "job_id", "placement_id", "assignments"))
+_LAUNCH_JOB = Maker(LaunchJob, ("message_id", "occurred_at", "node_id", "job_id", "placement_id", "spec", "gpus",
+                                "gang_rank", "gang_size", "array_task"))
+
+
 def _place(job: JobRecord, assignments: list[NodeAssignment], stamp: datetime, decision: Decision,
            array_task: ArrayTask | None = None) -> None:
-    """JobPlaced and one LaunchJob per gang rank. Built without re-validation (``trusted``): every part is validated
-    already (the job's spec at admission, the assignments by the fleet), and this is the hottest path of a busy
-    cycle. ``stamp``: the cycle's time (``at(now)``, made once per cycle)."""
-    placement_id = derived_id(job.job_id, PLACEMENT + 128 * job.preemptions + job.requeues)
-    tenant = job.spec.tenant
-    decision.logged.append(trusted(
-        JobPlaced, message_id=derived_id(placement_id, 0), occurred_at=stamp, tenant=tenant,
-        job_id=job.job_id, placement_id=placement_id, assignments=assignments))
+    """JobPlaced and one LaunchJob per gang rank. Built without re-validation (``gpuorch_policy.trusted``): every
+    part is validated already (the job's spec at admission, the assignments by the fleet), and this is the hottest
+    path of a busy cycle. ``stamp``: the cycle's time (``at(now)``, made once per cycle)."""
+    job_id = job.job_id
+    placement_id = derived_id(job_id, PLACEMENT + 128 * job.preemptions + job.requeues)
+    decision.logged.append(_JOB_PLACED(derived_id(placement_id, 0), stamp, job.spec.tenant, job_id, placement_id,
+                                       assignments))
+    size = len(assignments)
     for rank, assignment in enumerate(assignments):
-        decision.published.append(trusted(
-            LaunchJob, message_id=derived_id(placement_id, 1 + rank), occurred_at=stamp,
-            node_id=assignment.node_id, job_id=job.job_id, placement_id=placement_id, spec=job.spec,
-            gpus=assignment.gpus, gang_rank=rank, gang_size=len(assignments), array_task=array_task))
+        decision.published.append(_LAUNCH_JOB(derived_id(placement_id, 1 + rank), stamp, assignment.node_id, job_id,
+                                              placement_id, job.spec, assignment.gpus, rank, size, array_task))
 
 
 def schedule(state: SchedulerState, now: float, policy: QueuePolicy | None = None,
