@@ -137,16 +137,28 @@ async def late_database(migrated_dsn: str) -> AsyncIterator[tuple[str, Callable[
 # the 2-core box, docs/CONTRIBUTING.md), then every other module with a test marked `slow`, then the rest; each
 # module's tests stay together and in their order. A module missing from the list only starts later.
 LONG_MODULES = (
+    "libs/scheduling/tests/test_trace_sanity.py",
     "services/gpuctl/tests/test_gpuctl_api.py",
+    "services/gpuctl-ops/tests/test_bench_capacity.py",
     "libs/dst/tests/test_seeds.py",
+    "libs/capacity/tests/test_mig_simulation.py",
     "services/executor/tests/test_integration_broker.py",
     "services/scheduler/tests/test_live.py",
-    "libs/capacity/tests/test_mig_simulation.py",
+    "services/gpuctl-ops/tests/test_systemd_units.py",
+    "services/gpuctl-ops/tests/test_demo_lifecycle.py",
     "libs/scheduling/tests/test_harness.py",
-    "tests/e2e/test_demo.py",
+    "tests/e2e/test_dashboard.py",
+    "services/gpuctl-ops/tests/test_bench.py",
     "services/gpuctl/tests/test_lazy_commands.py",
     "services/api/tests/test_api.py",
+    "services/gpuctl-ops/tests/test_mig_cmd.py",
+    "services/scheduler/tests/test_stateful.py",
+    "services/telemetry/tests/test_service.py",
+    "tests/e2e/test_failures.py",
+    "tests/e2e/test_demo.py",
+    "tests/security/test_sandbox.py",
     "tests/security/test_api_limits.py",
+    "services/gpuctl/tests/test_gpuctl_arrays.py",
     "libs/messaging/tests/test_broker.py",
 )
 
