@@ -37,8 +37,9 @@ def _settings(unit: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _unescape(value: str) -> list[str]:
-    return shlex.split(value.replace("%%", "%").replace("$$", "$"))
+def _unescape(value: str, *, dollars: bool) -> list[str]:
+    value = value.replace("%%", "%")
+    return shlex.split(value.replace("$$", "$") if dollars else value)
 
 
 def _pid(unit: str) -> int:
@@ -61,13 +62,13 @@ def start(unit: str) -> None:
     cwd, log = None, None
     for key, value in _settings(unit):
         if key == "Environment":
-            for pair in _unescape(value):
+            for pair in _unescape(value, dollars=False):
                 env.update([pair.split("=", 1)])
         elif key == "EnvironmentFile":
             for line in Path(value).read_text().splitlines():
                 env.update([shlex.split(line)[0].split("=", 1)])
         elif key == "ExecStart":
-            argv = _unescape(value)
+            argv = _unescape(value, dollars=True)
         elif key == "WorkingDirectory":
             cwd = value
         elif key == "StandardOutput" and value.startswith("append:"):

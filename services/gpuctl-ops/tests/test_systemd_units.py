@@ -45,7 +45,8 @@ def _settings(text: str) -> list[tuple[str, str]]:
 def _unit(version: int = 255, **overrides: object) -> str:
     arguments: dict[str, object] = {
         "name": "scheduler-1", "argv": ["/venv/bin/gpuorch-scheduler", "--flag=50%", 'say "hi" $HOME'],
-        "env": {"GPUORCH_EXECUTOR_ALLOW": '{"tenants": {"*": {"commands": ["python"]}}}', "PATH": "/usr/bin"},
+        "env": {"GPUORCH_EXECUTOR_ALLOW": '{"tenants": {"*": {"commands": ["python"]}}}', "PATH": "/usr/bin",
+                "GPUORCH_X": "5% of $HOME"},
         "env_file": Path("/r/systemd/scheduler-1.env"), "log_path": Path("/r/logs/scheduler-1.log"),
         "working_dir": Path("/r"), "target": "gpuorch-abcd1234.target", "version": version, **overrides}
     return render_unit(**arguments)  # type: ignore[arg-type]
@@ -64,12 +65,15 @@ def test_a_unit_restarts_on_failure_with_growing_delay_where_systemd_has_it() ->
 
 
 def test_a_units_command_and_environment_read_back_as_given() -> None:
-    """systemd expands % and $ in ExecStart= and Environment=: they are escaped, quotes kept whole."""
+    """systemd expands % in ExecStart= and Environment=, and $ in ExecStart= only: they are escaped there, quotes
+    kept whole."""
     unit = dict(_settings(_unit()))
     assert shlex.split(unit["ExecStart"].replace("%%", "%").replace("$$", "$")) == [
         "/venv/bin/gpuorch-scheduler", "--flag=50%", 'say "hi" $HOME']
-    environment = [shlex.split(value)[0] for key, value in _settings(_unit()) if key == "Environment"]
-    assert environment == ['GPUORCH_EXECUTOR_ALLOW={"tenants": {"*": {"commands": ["python"]}}}', "PATH=/usr/bin"]
+    environment = [shlex.split(value.replace("%%", "%"))[0] for key, value in _settings(_unit())
+                   if key == "Environment"]
+    assert environment == ['GPUORCH_EXECUTOR_ALLOW={"tenants": {"*": {"commands": ["python"]}}}',
+                           "GPUORCH_X=5% of $HOME", "PATH=/usr/bin"]
     with pytest.raises(ValueError, match="line break"):
         _unit(env={"GPUORCH_X": "a\nb"})
 

@@ -1,5 +1,6 @@
-"""gpuctl up on a machine without GPUs (--nvml sim): every service starts on this host, the context it writes
-lets gpuctl list this host as a node with no flags, and gpuctl down stops what it started."""
+"""gpuctl up on a machine without GPUs (--nvml sim), under its own supervisor (test_systemd_units.py: systemd
+units): every service starts on this host, the context it writes lets gpuctl list this host as a node with no
+flags, and gpuctl down stops what it started."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_up_starts_this_host_and_down_stops_it(tmp_path: Path) -> None:
     sandbox = (["--job-uids", f"{(first := random.randrange(200_000, 2_000_000, 64))}-{first + 7}"]
                if os.geteuid() == 0 else ["--unsandboxed"])
     try:
-        started = gpuctl(env, "up", "--nvml", "sim", "--sim-profile", "l4x2", "--api-port", "0", "--root", str(root),
+        started = gpuctl(env, "up", "--supervisor", "builtin", "--nvml", "sim", "--sim-profile", "l4x2", "--api-port", "0", "--root", str(root),
                          "--vhost", vhost, "--database-url", f"{PG_ADMIN.rsplit('/', 1)[0]}/{database}", "--json",
                          *sandbox)
         assert started.returncode == 0, started.stderr[-3000:]

@@ -118,14 +118,17 @@ def unit_environment(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, 
     return {k: v for k, v in kept.items() if k not in secret}, secret
 
 
-def _quoted(value: str, *, specifiers: bool) -> str:
-    """``value`` in double quotes for a unit file (``specifiers``: ``%`` and ``$`` escaped as systemd expands them
-    there) or an environment file; no newline may occur in either."""
+def _quoted(value: str, *, where: str) -> str:
+    """``value`` in double quotes for ``where``: ``exec`` (``ExecStart=``: systemd expands ``%`` specifiers and
+    ``$`` variables there, both escaped), ``environment`` (``Environment=``: ``%`` only) or ``file`` (an
+    ``EnvironmentFile=``: nothing); no line break may occur in any."""
     if "\n" in value or "\r" in value:
         raise ValueError(f"a unit cannot carry a value with a line break: {value[:40]!r}")
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    if specifiers:
+    if where == "exec":
         return '"' + escaped.replace("%", "%%").replace("$", "$$") + '"'
+    if where == "environment":
+        return '"' + escaped.replace("%", "%%") + '"'
     return '"' + escaped + '"'  # an EnvironmentFile expands nothing: $ and ` stay as they are
 
 
@@ -135,9 +138,9 @@ def render_unit(*, name: str, argv: list[str], env: Mapping[str, str], env_file:
     are in ``env_file``); ``keep_children``: ``KillMode=process``."""
     lines = ["[Unit]", f"Description=gpuorch {name} (gpuctl up, {working_dir})", f"PartOf={target}",
              "StartLimitIntervalSec=0", "", "[Service]", "Type=exec", f"WorkingDirectory={working_dir}"]
-    lines += [f"Environment={_quoted(f'{k}={v}', specifiers=True)}" for k, v in sorted(env.items())]
+    lines += [f"Environment={_quoted(f'{k}={v}', where='environment')}" for k, v in sorted(env.items())]
     lines += [f"EnvironmentFile={env_file}",
-              "ExecStart=" + " ".join(_quoted(arg, specifiers=True) for arg in argv),
+              "ExecStart=" + " ".join(_quoted(arg, where="exec") for arg in argv),
               "Restart=on-failure", "RestartSec=1"]
     if version >= STEPS_VERSION:
         lines += ["RestartSteps=5", "RestartMaxDelaySec=30"]
@@ -155,7 +158,7 @@ def render_target(*, units: list[str], working_dir: Path) -> str:
 
 def render_env_file(env: Mapping[str, str]) -> str:
     """An ``EnvironmentFile=``'s text: one ``NAME="value"`` a line."""
-    return "".join(f"{k}={_quoted(v, specifiers=False)}\n" for k, v in sorted(env.items()))
+    return "".join(f"{k}={_quoted(v, where='file')}\n" for k, v in sorted(env.items()))
 
 
 def stack_tag(root: Path) -> str:
