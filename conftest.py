@@ -144,7 +144,7 @@ LONG_MODULES = (
     "libs/capacity/tests/test_mig_simulation.py",
     "services/executor/tests/test_integration_broker.py",
     "services/scheduler/tests/test_live.py",
-    "services/gpuctl-ops/tests/test_systemd_units.py",
+    "services/gpuctl-ops/tests/test_up.py",
     "services/gpuctl-ops/tests/test_demo_lifecycle.py",
     "libs/scheduling/tests/test_harness.py",
     "tests/e2e/test_dashboard.py",

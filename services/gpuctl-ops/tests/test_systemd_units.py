@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shlex
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gpuorch_gpuctl_ops.stack import LocalStack
 from gpuorch_gpuctl_ops.systemd_units import (
     StackUnits,
     SystemdProbe,
@@ -31,8 +25,6 @@ from gpuorch_gpuctl_ops.systemd_units import (
     stack_tag,
     unit_environment,
 )
-
-from conftest import PG_ADMIN, drop_database, drop_vhost, make_database, make_vhost
 
 FAKE = Path(__file__).with_name("fake_systemctl.py")
 SERVICES = {"api", "executor", "node-agent", "scheduler-1", "telemetry"}
@@ -111,32 +103,11 @@ def test_written_units_name_the_stack_and_keep_secrets_in_a_0600_file(tmp_path: 
     assert other.unit_name("api") != name and other.target != units.target
 
 
-@pytest.fixture
-def fake_systemctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fake ``systemctl`` first on PATH (in this process and its children); yields its state directory."""
-    bin_dir, state, runtime = tmp_path / "bin", tmp_path / "systemctl-state", tmp_path / "run"
-    bin_dir.mkdir()
-    runtime.mkdir()
-    script = bin_dir / "systemctl"
-    script.write_text(f"#!{sys.executable}\n" + FAKE.read_text())
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    monkeypatch.setenv("FAKE_SYSTEMCTL_STATE", str(state))
-    yield state
-    for pid_file in state.glob("*.pid"):  # whatever a failed test left running
-        subprocess.run([str(script), "--user", "stop", pid_file.name.removesuffix(".pid")], check=False)
-
-
-def _calls(state: Path) -> list[list[str]]:
-    return [json.loads(line) for line in (state / "calls.jsonl").read_text().splitlines()]
-
-
 def test_detection_takes_a_user_manager_that_answers_and_nothing_else(tmp_path: Path, fake_systemctl: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     found = probe(os.environ["XDG_RUNTIME_DIR"])
     assert found == SystemdProbe(True, 255, "systemd 255 user manager")
-    assert ["--user", "is-system-running"] in _calls(fake_systemctl)
+    assert ["--user", "is-system-running"] in [json.loads(line) for line in (fake_systemctl / "calls.jsonl").read_text().splitlines()]
     assert not probe(None).runs
     assert choose_supervisor("auto", found) == "systemd" and choose_supervisor("builtin", found) == "builtin"
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
@@ -152,67 +123,6 @@ def test_detection_takes_a_user_manager_that_answers_and_nothing_else(tmp_path: 
 def _gpuctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpuorch_gpuctl", *args], env=env, capture_output=True, text=True,
                           timeout=180)
-
-
-@pytest.mark.integration
-@pytest.mark.slow
-def test_up_runs_the_services_as_user_units_and_down_stops_and_removes_them(tmp_path: Path,
-                                                                             fake_systemctl: Path) -> None:
-    vhost, database = make_vhost(), make_database()
-    env = {**{k: v for k, v in os.environ.items() if k not in ("GPUORCH_DATABASE_URL", "GPUCTL_SERVER")},
-           "GPUCTL_CONFIG": str(tmp_path / "gpuctl.yaml")}
-    root = Path(tempfile.mkdtemp(prefix="gpuorch-up-", dir="/tmp"))  # jobs' uids pass through it (tmp_path: 0700)
-    root.chmod(0o711)
-    unit_dir = Path(env["XDG_RUNTIME_DIR"]) / "systemd" / "user"
-    sandbox = (["--job-uids", f"{(first := random.randrange(200_000, 2_000_000, 64))}-{first + 7}"]
-               if os.geteuid() == 0 else ["--unsandboxed"])
-    stopped = None
-    try:
-        started = _gpuctl(env, "up", "--supervisor", "systemd", "--nvml", "sim", "--api-port", "0", "--root",
-                          str(root), "--vhost", vhost, "--database-url", f"{PG_ADMIN.rsplit('/', 1)[0]}/{database}",
-                          "--json", *sandbox)
-        assert started.returncode == 0, started.stderr[-3000:]
-        answer = json.loads(started.stdout)
-        assert answer["supervisor"] == "systemd" and set(answer["units"]["services"]) == SERVICES
-        target = answer["units"]["target"]
-        units = answer["units"]["services"]
-        for service, unit in units.items():
-            text = (unit_dir / unit).read_text()
-            assert f"PartOf={target}\n" in text and f"WorkingDirectory={root}\n" in text
-            env_file = root / "systemd" / f"{service}.env"
-            assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-            assert "GPUORCH_AMQP_URL=" in env_file.read_text() and "GPUORCH_AMQP_URL" not in text
-        started_units = [call[2] for call in _calls(fake_systemctl) if call[1:2] == ["start"]]
-        assert started_units[:2] == [units["scheduler-1"], units["executor"]] and units["api"] in started_units
-        # the services run (as the fake user manager ran them, from the units alone): this host registers
-        nodes: list[dict[str, object]] = []
-        deadline = time.monotonic() + 90
-        while not nodes:
-            assert time.monotonic() < deadline, "this host did not register as a node"
-            listed = _gpuctl(env, "nodes", "--json")
-            assert listed.returncode == 0, listed.stderr
-            nodes = json.loads(listed.stdout)
-            time.sleep(0.5)
-        # the record names the units: the demo and a second up refuse over them
-        assert set(LocalStack.running_recorded(root / "stack.json")) == SERVICES
-        demo = _gpuctl({**env, "GPUORCH_DEMO_VHOST": "never-touched",
-                        "GPUORCH_DEMO_DATABASE_URL": "postgresql://postgres@127.0.0.1:9/never_touched"},
-                       "demo", "--root", str(root))
-        assert demo.returncode == 1 and "a kept stack runs" in demo.stderr, demo.stderr[-2000:]
-        again = _gpuctl(env, "up", "--supervisor", "systemd", "--root", str(root), "--unsandboxed")
-        assert again.returncode != 0 and "already runs" in again.stderr
-        stopped = _gpuctl(env, "down", "--root", str(root), "--json")
-        assert stopped.returncode == 0, stopped.stderr
-        assert set(json.loads(stopped.stdout)["stopped"]) == SERVICES
-        assert ["--user", "stop", target, *units.values()] in _calls(fake_systemctl)
-        assert not list(unit_dir.iterdir()) and not (root / "systemd").exists()
-        assert not list(fake_systemctl.glob("*.pid")) and not LocalStack.running_recorded(root / "stack.json")
-    finally:
-        if stopped is None:
-            _gpuctl(env, "down", "--root", str(root))
-        drop_vhost(vhost)
-        drop_database(database)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_up_with_systemd_asked_where_none_runs_is_refused(tmp_path: Path) -> None:
