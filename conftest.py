@@ -127,3 +127,56 @@ async def late_database(migrated_dsn: str) -> AsyncIterator[tuple[str, Callable[
     yield migrated_dsn, appear
     with contextlib.suppress(Exception):
         await _admin(f'DROP DATABASE IF EXISTS "{name}_later" WITH (FORCE)')
+
+
+# -- the order modules start in under pytest-xdist ------------------------------------------------------------------
+# `make test` hands whole modules to its workers (`--dist loadscope`) in collection order (`--no-loadscope-reorder`;
+# xdist would otherwise hand out the modules with most tests first, whatever they last). The run ends when its
+# last module ends: a long module started last (tests/e2e/test_demo.py used to) leaves the other workers idle.
+# So each worker orders the collected items: the modules below first, longest first (measured in a `make test` on
+# the 2-core box, docs/CONTRIBUTING.md), then every other module with a test marked `slow`, then the rest; each
+# module's tests stay together and in their order. A module missing from the list only starts later.
+LONG_MODULES = (
+    "libs/scheduling/tests/test_trace_sanity.py",
+    "services/gpuctl/tests/test_gpuctl_api.py",
+    "services/gpuctl-ops/tests/test_bench_capacity.py",
+    "libs/dst/tests/test_seeds.py",
+    "libs/capacity/tests/test_mig_simulation.py",
+    "services/executor/tests/test_integration_broker.py",
+    "services/scheduler/tests/test_live.py",
+    "services/gpuctl-ops/tests/test_up.py",
+    "services/gpuctl-ops/tests/test_demo_lifecycle.py",
+    "libs/scheduling/tests/test_harness.py",
+    "tests/e2e/test_dashboard.py",
+    "services/gpuctl-ops/tests/test_bench.py",
+    "services/gpuctl/tests/test_lazy_commands.py",
+    "services/api/tests/test_api.py",
+    "services/gpuctl-ops/tests/test_mig_cmd.py",
+    "services/scheduler/tests/test_stateful.py",
+    "services/telemetry/tests/test_service.py",
+    "tests/e2e/test_failures.py",
+    "tests/e2e/test_demo.py",
+    "tests/security/test_sandbox.py",
+    "tests/security/test_api_limits.py",
+    "services/gpuctl/tests/test_gpuctl_arrays.py",
+    "libs/messaging/tests/test_broker.py",
+)
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist workers (whose collection order the controller schedules by), long modules first (see above);
+    a run without workers keeps pytest's order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow = {_module_of(item) for item in items if item.get_closest_marker("slow") is not None}
+    rank = {name: index for index, name in enumerate(LONG_MODULES)}
+
+    def order(item: pytest.Item) -> tuple[int, int]:
+        module = _module_of(item)
+        return (0, rank[module]) if module in rank else (1, 0) if module in slow else (2, 0)
+
+    items.sort(key=order)  # stable: modules of one rank keep their order, tests within a module theirs

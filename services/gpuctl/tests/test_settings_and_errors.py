@@ -33,6 +33,7 @@ READ = {
     "GPUORCH_DEMO_VHOST": ("demo_vhost", "demo-x", "demo-x"),
     "GPUORCH_DEMO_DATABASE_URL": ("demo_database_url", "postgresql://db/demo_x", "postgresql://db/demo_x"),
     "SUDO_USER": ("sudo_user", "alice", "alice"),
+    "XDG_RUNTIME_DIR": ("xdg_runtime_dir", "/run/user/1000", "/run/user/1000"),
 }
 """Each variable gpuctl reads: its field, a value set in the environment, the value the field must then hold."""
 

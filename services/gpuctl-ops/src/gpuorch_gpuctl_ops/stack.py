@@ -32,6 +32,8 @@ from typing import Any
 from gpuorch_identity import log_credential
 from gpuorch_messaging.connection import user_of
 
+from gpuorch_gpuctl_ops.systemd_units import StackUnits
+
 
 @dataclass(frozen=True)
 class SimNode:
@@ -52,9 +54,13 @@ class ServiceProcess:
     env: dict[str, str]
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
+    unit: str | None = None
+    """The systemd user unit it runs as (``LocalStack.units``), instead of a child process (``popen``)."""
 
     @property
     def running(self) -> bool:
+        if self.unit is not None:
+            return StackUnits.main_pid(self.unit) != 0
         return self.popen is not None and self.popen.poll() is None
 
 
@@ -86,6 +92,10 @@ class LocalStack:
     api_url: str | None = None
     supervised: bool = False
     """Each service runs under a supervisor that restarts it when it crashes (supervise.py; ``gpuctl up``)."""
+    units: StackUnits | None = None
+    """Each service runs as a systemd user unit instead (systemd_units.py; ``gpuctl up --supervisor systemd``):
+    ``_spawn`` writes and starts it, ``keep`` records it, ``stop_recorded`` (or leaving ``with`` unkept) stops and
+    removes it."""
     _namespace: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     _kept: bool = False
 
@@ -144,6 +154,11 @@ class LocalStack:
         elif script == "gpuorch-api":
             env.setdefault("GPUORCH_LOGS_SECRET", self.logs_secret)
         process = ServiceProcess(name, [_script(script)], env, log_dir / f"{name}.log")
+        if self.units is not None:
+            process.unit = self.units.write_service(name, process.argv, env, process.log_path)
+            self.processes[name] = process
+            self.units.start(process.unit)
+            return process
         argv = [sys.executable, "-m", "gpuorch_gpuctl_ops.supervise", name, "--", *process.argv] if self.supervised \
             else process.argv
         log_file = process.log_path.open("ab")
@@ -260,6 +275,9 @@ class LocalStack:
 
     def stop(self, name: str, timeout_s: float = 15.0) -> None:
         process = self.processes.get(name)
+        if process is not None and process.unit is not None:
+            StackUnits.systemctl("stop", process.unit, check=False)
+            return
         if process is None or process.popen is None or not process.running:
             return
         process.popen.send_signal(signal.SIGTERM)
@@ -270,6 +288,9 @@ class LocalStack:
             process.popen.wait(10)
 
     def stop_all(self, timeout_s: float = 15.0) -> None:
+        if self.units is not None:
+            StackUnits.remove(self.units.record())
+            shutil.rmtree(self.root / "systemd", ignore_errors=True)
         running = [p for p in self.processes.values() if p.running]
         for process in running:
             assert process.popen is not None
@@ -311,8 +332,9 @@ class LocalStack:
 
     def dead(self) -> list[str]:
         """Names of services that exited on their own, with their exit codes."""
-        return [f"{p.name} (exit {p.popen.returncode})" for p in self.processes.values()
-                if p.popen is not None and p.popen.poll() is not None]
+        return [f"{p.name} (exit {p.popen.returncode})" if p.popen is not None else f"{p.name} (unit {p.unit})"
+                for p in self.processes.values()
+                if (p.popen is not None and p.popen.poll() is not None) or (p.unit is not None and not p.running)]
 
     def tail(self, name: str, lines: int = 30) -> str:
         path = self.processes[name].log_path
@@ -328,9 +350,12 @@ class LocalStack:
 
         processes = {}
         for p in self.processes.values():
-            if p.popen is not None and p.running:
+            pid = p.popen.pid if p.popen is not None and p.running else StackUnits.main_pid(p.unit) if p.unit else 0
+            if pid:
                 with contextlib.suppress(psutil.Error):
-                    processes[p.name] = {"pid": p.popen.pid, "started": psutil.Process(p.popen.pid).create_time()}
+                    processes[p.name] = {"pid": pid, "started": psutil.Process(pid).create_time()}
+        if self.units is not None:
+            extra = {**extra, "systemd": self.units.record()}
         record = self.root / "stack.json"
         record.write_text(json.dumps({"root": str(self.root.resolve()), "api_url": self.api_url,
                                       "amqp_url": self.amqp_url, "processes": processes, **extra}))
@@ -341,7 +366,8 @@ class LocalStack:
     def running_recorded(record: Path) -> dict[str, Any]:
         """The processes of the stack recorded at ``record`` that still run (name -> psutil.Process): a pid
         counts only with its recorded start time, or, without one (an older record), carrying the stack's
-        marker. Empty when there is no record."""
+        marker. A stack of systemd units (``systemd`` in the record): each unit's main process now (systemd may have
+        restarted it since). Empty when there is no record."""
         import psutil
 
         try:
@@ -350,6 +376,12 @@ class LocalStack:
             return {}
         root = str(document.get("root", record.parent))
         running = {}
+        for name, unit in (document.get("systemd") or {}).get("services", {}).items():
+            with contextlib.suppress(psutil.Error, ValueError):
+                if pid := StackUnits.main_pid(unit):
+                    running[name] = psutil.Process(pid)
+        if document.get("systemd"):
+            return running
         for name, entry in document.get("processes", {}).items():
             pid, started = (entry, None) if isinstance(entry, int) else (entry.get("pid"), entry.get("started"))
             try:
@@ -367,12 +399,16 @@ class LocalStack:
         """Stop a stack ``keep`` recorded (its process groups: SIGTERM, then SIGKILL), every other process that
         carries its marker (an orphan of an earlier run, a service restarted by hand) and its jobs; returns the
         names of the recorded services that were still running, then ``pid N (marked)`` for each other process
-        stopped by its marker. The record is removed."""
+        stopped by its marker. A stack of systemd units: its units are stopped and their files removed first. The
+        record is removed."""
         import psutil
 
-        document = json.loads(record.read_text()) if record.exists() else {"root": str(record.parent)}
+        document: dict[str, Any] = json.loads(record.read_text()) if record.exists() else {"root": str(record.parent)}
         root = str(document.get("root", record.parent))
         running = LocalStack.running_recorded(record)
+        if document.get("systemd"):
+            StackUnits.remove(document["systemd"])
+            shutil.rmtree(Path(root) / "systemd", ignore_errors=True)
         ours = {r.pid for r in running.values()}
         for process in running.values():
             with contextlib.suppress(psutil.Error):

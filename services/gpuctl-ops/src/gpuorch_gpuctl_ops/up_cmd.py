@@ -6,8 +6,10 @@
         plain submitter of its own tenant, their tokens under <root>/tokens/; one broker user per service;
         every service runs with GPUORCH_IDENTITY=strict (no ``trust_all``, no ``"*"`` identity)
     scheduler, executor, telemetry, one node-agent (real NVML; ``--nvml sim`` for a machine without GPUs), the API
-        as local processes (LocalStack), left running and recorded in <root>/stack.json, each under a supervisor
-        that restarts it when it crashes, with backoff (supervise.py; systemd user units are not used yet)
+        left running and recorded in <root>/stack.json, each restarted when it crashes, with backoff: as a systemd
+        user unit where systemd runs for this user (systemd_units.py: ``gpuorch-<tag>-<name>.service``, grouped
+        by ``gpuorch-<tag>.target``), else as a local process (LocalStack) under gpuctl's own supervisor
+        (supervise.py); ``--supervisor systemd|builtin`` instead of ``auto`` insists on one
     the sandbox: run as root, the executor lends each process job a uid of its own (``--job-uids``), confines it
         to its GPUs with a device cgroup and limits its memory and CPU where the host allows; what the executor
         could not enforce is printed at start (``isolation``). Not root: ``up`` refuses, unless ``--unsandboxed``
@@ -37,6 +39,7 @@ from gpuorch_gpuctl.errors import fail
 from gpuorch_gpuctl.settings import this_run
 
 from gpuorch_gpuctl_ops.stack import LocalStack, SimNode, free_port, marked_processes
+from gpuorch_gpuctl_ops.systemd_units import StackUnits, SystemdProbe, choose_supervisor, probe
 from gpuorch_gpuctl_ops.team import TeamError, create_broker_users, team_identity_map
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -123,6 +126,9 @@ def up(
                                             "for every tenant)")] = UP_ALLOW_LIST,
     unsandboxed: Annotated[bool, typer.Option(help="run jobs as your own user when not root (logged; jobs can then "
                                                    "read the services' credentials)")] = False,
+    supervisor: Annotated[str, typer.Option(help="what restarts a crashed service: auto (systemd user units where "
+                                                  "systemd runs for you, else builtin), systemd or builtin (gpuctl's "
+                                                  "own supervisor)")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
 ) -> None:
     """Start every service on this host against its GPUs and leave them running (gpuctl down --root ROOT stops)."""
@@ -133,6 +139,13 @@ def up(
     if LocalStack.running_recorded(root / "stack.json") or marked_processes(root):
         fail(f"a stack already runs at {root} (gpuctl down --root {root})")
     (root / "stack.json").unlink(missing_ok=True)  # a record whose processes are all gone
+    found = probe(settings.xdg_runtime_dir) if supervisor != "builtin" else SystemdProbe(False, None, "not asked for")
+    try:
+        chosen = choose_supervisor(supervisor, found)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--supervisor") from exc
+    units = (StackUnits(root=root, unit_dir=Path(settings.xdg_runtime_dir or "") / "systemd" / "user",
+                        version=found.version or 0) if chosen == "systemd" else None)
     executor_env = sandbox_env(root, unsandboxed=unsandboxed, job_uids=job_uids)
     node_id = socket.gethostname().split(".")[0].lower()
     who = operator or settings.sudo_user or getpass.getuser()
@@ -149,7 +162,8 @@ def up(
              f"{type(exc).__name__}: {exc}")
     stack = LocalStack(root=root, amqp_url=f"amqp://guest:guest@127.0.0.1:5672/{vhost}", database_url=database_url,
                        nodes=[SimNode(node_id, "this-host", 0)], identity_map=team.identity_map,
-                       extra_env={"GPUORCH_IDENTITY": "strict", "GPUORCH_EXECUTOR_ALLOW": allow}, supervised=True)
+                       extra_env={"GPUORCH_IDENTITY": "strict", "GPUORCH_EXECUTOR_ALLOW": allow},
+                       supervised=units is None, units=units)
     with stack:
         try:
             stack.start_scheduler(GPUORCH_AMQP_URL=urls["scheduler"])
@@ -172,10 +186,13 @@ def up(
     tokens = {name: str(path) for name, path in team.token_files.items()}
     if as_json:
         print(json.dumps({"api_url": url, "node": node_id, "context": "local", "record": str(record),
-                          "operator": who, "tokens": tokens, "isolation": isolation}))
+                          "operator": who, "tokens": tokens, "isolation": isolation, "supervisor": chosen,
+                          "units": units.record() if units is not None else None}))
         return
     for line in describe_isolation(isolation):
         print(line, file=sys.stderr)
+    print(f"supervisor: systemd user units ({units.target}; systemctl --user status {units.target})" if units
+          else f"supervisor: gpuctl's own (restart with backoff; systemd user units: {found.why})", file=sys.stderr)
     print(f"gpuorch runs on this host (node {node_id}); dashboard {url}/ ; you ({who}) are its operator")
     for name, path in tokens.items():
         if name != who:

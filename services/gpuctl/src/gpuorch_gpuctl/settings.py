@@ -54,6 +54,8 @@ class GpuctlSettings:
                                      "gpuctl demo's database (dropped and created at every demo)")
     sudo_user: str | None = setting("SUDO_USER", None, "set by sudo: the user gpuctl up names its operator "
                                     "(unless --operator)")
+    xdg_runtime_dir: str | None = setting("XDG_RUNTIME_DIR", None, "the user session's runtime directory: gpuctl "
+                                          "up finds the systemd user manager by it and writes its units under it")
 
     @classmethod
     def variables(cls) -> dict[str, tuple[str, str]]:
