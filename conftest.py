@@ -60,6 +60,20 @@ def drop_vhost(name: str) -> None:
 
 
 @pytest.fixture
+def broker_service_users() -> Iterator[None]:
+    """Held by a test that runs ``gpuctl up``: it gives the broker's service users (``api``, ``scheduler``, ...: one
+    name each, broker-wide) new passwords, so two at once, in two xdist workers or two runs on this machine, lock
+    each other's services out. A file lock, so it holds across workers and runs."""
+    import fcntl
+    import tempfile
+    from pathlib import Path
+
+    with open(Path(tempfile.gettempdir()) / "gpuorch-broker-service-users.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture
 def amqp_vhost() -> Iterator[str]:
     name = make_vhost()
     yield name

@@ -102,7 +102,9 @@ def _gpuctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.timeout(360)  # gpuctl up alone may take its 180 s on a busy 2-core machine (155 s seen beside other runs)
+@pytest.mark.timeout(600)  # gpuctl up alone may take its 180 s on a busy 2-core machine (155 s seen beside other runs),
+# after waiting for another test's gpuctl up (broker_service_users)
+@pytest.mark.usefixtures("broker_service_users")
 @pytest.mark.skipif(os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK),
                     reason="needs root (job uids) and /usr/bin/python3 (an interpreter any uid may run)")
 def test_gpuctl_up_runs_a_members_job_sandboxed_under_a_team_identity_map(shared_root: Path) -> None:  # noqa: F811

@@ -31,6 +31,8 @@ def gpuctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
+@pytest.mark.timeout(600)  # may wait for another test's gpuctl up (broker_service_users)
+@pytest.mark.usefixtures("broker_service_users")
 def test_up_starts_this_host_and_down_stops_it(tmp_path: Path) -> None:
     vhost, database = make_vhost(), make_database()
     env = {**{k: v for k, v in os.environ.items() if k not in ("GPUORCH_DATABASE_URL", "GPUCTL_SERVER")},
@@ -64,6 +66,8 @@ def test_up_starts_this_host_and_down_stops_it(tmp_path: Path) -> None:
                                                           "telemetry"}
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("broker_service_users")
 def test_up_runs_the_services_as_user_units_and_down_stops_and_removes_them(tmp_path: Path,
                                                                              fake_systemctl: Path) -> None:
     vhost, database = make_vhost(), make_database()
