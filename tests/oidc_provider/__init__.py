@@ -251,7 +251,7 @@ def api_with_sign_in(root: Path, provider: Provider, **oidc: Any) -> Iterator[st
     (``oidc``: more settings of the map's oidc section); yields its URL once ready."""
     import asyncio
 
-    from gpuorch_gpuctl.stack import LocalStack
+    from gpuorch_gpuctl_ops.stack import LocalStack
     from gpuorch_messaging import Broker
 
     from conftest import AMQP_HOST, AMQP_PORT, PG_ADMIN, drop_database, drop_vhost, make_database, make_vhost
