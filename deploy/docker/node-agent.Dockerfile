@@ -24,14 +24,19 @@ RUN --mount=type=cache,target=/root/.cache/uv \
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN groupadd --system --gid 10001 gpuorch \
- && useradd --system --uid 10001 --gid 10001 --home-dir /app --shell /usr/sbin/nologin gpuorch
+ && useradd --system --uid 10001 --gid 10001 --home-dir /app --shell /usr/sbin/nologin gpuorch \
+ && mkdir -p /var/lib/gpuorch/node-agent \
+ && chown 10001:10001 /var/lib/gpuorch/node-agent
 COPY --from=build /app/.venv /app/.venv
+# GPUORCH_NODE_AGENT_STATE_DIR keeps the newest scheduler leader epoch per node: it must outlive the container.
 ENV PATH=/app/.venv/bin:$PATH \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    GPUORCH_NODE_AGENT_STATE_DIR=/var/lib/gpuorch/node-agent
 # The NVIDIA Container Toolkit reads these: every GPU of the node, and only the driver's management library
 # (libnvidia-ml.so.1) and nvidia-smi ("utility"): the agent inventories and watches GPUs, it runs no CUDA.
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility
 WORKDIR /app
 USER 10001:10001
+VOLUME ["/var/lib/gpuorch/node-agent"]
 ENTRYPOINT ["gpuorch-node-agent"]

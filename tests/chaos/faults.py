@@ -109,7 +109,8 @@ class ChaosStack(LocalStack):
     def start_node_agent_for(self, node: SimNode, amqp_url: str | None = None, **env: str) -> ServiceProcess:
         return self._spawn(f"node-agent-{node.node_id}", "gpuorch-node-agent", {
             "GPUORCH_NVML": "sim", "GPUORCH_NODE_ID": node.node_id, "GPUORCH_SIM_PROFILE": f"{node.profile}x{node.gpus}",
-            "GPUORCH_USAGE_S": "600", "GPUORCH_AMQP_URL": amqp_url or self.amqp_url, **env,
+            "GPUORCH_USAGE_S": "600", "GPUORCH_AMQP_URL": amqp_url or self.amqp_url,
+            "GPUORCH_NODE_AGENT_STATE_DIR": str(self.root / "node-agent"), **env,
         })
 
     def start_executor_for(self, nodes: list[SimNode], amqp_url: str | None = None, **env: str) -> ServiceProcess:

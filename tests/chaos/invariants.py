@@ -36,13 +36,17 @@ JOB_RELEASES = ("job.requeued", "job.cancelled", "job.finished", "job.failed", "
 
 RUN_RECORDER = (
     "import os, sys, time\n"
-    "log = sys.argv[1]; seconds = float(sys.argv[2])\n"
+    "log = sys.argv[1]; seconds = float(sys.argv[2]); release = sys.argv[3] if len(sys.argv) > 3 else None\n"
     "ids = os.environ['GPUORCH_JOB_ID'] + ' ' + os.environ['GPUORCH_PLACEMENT_ID']\n"
     "open(log, 'a').write(f'start {ids} {time.time()}\\n')\n"
-    "time.sleep(seconds)\n"
+    "deadline = time.monotonic() + seconds\n"
+    "while release and not os.path.exists(release) and time.monotonic() < deadline:\n"
+    "    time.sleep(0.1)\n"
+    "time.sleep(0 if release else seconds)\n"
     "open(log, 'a').write(f'end {ids} {time.time()}\\n')\n"
 )
-"""A job (``python -c RUN_RECORDER <run log> <seconds>``) that records where and when it really ran."""
+"""A job (``python -c RUN_RECORDER <run log> <seconds> [<release file>]``) that records where and when it really
+ran: it runs ``seconds``, or, given a release file, until that file exists (at most ``seconds``)."""
 
 
 @dataclass

@@ -24,9 +24,11 @@ from tests.e2e.harness import FakeNodes, publish_when_routable, wait_rows
 PLACED_OR_LATER = ("placed", "running", "succeeded", "failed", "cancelled")
 
 
-def recording_job(run_log: Path, seconds: float, *, gpus: int = 1, tenant: str = "default") -> SubmitJob:
-    """A job that appends its start and end (job id, placement id, epoch) to ``run_log``."""
-    argv = ["python", "-c", RUN_RECORDER, str(run_log), str(seconds)]
+def recording_job(run_log: Path, seconds: float, *, gpus: int = 1, tenant: str = "default",
+                  release: Path | None = None) -> SubmitJob:
+    """A job that appends its start and end (job id, placement id, epoch) to ``run_log``; it runs ``seconds``, or
+    with ``release`` until that file exists (at most ``seconds``): a scenario waits on states, not on a duration."""
+    argv = ["python", "-c", RUN_RECORDER, str(run_log), str(seconds), *([str(release)] if release else [])]
     return SubmitJob(spec=JobSpec(resources=GpuRequest(gpus=gpus), run=ProcessRun(argv=argv), tenant=tenant,
                                   cpu_milli=100, memory_mib=128, max_requeues=10,
                                   checkpoint=Checkpoint(grace_s=1.0)))

@@ -111,15 +111,16 @@ async def test_executor_dead_longer_than_the_lease_has_its_jobs_fenced_and_reque
     """node-1's executor is SIGKILLed and stays dead (its node-agent lives). The job's supervisor stops the job by
     the executor's fencing deadline (lease.json is no longer renewed); the scheduler, hearing no executor
     heartbeat, declares the node lost after that deadline and the job runs again on node-2, never twice at once.
-    When node-1's executor returns it reports the fenced run."""
-    run_log = tmp_path / "runs.txt"
+    When node-1's executor returns it reports the fenced run. The job runs until the test releases it once it runs
+    on node-2 (a 10 s job could end on node-1 before the kill under load)."""
+    run_log, release = tmp_path / "runs.txt", tmp_path / "release"
     node_1, node_2 = chaos_stack.nodes[:2]
     chaos_stack.start_scheduler()
     await chaos_stack.queues_declared(["scheduler", "scheduler.heartbeats"])
     chaos_stack.start_executor_for([node_1])
     chaos_stack.start_node_agent_for(node_1)
     await wait_nodes(pg_dsn, 1)
-    job = recording_job(run_log, 10.0)
+    job = recording_job(run_log, 280.0, release=release)
     async with submitter(chaos_stack.amqp_url) as submit:
         await submit(job)
         await wait_states(pg_dsn, [job.job_id], ("running",), what="job running on node-1")
@@ -132,8 +133,12 @@ async def test_executor_dead_longer_than_the_lease_has_its_jobs_fenced_and_reque
                         until=lambda rs: rs[0]["state"] == "running" and rs[0]["node_ids"] == ["node-2"],
                         timeout_s=4 * LOST_AFTER_S, what="the job running again on node-2")
         moved_s = time.monotonic() - killed_at
+        release.touch()  # node-2's run ends (node-1's, fenced, must be gone: the run log tells if it was not)
         chaos_stack.start_executor_for([node_1])
         states = await wait_states(pg_dsn, [job.job_id], ("succeeded", "failed"), timeout_s=90)
+        await wait_rows(pg_dsn, "SELECT type FROM events WHERE type IN ('job.finished', 'job.failed', 'job.lost') "
+                        "AND payload->>'node_id' = 'node-1'", until=lambda rs: len(rs) >= 1,
+                        what="node-1's fenced run reported once its executor is back")
     verdict = await check_invariants(pg_dsn, run_log=run_log)
     report("executor-dead-past-lease", f"{verdict.figures()}; running again on node-2 {moved_s:.1f}s after the kill")
     verdict.assert_holds()

@@ -96,15 +96,16 @@ async def test_node_cut_off_past_the_grace_period(
 ) -> None:
     """node-1's node-agent and executor reach RabbitMQ only through the proxy, which is cut (and refuses) for
     longer than the scheduler's lost-after. node-1's executor fences its job before the scheduler requeues it; the
-    job runs again on node-2, never on both at once; node-1 comes back and reports the fenced run."""
-    run_log = tmp_path / "runs.txt"
+    job runs again on node-2, never on both at once; node-1 comes back and reports the fenced run. The job runs
+    until the test releases it once it runs on node-2 (a 10 s job could end on node-1 before the cut under load)."""
+    run_log, release = tmp_path / "runs.txt", tmp_path / "release"
     node_1, node_2 = chaos_stack.nodes[:2]
     chaos_stack.start_scheduler()
     await chaos_stack.queues_declared(["scheduler", "scheduler.heartbeats"])
     chaos_stack.start_executor_for([node_1], proxy.url(chaos_stack.amqp_url))
     chaos_stack.start_node_agent_for(node_1, proxy.url(chaos_stack.amqp_url))
     await wait_nodes(pg_dsn, 1)
-    job = recording_job(run_log, 10.0)
+    job = recording_job(run_log, 280.0, release=release)
     async with submitter(chaos_stack.amqp_url) as submit:
         await submit(job)
         await wait_states(pg_dsn, [job.job_id], ("running",), what="job running on node-1")
@@ -119,6 +120,7 @@ async def test_node_cut_off_past_the_grace_period(
                         until=lambda rs: rs[0]["state"] == "running" and rs[0]["node_ids"] == ["node-2"],
                         timeout_s=90, what="the job running again on node-2")
         moved_s = time.monotonic() - cut_at
+        release.touch()  # node-2's run ends (node-1's, fenced, must be gone: the run log tells if it was not)
         proxy.refuse = False  # node-1 comes back
         states = await wait_states(pg_dsn, [job.job_id], ("succeeded", "failed"), timeout_s=90)
         await wait_rows(pg_dsn, "SELECT type FROM events WHERE type = 'job.lost' AND payload->>'node_id' = 'node-1'",

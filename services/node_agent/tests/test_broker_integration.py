@@ -11,6 +11,7 @@ from gpuorch_contracts import (
     GpuHealthChanged,
     Message,
     MigGpuLayout,
+    MigLayoutApplied,
     NodeHeartbeat,
     NodeRegistered,
 )
@@ -32,7 +33,7 @@ async def _until(predicate, timeout_s: float = 10.0) -> None:
     await asyncio.wait_for(poll(), timeout_s)
 
 
-async def test_fleet_heartbeats_and_mig_command_through_rabbitmq(amqp_url):
+async def test_fleet_heartbeats_and_mig_command_through_rabbitmq(amqp_url, tmp_path):
     seen: list[Message] = []
     observer = Broker(amqp_url, producer="test-observer")
     await observer.connect()
@@ -48,7 +49,7 @@ async def test_fleet_heartbeats_and_mig_command_through_rabbitmq(amqp_url):
     await broker.connect()
     runner = FleetRunner(agents, broker, heartbeat_s=0.5, usage_s=1.0, seed=1)
     await runner.start()
-    registry = handlers(runner.by_node_id, runner.publish_now)
+    registry = handlers(runner.by_node_id, runner.publish_now, tmp_path)
     await broker.consume(command_queue(config, [a.node_id for a in agents]), lambda m: dispatch(registry, m, service="node-agent"))
     try:
         node_ids = {a.node_id for a in agents}
@@ -114,4 +115,49 @@ async def test_a_node_agent_started_while_the_broker_is_down_waits_and_then_regi
         agent.cancel()
         await asyncio.gather(agent, return_exceptions=True)
         await proxy.stop()
+        await observer.close()
+
+
+async def test_a_restarted_node_agent_still_refuses_a_superseded_leaders_command(amqp_url, amqp_vhost, tmp_path):
+    """The node-agent keeps the newest leader epoch in its state directory: after a command of epoch 3, a restarted
+    node-agent (a new process on the same ``GPUORCH_NODE_AGENT_STATE_DIR``) answers an epoch-2 ApplyMigLayout
+    refused and changes nothing (before: kept in memory, the restarted one obeyed it)."""
+    from gpuorch_node_agent.entrypoint import run
+
+    seen: list[Message] = []
+    observer = Broker(amqp_url, producer="test-observer")
+    await observer.connect()
+    await observer.consume(QueueSpec(name="test.epoch-answers", bindings=[(EVENTS_EXCHANGE, "#")], max_length=1000),
+                           lambda message: _append(seen, message))
+    config = parse_config(["--nvml", "sim", "--node-id", "epoch-restart-1", "--sim-profile", "h100x1",
+                           "--heartbeat-s", "5", "--amqp-url", amqp_url],
+                          {"GPUORCH_IDENTITY": "trust_all", "GPUORCH_BROKER_TOPOLOGY": "declare",
+                           "GPUORCH_NODE_AGENT_STATE_DIR": str(tmp_path / "node-agent")})
+    scheduler = Broker(amqp_url, producer="test-scheduler")
+    await scheduler.connect()
+
+    async def apply_and_answer(profiles: list[str], epoch: int) -> MigLayoutApplied:
+        registrations = len([m for m in seen if isinstance(m, NodeRegistered)])
+        agent = asyncio.create_task(run(config))
+        try:  # registered: consuming (the queue is bound before heartbeats start)
+            await _until(lambda: len([m for m in seen if isinstance(m, NodeRegistered)]) > registrations)
+            command = ApplyMigLayout(node_id="epoch-restart-1", leader_epoch=epoch,
+                                     layouts=[MigGpuLayout(gpu_index=0, profiles=profiles)])
+            await scheduler.publish(command)
+            await _until(lambda: any(isinstance(m, MigLayoutApplied) and m.command_id == str(command.message_id)
+                                     for m in seen))
+            return next(m for m in seen if isinstance(m, MigLayoutApplied) and m.command_id == str(command.message_id))
+        finally:
+            agent.cancel()
+            await asyncio.gather(agent, return_exceptions=True)
+
+    try:
+        first = await apply_and_answer(["7g.80gb"], 3)
+        assert first.outcomes[0].applied, first.outcomes[0].reason
+        after_restart = await apply_and_answer(["3g.40gb", "3g.40gb"], 2)
+        assert not after_restart.outcomes[0].applied
+        assert "epoch 2, older than epoch 3" in after_restart.outcomes[0].reason
+        assert (tmp_path / "node-agent" / "epoch-restart-1" / "leader_epoch.json").exists()
+    finally:
+        await scheduler.close()
         await observer.close()

@@ -14,6 +14,7 @@ from gpuorch_messaging.testing import RecordingPublisher
 from gpuorch_node_agent.agent import NodeAgent
 from gpuorch_node_agent.fleet import publish_batch
 from gpuorch_node_agent.handlers import ApplyMigLayoutHandler
+from gpuorch_node_agent.leader_epochs import LeaderEpochStore
 from gpuorch_node_agent.sim.nvml import SimulatedNvml
 from gpuorch_node_agent.sim.processes import ProcessTable, parse_usage
 from gpuorch_node_agent.sim.profiles import device_profile
@@ -86,10 +87,11 @@ def test_parse_usage_format():
     assert parse_usage("util=500").util_pct == 100
 
 
-async def test_mig_apply_refused_while_work_runs_then_applied(spawn):
+async def test_mig_apply_refused_while_work_runs_then_applied(spawn, tmp_path):
     agent = _node(node_id="mig-node")
     publisher = RecordingPublisher()
-    handler = ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(publisher, ms))
+    handler = ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(publisher, ms),
+                                    LeaderEpochStore(tmp_path))
     agent.heartbeat_messages()  # the initial inventory was sent
     job = spawn({"CUDA_VISIBLE_DEVICES": agent.uuid_of(0)})
     command = ApplyMigLayout(node_id=agent.node_id, layouts=[
@@ -132,15 +134,17 @@ async def test_mig_apply_refused_while_work_runs_then_applied(spawn):
         ("3g.40gb", 0, 4), ("3g.40gb", 4, 4)]
 
 
-async def test_mig_apply_refusals_without_work():
+async def test_mig_apply_refusals_without_work(tmp_path):
     agent = _node(profile="l4", gpus=1, node_id="no-mig")
-    handler = ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(RecordingPublisher(), ms))
+    handler = ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(RecordingPublisher(), ms),
+                                    LeaderEpochStore(tmp_path))
     await handler(ApplyMigLayout(node_id="no-mig", layouts=[MigGpuLayout(gpu_index=0, profiles=["1g.10gb"]),
                                                              MigGpuLayout(gpu_index=3, profiles=["1g.10gb"])]))
     no_support, no_gpu = handler.outcomes["no-mig"]
     assert "no MIG support" in no_support.reason and "no GPU 3" in no_gpu.reason
     h100 = _node(gpus=1, node_id="bad-layout")
-    handler = ApplyMigLayoutHandler({h100.node_id: h100}, lambda ms: publish_batch(RecordingPublisher(), ms))
+    handler = ApplyMigLayoutHandler({h100.node_id: h100}, lambda ms: publish_batch(RecordingPublisher(), ms),
+                                    LeaderEpochStore(tmp_path))
     await handler(ApplyMigLayout(node_id="bad-layout", layouts=[
         MigGpuLayout(gpu_index=0, profiles=["4g.40gb", "4g.40gb"])]))
     assert "allows 1" in handler.outcomes["bad-layout"][0].reason
@@ -164,11 +168,12 @@ class _StrictCiNvml(SimulatedNvml):
         return super().nvmlGpuInstanceGetComputeInstances(gpu_instance, profile_id, instances_ref, count_ref)
 
 
-async def test_a_layout_replaces_instances_when_nvml_calls_unsupported_compute_profiles_invalid():
+async def test_a_layout_replaces_instances_when_nvml_calls_unsupported_compute_profiles_invalid(tmp_path):
     nvml = _StrictCiNvml("strict-ci", device_profile("h100"), 1, seed=5, processes=ProcessTable(max_age_s=0))
     agent = NodeAgent("strict-ci", nvml, cpu_milli=1000, memory_mib=1024)
     agent.start()
-    handler = ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(RecordingPublisher(), ms))
+    handler = ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(RecordingPublisher(), ms),
+                                    LeaderEpochStore(tmp_path))
     for profiles in (["3g.40gb", "3g.40gb"], ["1g.10gb"] * 7):
         await handler(ApplyMigLayout(node_id="strict-ci", layouts=[MigGpuLayout(gpu_index=0, profiles=profiles)]))
         (outcome,) = handler.outcomes["strict-ci"]
@@ -177,12 +182,13 @@ async def test_a_layout_replaces_instances_when_nvml_calls_unsupported_compute_p
     assert [m.profile for m in agent.inventory.gpus[0].mig_instances] == ["1g.10gb"] * 7
 
 
-async def test_mig_apply_of_a_superseded_leader_is_refused_and_answered():
+async def test_mig_apply_of_a_superseded_leader_is_refused_and_answered(tmp_path):
     """The executor's rule (``gpuorch_contracts.leader_epoch``) on ApplyMigLayout: once epoch 3 was seen, an epoch-2
     command changes nothing and is answered refused; epoch 0 (a sender without epochs) is still admitted."""
     agent = _node(gpus=1, node_id="epoch-node")
     publisher = RecordingPublisher()
-    handler = ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(publisher, ms))
+    handler = ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(publisher, ms),
+                                    LeaderEpochStore(tmp_path))
     agent.heartbeat_messages()
 
     def layout(profiles: list[str], epoch: int) -> ApplyMigLayout:
@@ -200,4 +206,31 @@ async def test_mig_apply_of_a_superseded_leader_is_refused_and_answered():
     assert len(publisher.of_type(NodeRegistered)) == registrations  # nothing changed on the GPU
     assert [m.profile for m in agent.inventory.gpus[0].mig_instances] == ["7g.80gb"]
     await handler(layout(["3g.40gb", "3g.40gb"], 0))
-    assert handler.outcomes[agent.node_id][0].applied and handler.newest_leader_epochs[agent.node_id] == 3
+    assert handler.outcomes[agent.node_id][0].applied and handler.leader_epochs.newest_seen(agent.node_id) == 3
+
+
+async def test_the_newest_leader_epoch_outlives_the_handler_and_an_unwritable_one_changes_nothing(tmp_path):
+    """A second handler on the same state root (a restarted node-agent) still refuses epoch 2 after epoch 3; when
+    the epoch cannot be recorded the handler raises before it touches a GPU (the command is redelivered)."""
+    agent = _node(gpus=1, node_id="epoch-restart")
+    agent.heartbeat_messages()
+
+    def layout(profiles: list[str], epoch: int) -> ApplyMigLayout:
+        return ApplyMigLayout(node_id=agent.node_id, layouts=[MigGpuLayout(gpu_index=0, profiles=profiles)],
+                              leader_epoch=epoch)
+
+    def handler(root) -> ApplyMigLayoutHandler:
+        return ApplyMigLayoutHandler({agent.node_id: agent}, lambda ms: publish_batch(RecordingPublisher(), ms),
+                                     LeaderEpochStore(root))
+
+    await handler(tmp_path)(layout(["7g.80gb"], 3))
+    restarted = handler(tmp_path)
+    await restarted(layout(["3g.40gb", "3g.40gb"], 2))
+    assert not restarted.outcomes[agent.node_id][0].applied
+    assert [m.profile for m in agent.inventory.gpus[0].mig_instances] == ["7g.80gb"]
+
+    (tmp_path / "not-a-directory").write_text("")
+    unwritable = handler(tmp_path / "not-a-directory")
+    with pytest.raises(OSError):
+        await unwritable(layout(["3g.40gb", "3g.40gb"], 4))
+    assert [m.profile for m in agent.inventory.gpus[0].mig_instances] == ["7g.80gb"]

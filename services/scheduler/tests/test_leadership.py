@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 from gpuorch_contracts import GpuRequest, JobSpec, ProcessRun, SubmitJob
 from gpuorch_scheduler.handlers import SchedulerService
-from gpuorch_scheduler.leadership import LeaderLease, LeadershipLost
+from gpuorch_scheduler.leadership import LEASE_LOCK_KEY, LeaderLease, LeadershipLost
 from gpuorch_scheduling.testing import registered_node as node
 
 pytestmark = pytest.mark.integration
@@ -103,3 +103,32 @@ async def test_a_leaders_commands_carry_its_epoch_and_a_superseded_leader_commit
     finally:
         await conn.close()
         await successor.close()
+
+
+async def test_the_lease_session_serves_one_operation_at_a_time(migrated_dsn: str) -> None:
+    """Renewals, a step-down and a takeover attempt at once on one lease (a keeper that outlives its leader's
+    step-down, a standby's retry beside it) each run on the lease's one session in turn: none fails with asyncpg's
+    "another operation is in progress" (which reads as a lost session: dropped, with its session lock, so a standby
+    could take a live leader's lease), and the session holding the lock is the same one throughout."""
+    lease = await _acquired(LeaderLease(migrated_dsn, "only", lease_s=30.0, renew_s=1.0))
+    observer = await asyncpg.connect(migrated_dsn)
+    try:
+        holder = await _lock_holder(observer)
+        assert holder is not None
+        await asyncio.gather(*(lease.renew() for _ in range(5)))
+        await asyncio.gather(lease.renew(), lease.release())  # the keeper renews as its leader steps down
+        assert lease.epoch == 0 and await _lock_holder(observer) is None
+        taken, _ = await asyncio.gather(lease.try_acquire(), lease.renew())  # the renewal finds epoch 2
+        assert taken and lease.epoch == 2
+        assert await _lock_holder(observer) == holder  # the same session: never dropped as if lost
+    finally:
+        await observer.close()
+        await lease.close()
+
+
+async def _lock_holder(conn: asyncpg.Connection) -> int | None:
+    """The backend pid holding the lease's session lock (``LEASE_LOCK_KEY``), if any."""
+    return await conn.fetchval(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND "
+        "database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND "
+        "((classid::bigint << 32) | objid::bigint) = $1", LEASE_LOCK_KEY)

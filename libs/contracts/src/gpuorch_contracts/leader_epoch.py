@@ -10,8 +10,8 @@ carries the epoch of the leader that decided it (``LaunchJob.leader_epoch`` ...)
 stall, a long GC, SIGSTOP) may wake up after a standby took over, with commands already in flight; once this node
 has seen a command of the newer epoch, anything older comes from a leader that no longer decides, and is dropped.
 
-``judge_leader_epoch`` is the whole rule, pure; the receiver keeps ``newest_seen`` (the executor in its state
-directory across restarts, the node-agent in memory):
+``judge_leader_epoch`` is the whole rule, pure; the receiver keeps ``newest_seen`` across restarts (the executor
+and the node-agent each in its state directory, written before the command acts):
 
 - epoch 0 is a sender without epochs (a scheduler older than epochs, a tool): always admitted, changes nothing;
 - an epoch older than the newest seen is refused;

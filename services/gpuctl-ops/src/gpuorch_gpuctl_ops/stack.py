@@ -183,12 +183,15 @@ class LocalStack:
             f"{n.node_id},{n.cpu_milli},{n.memory_mib},{n.gpus},{n.profile}\n" for n in self.nodes))
         return self._spawn("node-agent", "gpuorch-node-agent", {
             "GPUORCH_NVML": "sim", "GPUORCH_FLEET_CSV": str(fleet_csv), "GPUORCH_FLEET_NAME": "local",
-            "GPUORCH_HEARTBEAT_S": "2", "GPUORCH_USAGE_S": "2", **env,
+            "GPUORCH_HEARTBEAT_S": "2", "GPUORCH_USAGE_S": "2",
+            "GPUORCH_NODE_AGENT_STATE_DIR": str(self.root / "node-agent"), **env,
         })
 
     def start_node_agent(self, node_id: str, **env: str) -> ServiceProcess:
         """One node-agent for one node of this host (``GPUORCH_NVML`` real by default: ``gpuctl up``)."""
-        return self._spawn("node-agent", "gpuorch-node-agent", {"GPUORCH_NODE_ID": node_id, **env})
+        return self._spawn("node-agent", "gpuorch-node-agent", {
+            "GPUORCH_NODE_ID": node_id, "GPUORCH_NODE_AGENT_STATE_DIR": str(self.root / "node-agent"), **env,
+        })
 
     def start_executor(self, **env: str) -> ServiceProcess:
         return self._spawn("executor", "gpuorch-executor", {

@@ -23,6 +23,7 @@ import signal
 import socket
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from gpuorch_contracts import Message, encode
@@ -63,6 +64,8 @@ class AgentConfig(BrokerSettings):
     stdout: bool = setting("GPUORCH_NODE_AGENT_STDOUT", False, "print messages as JSON lines instead of "
                            "publishing")
     duration_s: float | None = setting("GPUORCH_NODE_AGENT_DURATION_S", None, "stop after this many seconds", gt=0)
+    state_dir: Path = setting("GPUORCH_NODE_AGENT_STATE_DIR", Path("./var/node-agent"), "state root; each node "
+                              "keeps <root>/<node id>/leader_epoch.json (the newest scheduler leader epoch seen)")
 
     @property
     def is_fleet(self) -> bool:
@@ -178,7 +181,7 @@ async def run(config: AgentConfig) -> FleetRunner:
     if broker is not None:  # bind before heartbeats start: 5,000 bindings take a while
         from gpuorch_messaging.bounded_gauges import keep_bounded_queue_gauges
 
-        registry = handlers(runner.by_node_id, runner.publish_now)
+        registry = handlers(runner.by_node_id, runner.publish_now, config.state_dir)
         spec = command_queue(config, [a.node_id for a in agents])
         await broker.consume(spec, lambda message: dispatch(registry, message, service="node-agent"))
         if spec.dead_letter:  # its dead-letter queue's fullness (decision 42)

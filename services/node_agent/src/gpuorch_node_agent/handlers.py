@@ -12,13 +12,16 @@
   (``gpuorch_contracts.leader_epoch``, the executor's rule) changes nothing: every GPU of it is answered refused
   with that reason (a leader that still counts on it puts the GPU back in service at once; one that does not
   ignores an answer to a command it is not applying), logged and counted in
-  ``gpuorch_node_agent_stale_commands_total``. The newest epoch is kept in memory per node: the node-agent has no
-  state directory, so a restarted one admits the next command whatever its epoch, and learns from it.
+  ``gpuorch_node_agent_stale_commands_total``. The newest epoch is kept per node in the node-agent's state directory
+  (``leader_epochs.LeaderEpochStore``), written before the command acts, so a restarted node-agent still refuses a
+  superseded leader's command; if it cannot be written the handler raises and nothing changes (the command is
+  redelivered and judged again).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 
 from gpuorch_contracts import ApplyMigLayout, Message, MigGpuOutcome, MigLayoutApplied
 from gpuorch_contracts.leader_epoch import judge_leader_epoch
@@ -26,6 +29,7 @@ from gpuorch_observability import get_logger
 from prometheus_client import Counter
 
 from gpuorch_node_agent.agent import NodeAgent
+from gpuorch_node_agent.leader_epochs import LeaderEpochStore
 from gpuorch_node_agent.nvml.mig import MigApplyResult
 
 log = get_logger(__name__)
@@ -36,13 +40,13 @@ STALE_COMMANDS = Counter("gpuorch_node_agent_stale_commands_total", "Commands re
 
 class ApplyMigLayoutHandler:
     def __init__(self, agents: Mapping[str, NodeAgent],
-                 publish: Callable[[list[Message]], Awaitable[None]]) -> None:
+                 publish: Callable[[list[Message]], Awaitable[None]], leader_epochs: LeaderEpochStore) -> None:
         self.agents = agents
         self.publish = publish
         self.outcomes: dict[str, list[MigApplyResult]] = {}
         """Last outcome per node id (for tests and the CLI); the log carries every one."""
-        self.newest_leader_epochs: dict[str, int] = {}
-        """The newest scheduler leader epoch each node's commands carried (in memory, see the module)."""
+        self.leader_epochs = leader_epochs
+        """The newest scheduler leader epoch each node's commands carried (durable, see the module)."""
 
     async def __call__(self, message: Message) -> None:
         if not isinstance(message, ApplyMigLayout):
@@ -70,23 +74,24 @@ class ApplyMigLayoutHandler:
 
 
     def _from_current_leader(self, command: ApplyMigLayout) -> bool:
-        newest = self.newest_leader_epochs.get(command.node_id, 0)
+        newest = self.leader_epochs.newest_seen(command.node_id)
         verdict = judge_leader_epoch(command.leader_epoch, newest)
         if not verdict.admitted:
             log.warning("command.stale_leader", type=command.TYPE, node_id=command.node_id,
                         message_id=str(command.message_id), leader_epoch=command.leader_epoch, newest_seen=newest)
             STALE_COMMANDS.labels(command.node_id, command.TYPE).inc()
             return False
-        self.newest_leader_epochs[command.node_id] = verdict.newest_seen
+        self.leader_epochs.record(command.node_id, verdict.newest_seen)
         return True
 
     def _refused_as_stale(self, command: ApplyMigLayout) -> list[MigApplyResult]:
         why = (f"refused: decided by scheduler leader epoch {command.leader_epoch}, older than epoch "
-               f"{self.newest_leader_epochs.get(command.node_id, 0)} this node has seen")
+               f"{self.leader_epochs.newest_seen(command.node_id)} this node has seen")
         return [MigApplyResult(gpu_index=layout.gpu_index, applied=False, reason=why) for layout in command.layouts]
 
 
-def handlers(agents: Mapping[str, NodeAgent], publish: Callable[[list[Message]], Awaitable[None]]
-             ) -> dict[str, Callable[[Message], Awaitable[None]]]:
-    """Message type -> handler: the registry the entrypoint consumes with."""
-    return {ApplyMigLayout.TYPE: ApplyMigLayoutHandler(agents, publish)}
+def handlers(agents: Mapping[str, NodeAgent], publish: Callable[[list[Message]], Awaitable[None]],
+             state_root: Path) -> dict[str, Callable[[Message], Awaitable[None]]]:
+    """Message type -> handler: the registry the entrypoint consumes with (``state_root``: where each node's newest
+    leader epoch is kept, ``leader_epochs``)."""
+    return {ApplyMigLayout.TYPE: ApplyMigLayoutHandler(agents, publish, LeaderEpochStore(state_root))}

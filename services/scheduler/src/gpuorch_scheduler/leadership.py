@@ -27,6 +27,11 @@ Guarantees:
   instance takes over without waiting for the expiry.
 - The epoch stamps every command the leader publishes (``leader_epoch``); executors refuse commands of an epoch
   older than the newest they have seen (``gpuorch_contracts.leader_epoch``).
+- ``try_acquire``, ``renew``, ``release`` and ``close`` may be called from several coroutines at once (the keeper
+  beside a step-down, a standby's retry): one lock gives the lease's session to one of them at a time. asyncpg runs
+  one operation per connection; a second one at once fails with "another operation is in progress", which would
+  read as a lost session and drop it, session lock included, so a standby could take a live leader's lease.
+  ``fence`` runs on the caller's own connection, never on the lease's session.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ class LeaderLease:
     """The lease session holds the session lock (``LEASE_LOCK_KEY``)."""
     _renewed_at: float = field(default=0.0, init=False, repr=False)
     """Monotonic time the last renewal (or the acquisition) was confirmed by the database."""
+    _session_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    """Held by whichever operation uses the lease's session (``_conn``): one at a time (see the module)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.renew_s < self.lease_s:
@@ -102,6 +109,7 @@ class LeaderLease:
         return self._locked
 
     async def _drop_session(self) -> None:
+        """Close the lease's session (the caller holds ``_session_lock``); the next operation opens a new one."""
         conn, self._conn, self._locked = self._conn, None, False
         if conn is not None:
             with contextlib.suppress(Exception):
@@ -118,9 +126,8 @@ class LeaderLease:
                 if await self.try_acquire():
                     return True
                 backoff = self.renew_s
-            except CONNECTION_LOST as exc:
+            except CONNECTION_LOST as exc:  # try_acquire dropped the session
                 log.warning("scheduler.standby_database_unreachable", error=repr(exc), retry_s=backoff)
-                await self._drop_session()
                 backoff = min(backoff * 2, self.lease_s)
             except asyncpg.LockNotAvailableError:
                 log.info("scheduler.takeover_waiting", note="a leader's commit still holds the lease row")
@@ -129,7 +136,16 @@ class LeaderLease:
         return False
 
     async def try_acquire(self) -> bool:
-        """Take the lease if its leader's session is gone or it expired (see the module), with the next epoch."""
+        """Take the lease if its leader's session is gone or it expired (see the module), with the next epoch. A lost
+        session (``CONNECTION_LOST``) is dropped and the error raised; the next call opens a new one."""
+        async with self._session_lock:
+            try:
+                return await self._take_lease()
+            except CONNECTION_LOST:
+                await self._drop_session()
+                raise
+
+    async def _take_lease(self) -> bool:
         conn = await self._session()
         if not await self._lock(conn):
             if not await conn.fetchval("SELECT expires_at < clock_timestamp() FROM scheduler_leadership "
@@ -188,8 +204,7 @@ class LeaderLease:
                 await self.renew()
             except LeadershipLost:
                 raise
-            except CONNECTION_LOST as exc:
-                await self._drop_session()
+            except CONNECTION_LOST as exc:  # renew dropped the session
                 unrenewed = time.monotonic() - self._renewed_at
                 log.warning("scheduler.lease_unrenewed", epoch=self.epoch, error=repr(exc),
                             unrenewed_s=round(unrenewed, 2))
@@ -199,13 +214,20 @@ class LeaderLease:
     async def renew(self) -> None:
         """Extend the lease by ``lease_s`` from now; raises ``LeadershipLost`` if another epoch holds it. Takes the
         session lock again after the lease's session was lost and reopened (if another instance took it meanwhile,
-        that instance takes the lease too, and the renewal after finds a newer epoch)."""
-        started = time.monotonic()
-        conn = await self._session()
-        await self._lock(conn)
-        renewed = await asyncio.wait_for(conn.fetchval(
-            "UPDATE scheduler_leadership SET expires_at = clock_timestamp() + make_interval(secs => $2) "
-            "WHERE id = 1 AND epoch = $1 RETURNING epoch", self.epoch, self.lease_s), timeout=self.lease_s)
+        that instance takes the lease too, and the renewal after finds a newer epoch). A lost session
+        (``CONNECTION_LOST``) is dropped and the error raised. The epoch renewed is the one held once the session is
+        this call's (a ``release`` or ``try_acquire`` running at the same time goes first or after, never between)."""
+        async with self._session_lock:
+            started = time.monotonic()
+            try:
+                conn = await self._session()
+                await self._lock(conn)
+                renewed = await asyncio.wait_for(conn.fetchval(
+                    "UPDATE scheduler_leadership SET expires_at = clock_timestamp() + make_interval(secs => $2) "
+                    "WHERE id = 1 AND epoch = $1 RETURNING epoch", self.epoch, self.lease_s), timeout=self.lease_s)
+            except CONNECTION_LOST:
+                await self._drop_session()
+                raise
         if renewed is None:
             raise LeadershipLost(f"epoch {self.epoch} was superseded")
         self._renewed_at = started
@@ -220,6 +242,10 @@ class LeaderLease:
     async def release(self) -> None:
         """End this epoch's lease now and let go of the session lock (best effort: if the database cannot be
         reached the lease expires by itself and the session lock goes with the session)."""
+        async with self._session_lock:
+            await self._release()
+
+    async def _release(self) -> None:
         epoch, self.epoch = self.epoch, 0
         try:
             if epoch:
@@ -237,4 +263,5 @@ class LeaderLease:
             await self._drop_session()
 
     async def close(self) -> None:
-        await self._drop_session()
+        async with self._session_lock:
+            await self._drop_session()
