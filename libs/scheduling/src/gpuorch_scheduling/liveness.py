@@ -96,12 +96,17 @@ def liveness(
     its own fencing deadline (a silent node-agent with a live executor never loses the node's jobs: they still
     run there); for a node whose executor was never heard from, the node-agent's silence past ``lost_after_s``.
 
-    When more than ``mass_silence_fraction`` of the nodes are past the suspect deadline, no node is declared lost
-    (a broker or network fault is likelier than many dead nodes): the alert is returned instead.
+    When more than ``mass_silence_fraction`` of the nodes not already lost are past the suspect deadline, no node is
+    declared lost (a broker or network fault is likelier than many dead nodes): the alert is returned instead. A
+    node already lost (dead, or removed from the fleet: scale-in, decommissioning) stays silent for good; it counts
+    neither as silent nor in the fleet, or a fleet's past departures would turn one node's failure into a mass
+    silence that requeues nothing, for ever.
     """
     decision = Decision()
     silent = {n for n in leases.silent(now, policy.suspect_after_s) if n in state.nodes}
-    mass = len(state.nodes) >= 2 and len(silent) > policy.mass_silence_fraction * len(state.nodes)
+    judged = {n for n in state.not_alive if state.nodes[n].liveness == "lost"}
+    fleet = len(state.nodes) - len(judged)
+    mass = fleet >= 2 and len(silent - judged) > policy.mass_silence_fraction * fleet
     lost_ranks: dict[uuid.UUID, set[str]] = {}  # job -> its nodes declared lost in this tick (not folded yet)
     for node_id in sorted(silent | state.not_alive):
         node = state.nodes[node_id]
