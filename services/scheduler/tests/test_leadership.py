@@ -62,6 +62,24 @@ async def test_a_dead_leader_is_replaced_at_once_and_a_released_lease_too(migrat
             await lease.close()
 
 
+async def test_a_standby_outlives_an_unexpected_error_of_a_try_and_still_takes_the_lease(migrated_dsn: str) -> None:
+    lease = LeaderLease(migrated_dsn, "standby", lease_s=2.0, renew_s=0.05)
+    real, failures = lease._take_lease, []
+
+    async def failing_once() -> bool:
+        if not failures:
+            failures.append(1)
+            raise asyncpg.exceptions.InternalServerError("unexpected")  # neither a lost session nor a held row lock
+        return await real()
+
+    lease._take_lease = failing_once  # type: ignore[method-assign]
+    try:
+        assert await asyncio.wait_for(lease.acquire(asyncio.Event()), timeout=30.0)
+        assert failures == [1] and lease.epoch == 1
+    finally:
+        await lease.close()
+
+
 async def _ends(conn: asyncpg.Connection, timeout_s: float = 10.0) -> bool:
     """Whether the server ends ``conn``'s session (seen by the client within ``timeout_s``)."""
     deadline = asyncio.get_running_loop().time() + timeout_s

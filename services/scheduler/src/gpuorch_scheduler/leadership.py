@@ -119,7 +119,8 @@ class LeaderLease:
 
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Wait as a standby until the lease is this instance's (True) or ``stop`` is set (False). A database that
-        cannot be reached is waited for, with a backoff (at most ``lease_s`` between tries)."""
+        cannot be reached is waited for, with a backoff (at most ``lease_s`` between tries); any other error of a
+        try is logged, its session dropped, and the standby tries again after the same backoff: it never raises."""
         backoff = self.renew_s
         while not stop.is_set():
             try:
@@ -131,6 +132,11 @@ class LeaderLease:
                 backoff = min(backoff * 2, self.lease_s)
             except asyncpg.LockNotAvailableError:
                 log.info("scheduler.takeover_waiting", note="a leader's commit still holds the lease row")
+            except Exception as exc:  # noqa: BLE001 - a standby never exits on its own: drop the session, retry
+                log.error("scheduler.standby_acquire_failed", error=repr(exc), retry_s=backoff)
+                async with self._session_lock:
+                    await self._drop_session()
+                backoff = min(backoff * 2, self.lease_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=backoff)
         return False
