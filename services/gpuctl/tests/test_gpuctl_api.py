@@ -273,6 +273,10 @@ def test_share_and_reservations_through_the_api(gpuctl: Gpuctl, live_api: LiveAp
     gpuctl.ok("config", "use-context", "ops")
     made = gpuctl.json("reserve", "create", "--gpus", "1", "--start", "now+1h", "--duration", "2h", "--tenant", "acme")
     assert made["state"] == "pending" and len(made["nodes"]) == 1, made  # type: ignore[index,arg-type]
+    nowhere = gpuctl("reserve", "create", "--gpus", "1", "--start", "now+1h", "--duration", "1h", "--tenant", "acme",
+                     "--nodes", "no-such-node", "--json")  # refused by the scheduler: the document, then one line
+    assert nowhere.exit_code == 1 and json.loads(nowhere.stdout)["state"] == "refused", nowhere.output
+    assert nowhere.stderr.startswith("gpuctl: reservation ") and "unknown nodes: no-such-node" in nowhere.stderr
     gpuctl.ok("config", "use-context", "acme")
     [mine] = gpuctl.json("reserve", "list")  # type: ignore[misc]
     assert mine["reservation_id"] == made["reservation_id"]  # type: ignore[index]

@@ -1,4 +1,5 @@
-"""``gpuctl bench``: the scheduler at fleet scale, measured against the real RabbitMQ and PostgreSQL.
+"""``gpuctl bench``: the scheduler at fleet scale, measured against the real RabbitMQ and PostgreSQL (e2e, curve,
+recovery) or in process on its Harness (core, capacity, mig).
 
 Commands and where each lives::
 
@@ -6,20 +7,26 @@ Commands and where each lives::
               baseline and the bare broker+database floor                        (bench_e2e, bench_baselines)
     curve     e2e at each fleet size ─> table + PNG                              (bench_e2e, bench_tables)
     recovery  gpuorch-scheduler restarted on a long synthetic log, with and without a snapshot  (bench_recovery)
-    core      the placement core in process, no broker, no database             (bench_core)
+    core      the scheduler's step in process on its Harness, no broker, no database   (bench_core)
+    capacity  a simulated day through the Harness: autoscaled vs fixed fleets  (bench_capacity_cmd, gpuorch_capacity)
+    mig       a simulated day through the Harness: static MIG layouts vs the planner (bench_mig_cmd, gpuorch_capacity)
     relay, floor-hop   (hidden) the middle processes of the raw baseline and the floor
+
+(``capacity`` and ``mig`` join this group when it is loaded: ``commands._bench_extras``.)
 
 Shared pieces: ``bench_scratch`` (scratch vhost and database, progress, CPU/RSS of a process tree),
 ``bench_traffic`` (paced publisher, receivers, percentiles), ``bench_tables`` (tables and the PNG).
 
-Contract: every command creates its own RabbitMQ vhost and PostgreSQL database(s), drops them and stops every
-process it started when it ends (also on failure or Ctrl-C), and stops by itself (``--timeout-s``). ``--json``
-prints exactly one JSON object on stdout; progress goes to stderr. Figures are measurements of this machine at
-this moment: the load average at start and end is part of every result. Nothing here asserts a speed.
+Contract: every command that uses the broker and the database (e2e, curve, recovery) creates its own RabbitMQ vhost
+and PostgreSQL database(s), drops them and stops every process it started when it ends (also on failure or Ctrl-C),
+and stops by itself (``--timeout-s``); the in-process ones start nothing. ``--json`` prints exactly one JSON object
+on stdout; progress goes to stderr. Figures of e2e, curve, recovery and core are measurements of this machine at this
+moment: the load average is part of each result (``core`` reports CPU time beside the wall clock); ``capacity`` and
+``mig`` report simulated figures, the same for the same seed. Nothing here asserts a speed.
 
 gpuctl imports no service: the scheduler and the simulated fleet run as processes (their console scripts), and
-are measured from /proc and read from their logs and read models. ``core`` imports ``gpuorch_scheduling`` (a
-library).
+are measured from /proc and read from their logs and read models. ``core``, ``capacity`` and ``mig`` import
+``gpuorch_scheduling`` (a library) and ``gpuorch_capacity``, never the service.
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ from gpuorch_gpuctl_ops.bench_scratch import (
 )
 from gpuorch_gpuctl_ops.bench_tables import CORE_COLUMNS, CURVE_COLUMNS, E2E_COLUMNS, RECOVERY_COLUMNS, print_table
 
-bench_app = typer.Typer(help="Benchmarks of the scheduler against the real broker and database (see docs/PERFORMANCE.md).",
+bench_app = typer.Typer(help="Benchmarks of the scheduler: against the real broker and database (e2e, curve, recovery) "
+                        "or in process on its Harness (core, capacity, mig); see docs/PERFORMANCE.md.",
                         no_args_is_help=True)
 
 

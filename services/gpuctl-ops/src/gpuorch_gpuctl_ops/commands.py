@@ -36,8 +36,9 @@ REPORT = LazyCommand(f"{OPS}.report_cmd", "report", "The weekly review, from the
 SETUP = LazyCommand(f"{OPS}.setup_cmd", "setup_app", "Install-time setup: the broker topology, node log credentials.")
 SCHEMA = LazyCommand(f"{OPS}.schema_cmd", "schema_app", "Export message schemas (JSON Schema, AsyncAPI).")
 DB = LazyCommand(f"{OPS}.db_cmd", "db_app", "Database schema: apply migrations and show their status.")
-BENCH = LazyCommand(f"{OPS}.bench_cmd", "bench_app", "Benchmarks of the scheduler against the real broker and "
-                    "database (see docs/PERFORMANCE.md).", _bench_extras)
+BENCH = LazyCommand(f"{OPS}.bench_cmd", "bench_app", "Benchmarks of the scheduler: against the real broker and "
+                    "database (e2e, curve, recovery) or in process on its Harness (core, capacity, mig); see "
+                    "docs/PERFORMANCE.md.", _bench_extras)
 MIG = LazyCommand(f"{OPS}.mig_cmd", "mig_app", "MIG layouts: what the planner would change (mode advise) and why.")
 RESERVE = LazyCommand(f"{OPS}.reserve_cmd", "reserve_app", "Advance reservations: GPUs promised to a tenant for a "
                       "window (operators create).")

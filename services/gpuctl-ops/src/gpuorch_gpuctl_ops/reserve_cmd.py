@@ -84,16 +84,14 @@ def create(
             time.sleep(0.25)
     if as_json:
         print(json.dumps(found or answer, default=str))
-        return
-    if found is None:
+    elif found is None:
         console.print(f"reservation {answer['reservation_id']} requested; the scheduler has not answered yet "
                       f"(gpuctl reserve show {answer['reservation_id']})")
-    elif found["state"] == "refused":
-        console.print(f"[red]refused[/red]: {cell(found['reason'] or '')}")
-        raise typer.Exit(1)
-    else:
+    elif found["state"] != "refused":
         console.print(f"reservation {found['reservation_id']}: {found['gpus']} GPUs for {cell(found['tenant'])} on "
                       f"{cell(', '.join(found['nodes']))}, {found['start_at']} to {found['end_at']} ({found['state']})")
+    if found is not None and found["state"] == "refused":  # a result that is a failure: printed, then errors.py's line
+        fail(f"reservation {found['reservation_id']} refused: {found['reason'] or 'no reason given'}")
 
 
 @reserve_app.command("list")
