@@ -99,12 +99,17 @@ class Harness:
     def __init__(self, config: SchedulerConfig | None = None, *, start: float = 0.0, tick_s: float = 1.0,
                  heartbeat_s: float = 5.0, batch_max: int = 500, launch_s: float | None = 0.0,
                  stop_s: float = 1.0, mig_apply_s: float = 5.0, keep_steps: bool = False, seed: int = 0,
-                 settle_s: float = 3600.0, hooks: StepHooks | None = None) -> None:
+                 settle_s: float = 3600.0, hooks: StepHooks | None = None, skip_idle_ticks: bool = False) -> None:
+        """``skip_idle_ticks``: while no job waits, none is stopping and no MIG change is under way, jump the clock's
+        ticks to the first one at or after the next due event instead of playing each (they would decide nothing).
+        Only for workloads whose ticks have no other work: liveness off (no lease can lapse), no max runtimes,
+        sessions or reservations; the trace replay's job mode, whose span is months of simulated time."""
         self.scheduler = Scheduler(config)
         self.world = World(launch_s=launch_s, stop_s=stop_s, mig_apply_s=mig_apply_s)
         self.now = start
         self.tick_s, self.heartbeat_s, self.batch_max = tick_s, heartbeat_s, batch_max
         self.keep_steps, self.settle_s, self.hooks = keep_steps, settle_s, hooks
+        self.skip_idle_ticks = skip_idle_ticks
         self._changed_at = start
         self.steps: list[Step] = []
         self.jobs: dict[uuid.UUID, SimJob] = {}
@@ -214,6 +219,8 @@ class Harness:
             due = self._queue[0].at if self._queue else math.inf
             if until is None and due == math.inf and not self._busy():
                 break
+            if self.skip_idle_ticks and due > self._next_tick and due != math.inf and self._idle():
+                self._next_tick += math.ceil((due - self._next_tick) / self.tick_s) * self.tick_s
             now = min(due, self._next_tick)
             if now > limit or now == math.inf:
                 break
@@ -221,6 +228,11 @@ class Harness:
             self._step(now)
         if until is not None:
             self.now = max(self.now, until)
+
+    def _idle(self) -> bool:
+        """Nothing a tick could act on (see ``skip_idle_ticks``): no waiting or stopping job, no MIG change."""
+        state = self.scheduler.state
+        return not state.queued and not state.stopping and not state.mig
 
     def _busy(self) -> bool:
         state = self.scheduler.state

@@ -173,9 +173,10 @@ class JobReplayResult:
 
 
 def replay_jobs(nodes: Sequence[NodeView], jobs: Sequence[Job], policy: str, mix: TaskMix, seed: int = 0,
-                until: float | None = None) -> JobReplayResult:
-    """Run ``jobs`` (arrival, runtime) through the scheduler on simulated executors; see the module docstring."""
-    harness = _harness(nodes, policy, mix, seed)
+                until: float | None = None, skip_idle_ticks: bool = True) -> JobReplayResult:
+    """Run ``jobs`` (arrival, runtime) through the scheduler on simulated executors; see the module docstring.
+    ``skip_idle_ticks`` (``Harness``): the result is the same with it off, only slower where the fleet idles."""
+    harness = _harness(nodes, policy, mix, seed, skip_idle_ticks=skip_idle_ticks)
     specs = _Specs(tiers=True)
     submitted = [(job, harness.submit(specs.of(job.request, job.runtime), at=job.arrival, runtime_s=job.runtime))
                  for job in jobs]
