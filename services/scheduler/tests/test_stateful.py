@@ -234,3 +234,28 @@ def test_random_histories_keep_the_invariants(pg_dsn: str) -> None:
     runner.settings = settings(max_examples=int(os.environ.get("GPUORCH_STATEFUL_EXAMPLES", "20")), stateful_step_count=60, deadline=None,
                                suppress_health_check=list(HealthCheck))
     runner("runTest").runTest()
+
+
+def test_a_tick_that_loses_a_node_and_times_out_its_preemption_commits(pg_dsn: str) -> None:
+    """The history the random ones found: a preempted job's node is declared lost by the tick that also finds its
+    stop past the grace. Both parts requeue it (one decision id); the tick must log it once and commit."""
+    from gpuorch_store import migrate
+
+    asyncio.run(migrate(pg_dsn))
+    SchedulerMachine.dsn = pg_dsn
+    machine = SchedulerMachine()
+    try:
+        machine.start()
+        machine.submit(GpuRequest(gpus=2), 1, "low", "default", True, None, 0)
+        [victim] = machine._jobs_in("placed")
+        node_id = machine.svc.state.jobs[victim].assignments[0].node_id
+        machine.submit(GpuRequest(gpus=2), 1, "critical", "default", False, None, 0)
+        assert machine.svc.state.jobs[victim].state == "preempting"
+        machine.go_silent(node_id)
+        machine.time_passes(100.0)  # past lost_after_s (90) and the grace + margin (10 + 60)
+        assert machine.svc.state.nodes[node_id].liveness == "lost"
+        assert machine.svc.state.jobs[victim].state in ("queued", "placed")
+        assert machine.svc.state.jobs[victim].preemptions == 1
+        machine.state_rebuilt_from_the_log_equals_the_live_state()
+    finally:
+        machine.teardown()

@@ -6,7 +6,7 @@
                   confirmations and operators' reservations are decided and recorded at once
       2. tick     (when due) lease transitions, stray placements, overdue max runtimes, silent preemptions, idle
                   sessions to park (``sessions``), the MIG loop (``mig_loop``), jobs to stop before an advance
-                  reservation starts (``reservations``)
+                  reservation starts (``reservations``); a decision two of them made (one message id) is recorded once
          deps     jobs (arrays, array tasks) touched in this step whose dependencies can never be met are cancelled
                   with the reason, down the chain (``dependencies.unmeetable``)
       3. cycle    ``cycle.schedule`` over the queue (every tick; after a batch that changed something, at most
@@ -523,8 +523,11 @@ class Scheduler:
                 message_id=decision_id("alert", "mass_silence", now), kind="mass_silence", explanation=alert,
                 node_ids=sorted(self.state.nodes)[:10000]))
         self._alert_active = alert is not None
-        for event in decision.logged:
-            self._record(step, event)
+        recorded: set[uuid.UUID] = set()  # all decided on the state the tick found, so two parts may make one decision
+        for event in decision.logged:  # (a lost node's preempted job, past its grace too): the log keeps it once
+            if event.message_id not in recorded:
+                recorded.add(event.message_id)
+                self._record(step, event)
         step.published += decision.published
 
     @property
