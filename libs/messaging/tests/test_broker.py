@@ -585,13 +585,13 @@ async def test_a_latest_wins_queue_takes_deliveries_raw_dead_letters_the_invalid
     from gpuorch_messaging.consuming import Consumers
 
     raw_calls = [0]
-    deliver_raw = Consumers._deliver_raw
+    take_raw = Consumers._take_raw
 
-    async def counting(self, consumer, delivered):  # type: ignore[no-untyped-def]
+    def counting(self, consumer, delivered):  # type: ignore[no-untyped-def]
         raw_calls[0] += 1
-        await deliver_raw(self, consumer, delivered)
+        return take_raw(self, consumer, delivered)
 
-    monkeypatch.setattr(Consumers, "_deliver_raw", counting)
+    monkeypatch.setattr(Consumers, "_take_raw", counting)
     proxy = TcpProxy("127.0.0.1", 5672)
     await proxy.start()
     broker = Broker(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{amqp_vhost}", producer="test")
@@ -629,3 +629,65 @@ async def test_a_latest_wins_queue_takes_deliveries_raw_dead_letters_the_invalid
     finally:
         await broker.close()
         await proxy.stop()
+
+
+async def test_a_plain_handler_on_a_latest_wins_queue_runs_as_frames_arrive_and_invalid_or_refused_are_dead_lettered(
+    amqp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain (not async) handler of a latest-wins queue runs as each delivery's frames are read
+    (``consuming._RawFrames``): in order, and none of them reaches aiormq's channel reader (``_deliver_raw``).
+    An undecodable body and a type the queue does not take are still dead-lettered with their reasons, a handler
+    that raises does not stop the deliveries after it, and closing cancels the consumer."""
+    from gpuorch_contracts import NodeHeartbeat
+    from gpuorch_messaging.consuming import Consumers
+    from gpuorch_messaging.senders import Sender
+
+    reader_calls = [0]
+    deliver_raw = Consumers._deliver_raw
+
+    async def counting(self, consumer, delivered):  # type: ignore[no-untyped-def]
+        reader_calls[0] += 1
+        await deliver_raw(self, consumer, delivered)
+
+    monkeypatch.setattr(Consumers, "_deliver_raw", counting)
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    seen: list[uuid.UUID] = []
+    failing = SubmitJob(spec=SPEC)
+
+    def handler(message: Message) -> None:
+        assert isinstance(message, SubmitJob)
+        if message.job_id == failing.job_id:
+            raise RuntimeError("this one fails")
+        seen.append(message.job_id)
+
+    async def handled(expected: list[uuid.UUID]) -> None:
+        for _ in range(200):
+            if seen == expected:
+                return
+            await asyncio.sleep(0.05)
+        assert seen == expected
+
+    spec = QueueSpec("t.plain", [(SUBMIT_EXCHANGE, "job.submit")], acknowledged=False,
+                     accepts={SubmitJob.TYPE: [Sender("*")]})
+    try:
+        await broker.consume(spec, handler)
+        first = [SubmitJob(spec=SPEC) for _ in range(6)]
+        for message in [*first[:3], failing, *first[3:]]:
+            await broker.publish(message)
+        await handled([m.job_id for m in first])
+
+        await _publish_foreign(amqp_url, b"{not json")
+        await _publish_foreign(amqp_url, NodeHeartbeat(node_id="n1", inventory_hash="h", sequence=1)
+                               .model_dump_json().encode())
+        later = SubmitJob(spec=SPEC)
+        await broker.publish(later)
+        await handled([m.job_id for m in first] + [later.job_id])
+        dead = await _drain(amqp_url, "t.plain.dlq", 2)
+        reasons = sorted(str(m.headers[REASON_HEADER]) for m in dead)
+        assert len(reasons) == 2
+        assert reasons[0].startswith("invalid message")
+        assert reasons[1].startswith("refused: queue t.plain does not take node.heartbeat")
+        assert reader_calls[0] == 0
+    finally:
+        await broker.close()

@@ -251,15 +251,16 @@ class SchedulerService:
         )
         await self.handle(lost)
 
-    async def heartbeat(self, beat: NodeHeartbeat) -> None:
-        """Renew a node's lease (in memory only; latest wins). A heartbeat without ``gpus`` leaves the GPUs'
-        utilisation as the node last reported it (node-agents send it when it changed, and every few beats)."""
+    def heartbeat(self, beat: NodeHeartbeat) -> None:
+        """Renew a node's lease (in memory only; latest wins; plain, so the consumer runs it inline). A heartbeat
+        without ``gpus`` leaves the GPUs' utilisation as the node last reported it (sent when it changed, and
+        every few beats)."""
         lease_now = self._lease_clock()
         self.scheduler.node_heartbeat(beat.node_id, lease_now, beat.gpus)
         if self._journal is not None:
             self._journal.renewed(beat, lease_now)
 
-    async def executor_heartbeat(self, beat: ExecutorHeartbeat) -> None:
+    def executor_heartbeat(self, beat: ExecutorHeartbeat) -> None:
         """Renew the executor's half of a node's lease (memory only) and note the placements it runs that the
         scheduler does not assign there (the next tick stops them); keep its isolation for the read model."""
         lease_now = self._lease_clock()
