@@ -84,6 +84,10 @@ def _consumed(queue: str, kind: str) -> Any:
         counter = _CONSUMED[queue, kind] = MESSAGES_CONSUMED.labels(queue, kind)
     return counter
 
+LATEST_WINS_READ_INTERVAL_S = 0.1
+"""How long a latest-wins delivery may wait to be read, so that one wake-up takes them all (heartbeats: ten reads a
+second whatever the fleet's size; a node is suspect after 15 s of silence)."""
+
 Handler = Callable[[Message], Awaitable[None]]
 SenderAwareHandler = Callable[[Message, str | None], Awaitable[None]]
 """A handler that also gets the delivery's original publisher: the AMQP ``user_id`` RabbitMQ verified, or for a
@@ -231,6 +235,8 @@ class Consumers:
         self.publisher = publisher
         self.policy = policy
         self._consumers: list[_Consumer] = []
+        self._latest_wins: BrokerConnection | None = None
+        """The connection of the latest-wins consumers (``_latest_wins_connection``), opened with the first."""
         self._running_handlers: set[asyncio.Future[None]] = set()
         """Handlers still running after their delivery was cancelled by a connection drop (``close`` cancels them)."""
 
@@ -240,7 +246,8 @@ class Consumers:
         plain (not async) ``handler`` is for latest-wins queues only (``PlainHandler``)."""
         if not self.policy.declare:
             await look_up(self.connection, queues=[spec.name], wait_s=self.policy.wait_s)
-        channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        connection = self.connection if spec.acknowledged else await self._latest_wins_connection()
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await channel.set_qos(prefetch_count=spec.prefetch)
         if self.policy.declare:
             queue = await declare_queue(channel, spec)
@@ -257,6 +264,21 @@ class Consumers:
         if not spec.acknowledged:
             await self._take_deliveries_raw(consumer)
             channel.reopen_callbacks.add(lambda _channel: self._take_deliveries_raw(consumer))
+            connection.pace_reads()
+
+    async def _latest_wins_connection(self) -> BrokerConnection:
+        """Latest-wins queues (heartbeats: an idle fleet's steady trickle, one delivery at a time) are consumed on
+        a connection of their own whose reads are paced (``BrokerConnection.read_interval_s``,
+        ``LATEST_WINS_READ_INTERVAL_S``): one wake-up of the process takes every delivery of the interval, instead
+        of one wake-up per delivery, and nothing else (submissions, confirms) waits for the pacing. Same URL, user
+        and AMQP heartbeat as the main connection; its name says what it is."""
+        if self._latest_wins is None:
+            link = BrokerConnection(self.connection.url, f"{self.connection.connection_name} latest-wins",
+                                    heartbeat_s=self.connection.heartbeat_s,
+                                    read_interval_s=LATEST_WINS_READ_INTERVAL_S)
+            await link.connect()
+            self._latest_wins = link
+        return self._latest_wins
 
     async def _take_deliveries_raw(self, consumer: _Consumer) -> None:
         """A latest-wins consumer (heartbeats: the bulk of an idle scheduler's deliveries) takes aiormq's frames
@@ -330,6 +352,10 @@ class Consumers:
                     pass
         for handling in list(self._running_handlers):
             handling.cancel()
+        if self._latest_wins is not None:
+            link, self._latest_wins = self._latest_wins, None
+            with contextlib.suppress(Exception):  # closing anyway
+                await asyncio.wait_for(link.close(), timeout=5)
 
     async def _deliver(self, consumer: _Consumer, incoming: AbstractIncomingMessage) -> None:
         """Decode, judge, handle, then ack; whatever is raised on the way, the delivery ends acked or nacked (a
