@@ -220,7 +220,11 @@ class _RawFrames:
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         delivered = DeliveredMessage(delivery=self._delivery, header=self._header, body=body, channel=self._channel)
         self._reset()
-        rest = self._consumers._take_raw(self._consumer, delivered)
+        try:
+            rest = self._consumers._take_raw(self._consumer, delivered)
+        except Exception as exc:  # noqa: BLE001 - never into the connection's reader (it would drop the connection)
+            log.error("consume.delivery_failed", queue=self._consumer.spec.name, error=repr(exc))
+            return
         if rest is not None:
             task = asyncio.ensure_future(rest)
             self._rest.add(task)

@@ -12,7 +12,8 @@ Pipeline::
                                                        ▼ join it. handlers.SchedulerService.handle_batch
                                                   one PostgreSQL transaction per batch: log + outbox + read models,
                                                   then every message of the batch is acked (or answered alone)
-    gpuorch.events  (node.heartbeat) ──> "scheduler.heartbeats" (latest-wins) ──> lease renewals (memory)
+    gpuorch.events  (node.heartbeat) ──> "scheduler.heartbeats" (latest-wins; a paced connection of its own,
+                                          handled inline as read) ──> lease renewals (memory)
                                                    │
     outbox relay (its own process: relay.py) ──(confirms)──> gpuorch.events (job.accepted/placed/...) and
                                                          gpuorch.commands (LaunchJob, StopJob, ApplyMigLayout)
