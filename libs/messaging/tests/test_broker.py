@@ -585,13 +585,15 @@ async def test_a_latest_wins_queue_takes_deliveries_raw_dead_letters_the_invalid
     from gpuorch_messaging.consuming import Consumers
 
     raw_calls = [0]
-    deliver_raw = Consumers._deliver_raw
+    raw_bodies: list[bytes] = []
+    take_raw = Consumers._take_raw
 
-    async def counting(self, consumer, delivered):  # type: ignore[no-untyped-def]
+    def counting(self, consumer, delivered):  # type: ignore[no-untyped-def]
         raw_calls[0] += 1
-        await deliver_raw(self, consumer, delivered)
+        raw_bodies.append(delivered.body)
+        return take_raw(self, consumer, delivered)
 
-    monkeypatch.setattr(Consumers, "_deliver_raw", counting)
+    monkeypatch.setattr(Consumers, "_take_raw", counting)
     proxy = TcpProxy("127.0.0.1", 5672)
     await proxy.start()
     broker = Broker(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{amqp_vhost}", producer="test")
@@ -620,12 +622,84 @@ async def test_a_latest_wins_queue_takes_deliveries_raw_dead_letters_the_invalid
         dead = await _drain(amqp_url, "t.latest.dlq", 1)
         assert len(dead) == 1 and "invalid message" in dead[0].headers[REASON_HEADER]
 
+        assert raw_calls[0] == 4  # the invalid body came raw too
         await proxy.cut()
         later = SubmitJob(spec=SPEC)
         await broker.publish(later)  # waits for the reconnect
         await handled([m.job_id for m in first] + [later.job_id])
+        # a delivery racing the consumer's restoration may take aio-pika's path (the same outcome); once the
+        # channel is reopened, the raw path is back
+        last = SubmitJob(spec=SPEC)
+        await broker.publish(last)
+        await handled([m.job_id for m in first] + [later.job_id, last.job_id])
         assert proxy.cuts == 1
-        assert raw_calls[0] == 5  # the invalid body and the message after the reconnect came raw too
+        assert str(last.job_id).encode() in raw_bodies[-1]
     finally:
         await broker.close()
         await proxy.stop()
+
+
+async def test_a_plain_handler_on_a_latest_wins_queue_runs_as_frames_arrive_and_invalid_or_refused_are_dead_lettered(
+    amqp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain (not async) handler of a latest-wins queue runs as each delivery's frames are read
+    (``consuming._RawFrames``), on a connection of its own whose reads are paced: in order, nothing lost, and
+    none of them reaches aiormq's channel reader (``_deliver_raw``).
+    An undecodable body and a type the queue does not take are still dead-lettered with their reasons, a handler
+    that raises does not stop the deliveries after it, and closing cancels the consumer."""
+    from gpuorch_contracts import NodeHeartbeat
+    from gpuorch_messaging.consuming import LATEST_WINS_READ_INTERVAL_S, Consumers
+    from gpuorch_messaging.senders import Sender
+
+    reader_calls = [0]
+    deliver_raw = Consumers._deliver_raw
+
+    async def counting(self, consumer, delivered):  # type: ignore[no-untyped-def]
+        reader_calls[0] += 1
+        await deliver_raw(self, consumer, delivered)
+
+    monkeypatch.setattr(Consumers, "_deliver_raw", counting)
+    broker = Broker(amqp_url, producer="test")
+    await broker.connect()
+    seen: list[uuid.UUID] = []
+    failing = SubmitJob(spec=SPEC)
+
+    def handler(message: Message) -> None:
+        assert isinstance(message, SubmitJob)
+        if message.job_id == failing.job_id:
+            raise RuntimeError("this one fails")
+        seen.append(message.job_id)
+
+    async def handled(expected: list[uuid.UUID]) -> None:
+        for _ in range(200):
+            if seen == expected:
+                return
+            await asyncio.sleep(0.05)
+        assert seen == expected
+
+    spec = QueueSpec("t.plain", [(SUBMIT_EXCHANGE, "job.submit")], acknowledged=False,
+                     accepts={SubmitJob.TYPE: [Sender("*")]})
+    try:
+        await broker.consume(spec, handler)
+        first = [SubmitJob(spec=SPEC) for _ in range(6)]
+        for message in [*first[:3], failing, *first[3:]]:
+            await broker.publish(message)
+        await handled([m.job_id for m in first])
+
+        await _publish_foreign(amqp_url, b"{not json")
+        await _publish_foreign(amqp_url, NodeHeartbeat(node_id="n1", inventory_hash="h", sequence=1)
+                               .model_dump_json().encode())
+        later = SubmitJob(spec=SPEC)
+        await broker.publish(later)
+        await handled([m.job_id for m in first] + [later.job_id])
+        dead = await _drain(amqp_url, "t.plain.dlq", 2)
+        reasons = sorted(str(m.headers[REASON_HEADER]) for m in dead)
+        assert len(reasons) == 2
+        assert reasons[0].startswith("invalid message")
+        assert reasons[1].startswith("refused: queue t.plain does not take node.heartbeat")
+        assert reader_calls[0] == 0
+        paced = broker._consumers._latest_wins  # its own connection, read at most once per interval
+        assert paced is not None and paced is not broker._consumers.connection
+        assert paced.read_interval_s == LATEST_WINS_READ_INTERVAL_S and paced._pacing and paced._pacing.enabled
+    finally:
+        await broker.close()

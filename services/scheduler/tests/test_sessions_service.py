@@ -53,9 +53,9 @@ async def test_a_parked_session_is_state_from_the_log(migrated_dsn: str) -> None
         await service.handle_batch([JobStarted(job_id=job.job_id, placement_id=placement, node_id="n1")],
                                    senders=["executor-n1"])
         for _ in range(4):  # 30 s of heartbeats: GPUs idle, no request through the proxy
-            await service.heartbeat(NodeHeartbeat(node_id="n1", inventory_hash="h", sequence=1, gpus=[
+            service.heartbeat(NodeHeartbeat(node_id="n1", inventory_hash="h", sequence=1, gpus=[
                 GpuLive(index=0, utilization_pct=0.0), GpuLive(index=1, utilization_pct=0.0)]))
-            await service.executor_heartbeat(ExecutorHeartbeat(
+            service.executor_heartbeat(ExecutorHeartbeat(
                 node_id="n1", sequence=1, fencing_deadline_s=60, interval_s=10,
                 running=[RunningPlacement(placement_id=placement, job_id=job.job_id, idle_s=clock[0] - 1_000_000.0)]))
             await service.tick()

@@ -124,7 +124,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def time_passes(self, seconds: float) -> None:
         self.now += seconds
         for node_id in self.registered - self.silent:
-            self.run(self.svc.heartbeat(NodeHeartbeat(node_id=node_id, inventory_hash="x", sequence=1)))
+            self.svc.heartbeat(NodeHeartbeat(node_id=node_id, inventory_hash="x", sequence=1))
         self.run(self.svc.tick())
 
     # -- jobs -------------------------------------------------------------------------------------------------

@@ -34,7 +34,14 @@ from typing import Any
 from gpuorch_contracts import Message, decode
 
 from gpuorch_messaging.connection import BrokerConnection
-from gpuorch_messaging.consuming import ConsumerPolicy, Consumers, Decoder, Handler, SenderAwareHandler
+from gpuorch_messaging.consuming import (
+    ConsumerPolicy,
+    Consumers,
+    Decoder,
+    Handler,
+    PlainHandler,
+    SenderAwareHandler,
+)
 from gpuorch_messaging.publishing import ConfirmedPublisher
 from gpuorch_messaging.senders import IdentityMode
 from gpuorch_messaging.topology import DEFAULT_WAIT_S, QueueSpec, declare_queue, queue_depths, unbind
@@ -143,13 +150,14 @@ class Broker:
         if self.declare_topology:
             await unbind(self._link, queue, bindings)
 
-    async def consume(self, spec: QueueSpec, handler: Handler | SenderAwareHandler, *, decoder: Decoder = decode,
-                      with_sender: bool = False) -> None:
+    async def consume(self, spec: QueueSpec, handler: Handler | SenderAwareHandler | PlainHandler, *,
+                      decoder: Decoder = decode, with_sender: bool = False) -> None:
         """Declare (or look up) the queue and start delivering to ``handler``.
 
         ``with_sender=True`` calls ``handler(message, publisher)`` (a ``SenderAwareHandler``), the message's
         original publisher: what admission needs to apply the identity map
         (``gpuorch_identity.authorize_submission``). Returns once consuming started; deliveries run as tasks of
-        the connection's loop.
+        the connection's loop; a latest-wins queue's (``acknowledged=False``) may be a plain function, run inline
+        as its delivery is read (``consuming.PlainHandler``).
         """
         await self._consumers.consume(spec, handler, decoder=decoder, with_sender=with_sender)

@@ -12,6 +12,7 @@ message); ``channel`` opens a channel on the current connection (the caller owns
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
+from aiormq.connection import TCPTransportFactory, TLSTransportFactory, TransportFactory
 from gpuorch_observability import get_logger
 
 log = get_logger(__name__)
@@ -34,8 +36,13 @@ class BrokerConnection:
     connection_name: str
     heartbeat_s: int | None = None
     """AMQP heartbeat timeout to negotiate (None: the broker's)."""
+    read_interval_s: float | None = None
+    """Once ``pace_reads`` was called: read the socket at most once per this many seconds, taking everything that
+    arrived meanwhile in one read (``PacedReads``). For a connection that carries only latest-wins state
+    (heartbeats): one wake-up per interval instead of one per message; each message waits at most this long."""
     _connection: AbstractRobustConnection | None = field(default=None, init=False, repr=False)
     connected_event: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _pacing: PacedReads | None = field(default=None, init=False, repr=False)
     disconnected_since: float | None = field(default=None, init=False)
 
     @property
@@ -52,6 +59,9 @@ class BrokerConnection:
         while True:
             try:
                 options: dict[str, Any] = {} if self.heartbeat_s is None else {"heartbeat": self.heartbeat_s}
+                if self.read_interval_s is not None:
+                    self._pacing = PacedReads(self.read_interval_s)
+                    options["connection_class"] = functools.partial(_PacedConnection, pacing=self._pacing)
                 self._connection = await aio_pika.connect_robust(
                     self.url, client_properties={"connection_name": self.connection_name}, reconnect_interval=1.0,
                     **options)
@@ -76,6 +86,12 @@ class BrokerConnection:
             raise ConnectionError("broker not connected: call connect() first")
         return await self._connection.channel(**options)  # type: ignore[return-value]
 
+    def pace_reads(self) -> None:
+        """Start pacing this connection's reads (``read_interval_s``; nothing without it): called once its
+        consumers are set up, so that setting them up is not slowed by an interval per reply."""
+        if self._pacing is not None:
+            self._pacing.enabled = True
+
     @property
     def opened(self) -> bool:
         """``connect`` succeeded and ``close`` was not called (the link may be down meanwhile)."""
@@ -99,6 +115,46 @@ class BrokerConnection:
         self.disconnected_since = None
         self.connected_event.set()
         log.info("broker.reconnected")
+
+
+class PacedReads(TransportFactory):
+    """aiormq's transport (TCP or TLS by the URL's scheme) whose socket is read at most once per ``interval_s``
+    once ``enabled``: after each read, reading pauses for the interval and then takes everything that arrived
+    (``pause_reading``/``resume_reading``; the kernel holds the bytes meanwhile, and RabbitMQ's flow control
+    applies as for any slow reader). Every frame is still read, in order; each waits at most ``interval_s``."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.enabled = False
+
+    async def create(self, url: Any, **kwargs: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        inner = TLSTransportFactory() if url.scheme == "amqps" else TCPTransportFactory()
+        reader, writer = await inner.create(url, **kwargs)
+        transport: Any = writer.transport  # a read-write transport (WriteTransport is its declared type)
+        loop = asyncio.get_running_loop()
+        protocol: Any = transport.get_protocol()
+        received = protocol.data_received
+
+        def resume() -> None:
+            if not transport.is_closing():
+                transport.resume_reading()
+
+        def data_received(data: bytes) -> None:
+            received(data)
+            if self.enabled and not transport.is_closing() and transport.is_reading():
+                transport.pause_reading()
+                loop.call_later(self.interval_s, resume)
+
+        protocol.data_received = data_received
+        return reader, writer
+
+
+class _PacedConnection(aio_pika.RobustConnection):
+    """A robust connection whose every (re)connection reads through ``pacing``."""
+
+    def __init__(self, url: Any, loop: Any = None, *, pacing: PacedReads, **kwargs: Any) -> None:
+        super().__init__(url, loop, **kwargs)
+        self.kwargs["transport_factory"] = pacing
 
 
 def user_of(url: str) -> str:

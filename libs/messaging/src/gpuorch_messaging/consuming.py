@@ -14,8 +14,9 @@ letter that says why.
 
 Every delivery ends acked or nacked: nothing raised on the way leaves it holding a prefetch slot. A latest-wins queue
 (``QueueSpec.acknowledged`` False: heartbeats) is consumed without acknowledgements and its handler runs inline; a
-delivery it loses is replaced by the next. Its deliveries are taken from aiormq directly (no aio-pika message object,
-no second task per delivery); one that is not a valid message its sender may send takes the full path above. A dead letter is
+delivery it loses is replaced by the next. Its deliveries are taken from aiormq's frames directly (``_RawFrames``: no
+channel queue, no aio-pika message object, no task per delivery for a plain handler); one that is not a valid
+message its sender may send takes the full path above. A dead letter is
 published with confirms to ``gpuorch.dlx`` (key Q) carrying the body, the original headers and ``REASON_HEADER``,
 ``QUEUE_HEADER``, ``EXCHANGE_HEADER``, ``ROUTING_KEY_HEADER`` and the original publisher
 (``provenance.ORIGINAL_PUBLISHER_HEADER``: the identity the delivery was judged by, never the consumer's); only
@@ -40,6 +41,9 @@ from gpuorch_contracts import DEAD_LETTER_EXCHANGE, MAX_MESSAGE_BYTES, Message, 
 from gpuorch_observability import bind_context, extract_trace, get_logger, tracer, tracing_exported
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from pamqp.body import ContentBody
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
 from prometheus_client import Counter
 
 from gpuorch_messaging.connection import BrokerConnection
@@ -80,11 +84,18 @@ def _consumed(queue: str, kind: str) -> Any:
         counter = _CONSUMED[queue, kind] = MESSAGES_CONSUMED.labels(queue, kind)
     return counter
 
+LATEST_WINS_READ_INTERVAL_S = 0.1
+"""How long a latest-wins delivery may wait to be read, so that one wake-up takes them all (heartbeats: ten reads a
+second whatever the fleet's size; a node is suspect after 15 s of silence)."""
+
 Handler = Callable[[Message], Awaitable[None]]
 SenderAwareHandler = Callable[[Message, str | None], Awaitable[None]]
 """A handler that also gets the delivery's original publisher: the AMQP ``user_id`` RabbitMQ verified, or for a
 replay by an operator the first publisher's (``provenance``); None when it set none, which a strict queue with
 ``accepts`` never lets through."""
+PlainHandler = Callable[[Message], None] | Callable[[Message, str | None], None]
+"""A latest-wins queue's handler may be a plain function: it runs inline, as its delivery is read (no task), so it
+must not wait on anything (heartbeats renew leases in memory)."""
 Decoder = Callable[[bytes], Message]
 
 
@@ -148,13 +159,76 @@ class _AckWindow:
 @dataclass
 class _Consumer:
     spec: QueueSpec
-    handler: Handler | SenderAwareHandler
+    handler: Handler | SenderAwareHandler | PlainHandler
     decoder: Decoder
     with_sender: bool = False
     tag: str | None = None
     channel: AbstractRobustChannel | None = None
     queue: Any = None
     acks: _AckWindow = field(default_factory=_AckWindow)
+
+
+class _RawFrames:
+    """The frames of a latest-wins consumer's aiormq channel, taken as the connection's reader hands them over
+    (``channel.frames.put``, replaced on this channel object only): a ``Basic.Deliver`` for the consumer's tag, its
+    content header and body frames are assembled here and handed to ``Consumers._take_raw`` at once, instead of
+    passing through the channel's frame queue, its reader task, a ``DeliveredMessage`` buffer and a task per
+    delivery. Everything else (other tags, RPC replies, cancels, closes), and a delivery that arrives while
+    earlier frames still wait in the queue (their order is kept), goes to the queue as before. A plain handler
+    runs inline in the connection's reader (it must not wait on the broker); whatever is left to await (an async
+    handler, the full path of an invalid delivery) runs as a task, as aiormq would have run it. AMQP sends a
+    delivery's content frames right after its method frame on its channel, with nothing between."""
+
+    def __init__(self, consumers: Consumers, consumer: _Consumer, channel: Any) -> None:
+        self._consumers, self._consumer, self._channel = consumers, consumer, channel
+        self._queue: asyncio.Queue[Any] = channel.frames
+        self._queue_put = channel.frames.put
+        self._delivery: Any = None
+        self._header: Any = None
+        self._body: list[bytes] = []
+        self._received = 0
+        self._rest: set[asyncio.Future[None]] = set()
+
+    def install(self) -> None:
+        self._queue.put = self.put  # type: ignore[method-assign]
+
+    async def put(self, item: tuple[Any, Any]) -> None:
+        frame = item[1]
+        if self._delivery is not None:
+            if self._header is None and isinstance(frame, ContentHeader):
+                self._header = frame
+                if not frame.body_size:
+                    self._complete()
+                return
+            if self._header is not None and isinstance(frame, ContentBody):
+                self._body.append(frame.value)
+                self._received += len(frame.value)
+                if self._received >= self._header.body_size:
+                    self._complete()
+                return
+            self._reset()  # not the content AMQP promises: let the channel's reader see the rest
+        if (isinstance(frame, Basic.Deliver) and frame.consumer_tag == self._consumer.tag
+                and frame.consumer_tag in self._channel.consumers and self._queue.empty()):
+            self._delivery = frame
+            return
+        await self._queue_put(item)
+
+    def _reset(self) -> None:
+        self._delivery, self._header, self._body, self._received = None, None, [], 0
+
+    def _complete(self) -> None:
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        delivered = DeliveredMessage(delivery=self._delivery, header=self._header, body=body, channel=self._channel)
+        self._reset()
+        try:
+            rest = self._consumers._take_raw(self._consumer, delivered)
+        except Exception as exc:  # noqa: BLE001 - never into the connection's reader (it would drop the connection)
+            log.error("consume.delivery_failed", queue=self._consumer.spec.name, error=repr(exc))
+            return
+        if rest is not None:
+            task = asyncio.ensure_future(rest)
+            self._rest.add(task)
+            task.add_done_callback(self._rest.discard)
 
 
 class Consumers:
@@ -165,15 +239,19 @@ class Consumers:
         self.publisher = publisher
         self.policy = policy
         self._consumers: list[_Consumer] = []
+        self._latest_wins: BrokerConnection | None = None
+        """The connection of the latest-wins consumers (``_latest_wins_connection``), opened with the first."""
         self._running_handlers: set[asyncio.Future[None]] = set()
         """Handlers still running after their delivery was cancelled by a connection drop (``close`` cancels them)."""
 
-    async def consume(self, spec: QueueSpec, handler: Handler | SenderAwareHandler, *, decoder: Decoder = decode,
-                      with_sender: bool = False) -> None:
-        """Declare (or look up) the queue and start delivering to ``handler``; returns once consuming started."""
+    async def consume(self, spec: QueueSpec, handler: Handler | SenderAwareHandler | PlainHandler, *,
+                      decoder: Decoder = decode, with_sender: bool = False) -> None:
+        """Declare (or look up) the queue and start delivering to ``handler``; returns once consuming started. A
+        plain (not async) ``handler`` is for latest-wins queues only (``PlainHandler``)."""
         if not self.policy.declare:
             await look_up(self.connection, queues=[spec.name], wait_s=self.policy.wait_s)
-        channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        connection = self.connection if spec.acknowledged else await self._latest_wins_connection()
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await channel.set_qos(prefetch_count=spec.prefetch)
         if self.policy.declare:
             queue = await declare_queue(channel, spec)
@@ -190,25 +268,50 @@ class Consumers:
         if not spec.acknowledged:
             await self._take_deliveries_raw(consumer)
             channel.reopen_callbacks.add(lambda _channel: self._take_deliveries_raw(consumer))
+            connection.pace_reads()
+
+    async def _latest_wins_connection(self) -> BrokerConnection:
+        """Latest-wins queues (heartbeats: an idle fleet's steady trickle, one delivery at a time) are consumed on
+        a connection of their own whose reads are paced (``BrokerConnection.read_interval_s``,
+        ``LATEST_WINS_READ_INTERVAL_S``): one wake-up of the process takes every delivery of the interval, instead
+        of one wake-up per delivery, and nothing else (submissions, confirms) waits for the pacing. Same URL, user
+        and AMQP heartbeat as the main connection; its name says what it is."""
+        if self._latest_wins is None:
+            link = BrokerConnection(self.connection.url, f"{self.connection.connection_name} latest-wins",
+                                    heartbeat_s=self.connection.heartbeat_s,
+                                    read_interval_s=LATEST_WINS_READ_INTERVAL_S)
+            await link.connect()
+            self._latest_wins = link
+        return self._latest_wins
 
     async def _take_deliveries_raw(self, consumer: _Consumer) -> None:
-        """A latest-wins consumer (heartbeats: the bulk of an idle scheduler's deliveries) takes aiormq's deliveries
-        itself (``_deliver_raw``) instead of through aio-pika's message objects. aio-pika still owns the consumer
-        and restores it after a reconnect; this runs again then (``reopen_callbacks``). Should it not, deliveries
-        simply take aio-pika's path: the same outcome, at the old cost."""
+        """A latest-wins consumer (heartbeats: the bulk of an idle scheduler's deliveries) takes aiormq's frames
+        itself (``_RawFrames``: no channel queue, no ``DeliveredMessage`` buffer, no task per delivery), and
+        aiormq's deliveries of its tag (``_deliver_raw``) for what still reaches the channel's reader, instead of
+        aio-pika's message objects. aio-pika still owns the consumer and restores it after a reconnect; this runs
+        again then (``reopen_callbacks``). Should it not, deliveries simply take aio-pika's path: the same outcome,
+        at the old cost."""
         try:
             assert consumer.channel is not None
             raw: Any = await consumer.channel.get_underlay_channel()  # aiormq.Channel: its consumers by tag
             if consumer.tag in raw.consumers:
                 raw.consumers[consumer.tag] = functools.partial(self._deliver_raw, consumer)
+                _RawFrames(self, consumer, raw).install()
         except Exception as exc:  # noqa: BLE001 - aio-pika's path stays in place
             log.warning("consume.raw_path_unavailable", queue=consumer.spec.name, error=repr(exc))
 
     async def _deliver_raw(self, consumer: _Consumer, delivered: DeliveredMessage) -> None:
+        """One delivery of a latest-wins queue that reached aiormq's channel reader (``_take_raw``)."""
+        rest = self._take_raw(consumer, delivered)
+        if rest is not None:
+            await rest
+
+    def _take_raw(self, consumer: _Consumer, delivered: DeliveredMessage) -> Awaitable[None] | None:
         """One delivery of a latest-wins queue, straight from aiormq: judged, decoded and handled as
-        ``_judge_and_handle`` would, for the common case (a known, valid message its sender may send). Anything
-        else (too large, undecodable, refused, a forged publisher header) takes the full path, with the aio-pika
-        message it expects."""
+        ``_judge_and_handle`` would, for the common case (a known, valid message its sender may send); a plain
+        (not async) handler runs here and now. Returns what is left to await, if anything: an async handler, or
+        the full path, with the aio-pika message it expects, for anything else (too large, undecodable, refused,
+        a forged publisher header: dead-lettered with its reason)."""
         spec = consumer.spec
         properties = delivered.header.properties
         judged = judged_publisher(properties.user_id, properties.headers, mode=self.policy.identity,
@@ -224,9 +327,25 @@ class Consumers:
                 node_scopes=self.policy.node_scopes) is not None:
             message = None
         if message is None:
-            await self._deliver(consumer, IncomingMessage(delivered, no_ack=True))
+            return self._deliver(consumer, IncomingMessage(delivered, no_ack=True))
+        try:
+            result = _call(consumer, message, judged.publisher)
+        except Exception as exc:  # noqa: BLE001 - the next delivery of the same state replaces this one
+            log.warning("consume.handler_failed", queue=spec.name, error=repr(exc), note="not retried: latest wins")
+            return None
+        if result is None:
+            _consumed(spec.name, message.TYPE).inc()
+            return None
+        return self._finish_unacknowledged(consumer, message, result)
+
+    async def _finish_unacknowledged(self, consumer: _Consumer, message: Message, handling: Awaitable[None]) -> None:
+        try:
+            await handling
+        except Exception as exc:  # noqa: BLE001 - the next delivery of the same state replaces this one
+            log.warning("consume.handler_failed", queue=consumer.spec.name, error=repr(exc),
+                        note="not retried: latest wins")
             return
-        await self._handle_unacknowledged(consumer, message, judged.publisher)
+        _consumed(consumer.spec.name, message.TYPE).inc()
 
     async def close(self) -> None:
         for consumer in self._consumers:
@@ -237,6 +356,10 @@ class Consumers:
                     pass
         for handling in list(self._running_handlers):
             handling.cancel()
+        if self._latest_wins is not None:
+            link, self._latest_wins = self._latest_wins, None
+            with contextlib.suppress(Exception):  # closing anyway
+                await asyncio.wait_for(link.close(), timeout=5)
 
     async def _deliver(self, consumer: _Consumer, incoming: AbstractIncomingMessage) -> None:
         """Decode, judge, handle, then ack; whatever is raised on the way, the delivery ends acked or nacked (a
@@ -303,9 +426,9 @@ class Consumers:
             # The handler runs as its own task: when the connection drops, aiormq cancels this delivery's task,
             # and the handler must not stop half way through its effect (its redelivery is deduped instead).
             if consumer.with_sender:
-                handling = asyncio.ensure_future(consumer.handler(message, publisher))  # type: ignore[call-arg]
+                handling = asyncio.ensure_future(consumer.handler(message, publisher))  # type: ignore[call-arg,arg-type]
             else:
-                handling = asyncio.ensure_future(consumer.handler(message))  # type: ignore[call-arg]
+                handling = asyncio.ensure_future(consumer.handler(message))  # type: ignore[call-arg,arg-type]
             try:
                 await asyncio.shield(handling)
             except asyncio.CancelledError:
@@ -332,10 +455,9 @@ class Consumers:
         """Latest-wins state (``QueueSpec.acknowledged`` False): the handler inline, nothing to ack or retry."""
         spec = consumer.spec
         try:
-            if consumer.with_sender:
-                await consumer.handler(message, publisher)  # type: ignore[call-arg]
-            else:
-                await consumer.handler(message)  # type: ignore[call-arg]
+            result = _call(consumer, message, publisher)
+            if result is not None:
+                await result
         except Exception as exc:  # noqa: BLE001 - the next delivery of the same state replaces this one
             log.warning("consume.handler_failed", queue=spec.name, error=repr(exc), note="not retried: latest wins")
             return
@@ -391,6 +513,13 @@ class Consumers:
         if ack and consumer.spec.acknowledged:
             await _quiet(incoming.ack())
         return True
+
+
+def _call(consumer: _Consumer, message: Message, publisher: str | None) -> Awaitable[None] | None:
+    """Call a latest-wins consumer's handler: what it returns, None for a plain function's call."""
+    if consumer.with_sender:
+        return consumer.handler(message, publisher)  # type: ignore[call-arg,return-value]
+    return consumer.handler(message)  # type: ignore[call-arg,return-value]
 
 
 def _consumer_span(spec: QueueSpec, incoming: AbstractIncomingMessage,

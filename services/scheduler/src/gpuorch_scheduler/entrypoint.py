@@ -12,7 +12,8 @@ Pipeline::
                                                        ▼ join it. handlers.SchedulerService.handle_batch
                                                   one PostgreSQL transaction per batch: log + outbox + read models,
                                                   then every message of the batch is acked (or answered alone)
-    gpuorch.events  (node.heartbeat) ──> "scheduler.heartbeats" (latest-wins) ──> lease renewals (memory)
+    gpuorch.events  (node.heartbeat) ──> "scheduler.heartbeats" (latest-wins; a paced connection of its own,
+                                          handled inline as read) ──> lease renewals (memory)
                                                    │
     outbox relay (its own process: relay.py) ──(confirms)──> gpuorch.events (job.accepted/placed/...) and
                                                          gpuorch.commands (LaunchJob, StopJob, ApplyMigLayout)
@@ -207,11 +208,11 @@ async def lead(settings: Settings, stop: asyncio.Event, lease: LeaderLease) -> N
         tasks += [relay_task, asyncio.create_task(_export_outbox(pool), name="outbox-gauges"),
                   asyncio.create_task(_export_bounded_queues(broker, own), name="bounded-queue-gauges")]
 
-        async def on_heartbeat(message: Message) -> None:
+        def on_heartbeat(message: Message) -> None:  # plain: run inline as each beat is read (no task)
             if isinstance(message, NodeHeartbeat):
-                await service.heartbeat(message)
+                service.heartbeat(message)
             elif isinstance(message, ExecutorHeartbeat):
-                await service.executor_heartbeat(message)
+                service.executor_heartbeat(message)
 
         batcher = Batcher(service.handle_batch, settings.batch_max, settings.batch_wait_s, settings.tick_s,
                           settings.batch_budget_s)

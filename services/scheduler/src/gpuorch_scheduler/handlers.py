@@ -96,8 +96,9 @@ class SchedulerService:
         (monotonic unless a test gives one clock for both), so a wall-clock jump never declares nodes lost.
         ``snapshot_writer(position, json)`` stores snapshots aside on a connection of its own (the service gives
         one); without it they are stored in the batch's transaction. ``fence(conn)`` runs first in every batch's
-        transaction and raises (``LeadershipLost``) once this instance no longer leads
-        (``leadership.LeaderLease.fence``); ``leader_epoch`` stamps every command it publishes."""
+        transaction (a tick that leaves nothing to write opens none) and raises (``LeadershipLost``) once this
+        instance no longer leads (``leadership.LeaderLease.fence``); ``leader_epoch`` stamps every command it
+        publishes."""
         self._conn = conn
         self._fence = fence
         self.leader_epoch = leader_epoch
@@ -251,15 +252,16 @@ class SchedulerService:
         )
         await self.handle(lost)
 
-    async def heartbeat(self, beat: NodeHeartbeat) -> None:
-        """Renew a node's lease (in memory only; latest wins). A heartbeat without ``gpus`` leaves the GPUs'
-        utilisation as the node last reported it (node-agents send it when it changed, and every few beats)."""
+    def heartbeat(self, beat: NodeHeartbeat) -> None:
+        """Renew a node's lease (in memory only; latest wins; plain, so the consumer runs it inline). A heartbeat
+        without ``gpus`` leaves the GPUs' utilisation as the node last reported it (sent when it changed, and
+        every few beats)."""
         lease_now = self._lease_clock()
         self.scheduler.node_heartbeat(beat.node_id, lease_now, beat.gpus)
         if self._journal is not None:
             self._journal.renewed(beat, lease_now)
 
-    async def executor_heartbeat(self, beat: ExecutorHeartbeat) -> None:
+    def executor_heartbeat(self, beat: ExecutorHeartbeat) -> None:
         """Renew the executor's half of a node's lease (memory only) and note the placements it runs that the
         scheduler does not assign there (the next tick stops them); keep its isolation for the read model."""
         lease_now = self._lease_clock()
@@ -291,13 +293,20 @@ class SchedulerService:
         meter = metrics.StepMeter()
         slot = self._journal.begin() if self._journal is not None else None
         try:
-            async with self._conn.transaction():
-                if self._fence is not None:
-                    await self._fence(self._conn)
-                known = await self._known(inputs)
-                recorded = Known(set(known.logged_ids), set(known.known_jobs))
-                step = self.scheduler.step(inputs, now, lease_now=lease_now, tick=tick, known=known, hooks=meter)
-                snapshot_due = await self._write_step(step, meter, now)
+            step, recorded, snapshot_due = None, Known(), False
+            if not inputs:  # a tick alone: decided first; a step that leaves nothing to write opens no transaction
+                step = self.scheduler.step(inputs, now, lease_now=lease_now, tick=tick, known=Known(), hooks=meter)
+                self._decided = {}
+            if step is None or not self._writes_nothing(step):
+                async with self._conn.transaction():
+                    if self._fence is not None:
+                        await self._fence(self._conn)
+                    if step is None:
+                        known = await self._known(inputs)
+                        recorded = Known(set(known.logged_ids), set(known.known_jobs))
+                        step = self.scheduler.step(inputs, now, lease_now=lease_now, tick=tick, known=known,
+                                                   hooks=meter)
+                    snapshot_due = await self._write_step(step, meter, now)
         except BaseException:
             if slot is not None:
                 self._journal.aborted(slot)  # type: ignore[union-attr]
@@ -320,11 +329,24 @@ class SchedulerService:
         self._decided = tracing.trace_decisions(step, self.state, meter.cycle_span, now, self._clock()) \
             if tracing_exported() else {}
         await self._write(step, self._decided)
-        snapshot_due = self._events_since_snapshot >= self.persistence.snapshot_every_events or bool(
-            self._events_since_snapshot and now - self._last_snapshot_at >= self.persistence.snapshot_every_s)
+        snapshot_due = self._snapshot_due(now)
         if snapshot_due and self._snapshot_writer is None:
             await save_snapshot(self._conn, STREAM, self.state.position, self.state.snapshot_json())
         return snapshot_due
+
+    def _snapshot_due(self, now: float) -> bool:
+        return self._events_since_snapshot >= self.persistence.snapshot_every_events or bool(
+            self._events_since_snapshot and now - self._last_snapshot_at >= self.persistence.snapshot_every_s)
+
+    def _writes_nothing(self, step: Step) -> bool:
+        """Whether ``_write_step`` would write nothing for ``step`` (an idle tick: no event, nothing to publish, no
+        read-model row, no snapshot due; what ``_write`` writes, checked in the same terms). Such a step is
+        committed without a transaction (the fence guards writes; there are none)."""
+        self._note_resume_refusals(step)
+        return not (step.events or step.outgoing or step.touched_jobs or step.touched_nodes or step.rejected
+                    or step.submitted or step.mig_changed or self._isolation_unwritten & self.state.nodes.keys()
+                    or step.now - self._fair_share_written_at >= readmodels.FAIR_SHARE_EVERY_S
+                    or self._snapshot_due(step.now))
 
     async def _write(self, step: Step, decided: dict[Any, str]) -> None:
         """The step, durable: log, outbox, read models (inside the open transaction)."""
