@@ -234,6 +234,26 @@ class Reservation:
                    raw.get("reason"))
 
 
+@dataclass(frozen=True, slots=True)
+class _AssignmentFacts:
+    """What one assignment holds, as the fold counts it: ((GPU uuid, milli), ...) and, per allocation, (GPUs, GPU
+    memory MiB, GPU model) (``gpu_units``)."""
+
+    gpus: tuple[tuple[str, int], ...]
+    units: tuple[tuple[float, int, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Holding:
+    """What a job holds, as the fold counted it when it began to hold: per assignment (node, mCPU, MiB, ((GPU uuid,
+    milli), ...)); (GPUs, GPU memory MiB, host mCPU, host memory MiB) for its tenant; (GPU model, GPUs) for its
+    decayed usage."""
+
+    on: tuple[tuple[str, int, int, tuple[tuple[str, int], ...]], ...]
+    amounts: tuple[float, float, float, float]
+    models: tuple[tuple[str, float], ...]
+
+
 RESERVATION_MEMORY_S = 7 * 86400.0
 """Reservations that ended (or were deleted) longer ago than this leave memory (the read model keeps them)."""
 DEFAULT_RETENTION_S = 3600.0
@@ -288,16 +308,17 @@ class SchedulerState:
     _ending: set[uuid.UUID] = field(default_factory=set)
     _json: dict[object, str] = field(default_factory=dict)
     """Each record's JSON in the snapshot, dropped when the fold touches the record (snapshots cost O(changes))."""
-    _held_amounts: dict[uuid.UUID, tuple[float, float, float, float]] = field(default_factory=dict)
-    _held_models: dict[uuid.UUID, tuple[tuple[str, float], ...]] = field(default_factory=dict)
-    """Job -> (GPU model, GPUs) it holds, as counted into ``usage`` (given back by the same amounts)."""
+    _held: dict[uuid.UUID, _Holding] = field(default_factory=dict)
+    """Job -> what it holds as the fold counted it when it began to hold (``_Holding``), given back by the same
+    amounts when it stops (a requeue clears the assignments before that runs)."""
     _holders: dict[str, set[uuid.UUID]] = field(default_factory=dict)
-    _held_on: dict[uuid.UUID, tuple[tuple[str, int, int, tuple[tuple[str, int], ...]], ...]] = \
-        field(default_factory=dict)
-    """Node -> the jobs holding capacity there; job -> what it holds, per assignment (node, mCPU, MiB, ((GPU uuid,
-    milli), ...)); node -> what all of them hold there (``_node_use``: [mCPU, MiB, {GPU uuid: milli}]). Kept by the
-    fold from the jobs, apart from the fleet's arrays, so that ``capacity_violations(nodes)`` checks usage
-    independently of the fleet."""
+    """Node -> the jobs holding capacity there; node -> what all of them hold there (``_node_use``: [mCPU, MiB,
+    {GPU uuid: milli}]). Kept by the fold from the jobs, apart from the fleet's arrays, so that
+    ``capacity_violations(nodes)`` checks usage independently of the fleet."""
+    _facts: dict[int, tuple[NodeAssignment, NodeInventory | None, _AssignmentFacts]] = field(default_factory=dict)
+    """id(assignment) -> (the assignment, the inventory of its node then, its facts): assignments are shared
+    between equal placements (``Fleet``), so a placement's facts are usually derived once (both identities are
+    checked on use: a new inventory derives them again)."""
     _node_use: dict[str, list[Any]] = field(default_factory=dict)
 
     # -- the fold ---------------------------------------------------------------------------------------------
@@ -339,11 +360,9 @@ class SchedulerState:
         if held and not held_before:
             self.fleet.hold(job_id, job.spec, job.assignments)
             self._hold(job)
-            self._count_held(job, +1)
         elif held_before and not held:
             self.fleet.free(job_id)
             self._release(job)
-            self._count_held(job, -1)
         if held:
             self.active[job_id] = job
         else:
@@ -376,40 +395,54 @@ class SchedulerState:
             self._ended.append((self.clock, job_id))  # log time only grows: the deque stays in order
             self._ending.add(job_id)
 
-    def _count_held(self, job: JobRecord, sign: int) -> None:
-        if sign > 0:
-            amounts, models = self._measure(job)
-            self._held_amounts[job.job_id], self._held_models[job.job_id] = amounts, models
-        else:
-            found = self._held_amounts.pop(job.job_id, None)
-            if found is None:
-                return
-            amounts, models = found, self._held_models.pop(job.job_id, ())
-        row = self.tenant_held.setdefault(job.spec.tenant, [0.0, 0.0, 0.0, 0.0])
-        for k, value in enumerate(amounts):
+    def _count_held(self, tenant: str, holding: _Holding, sign: int) -> None:
+        """Add (``sign`` +1) or take away (-1) a holding in its tenant's amounts and decayed usage."""
+        row = self.tenant_held.get(tenant)
+        if row is None:
+            row = self.tenant_held[tenant] = [0.0, 0.0, 0.0, 0.0]
+        for k, value in enumerate(holding.amounts):
             row[k] += sign * value
-        for model, gpus in models:
-            self.usage.change(job.spec.tenant, model, sign * gpus, self.clock)
+        for model, gpus in holding.models:
+            self.usage.change(tenant, model, sign * gpus, self.clock)
 
-    def _measure(self, job: JobRecord) -> tuple[tuple[float, float, float, float], tuple[tuple[str, float], ...]]:
-        """What a placed job holds: (GPUs, GPU memory MiB, host mCPU, host memory MiB), and (GPU model, GPUs) per
-        model (whole GPUs count 1, a share or MIG slice its fraction)."""
+    def _facts_of(self, assignment: NodeAssignment) -> _AssignmentFacts:
+        """``_AssignmentFacts`` of one assignment on its node's inventory as the state knows it now."""
+        node = self.nodes.get(assignment.node_id)
+        inventory = node.inventory if node is not None else None
+        cached = self._facts.get(id(assignment))
+        if cached is not None and cached[0] is assignment and cached[1] is inventory:
+            return cached[2]
+        devices = inventory.gpus if inventory is not None else []
+        units = []
+        for alloc in assignment.gpus:
+            index = alloc.gpu_index
+            gpu = devices[index] if index < len(devices) and devices[index].index == index else next(
+                (d for d in devices if d.index == index), None)
+            g, m = gpu_units(alloc, gpu.memory_total_mib if gpu else DEFAULT_GPU_MEMORY_MIB)
+            units.append((g, m, gpu.model if gpu else "unknown"))
+        facts = _AssignmentFacts(tuple([(g.gpu_uuid, g.milli) for g in assignment.gpus]), tuple(units))
+        if len(self._facts) >= 200_000:
+            self._facts.clear()
+        self._facts[id(assignment)] = (assignment, inventory, facts)
+        return facts
+
+    def _measure(self, job: JobRecord) -> _Holding:
+        """What a placed job holds: per assignment (node, mCPU, MiB, ((GPU uuid, milli), ...)); (GPUs, GPU memory
+        MiB, host mCPU, host memory MiB); and (GPU model, GPUs) per model (whole GPUs count 1, a share or MIG slice
+        its fraction)."""
+        cpu, memory = job.spec.cpu_milli, job.spec.memory_mib
         gpus = mem = 0.0
         by_model: dict[str, float] = {}
+        on = []
         for assignment in job.assignments:
-            node = self.nodes.get(assignment.node_id)
-            devices = node.inventory.gpus if node else []
-            for alloc in assignment.gpus:
-                index = alloc.gpu_index
-                gpu = devices[index] if index < len(devices) and devices[index].index == index else next(
-                    (d for d in devices if d.index == index), None)
-                g, m = gpu_units(alloc, gpu.memory_total_mib if gpu else DEFAULT_GPU_MEMORY_MIB)
+            facts = self._facts_of(assignment)
+            on.append((assignment.node_id, cpu, memory, facts.gpus))
+            for g, m, model in facts.units:
                 gpus += g
                 mem += m
-                model = gpu.model if gpu else "unknown"
                 by_model[model] = by_model.get(model, 0.0) + g
         n = len(job.assignments)
-        return (gpus, mem, float(job.spec.cpu_milli * n), float(job.spec.memory_mib * n)), tuple(by_model.items())
+        return _Holding(tuple(on), (gpus, mem, float(cpu * n), float(memory * n)), tuple(by_model.items()))
 
     def _forget_ended(self) -> None:
         cutoff = self.clock - self.retention_s
@@ -684,20 +717,28 @@ class SchedulerState:
         return list(self.queued.values())
 
     def _hold(self, job: JobRecord) -> None:
-        cpu, mem = job.spec.cpu_milli, job.spec.memory_mib
-        held = self._held_on[job.job_id] = tuple(
-            (a.node_id, cpu, mem, tuple((g.gpu_uuid, g.milli) for g in a.gpus)) for a in job.assignments)
-        for node_id, _cpu, _mem, gpus in held:
-            self._holders.setdefault(node_id, set()).add(job.job_id)
+        """The job begins to hold its assignments: per node, for its tenant, in decayed usage."""
+        job_id = job.job_id
+        holding = self._held[job_id] = self._measure(job)
+        for node_id, cpu, mem, gpus in holding.on:
+            holders = self._holders.get(node_id)
+            if holders is None:
+                holders = self._holders[node_id] = set()
+            holders.add(job_id)
             self._use(node_id, cpu, mem, gpus, +1)
+        self._count_held(job.spec.tenant, holding, +1)
 
     def _release(self, job: JobRecord) -> None:
         """By what it held when it began to hold (a requeue clears the assignments before this runs)."""
-        for node_id, cpu, mem, gpus in self._held_on.pop(job.job_id, ()):
+        holding = self._held.pop(job.job_id, None)
+        if holding is None:
+            return
+        for node_id, cpu, mem, gpus in holding.on:
             holders = self._holders.get(node_id)
             if holders is not None:
                 holders.discard(job.job_id)
             self._use(node_id, cpu, mem, gpus, -1)
+        self._count_held(job.spec.tenant, holding, -1)
 
     def _use(self, node_id: str, cpu: int, mem: int, gpus: tuple[tuple[str, int], ...], sign: int) -> None:
         use = self._node_use.get(node_id)
@@ -856,7 +897,6 @@ class SchedulerState:
             if record.holds_capacity:
                 state.fleet.hold(record.job_id, record.spec, record.assignments)
                 state._hold(record)
-                state._count_held(record, +1)
                 state.active[record.job_id] = record
                 if record.spec.preemptible:
                     state.preemptible[record.job_id] = record
