@@ -21,7 +21,6 @@ from pydantic_core import PydanticUndefined
 M = TypeVar("M", bound=BaseModel)
 _Template = tuple[dict[str, Any], tuple[tuple[str, Callable[[], Any]], ...], frozenset[str], frozenset[str]]
 _TEMPLATES: dict[type, _Template] = {}
-_set = object.__setattr__
 
 
 def _template(cls: type[BaseModel]) -> _Template:
@@ -62,12 +61,21 @@ def trusted(cls: type[M], /, **values: Any) -> M:
 
 
 def _instance(cls: type[M], data: dict[str, Any], fields_set: set[str]) -> M:
-    model = cls.__new__(cls)
-    _set(model, "__dict__", data)
-    _set(model, "__pydantic_fields_set__", fields_set)
-    _set(model, "__pydantic_extra__", None)
-    _set(model, "__pydantic_private__", None)
-    return model
+    model = _new(cls)
+    _set_dict(model, data)
+    _set_fields_set(model, fields_set)
+    _set_extra(model, None)
+    _set_private(model, None)
+    return model  # type: ignore[no-any-return]
+
+
+# BaseModel's own slot setters, called directly (``BaseModel.__setattr__`` would validate; ``object.__setattr__``
+# looks each name up first)
+_new = object.__new__
+_set_dict = vars(BaseModel)["__dict__"].__set__
+_set_fields_set = vars(BaseModel)["__pydantic_fields_set__"].__set__
+_set_extra = vars(BaseModel)["__pydantic_extra__"].__set__
+_set_private = vars(BaseModel)["__pydantic_private__"].__set__
 
 
 class Maker:
@@ -96,7 +104,12 @@ class Maker:
         data.update(zip(self._names, values, strict=True))
         for name, factory in self._factories:
             data[name] = factory()
-        return _instance(self._cls, data, set(self._set_names))
+        model = _new(self._cls)
+        _set_dict(model, data)
+        _set_fields_set(model, set(self._set_names))
+        _set_extra(model, None)
+        _set_private(model, None)
+        return model
 
 
 __all__ = ["Maker", "trusted"]

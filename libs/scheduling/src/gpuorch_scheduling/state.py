@@ -235,15 +235,6 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
-class _AssignmentFacts:
-    """What one assignment holds, as the fold counts it: ((GPU uuid, milli), ...) and, per allocation, (GPUs, GPU
-    memory MiB, GPU model) (``gpu_units``)."""
-
-    gpus: tuple[tuple[str, int], ...]
-    units: tuple[tuple[float, int, str], ...]
-
-
-@dataclass(frozen=True, slots=True)
 class _Holding:
     """What a job holds, as the fold counted it when it began to hold: per assignment (node, mCPU, MiB, ((GPU uuid,
     milli), ...)); (GPUs, GPU memory MiB, host mCPU, host memory MiB) for its tenant; (GPU model, GPUs) for its
@@ -315,10 +306,6 @@ class SchedulerState:
     """Node -> the jobs holding capacity there; node -> what all of them hold there (``_node_use``: [mCPU, MiB,
     {GPU uuid: milli}]). Kept by the fold from the jobs, apart from the fleet's arrays, so that
     ``capacity_violations(nodes)`` checks usage independently of the fleet."""
-    _facts: dict[int, tuple[NodeAssignment, NodeInventory | None, _AssignmentFacts]] = field(default_factory=dict)
-    """id(assignment) -> (the assignment, the inventory of its node then, its facts): assignments are shared
-    between equal placements (``Fleet``), so a placement's facts are usually derived once (both identities are
-    checked on use: a new inventory derives them again)."""
     _node_use: dict[str, list[Any]] = field(default_factory=dict)
 
     # -- the fold ---------------------------------------------------------------------------------------------
@@ -405,27 +392,6 @@ class SchedulerState:
         for model, gpus in holding.models:
             self.usage.change(tenant, model, sign * gpus, self.clock)
 
-    def _facts_of(self, assignment: NodeAssignment) -> _AssignmentFacts:
-        """``_AssignmentFacts`` of one assignment on its node's inventory as the state knows it now."""
-        node = self.nodes.get(assignment.node_id)
-        inventory = node.inventory if node is not None else None
-        cached = self._facts.get(id(assignment))
-        if cached is not None and cached[0] is assignment and cached[1] is inventory:
-            return cached[2]
-        devices = inventory.gpus if inventory is not None else []
-        units = []
-        for alloc in assignment.gpus:
-            index = alloc.gpu_index
-            gpu = devices[index] if index < len(devices) and devices[index].index == index else next(
-                (d for d in devices if d.index == index), None)
-            g, m = gpu_units(alloc, gpu.memory_total_mib if gpu else DEFAULT_GPU_MEMORY_MIB)
-            units.append((g, m, gpu.model if gpu else "unknown"))
-        facts = _AssignmentFacts(tuple([(g.gpu_uuid, g.milli) for g in assignment.gpus]), tuple(units))
-        if len(self._facts) >= 200_000:
-            self._facts.clear()
-        self._facts[id(assignment)] = (assignment, inventory, facts)
-        return facts
-
     def _measure(self, job: JobRecord) -> _Holding:
         """What a placed job holds: per assignment (node, mCPU, MiB, ((GPU uuid, milli), ...)); (GPUs, GPU memory
         MiB, host mCPU, host memory MiB); and (GPU model, GPUs) per model (whole GPUs count 1, a share or MIG slice
@@ -434,12 +400,18 @@ class SchedulerState:
         gpus = mem = 0.0
         by_model: dict[str, float] = {}
         on = []
+        nodes = self.nodes
         for assignment in job.assignments:
-            facts = self._facts_of(assignment)
-            on.append((assignment.node_id, cpu, memory, facts.gpus))
-            for g, m, model in facts.units:
+            allocs = assignment.gpus
+            on.append((assignment.node_id, cpu, memory, tuple([(g.gpu_uuid, g.milli) for g in allocs])))
+            node = nodes.get(assignment.node_id)
+            devices = _devices(node.inventory) if node is not None else {}
+            for alloc in allocs:
+                gpu = devices.get(alloc.gpu_index)
+                g, m = gpu_units(alloc, gpu[0] if gpu is not None else DEFAULT_GPU_MEMORY_MIB)
                 gpus += g
                 mem += m
+                model = gpu[1] if gpu is not None else "unknown"
                 by_model[model] = by_model.get(model, 0.0) + g
         n = len(job.assignments)
         return _Holding(tuple(on), (gpus, mem, float(cpu * n), float(memory * n)), tuple(by_model.items()))
@@ -494,7 +466,13 @@ class SchedulerState:
                 self._ending.add(array.array_id)
 
     def _fold(self, event: Message, at: float, headers: dict[str, Any] | None) -> None:
-        match event:
+        match event:  # the cases are of distinct classes: the commonest first
+            case JobPlaced():
+                job = self.jobs.get(event.job_id)
+                if job is not None and job.state == "queued":
+                    job.state, job.placement_id, job.placed_at = "placed", event.placement_id, at
+                    job.assignments = list(event.assignments)
+                    job.reason = None
             case JobAccepted() if event.spec.array is not None:
                 if event.job_id not in self.arrays:
                     self.arrays[event.job_id] = ArrayRecord.accepted(
@@ -523,12 +501,6 @@ class SchedulerState:
                     self._link(event.job_id, event.spec)
             case JobRejected():
                 pass  # never entered the queue
-            case JobPlaced():
-                job = self.jobs.get(event.job_id)
-                if job is not None and job.state == "queued":
-                    job.state, job.placement_id, job.placed_at = "placed", event.placement_id, at
-                    job.assignments = list(event.assignments)
-                    job.reason = None
             case JobStarted():
                 job = self._current(event.job_id, event.placement_id)
                 if job is not None and job.state in ("placed", "running"):
@@ -941,6 +913,24 @@ def stopped_as_asked(event: JobFailed) -> bool:
 
 
 _DEVICES: dict[int, tuple[NodeInventory, frozenset[str]]] = {}
+
+
+_GPUS: dict[int, tuple[NodeInventory, dict[int, tuple[int, str]]]] = {}
+
+
+def _devices(inventory: NodeInventory) -> dict[int, tuple[int, str]]:
+    """GPU index -> (memory MiB, model) of an inventory's GPUs, the first GPU of each index (once per inventory
+    object: inventories are immutable)."""
+    known = _GPUS.get(id(inventory))
+    if known is not None and known[0] is inventory:
+        return known[1]
+    if len(_GPUS) > 100_000:
+        _GPUS.clear()
+    devices: dict[int, tuple[int, str]] = {}
+    for gpu in inventory.gpus:
+        devices.setdefault(gpu.index, (gpu.memory_total_mib, gpu.model))
+    _GPUS[id(inventory)] = (inventory, devices)
+    return devices
 
 
 def _device_uuids(inventory: NodeInventory) -> frozenset[str]:
