@@ -111,11 +111,14 @@ class PlacementIndex:
                 return Unfit(())
             return self._unfit(request, exclude)
         row, key = found[2], found[5]
-        gpus = self._chosen.get(key) if key is not None else None
+        if key is None:  # an entry built from the arrays: its node's state is current (its version matched)
+            key = (request, int(cluster.static_class[row]), cluster.dynamic_key(row))
+        gpus = self._chosen.get(key)
         if gpus is None:
             gpus = self.chooser(request, cluster, row, found[4])
-            if key is not None:
-                self._chosen[key] = gpus  # equal nodes in equal states get the same GPUs
+            if len(self._chosen) > _MEMO_LIMIT:
+                self._chosen.clear()
+            self._chosen[key] = gpus  # equal nodes in equal states get the same GPUs
         return Placement(node_id=cluster.node_ids[row], gpus=gpus, score=-found[0])
 
     def fitting_rows(self, request: Request) -> list[int]:

@@ -59,7 +59,7 @@ def derived_id(base: uuid.UUID, k: int) -> uuid.UUID:
         offset = _OFFSETS[k] = (k + 1) * 0x9E3779B97F4A7C15F39CC0605CEDC835 & _MASK
     derived = _new(uuid.UUID)  # ``uuid.UUID(int=...)`` checks the range: an XOR of two 128-bit values is in it
     _set_int(derived, base.int ^ offset)
-    _set_is_safe(derived, uuid.SafeUUID.unknown)
+    _set_is_safe(derived, _UNKNOWN)
     return derived
 
 
@@ -68,6 +68,7 @@ _OFFSETS: dict[int, int] = {}
 _new = object.__new__
 _set_int = vars(uuid.UUID)["int"].__set__  # the slots' own setters (UUID refuses setattr)
 _set_is_safe = vars(uuid.UUID)["is_safe"].__set__
+_UNKNOWN = uuid.SafeUUID.unknown  # an enum member read once (each read is a descriptor call)
 _MASK = (1 << 128) - 1
 
 

@@ -61,6 +61,7 @@ from gpuorch_contracts import (
     parse_indices,
 )
 from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, Fleet, gpu_units
+from gpuorch_policy.model import GPU_MILLI
 
 from gpuorch_scheduling.arrays import ArrayRecord
 from gpuorch_scheduling.usage import DEFAULT_HALF_LIFE_S, DecayedUsage
@@ -234,7 +235,7 @@ class Reservation:
                    raw.get("reason"))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Holding:
     """What a job holds, as the fold counted it when it began to hold: per assignment (node, mCPU, MiB, ((GPU uuid,
     milli), ...)); (GPUs, GPU memory MiB, host mCPU, host memory MiB) for its tenant; (GPU model, GPUs) for its
@@ -408,7 +409,10 @@ class SchedulerState:
             devices = _devices(node.inventory) if node is not None else {}
             for alloc in allocs:
                 gpu = devices.get(alloc.gpu_index)
-                g, m = gpu_units(alloc, gpu[0] if gpu is not None else DEFAULT_GPU_MEMORY_MIB)
+                if alloc.mig_profile is None:  # ``gpu_units`` of a whole GPU or a share, without the call
+                    g, m = alloc.milli / GPU_MILLI, alloc.memory_mib or 0
+                else:
+                    g, m = gpu_units(alloc, gpu[0] if gpu is not None else DEFAULT_GPU_MEMORY_MIB)
                 gpus += g
                 mem += m
                 model = gpu[1] if gpu is not None else "unknown"
