@@ -320,7 +320,8 @@ class SchedulerState:
         job = self.jobs.get(job_id) if job_id is not None else None
         held_before = job is not None and job.holds_capacity
         self._fold(event, at, headers)
-        self._json.pop(job_id, None)
+        if self._json:
+            self._json.pop(job_id, None)
         node_id = event.inventory.node_id if isinstance(event, NodeRegistered) else field_of(event, "node_id")
         if node_id is not None and not isinstance(event, JobStarted | JobFinished | JobFailed | JobCheckpointed):
             self._json.pop(("node", node_id), None)
@@ -355,13 +356,14 @@ class SchedulerState:
             self.active[job_id] = job
         else:
             self.active.pop(job_id, None)
+        # (an empty map is not asked: each lookup hashes the job id, a Python-level ``UUID.__hash__``)
         if held and job.spec.preemptible:
             self.preemptible[job_id] = job
-        else:
+        elif self.preemptible:
             self.preemptible.pop(job_id, None)
         if held and (job.state == "preempting" or job.stopping_nodes or job.stopped_nodes):
             self.stopping[job_id] = job
-        else:
+        elif self.stopping:
             self.stopping.pop(job_id, None)
         array = self.arrays.get(job.array_id) if job.array_id is not None else None
         if job.state == "queued":
