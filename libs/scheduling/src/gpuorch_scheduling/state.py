@@ -314,6 +314,8 @@ class SchedulerState:
     def apply(self, event: Message, headers: dict[str, Any] | None = None) -> None:
         """Apply one logged event with the headers logged beside it. Pure: depends only on the event and its
         headers (the event's ``occurred_at`` is the time)."""
+        if type(event) is JobPlaced and self._placed(event):
+            return
         at = event.occurred_at.timestamp()
         self.clock = max(self.clock, at)
         job_id = field_of(event, "job_id")
@@ -339,6 +341,35 @@ class SchedulerState:
                 if other.array_id is not None and other.array_id in self.arrays:
                     self._fill(self.arrays[other.array_id])
         self._forget_ended()
+
+    def _placed(self, event: JobPlaced) -> bool:
+        """``apply`` of a JobPlaced for a plain queued job (not an array task, nothing of an earlier placement still
+        stopping): the same changes as the general path (``_fold`` then ``_reindex``), without its dispatch (the
+        plan applier folds one per placement). False, having changed nothing, for any other case."""
+        job_id = event.job_id
+        job = self.jobs.get(job_id)
+        if job is None or job.state != "queued" or job.stopping_nodes or job.stopped_nodes or job.array_id is not None:
+            return False
+        at = event.occurred_at.timestamp()
+        self.clock = max(self.clock, at)
+        job.state, job.placement_id, job.placed_at = "placed", event.placement_id, at
+        job.assignments = list(event.assignments)
+        job.reason = None
+        if self._json:
+            self._json.pop(job_id, None)
+        self.fleet.hold(job_id, job.spec, job.assignments)
+        self._hold(job)
+        self.active[job_id] = job
+        if job.spec.preemptible:
+            self.preemptible[job_id] = job
+        elif self.preemptible:
+            self.preemptible.pop(job_id, None)
+        if self.stopping:
+            self.stopping.pop(job_id, None)
+        if self.queued.pop(job_id, None) is not None:
+            self.queued_by_tenant[job.spec.tenant] -= 1
+        self._forget_ended()
+        return True
 
     def _reindex(self, job_id: uuid.UUID, held_before: bool) -> None:
         """Keep the fleet, the indexes and the tenants' holdings in step with one job's new state."""
