@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Collection, Hashable
+from itertools import repeat
 
 import numpy as np
 
@@ -165,9 +166,10 @@ class PlacementIndex:
             # moved); a shape asked now and then is cheaper answered from its arrays each time
             self._refresh_arrays(request, heap)
             rows = np.flatnonzero(heap.feasible)
-            rank, version = cluster.name_rank, cluster.version
-            heap.entries = [(-int(heap.scores[r]), int(rank[r]), int(r), int(version[r]), int(heap.picks[r]), None)
-                            for r in rows.tolist()]
+            # the entries (-score, name rank, row, version, pick, None) of every feasible row, column by column
+            heap.entries = list(zip((-heap.scores[rows]).tolist(), cluster.name_rank[rows].tolist(), rows.tolist(),
+                                    cluster.version[rows].tolist(), heap.picks[rows].tolist(),
+                                    repeat(None, len(rows)), strict=True))
             heapq.heapify(heap.entries)
             heap.seen = len(cluster.changes)
             self.stats["rebuilds"] += 1
