@@ -86,3 +86,18 @@ def test_identical_requests_rescore_only_the_changed_node() -> None:
     assert index.stats["rebuilds"] == 1
     assert index.stats["rescored"] < 1000 + 50  # the first full pass, then only memo misses
     assert np.count_nonzero(cluster.gpu_free < 1000) == 500
+
+
+def test_one_row_catch_up_makes_the_entry_of_the_general_path() -> None:
+    """``_entry`` (the catch-up after one placement) gives what ``_entries`` gives for that row, memo hit or not."""
+    cluster = Cluster(_nodes(12))
+    policy = build_policy("gpuorch", TaskMix.from_requests(REQUESTS))
+    one, general = PlacementIndex(cluster, policy), PlacementIndex(cluster, policy)
+    for step in range(40):
+        request = REQUESTS[step % len(REQUESTS)]
+        for row in range(cluster.size):
+            assert one._entry(request, row) == next(iter(general._entries(request, [row])), None)
+        decision = one.place(request)
+        if isinstance(decision, Placement):
+            cluster.assign(request, decision)
+    assert general.stats["memo_hits"] > 0  # the memo was hit as well as missed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 import pytest
 from gpuorch_contracts import (
@@ -237,3 +238,32 @@ def test_a_plan_that_leaves_a_node_over_capacity_is_an_error() -> None:
 def test_refusal_accepts_events_that_are_not_decisions_of_a_cycle() -> None:
     state = world()
     assert refusal(state, NodeLivenessChanged(node_id="n0", liveness="suspect")) is None
+
+
+def _derived(state: SchedulerState) -> tuple[object, ...]:
+    """Everything the fold of a placement changes, snapshot and derived maps alike."""
+    return (state.to_snapshot(), sorted(map(str, state.active)), sorted(map(str, state.queued)),
+            sorted(map(str, state.preemptible)), dict(state.queued_by_tenant),
+            {t: list(row) for t, row in state.tenant_held.items()}, dict(state.usage.rows),
+            {n: [u[0], u[1], dict(u[2])] for n, u in state._node_use.items()}, state.clock)
+
+
+def test_a_placement_folds_as_the_general_path_folds_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SchedulerState.apply``'s path for a JobPlaced of a plain queued job leaves the state the general path
+    (``_fold`` + ``_reindex``) leaves: a plan placed, then ended and placed again, folded both ways."""
+
+    def run(general: bool) -> tuple[object, ...]:
+        if general:
+            monkeypatch.setattr(SchedulerState, "_placed", lambda self, event: False)
+        uuid_of = iter(uuid.UUID(int=k) for k in range(1, 100))
+        monkeypatch.setattr(uuid, "uuid4", lambda: next(uuid_of))
+        state = world(gpus=4)
+        when = datetime(2030, 1, 1, tzinfo=UTC)
+        for spec in ({"resources": GpuRequest(gpus=1)}, {"resources": GpuRequest(gpus=2), "preemptible": True,
+                     "tenant": "b"}, {"resources": GpuRequest(gpus=1), "tenant": "b"}):
+            state.apply(JobAccepted(job_id=uuid.uuid4(), spec=JobSpec(run=RUN, **spec), occurred_at=when))  # type: ignore[arg-type]
+        assert apply(state, cycle_plan(state)).refused == {}
+        monkeypatch.undo()
+        return _derived(state)
+
+    assert run(general=False) == run(general=True)

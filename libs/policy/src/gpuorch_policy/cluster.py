@@ -323,7 +323,7 @@ class Cluster:
     def _refresh(self, i: int, freed: bool = False) -> None:
         row = self.gpu_usable[i].tolist()  # a handful of slots: plain Python beats numpy's per-call cost here
         self.max_usable[i] = max(row)
-        self.whole_usable[i] = sum(1 for milli in row if milli >= GPU_MILLI)
+        self.whole_usable[i] = len([milli for milli in row if milli >= GPU_MILLI])
         self.version[i] += 1
         self.changes.append(i)
         if freed:

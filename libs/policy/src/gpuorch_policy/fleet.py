@@ -46,7 +46,7 @@ from gpuorch_policy.index import LEFT_OUT, PlacementIndex
 from gpuorch_policy.mig_profiles import mig_table_for
 from gpuorch_policy.model import GPU_MILLI, GpuView, NodeView, Placement, Request
 from gpuorch_policy.policies import DEFAULT_POLICY, build_policy
-from gpuorch_policy.trusted import Maker
+from gpuorch_policy.trusted import maker
 
 HEALTHY = ("healthy", "degraded")
 NO_FREE_MIG = "no free MIG instance of "
@@ -112,9 +112,9 @@ def demand_of(spec: JobSpec, largest_gpu_memory_mib: int = DEFAULT_GPU_MEMORY_MI
     return 0.0, 0
 
 
-_WHOLE_GPU = Maker(GpuAllocation, ("gpu_uuid", "gpu_index", "memory_mib"))
-_GPU_SHARE = Maker(GpuAllocation, ("gpu_uuid", "gpu_index", "milli", "memory_mib"))
-_ASSIGNMENT = Maker(NodeAssignment, ("node_id", "gpus"))
+_WHOLE_GPU = maker(GpuAllocation, ("gpu_uuid", "gpu_index", "memory_mib"))
+_GPU_SHARE = maker(GpuAllocation, ("gpu_uuid", "gpu_index", "milli", "memory_mib"))
+_ASSIGNMENT = maker(NodeAssignment, ("node_id", "gpus"))
 """Contract models the placement engine builds from its own checked values (``gpuorch_policy.trusted``)."""
 
 

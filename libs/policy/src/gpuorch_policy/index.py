@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Collection, Hashable
+from itertools import repeat
 
 import numpy as np
 
@@ -36,6 +37,8 @@ _Entry = tuple[int, int, int, int, int, Hashable]
 """(request, cluster, row, scorer's pick) -> the (slot, milli) pairs used on that node."""
 
 _MEMO_LIMIT = 1_000_000
+_UNSCORED: tuple[int, int] | None = (0, -1)
+"""A memo miss (``_entry``; compared by identity)."""
 HEAP_AFTER = 3
 """A shape's heap is built once it was asked this many times in a row with few nodes changed in between."""
 LEFT_OUT = "every node it fits on is left out"
@@ -109,11 +112,14 @@ class PlacementIndex:
                 return Unfit(())
             return self._unfit(request, exclude)
         row, key = found[2], found[5]
-        gpus = self._chosen.get(key) if key is not None else None
+        if key is None:  # an entry built from the arrays: its node's state is current (its version matched)
+            key = (request, int(cluster.static_class[row]), cluster.dynamic_key(row))
+        gpus = self._chosen.get(key)
         if gpus is None:
             gpus = self.chooser(request, cluster, row, found[4])
-            if key is not None:
-                self._chosen[key] = gpus  # equal nodes in equal states get the same GPUs
+            if len(self._chosen) > _MEMO_LIMIT:
+                self._chosen.clear()
+            self._chosen[key] = gpus  # equal nodes in equal states get the same GPUs
         return Placement(node_id=cluster.node_ids[row], gpus=gpus, score=-found[0])
 
     def fitting_rows(self, request: Request) -> list[int]:
@@ -140,11 +146,14 @@ class PlacementIndex:
         if heap.entries is not None and same_epoch and 0 <= len(cluster.changes) - heap.seen <= limit:
             behind = len(cluster.changes) - heap.seen
             if behind:
-                # one changed row (the last placement's) is the usual case of a busy cycle
-                rows = cluster.changes[heap.seen:] if behind == 1 else list(set(cluster.changes[heap.seen:]))
+                if behind == 1:  # one changed row (the last placement's) is the usual case of a busy cycle
+                    one = self._entry(request, cluster.changes[heap.seen])
+                    if one is not None:
+                        heapq.heappush(heap.entries, one)
+                else:
+                    for entry in self._entries(request, list(set(cluster.changes[heap.seen:]))):
+                        heapq.heappush(heap.entries, entry)
                 heap.seen = len(cluster.changes)
-                for entry in self._entries(request, rows):
-                    heapq.heappush(heap.entries, entry)
                 if len(heap.entries) > 3 * size + 64:
                     version = cluster.version
                     heap.entries = [e for e in heap.entries if e[3] == version[e[2]]]
@@ -157,9 +166,10 @@ class PlacementIndex:
             # moved); a shape asked now and then is cheaper answered from its arrays each time
             self._refresh_arrays(request, heap)
             rows = np.flatnonzero(heap.feasible)
-            rank, version = cluster.name_rank, cluster.version
-            heap.entries = [(-int(heap.scores[r]), int(rank[r]), int(r), int(version[r]), int(heap.picks[r]), None)
-                            for r in rows.tolist()]
+            # the entries (-score, name rank, row, version, pick, None) of every feasible row, column by column
+            heap.entries = list(zip((-heap.scores[rows]).tolist(), cluster.name_rank[rows].tolist(), rows.tolist(),
+                                    cluster.version[rows].tolist(), heap.picks[rows].tolist(),
+                                    repeat(None, len(rows)), strict=True))
             heapq.heapify(heap.entries)
             heap.seen = len(cluster.changes)
             self.stats["rebuilds"] += 1
@@ -242,6 +252,24 @@ class PlacementIndex:
         keyed = keys if keys is not None else [None] * len(rows)
         return [(-v[0], int(rank[r]), r, int(version[r]), v[1], k)
                 for r, v, k in zip(rows, values, keyed, strict=True) if v is not None]
+
+    def _entry(self, request: Request, row: int) -> _Entry | None:
+        """``_entries(request, [row])``, without the lists (the catch-up of a busy cycle's every placement)."""
+        cluster = self.cluster
+        memo = self._memo
+        key = (request, int(cluster.static_class[row]), cluster.dynamic_key(row))
+        value = memo.get(key, _UNSCORED)  # type: ignore[arg-type]
+        if value is _UNSCORED:
+            memo[key] = value = self._score(request, np.array([row], dtype=np.int64))[0]
+            if len(memo) > _MEMO_LIMIT:
+                memo.clear()
+                self._chosen.clear()
+                value = None  # as ``_entries`` reads it back from the cleared memo
+        else:
+            self.stats["memo_hits"] += 1
+        if value is None:
+            return None
+        return (-value[0], int(cluster.name_rank[row]), row, int(cluster.version[row]), value[1], key)
 
     def _score(self, request: Request, rows: IntArray) -> list[tuple[int, int] | None]:
         """(score, scorer's GPU pick) per row, None where a filter rules the node out."""

@@ -38,7 +38,7 @@ from datetime import datetime
 
 from gpuorch_contracts import PRIORITY_VALUE, ArrayTask, JobPlaced, JobPreempting, LaunchJob, NodeAssignment
 from gpuorch_policy.fleet import Ask, Fleet, TopologyBlocks
-from gpuorch_policy.trusted import Maker
+from gpuorch_policy.trusted import maker
 
 from gpuorch_scheduling.decisions import PLACEMENT, Decision, at, decision_id, derived_id, stops
 from gpuorch_scheduling.dependencies import Unmet, unmet
@@ -108,8 +108,8 @@ def _expected_end(job: JobRecord, now: float) -> float:
     return max(now, begun + length)
 
 
-_JOB_PLACED = Maker(JobPlaced, ("message_id", "occurred_at", "tenant", "job_id", "placement_id", "assignments"))
-_LAUNCH_JOB = Maker(LaunchJob, ("message_id", "occurred_at", "node_id", "job_id", "placement_id", "spec", "gpus",
+_JOB_PLACED = maker(JobPlaced, ("message_id", "occurred_at", "tenant", "job_id", "placement_id", "assignments"))
+_LAUNCH_JOB = maker(LaunchJob, ("message_id", "occurred_at", "node_id", "job_id", "placement_id", "spec", "gpus",
                                 "gang_rank", "gang_size", "array_task"))
 
 

@@ -52,12 +52,23 @@ preemptions + requeues: requeues are at most 100, so every placement of a job ha
 def derived_id(base: uuid.UUID, k: int) -> uuid.UUID:
     """The ``k``-th id derived from a decision's id (a placement's JobPlaced and its LaunchJobs): distinct for
     distinct ``k``, the same every time, and far cheaper than hashing (a bijection of the base id)."""
-    derived = object.__new__(uuid.UUID)  # ``uuid.UUID(int=...)`` checks the range: an XOR of two 128-bit values is in it
-    object.__setattr__(derived, "int", base.int ^ ((k + 1) * 0x9E3779B97F4A7C15F39CC0605CEDC835 & _MASK))
-    object.__setattr__(derived, "is_safe", uuid.SafeUUID.unknown)
+    offset = _OFFSETS.get(k)
+    if offset is None:
+        if len(_OFFSETS) > 4096:
+            _OFFSETS.clear()
+        offset = _OFFSETS[k] = (k + 1) * 0x9E3779B97F4A7C15F39CC0605CEDC835 & _MASK
+    derived = _new(uuid.UUID)  # ``uuid.UUID(int=...)`` checks the range: an XOR of two 128-bit values is in it
+    _set_int(derived, base.int ^ offset)
+    _set_is_safe(derived, _UNKNOWN)
     return derived
 
 
+_OFFSETS: dict[int, int] = {}
+"""k -> the mask ``derived_id`` applies (a handful of distinct k: placements, ranks)."""
+_new = object.__new__
+_set_int = vars(uuid.UUID)["int"].__set__  # the slots' own setters (UUID refuses setattr)
+_set_is_safe = vars(uuid.UUID)["is_safe"].__set__
+_UNKNOWN = uuid.SafeUUID.unknown  # an enum member read once (each read is a descriptor call)
 _MASK = (1 << 128) - 1
 
 

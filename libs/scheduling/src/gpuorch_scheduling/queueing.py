@@ -224,6 +224,9 @@ def fair_order(jobs: list[JobRecord], now: float, policy: QueuePolicy, usage: Te
         queues = {t: deque(sorted(js, key=lambda j: (j.enqueued_at, j.queued_seq, j.job_id.int)))
                   for t, js in levels[level].items()}
         while queues:
+            if len(queues) == 1:  # one tenant left at this level: no turns to take
+                yield from next(iter(queues.values()))
+                break
             tenant = min(queues, key=lambda t: (usage.dominant_share(t), t))
             queue = queues[tenant]
             yield queue.popleft()

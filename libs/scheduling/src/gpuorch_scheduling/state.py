@@ -61,6 +61,7 @@ from gpuorch_contracts import (
     parse_indices,
 )
 from gpuorch_policy.fleet import DEFAULT_GPU_MEMORY_MIB, Fleet, gpu_units
+from gpuorch_policy.model import GPU_MILLI
 
 from gpuorch_scheduling.arrays import ArrayRecord
 from gpuorch_scheduling.usage import DEFAULT_HALF_LIFE_S, DecayedUsage
@@ -234,6 +235,17 @@ class Reservation:
                    raw.get("reason"))
 
 
+@dataclass(slots=True)
+class _Holding:
+    """What a job holds, as the fold counted it when it began to hold: per assignment (node, mCPU, MiB, ((GPU uuid,
+    milli), ...)); (GPUs, GPU memory MiB, host mCPU, host memory MiB) for its tenant; (GPU model, GPUs) for its
+    decayed usage."""
+
+    on: tuple[tuple[str, int, int, tuple[tuple[str, int], ...]], ...]
+    amounts: tuple[float, float, float, float]
+    models: tuple[tuple[str, float], ...]
+
+
 RESERVATION_MEMORY_S = 7 * 86400.0
 """Reservations that ended (or were deleted) longer ago than this leave memory (the read model keeps them)."""
 DEFAULT_RETENTION_S = 3600.0
@@ -288,16 +300,13 @@ class SchedulerState:
     _ending: set[uuid.UUID] = field(default_factory=set)
     _json: dict[object, str] = field(default_factory=dict)
     """Each record's JSON in the snapshot, dropped when the fold touches the record (snapshots cost O(changes))."""
-    _held_amounts: dict[uuid.UUID, tuple[float, float, float, float]] = field(default_factory=dict)
-    _held_models: dict[uuid.UUID, tuple[tuple[str, float], ...]] = field(default_factory=dict)
-    """Job -> (GPU model, GPUs) it holds, as counted into ``usage`` (given back by the same amounts)."""
+    _held: dict[uuid.UUID, _Holding] = field(default_factory=dict)
+    """Job -> what it holds as the fold counted it when it began to hold (``_Holding``), given back by the same
+    amounts when it stops (a requeue clears the assignments before that runs)."""
     _holders: dict[str, set[uuid.UUID]] = field(default_factory=dict)
-    _held_on: dict[uuid.UUID, tuple[tuple[str, int, int, tuple[tuple[str, int], ...]], ...]] = \
-        field(default_factory=dict)
-    """Node -> the jobs holding capacity there; job -> what it holds, per assignment (node, mCPU, MiB, ((GPU uuid,
-    milli), ...)); node -> what all of them hold there (``_node_use``: [mCPU, MiB, {GPU uuid: milli}]). Kept by the
-    fold from the jobs, apart from the fleet's arrays, so that ``capacity_violations(nodes)`` checks usage
-    independently of the fleet."""
+    """Node -> the jobs holding capacity there; node -> what all of them hold there (``_node_use``: [mCPU, MiB,
+    {GPU uuid: milli}]). Kept by the fold from the jobs, apart from the fleet's arrays, so that
+    ``capacity_violations(nodes)`` checks usage independently of the fleet."""
     _node_use: dict[str, list[Any]] = field(default_factory=dict)
 
     # -- the fold ---------------------------------------------------------------------------------------------
@@ -305,13 +314,16 @@ class SchedulerState:
     def apply(self, event: Message, headers: dict[str, Any] | None = None) -> None:
         """Apply one logged event with the headers logged beside it. Pure: depends only on the event and its
         headers (the event's ``occurred_at`` is the time)."""
+        if type(event) is JobPlaced and self._placed(event):
+            return
         at = event.occurred_at.timestamp()
         self.clock = max(self.clock, at)
         job_id = field_of(event, "job_id")
         job = self.jobs.get(job_id) if job_id is not None else None
         held_before = job is not None and job.holds_capacity
         self._fold(event, at, headers)
-        self._json.pop(job_id, None)
+        if self._json:
+            self._json.pop(job_id, None)
         node_id = event.inventory.node_id if isinstance(event, NodeRegistered) else field_of(event, "node_id")
         if node_id is not None and not isinstance(event, JobStarted | JobFinished | JobFailed | JobCheckpointed):
             self._json.pop(("node", node_id), None)
@@ -330,6 +342,35 @@ class SchedulerState:
                     self._fill(self.arrays[other.array_id])
         self._forget_ended()
 
+    def _placed(self, event: JobPlaced) -> bool:
+        """``apply`` of a JobPlaced for a plain queued job (not an array task, nothing of an earlier placement still
+        stopping): the same changes as the general path (``_fold`` then ``_reindex``), without its dispatch (the
+        plan applier folds one per placement). False, having changed nothing, for any other case."""
+        job_id = event.job_id
+        job = self.jobs.get(job_id)
+        if job is None or job.state != "queued" or job.stopping_nodes or job.stopped_nodes or job.array_id is not None:
+            return False
+        at = event.occurred_at.timestamp()
+        self.clock = max(self.clock, at)
+        job.state, job.placement_id, job.placed_at = "placed", event.placement_id, at
+        job.assignments = list(event.assignments)
+        job.reason = None
+        if self._json:
+            self._json.pop(job_id, None)
+        self.fleet.hold(job_id, job.spec, job.assignments)
+        self._hold(job)
+        self.active[job_id] = job
+        if job.spec.preemptible:
+            self.preemptible[job_id] = job
+        elif self.preemptible:
+            self.preemptible.pop(job_id, None)
+        if self.stopping:
+            self.stopping.pop(job_id, None)
+        if self.queued.pop(job_id, None) is not None:
+            self.queued_by_tenant[job.spec.tenant] -= 1
+        self._forget_ended()
+        return True
+
     def _reindex(self, job_id: uuid.UUID, held_before: bool) -> None:
         """Keep the fleet, the indexes and the tenants' holdings in step with one job's new state."""
         job = self.jobs.get(job_id)
@@ -339,22 +380,21 @@ class SchedulerState:
         if held and not held_before:
             self.fleet.hold(job_id, job.spec, job.assignments)
             self._hold(job)
-            self._count_held(job, +1)
         elif held_before and not held:
             self.fleet.free(job_id)
             self._release(job)
-            self._count_held(job, -1)
         if held:
             self.active[job_id] = job
         else:
             self.active.pop(job_id, None)
+        # (an empty map is not asked: each lookup hashes the job id, a Python-level ``UUID.__hash__``)
         if held and job.spec.preemptible:
             self.preemptible[job_id] = job
-        else:
+        elif self.preemptible:
             self.preemptible.pop(job_id, None)
         if held and (job.state == "preempting" or job.stopping_nodes or job.stopped_nodes):
             self.stopping[job_id] = job
-        else:
+        elif self.stopping:
             self.stopping.pop(job_id, None)
         array = self.arrays.get(job.array_id) if job.array_id is not None else None
         if job.state == "queued":
@@ -376,40 +416,42 @@ class SchedulerState:
             self._ended.append((self.clock, job_id))  # log time only grows: the deque stays in order
             self._ending.add(job_id)
 
-    def _count_held(self, job: JobRecord, sign: int) -> None:
-        if sign > 0:
-            amounts, models = self._measure(job)
-            self._held_amounts[job.job_id], self._held_models[job.job_id] = amounts, models
-        else:
-            found = self._held_amounts.pop(job.job_id, None)
-            if found is None:
-                return
-            amounts, models = found, self._held_models.pop(job.job_id, ())
-        row = self.tenant_held.setdefault(job.spec.tenant, [0.0, 0.0, 0.0, 0.0])
-        for k, value in enumerate(amounts):
+    def _count_held(self, tenant: str, holding: _Holding, sign: int) -> None:
+        """Add (``sign`` +1) or take away (-1) a holding in its tenant's amounts and decayed usage."""
+        row = self.tenant_held.get(tenant)
+        if row is None:
+            row = self.tenant_held[tenant] = [0.0, 0.0, 0.0, 0.0]
+        for k, value in enumerate(holding.amounts):
             row[k] += sign * value
-        for model, gpus in models:
-            self.usage.change(job.spec.tenant, model, sign * gpus, self.clock)
+        for model, gpus in holding.models:
+            self.usage.change(tenant, model, sign * gpus, self.clock)
 
-    def _measure(self, job: JobRecord) -> tuple[tuple[float, float, float, float], tuple[tuple[str, float], ...]]:
-        """What a placed job holds: (GPUs, GPU memory MiB, host mCPU, host memory MiB), and (GPU model, GPUs) per
-        model (whole GPUs count 1, a share or MIG slice its fraction)."""
+    def _measure(self, job: JobRecord) -> _Holding:
+        """What a placed job holds: per assignment (node, mCPU, MiB, ((GPU uuid, milli), ...)); (GPUs, GPU memory
+        MiB, host mCPU, host memory MiB); and (GPU model, GPUs) per model (whole GPUs count 1, a share or MIG slice
+        its fraction)."""
+        cpu, memory = job.spec.cpu_milli, job.spec.memory_mib
         gpus = mem = 0.0
         by_model: dict[str, float] = {}
+        on = []
+        nodes = self.nodes
         for assignment in job.assignments:
-            node = self.nodes.get(assignment.node_id)
-            devices = node.inventory.gpus if node else []
-            for alloc in assignment.gpus:
-                index = alloc.gpu_index
-                gpu = devices[index] if index < len(devices) and devices[index].index == index else next(
-                    (d for d in devices if d.index == index), None)
-                g, m = gpu_units(alloc, gpu.memory_total_mib if gpu else DEFAULT_GPU_MEMORY_MIB)
+            allocs = assignment.gpus
+            on.append((assignment.node_id, cpu, memory, tuple([(g.gpu_uuid, g.milli) for g in allocs])))
+            node = nodes.get(assignment.node_id)
+            devices = _devices(node.inventory) if node is not None else {}
+            for alloc in allocs:
+                gpu = devices.get(alloc.gpu_index)
+                if alloc.mig_profile is None:  # ``gpu_units`` of a whole GPU or a share, without the call
+                    g, m = alloc.milli / GPU_MILLI, alloc.memory_mib or 0
+                else:
+                    g, m = gpu_units(alloc, gpu[0] if gpu is not None else DEFAULT_GPU_MEMORY_MIB)
                 gpus += g
                 mem += m
-                model = gpu.model if gpu else "unknown"
+                model = gpu[1] if gpu is not None else "unknown"
                 by_model[model] = by_model.get(model, 0.0) + g
         n = len(job.assignments)
-        return (gpus, mem, float(job.spec.cpu_milli * n), float(job.spec.memory_mib * n)), tuple(by_model.items())
+        return _Holding(tuple(on), (gpus, mem, float(cpu * n), float(memory * n)), tuple(by_model.items()))
 
     def _forget_ended(self) -> None:
         cutoff = self.clock - self.retention_s
@@ -461,7 +503,13 @@ class SchedulerState:
                 self._ending.add(array.array_id)
 
     def _fold(self, event: Message, at: float, headers: dict[str, Any] | None) -> None:
-        match event:
+        match event:  # the cases are of distinct classes: the commonest first
+            case JobPlaced():
+                job = self.jobs.get(event.job_id)
+                if job is not None and job.state == "queued":
+                    job.state, job.placement_id, job.placed_at = "placed", event.placement_id, at
+                    job.assignments = list(event.assignments)
+                    job.reason = None
             case JobAccepted() if event.spec.array is not None:
                 if event.job_id not in self.arrays:
                     self.arrays[event.job_id] = ArrayRecord.accepted(
@@ -490,12 +538,6 @@ class SchedulerState:
                     self._link(event.job_id, event.spec)
             case JobRejected():
                 pass  # never entered the queue
-            case JobPlaced():
-                job = self.jobs.get(event.job_id)
-                if job is not None and job.state == "queued":
-                    job.state, job.placement_id, job.placed_at = "placed", event.placement_id, at
-                    job.assignments = list(event.assignments)
-                    job.reason = None
             case JobStarted():
                 job = self._current(event.job_id, event.placement_id)
                 if job is not None and job.state in ("placed", "running"):
@@ -684,20 +726,28 @@ class SchedulerState:
         return list(self.queued.values())
 
     def _hold(self, job: JobRecord) -> None:
-        cpu, mem = job.spec.cpu_milli, job.spec.memory_mib
-        held = self._held_on[job.job_id] = tuple(
-            (a.node_id, cpu, mem, tuple((g.gpu_uuid, g.milli) for g in a.gpus)) for a in job.assignments)
-        for node_id, _cpu, _mem, gpus in held:
-            self._holders.setdefault(node_id, set()).add(job.job_id)
+        """The job begins to hold its assignments: per node, for its tenant, in decayed usage."""
+        job_id = job.job_id
+        holding = self._held[job_id] = self._measure(job)
+        for node_id, cpu, mem, gpus in holding.on:
+            holders = self._holders.get(node_id)
+            if holders is None:
+                holders = self._holders[node_id] = set()
+            holders.add(job_id)
             self._use(node_id, cpu, mem, gpus, +1)
+        self._count_held(job.spec.tenant, holding, +1)
 
     def _release(self, job: JobRecord) -> None:
         """By what it held when it began to hold (a requeue clears the assignments before this runs)."""
-        for node_id, cpu, mem, gpus in self._held_on.pop(job.job_id, ()):
+        holding = self._held.pop(job.job_id, None)
+        if holding is None:
+            return
+        for node_id, cpu, mem, gpus in holding.on:
             holders = self._holders.get(node_id)
             if holders is not None:
                 holders.discard(job.job_id)
             self._use(node_id, cpu, mem, gpus, -1)
+        self._count_held(job.spec.tenant, holding, -1)
 
     def _use(self, node_id: str, cpu: int, mem: int, gpus: tuple[tuple[str, int], ...], sign: int) -> None:
         use = self._node_use.get(node_id)
@@ -856,7 +906,6 @@ class SchedulerState:
             if record.holds_capacity:
                 state.fleet.hold(record.job_id, record.spec, record.assignments)
                 state._hold(record)
-                state._count_held(record, +1)
                 state.active[record.job_id] = record
                 if record.spec.preemptible:
                     state.preemptible[record.job_id] = record
@@ -901,6 +950,24 @@ def stopped_as_asked(event: JobFailed) -> bool:
 
 
 _DEVICES: dict[int, tuple[NodeInventory, frozenset[str]]] = {}
+
+
+_GPUS: dict[int, tuple[NodeInventory, dict[int, tuple[int, str]]]] = {}
+
+
+def _devices(inventory: NodeInventory) -> dict[int, tuple[int, str]]:
+    """GPU index -> (memory MiB, model) of an inventory's GPUs, the first GPU of each index (once per inventory
+    object: inventories are immutable)."""
+    known = _GPUS.get(id(inventory))
+    if known is not None and known[0] is inventory:
+        return known[1]
+    if len(_GPUS) > 100_000:
+        _GPUS.clear()
+    devices: dict[int, tuple[int, str]] = {}
+    for gpu in inventory.gpus:
+        devices.setdefault(gpu.index, (gpu.memory_total_mib, gpu.model))
+    _GPUS[id(inventory)] = (inventory, devices)
+    return devices
 
 
 def _device_uuids(inventory: NodeInventory) -> frozenset[str]:
