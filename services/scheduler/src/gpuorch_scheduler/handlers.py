@@ -1,10 +1,12 @@
 """Service layer: a batch of messages in, one transaction out, around one step of the pure scheduler.
 
     handle_batch(messages, senders, traces)                                 ONE PostgreSQL transaction
-      known   what the log and the read model already hold of the batch (one query each)
+      known   the leader's fence and what the log and the read model already hold of the batch: one statement
+              (``commit.read_known``)
       step    gpuorch_scheduling.Scheduler.step: fold -> (tick) -> cycle -> plan applier -> notices
-      commit  every event of the step appended to the log (idempotent on message_id), everything it publishes
-              queued in the outbox (each body encoded once), the read models (``readmodels``), a snapshot when due
+      commit  every event of the step appended to the log (idempotent on message_id) and everything it publishes
+              queued in the outbox (each body encoded once) in one statement, the read models (``readmodels``):
+              ``commit.StepWriter``; a snapshot when due
     then the caller acks every message of the batch. If the batch fails, the state is rebuilt from the log and each
     message is tried alone: one poison message is answered with its error while the others commit.
 
