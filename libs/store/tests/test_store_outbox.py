@@ -11,13 +11,14 @@ from typing import Any
 import asyncpg
 import pytest
 from gpuorch_contracts import EVENTS_EXCHANGE, JobQueued, decode
-from gpuorch_store.events import NewEvent, append, read
+from gpuorch_store.events import EVENT_WRITE_LOCK_KEY, NewEvent, append, read
 from gpuorch_store.outbox import (
     RELAY_LOCK_KEY,
     OutboxRelay,
     OutgoingMessage,
     ParkedRow,
     add_to_outbox,
+    append_with_outbox,
     is_refusal,
     outbox_backlog,
     parked_rows,
@@ -146,6 +147,48 @@ async def test_cancelled_mid_batch_marks_nothing_and_republishes(pool: asyncpg.P
     survivor = FlakyPublisher()
     assert (await OutboxRelay(pool, survivor).relay_once()).sent == 2
     assert [c[2] for c in survivor.confirmed] == [str(m.message_id) for m in messages]
+
+
+async def test_append_with_outbox_writes_both_in_one_statement_with_their_guarantees(pool: asyncpg.Pool) -> None:
+    """Events and outbox rows in one statement: positions per event (None for a duplicate), rows routed and encoded
+    as ``add_to_outbox`` does, in order, idempotent on message_id; rolled back together with the transaction."""
+    e1, e2, m1, m2 = queued(1), queued(2), queued(3), queued(4)
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            positions = await append_with_outbox(conn, [NewEvent.from_message("scheduler", e) for e in (e1, e2)],
+                                                 [m1, m2], headers=[{"traceparent": "00-abc"}, {}])
+            again = await append_with_outbox(conn, [NewEvent.from_message("scheduler", e2)], [m2])
+        assert positions[0] is not None and positions[1] is not None and positions[0] < positions[1]
+        assert again == [None]
+        rows = await conn.fetch("SELECT * FROM outbox ORDER BY id")
+        assert [decode(r["body"]) for r in rows] == [m1, m2]
+        assert (rows[0]["exchange"], rows[0]["routing_key"], rows[0]["type"]) == (EVENTS_EXCHANGE, "job.queued",
+                                                                                   "job.queued")
+        assert "traceparent" in rows[0]["headers"]
+        assert [s.message_id for s in await read(pool)] == [e1.message_id, e2.message_id]
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():
+                await append_with_outbox(conn, [NewEvent.from_message("scheduler", queued(5))], [queued(6)])
+                raise RuntimeError("the step failed")
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 2 and len(await read(pool)) == 2
+
+
+async def test_append_with_outbox_waits_for_the_write_order_lock(pool: asyncpg.Pool) -> None:
+    """Another writer holding the write-order lock holds the statement back (ids in commit order)."""
+    async with pool.acquire() as holder, pool.acquire() as writer:
+        async with holder.transaction():
+            await holder.execute("SELECT pg_advisory_xact_lock($1)", EVENT_WRITE_LOCK_KEY)
+            writing = asyncio.create_task(append_with_outbox(writer, [], [queued(1)]))
+            await asyncio.wait_for(_until_waiting_on_a_lock(pool, writer), timeout=60)
+            assert not writing.done()
+        await writing
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 1
+
+
+async def _until_waiting_on_a_lock(pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
+    pid = conn.get_server_pid()
+    while not await pool.fetchval("SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted", pid):
+        await asyncio.sleep(0.01)
 
 
 async def test_only_one_relay_publishes_at_a_time(pool: asyncpg.Pool) -> None:

@@ -101,7 +101,7 @@ async def test_a_leaders_commands_carry_its_epoch_and_a_superseded_leader_commit
     conn = await asyncpg.connect(migrated_dsn, server_settings=lease.session_settings())
     successor = LeaderLease(migrated_dsn, "second", lease_s=30.0, renew_s=1.0)
     try:
-        service = SchedulerService(conn, fence=lease.fence, leader_epoch=lease.epoch)
+        service = SchedulerService(conn, fenced=True, leader_epoch=lease.epoch)
         await service.recover()
         await service.handle(node("n1", gpus=2))
         await service.handle(SubmitJob(spec=JobSpec(run=RUN, resources=GpuRequest(gpus=1))))
@@ -111,7 +111,7 @@ async def test_a_leaders_commands_carry_its_epoch_and_a_superseded_leader_commit
         assert await successor.try_acquire() and successor.epoch == 2
         assert await _ends(conn)  # the takeover ended the old leader's write session too
         conn = await asyncpg.connect(migrated_dsn)
-        service = SchedulerService(conn, fence=lease.fence, leader_epoch=1)
+        service = SchedulerService(conn, fenced=True, leader_epoch=1)
         await service.recover()
         logged = await conn.fetchval("SELECT count(*) FROM events")
         with pytest.raises(LeadershipLost):

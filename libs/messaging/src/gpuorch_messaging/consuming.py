@@ -12,7 +12,9 @@ letter that says why.
                                                       └─> connection dropped meanwhile: the handler finishes
                                                           (shielded); its delivery comes again (handlers dedupe)
 
-Every delivery ends acked or nacked: nothing raised on the way leaves it holding a prefetch slot. A latest-wins queue
+Every delivery ends acked or nacked: nothing raised on the way leaves it holding a prefetch slot. An acknowledged
+queue's deliveries are taken from aiormq directly as ``raw_delivery.RawDelivery`` (no aio-pika message object, no
+second task per delivery), through the same path. A latest-wins queue
 (``QueueSpec.acknowledged`` False: heartbeats) is consumed without acknowledgements and its handler runs inline; a
 delivery it loses is replaced by the next. Its deliveries are taken from aiormq's frames directly (``_RawFrames``: no
 channel queue, no aio-pika message object, no task per delivery for a plain handler); one that is not a valid
@@ -31,7 +33,7 @@ import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pydantic
 from aio_pika import IncomingMessage
@@ -49,6 +51,7 @@ from prometheus_client import Counter
 from gpuorch_messaging.connection import BrokerConnection
 from gpuorch_messaging.provenance import ORIGINAL_PUBLISHER_HEADER, judged_publisher
 from gpuorch_messaging.publishing import ConfirmedPublisher
+from gpuorch_messaging.raw_delivery import RawDelivery
 from gpuorch_messaging.rejections import InvalidDelivery
 from gpuorch_messaging.senders import IdentityMode, refusal
 from gpuorch_messaging.topology import QueueSpec, declare_queue, look_up
@@ -132,7 +135,11 @@ class _AckWindow:
         self._open[incoming.delivery_tag] = [incoming, None]  # type: ignore[index]
 
     def settle(self, incoming: AbstractIncomingMessage, ack: bool) -> None:
-        entry = self._open.get(incoming.delivery_tag) if incoming.channel is self._channel else None  # type: ignore[arg-type]
+        try:
+            current = incoming.channel is self._channel
+        except Exception:  # noqa: BLE001 - aio-pika's message raises once its channel closed: void, redelivered
+            return
+        entry = self._open.get(incoming.delivery_tag) if current else None  # type: ignore[arg-type]
         if entry is None or entry[1] is not None:
             return
         entry[1] = ack
@@ -265,9 +272,9 @@ class Consumers:
 
         consumer.tag = await queue.consume(on_message, no_ack=not spec.acknowledged)
         self._consumers.append(consumer)
+        await self._take_deliveries_raw(consumer)
+        channel.reopen_callbacks.add(lambda _channel: self._take_deliveries_raw(consumer))
         if not spec.acknowledged:
-            await self._take_deliveries_raw(consumer)
-            channel.reopen_callbacks.add(lambda _channel: self._take_deliveries_raw(consumer))
             connection.pace_reads()
 
     async def _latest_wins_connection(self) -> BrokerConnection:
@@ -285,18 +292,22 @@ class Consumers:
         return self._latest_wins
 
     async def _take_deliveries_raw(self, consumer: _Consumer) -> None:
-        """A latest-wins consumer (heartbeats: the bulk of an idle scheduler's deliveries) takes aiormq's frames
-        itself (``_RawFrames``: no channel queue, no ``DeliveredMessage`` buffer, no task per delivery), and
-        aiormq's deliveries of its tag (``_deliver_raw``) for what still reaches the channel's reader, instead of
-        aio-pika's message objects. aio-pika still owns the consumer and restores it after a reconnect; this runs
-        again then (``reopen_callbacks``). Should it not, deliveries simply take aio-pika's path: the same outcome,
-        at the old cost."""
+        """A consumer takes aiormq's deliveries itself instead of through aio-pika's message objects. A latest-wins
+        one (heartbeats: the bulk of an idle scheduler's deliveries) takes aiormq's frames itself (``_RawFrames``:
+        no channel queue, no ``DeliveredMessage`` buffer, no task per delivery), and aiormq's deliveries of its tag
+        (``_deliver_raw``) for what still reaches the channel's reader; an acknowledged one takes aiormq's
+        deliveries through ``_deliver_raw_acked``. aio-pika still owns the consumer and restores it after a
+        reconnect; this runs again then (``reopen_callbacks``). Should it not, deliveries simply take aio-pika's
+        path: the same outcome, at the old cost."""
         try:
             assert consumer.channel is not None
             raw: Any = await consumer.channel.get_underlay_channel()  # aiormq.Channel: its consumers by tag
             if consumer.tag in raw.consumers:
-                raw.consumers[consumer.tag] = functools.partial(self._deliver_raw, consumer)
-                _RawFrames(self, consumer, raw).install()
+                if consumer.spec.acknowledged:
+                    raw.consumers[consumer.tag] = functools.partial(self._deliver_raw_acked, consumer)
+                else:
+                    raw.consumers[consumer.tag] = functools.partial(self._deliver_raw, consumer)
+                    _RawFrames(self, consumer, raw).install()
         except Exception as exc:  # noqa: BLE001 - aio-pika's path stays in place
             log.warning("consume.raw_path_unavailable", queue=consumer.spec.name, error=repr(exc))
 
@@ -346,6 +357,12 @@ class Consumers:
                         note="not retried: latest wins")
             return
         _consumed(consumer.spec.name, message.TYPE).inc()
+
+    async def _deliver_raw_acked(self, consumer: _Consumer, delivered: DeliveredMessage) -> None:
+        """One delivery of an acknowledged queue, straight from aiormq (``raw_delivery.RawDelivery`` instead of
+        aio-pika's message and its second task): the same ``_deliver`` path, every outcome the same (judged,
+        dead-lettered with its reason, handled, acked through the coalesced window once the handler returned)."""
+        await self._deliver(consumer, cast(AbstractIncomingMessage, RawDelivery(delivered)))
 
     async def close(self) -> None:
         for consumer in self._consumers:

@@ -120,22 +120,20 @@ async def append_reporting_duplicates(conn: Any, events: Sequence[NewEvent]) -> 
     if not conn.is_in_transaction():
         async with conn.transaction():
             return await append_reporting_duplicates(conn, events)
-    rows = await conn.fetch(
-        _INSERT,
-        [e.stream for e in events],
-        [e.message_id for e in events],
-        [e.type for e in events],
-        [e.schema_version for e in events],
-        [e.occurred_at for e in events],
-        [e.payload if isinstance(e.payload, str) else json.dumps(e.payload) for e in events],
-        [json.dumps(e.headers) for e in events],
-        EVENT_WRITE_LOCK_KEY,
-    )
+    rows = await conn.fetch(_INSERT, *event_columns(events), EVENT_WRITE_LOCK_KEY)
     inserted = {row["message_id"]: row["position"] for row in rows}
     result: list[int | None] = []
     for event in events:
         result.append(inserted.pop(event.message_id, None))
     return result
+
+
+def event_columns(events: Sequence[NewEvent]) -> tuple[list[Any], ...]:
+    """``events`` as the seven column arrays of the append statement (``$1``..``$7``)."""
+    return ([e.stream for e in events], [e.message_id for e in events], [e.type for e in events],
+            [e.schema_version for e in events], [e.occurred_at for e in events],
+            [e.payload if isinstance(e.payload, str) else json.dumps(e.payload) for e in events],
+            [json.dumps(e.headers) for e in events])
 
 
 async def append(conn: Any, events: Sequence[NewEvent]) -> list[int]:

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ from typing import Any, Protocol
 
 from gpuorch_contracts import MAX_MESSAGE_BYTES, Message, decode, encode, route
 
-from gpuorch_store.events import EVENT_WRITE_LOCK_KEY, LOCKED_FIRST
+from gpuorch_store.events import _INSERT as _EVENTS_INSERT
+from gpuorch_store.events import EVENT_WRITE_LOCK_KEY, LOCKED_FIRST, NewEvent, event_columns
 
 OUTBOX_CHANNEL = "gpuorch_outbox"
 """NOTIFY channel signalled (by a trigger, at commit) whenever outbox rows are inserted."""
@@ -180,23 +182,64 @@ async def add_to_outbox(conn: Any, messages: Sequence[Message],
     if not conn.is_in_transaction():
         async with conn.transaction():
             return await add_to_outbox(conn, messages, headers, bodies)
+    rows = await conn.fetch(_INSERT, *_outbox_columns(messages, headers, bodies), EVENT_WRITE_LOCK_KEY)
+    return [int(r["id"]) for r in rows]
+
+
+def _outbox_columns(messages: Sequence[Message], headers: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
+                    bodies: Sequence[bytes] | None) -> tuple[list[Any], ...]:
+    """The outbox rows of ``messages`` as the six column arrays of ``_INSERT`` (``$1``..``$6``); raises
+    ``ValueError`` for a body over ``MAX_MESSAGE_BYTES``."""
     per_message = list(headers) if isinstance(headers, Sequence) else [headers or {}] * len(messages)
     bodies = list(bodies) if bodies is not None else [encode(m) for m in messages]
     for message, body in zip(messages, bodies, strict=True):
         if len(body) > MAX_MESSAGE_BYTES:
             raise ValueError(f"{message.type} {message.message_id} is {len(body)} bytes > {MAX_MESSAGE_BYTES}")
     routes = [route(m) for m in messages]
-    rows = await conn.fetch(
-        _INSERT,
-        [m.message_id for m in messages],
-        [m.type for m in messages],
-        [exchange for exchange, _ in routes],
-        [key for _, key in routes],
-        bodies,
-        [json.dumps({**h, "type": m.type}) for m, h in zip(messages, per_message, strict=True)],
-        EVENT_WRITE_LOCK_KEY,
-    )
-    return [int(r["id"]) for r in rows]
+    return ([m.message_id for m in messages], [m.type for m in messages], [exchange for exchange, _ in routes],
+            [key for _, key in routes], bodies,
+            [json.dumps({**h, "type": m.type}) for m, h in zip(messages, per_message, strict=True)])
+
+
+_APPEND_WITH_OUTBOX = (
+    "WITH logged AS (" + _EVENTS_INSERT.replace("$8", "$14") + "), queued AS ("
+    + re.sub(r"\$(\d+)", lambda p: f"${int(p.group(1)) + 7}", _INSERT)
+    + ") SELECT position, message_id FROM logged UNION ALL SELECT id, NULL FROM queued"
+)
+"""Both inserts in one statement (two data-modifying CTEs, each taking the write-order lock before it draws an id,
+as alone): one round trip where ``append`` then ``add_to_outbox`` took two."""
+
+
+async def append_with_outbox(conn: Any, events: Sequence[NewEvent], messages: Sequence[Message],
+                             headers: Sequence[Mapping[str, Any]] | None = None,
+                             bodies: Sequence[bytes] | None = None) -> list[int | None]:
+    """``append_reporting_duplicates(conn, events)`` and ``add_to_outbox(conn, messages, headers, bodies)`` in
+    one statement, with the guarantees of each (the same transaction, write-order lock, idempotence, id order).
+    Returns, per event, its new position or ``None`` for a duplicate. Raises ``ValueError`` as ``add_to_outbox``
+    does (nothing written)."""
+    if not events and not messages:
+        return []
+    if not conn.is_in_transaction():
+        async with conn.transaction():
+            return await append_with_outbox(conn, events, messages, headers, bodies)
+    queued = _outbox_columns(messages, headers, bodies)
+    rows = await conn.fetch(_APPEND_WITH_OUTBOX, *event_columns(events), *queued, EVENT_WRITE_LOCK_KEY)
+    inserted = {row["message_id"]: row["position"] for row in rows if row["message_id"] is not None}
+    return [inserted.pop(event.message_id, None) for event in events]
+
+
+_TAKE_BATCH = """
+SELECT relay.held, o.id, o.message_id, o.exchange, o.routing_key, o.body, o.headers
+FROM (SELECT pg_try_advisory_xact_lock($2) AS held) AS relay
+LEFT JOIN LATERAL (
+    SELECT id, message_id, exchange, routing_key, body, headers::text AS headers
+    FROM outbox WHERE relay.held AND sent_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT $1
+    FOR UPDATE SKIP LOCKED
+) AS o ON true
+ORDER BY o.id
+"""
+"""A relay's batch in one round trip: the relay lock (tried first; ``held`` false: another relay publishes, no row
+is locked) and up to ``$1`` waiting rows in id order, locked; one row of NULLs when none waits."""
 
 
 @dataclass(frozen=True)
@@ -303,16 +346,10 @@ class OutboxRelay:
         Then parked rows not yet reported are handed to ``on_parked``.
         """
         async with self._pool.acquire() as conn, conn.transaction():
-            if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", RELAY_LOCK_KEY):
+            taken = await conn.fetch(_TAKE_BATCH, self._batch_size, RELAY_LOCK_KEY)
+            if not taken[0]["held"]:
                 return RelayBatch(sent=0, busy=True)
-            rows = await conn.fetch(
-                """
-                SELECT id, message_id, exchange, routing_key, body, headers::text AS headers
-                FROM outbox WHERE sent_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT $1
-                FOR UPDATE SKIP LOCKED
-                """,
-                self._batch_size,
-            )
+            rows = [row for row in taken if row["id"] is not None]
             sent_ids: list[int] = []
             parked = 0
             error: str | None = None

@@ -183,7 +183,7 @@ async def lead(settings: Settings, stop: asyncio.Event, lease: LeaderLease) -> N
                                     snapshot_every_s=settings.snapshot_every_s, freeze_after_recovery=True),
             snapshot_writer=snapshots_aside(settings.database_url, lease.session_settings()),
             journal=JournalFile(Path(settings.step_journal)) if settings.step_journal else None,
-            fence=lease.fence, leader_epoch=lease.epoch)
+            fenced=True, leader_epoch=lease.epoch)
         await service.recover()
         # The AMQP heartbeat at a quarter of the lease (the broker closes a connection silent for about two of
         # them): paused, this leader loses its single-active-consumer place (its unacked deliveries go back)

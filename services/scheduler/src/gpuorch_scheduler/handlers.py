@@ -1,10 +1,12 @@
 """Service layer: a batch of messages in, one transaction out, around one step of the pure scheduler.
 
     handle_batch(messages, senders, traces)                                 ONE PostgreSQL transaction
-      known   what the log and the read model already hold of the batch (one query each)
+      known   the leader's fence and what the log and the read model already hold of the batch: one statement
+              (``commit.read_known``)
       step    gpuorch_scheduling.Scheduler.step: fold -> (tick) -> cycle -> plan applier -> notices
-      commit  every event of the step appended to the log (idempotent on message_id), everything it publishes
-              queued in the outbox (each body encoded once), the read models (``readmodels``), a snapshot when due
+      commit  every event of the step appended to the log (idempotent on message_id) and everything it publishes
+              queued in the outbox (each body encoded once) in one statement, the read models (``readmodels``):
+              ``commit.StepWriter``; a snapshot when due
     then the caller acks every message of the batch. If the batch fails, the state is rebuilt from the log and each
     message is tried alone: one poison message is answered with its error while the others commit.
 
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,33 +34,27 @@ from typing import Any
 
 import asyncpg
 from gpuorch_contracts import (
-    ChangeSession,
     ExecutorHeartbeat,
     FleetAlert,
     JobLost,
     LaunchJob,
     Message,
     NodeHeartbeat,
-    SubmitJob,
-    encode,
 )
 from gpuorch_observability import get_logger, inject_trace, tracing_exported
 from gpuorch_scheduling import SchedulerState, decision_id
-from gpuorch_scheduling.scheduler import LOGGED_INCOMING, Scheduler, SchedulerConfig
-from gpuorch_scheduling.sessions import OverCap
+from gpuorch_scheduling.scheduler import Scheduler, SchedulerConfig
 from gpuorch_scheduling.step import Input, Known, Step
 from gpuorch_scheduling.usage import DecayedUsage
 from gpuorch_store import (
-    NewEvent,
     ParkedRow,
-    add_to_outbox,
-    append_reporting_duplicates,
     load_latest_snapshot,
     read,
     save_snapshot,
 )
 
 from gpuorch_scheduler import metrics, readmodels, tracing
+from gpuorch_scheduler.commit import STREAM, StepWriter, note_resume_refusals, read_known
 from gpuorch_scheduler.journal import JournalFile
 from gpuorch_scheduler.leadership import CONNECTION_LOST, LeadershipLost
 
@@ -68,8 +63,6 @@ NOT_THE_BATCH = (LeadershipLost, *CONNECTION_LOST)
 redelivers it to whoever leads next) instead of trying each message alone."""
 
 log = get_logger(__name__)
-
-STREAM = "scheduler"
 
 
 @dataclass(frozen=True)
@@ -91,18 +84,19 @@ class SchedulerService:
                  lease_clock: Callable[[], float] | None = None,
                  snapshot_writer: Callable[[int, str], Awaitable[None]] | None = None,
                  journal: JournalFile | None = None,
-                 fence: Callable[[Any], Awaitable[None]] | None = None, leader_epoch: int = 0) -> None:
+                 fenced: bool = False, leader_epoch: int = 0) -> None:
         """``clock`` stamps decisions (wall time, as the log's times are); leases are measured on ``lease_clock``
         (monotonic unless a test gives one clock for both), so a wall-clock jump never declares nodes lost.
         ``snapshot_writer(position, json)`` stores snapshots aside on a connection of its own (the service gives
-        one); without it they are stored in the batch's transaction. ``fence(conn)`` runs first in every batch's
-        transaction (a tick that leaves nothing to write opens none) and raises (``LeadershipLost``) once this
-        instance no longer leads (``leadership.LeaderLease.fence``); ``leader_epoch`` stamps every command it
-        publishes."""
+        one); without it they are stored in the batch's transaction. ``fenced``: every batch's first statement checks
+        that the lease still holds ``leader_epoch`` and raises ``LeadershipLost`` once this instance no longer leads
+        (``commit.read_known``; a tick that leaves nothing to write opens no transaction, so it reads nothing);
+        ``leader_epoch`` stamps every command it publishes."""
         self._conn = conn
-        self._fence = fence
+        self._fenced = fenced
         self.leader_epoch = leader_epoch
         self.scheduler = Scheduler(config)
+        self._writer = StepWriter(self.scheduler, leader_epoch)
         self.persistence = persistence or Persistence()
         self._clock = clock
         self._lease_clock = lease_clock or (time.monotonic if clock is time.time else clock)
@@ -113,7 +107,6 @@ class SchedulerService:
         self._needs_reload = True
         self._events_since_snapshot = 0
         self._last_snapshot_at = clock()
-        self._fair_share_written_at = -math.inf
         self.isolation: dict[str, str] = {}
         """Per node, the JSON of the isolation its executor last reported: a read-model column only (``gpuctl
         nodes``), never a scheduling input; written when it changes."""
@@ -276,18 +269,6 @@ class SchedulerService:
 
     # -- the unit of work -----------------------------------------------------------------------------------------
 
-    async def _known(self, inputs: list[Input]) -> Known:
-        """What the log and the read model already hold of this batch (one query each, not one per message)."""
-        known = Known()
-        logged = [i.message.message_id for i in inputs if isinstance(i.message, LOGGED_INCOMING)]
-        if logged:
-            rows = await self._conn.fetch("SELECT message_id FROM events WHERE message_id = ANY($1::uuid[])", logged)
-            known.logged_ids.update(r["message_id"] for r in rows)
-        submitted = [i.message.job_id for i in inputs
-                     if isinstance(i.message, SubmitJob) and i.message.job_id not in self.state.jobs]
-        known.known_jobs = await readmodels.known_submissions(self._conn, submitted)
-        return known
-
     async def _commit(self, inputs: list[Input], tick: bool) -> None:
         now, lease_now = self._clock(), self._lease_clock()
         meter = metrics.StepMeter()
@@ -299,10 +280,9 @@ class SchedulerService:
                 self._decided = {}
             if step is None or not self._writes_nothing(step):
                 async with self._conn.transaction():
-                    if self._fence is not None:
-                        await self._fence(self._conn)
+                    known = await read_known(self._conn, inputs, self.state,
+                                             self.leader_epoch if self._fenced else None)
                     if step is None:
-                        known = await self._known(inputs)
                         recorded = Known(set(known.logged_ids), set(known.known_jobs))
                         step = self.scheduler.step(inputs, now, lease_now=lease_now, tick=tick, known=known,
                                                    hooks=meter)
@@ -328,7 +308,12 @@ class SchedulerService:
         and the snapshot when one is due and no writer stores it aside. Returns whether a snapshot is due."""
         self._decided = tracing.trace_decisions(step, self.state, meter.cycle_span, now, self._clock()) \
             if tracing_exported() else {}
-        await self._write(step, self._decided)
+        positions = await self._writer.write(self._conn, step, self._decided, isolation=self.isolation,
+                                             unwritten=self._isolation_unwritten,
+                                             resume_refused=self.resume_refused)
+        if positions:
+            self.state.position = max(positions)
+            self._events_since_snapshot += len(positions)
         snapshot_due = self._snapshot_due(now)
         if snapshot_due and self._snapshot_writer is None:
             await save_snapshot(self._conn, STREAM, self.state.position, self.state.snapshot_json())
@@ -340,63 +325,14 @@ class SchedulerService:
 
     def _writes_nothing(self, step: Step) -> bool:
         """Whether ``_write_step`` would write nothing for ``step`` (an idle tick: no event, nothing to publish, no
-        read-model row, no snapshot due; what ``_write`` writes, checked in the same terms). Such a step is
-        committed without a transaction (the fence guards writes; there are none)."""
-        self._note_resume_refusals(step)
+        read-model row, no snapshot due; what ``StepWriter.write`` writes, checked in the same terms). Such a step
+        is committed without a transaction (the fence guards writes; there are none)."""
+        note_resume_refusals(step, self.state, self.resume_refused)
         return not (step.events or step.outgoing or step.touched_jobs or step.touched_nodes or step.rejected
                     or step.submitted or step.mig_changed or self._isolation_unwritten & self.state.nodes.keys()
-                    or step.now - self._fair_share_written_at >= readmodels.FAIR_SHARE_EVERY_S
+                    or any(e.TYPE.startswith("reservation.") for e in step.decided)
+                    or step.now - self._writer.fair_share_written_at >= readmodels.FAIR_SHARE_EVERY_S
                     or self._snapshot_due(step.now))
-
-    async def _write(self, step: Step, decided: dict[Any, str]) -> None:
-        """The step, durable: log, outbox, read models (inside the open transaction)."""
-        logged_headers = {id(e): tracing.headers_of(e, h, decided) for e, h in step.events}
-        events = [NewEvent.from_message(STREAM, e, headers=logged_headers[id(e)]) for e, _ in step.events]
-        logged_json = {id(e): new.payload for (e, _), new in zip(step.events, events, strict=True)}
-        positions = await append_reporting_duplicates(self._conn, events)
-        if any(p is None for p in positions):
-            raise RuntimeError("an event applied in memory was already in the log; reloading")
-        if positions:
-            self.state.position = max(p for p in positions if p is not None)
-            self._events_since_snapshot += len(positions)
-        outgoing = step.outgoing
-        await add_to_outbox(
-            self._conn, outgoing,
-            headers=[logged_headers.get(id(m)) or tracing.headers_of(m, self.scheduler.trace_of(m), decided)
-                     for m in outgoing],
-            bodies=[_encoded(logged_json.get(id(m)), self._stamped(m)) for m in outgoing])
-        self._note_resume_refusals(step)
-        await readmodels.write_jobs_and_nodes(self._conn, self.state, self.scheduler.pending, step.touched_jobs,
-                                              step.touched_nodes, step.rejected, step.submitted, self.resume_refused)
-        unwritten = {n: self.isolation[n] for n in self._isolation_unwritten if n in self.state.nodes}
-        if unwritten:
-            await readmodels.write_isolation(self._conn, unwritten)
-            self._isolation_unwritten -= set(unwritten)
-        if step.mig_changed:
-            await readmodels.write_mig_plan(self._conn, self.config.mig.mode, self.scheduler.mig.read_model(),
-                                            self.state)
-        if any(e.TYPE.startswith("reservation.") for e in step.decided):
-            await readmodels.write_reservations(self._conn, step.decided)
-        if step.now - self._fair_share_written_at >= readmodels.FAIR_SHARE_EVERY_S:
-            await readmodels.write_fair_share(self._conn, self.state, self.config.queues.fair_share, step.now)
-            self._fair_share_written_at = step.now
-
-    def _note_resume_refusals(self, step: Step) -> None:
-        """Remember this step's resumes refused by their owner's caps (their rows are rewritten with it); forget
-        those of sessions no longer parked."""
-        for message, why in step.ignored:
-            if isinstance(message, ChangeSession) and isinstance(why, OverCap):
-                self.resume_refused[message.job_id] = f"resume refused: {why}"[:1000]
-                step.touched_jobs.add(message.job_id)
-        for job_id in [j for j in self.resume_refused if getattr(self.state.jobs.get(j), "state", None) != "parked"]:
-            del self.resume_refused[job_id]
-
-    def _stamped(self, message: Message) -> Message:
-        """A command carries the epoch of the leader that decided it (``leader_epoch``; executors refuse older
-        ones); other messages go as they are."""
-        if self.leader_epoch and "leader_epoch" in type(message).model_fields:
-            return message.model_copy(update={"leader_epoch": self.leader_epoch})
-        return message
 
     def _after_commit(self, step: Step, tick: bool) -> None:
         metrics.observe_step(step, self.state)
@@ -439,7 +375,3 @@ class SchedulerService:
 
         self._snapshot_task = asyncio.create_task(write(), name="snapshot")
 
-
-def _encoded(logged: object, message: Message) -> bytes:
-    """The body of ``message``: the JSON it was logged with, if it was logged in this step."""
-    return logged.encode() if isinstance(logged, str) else encode(message)

@@ -64,6 +64,17 @@ class LeadershipLost(Exception):
     """This instance is no longer the leader (another epoch holds the lease, or it could not renew in time)."""
 
 
+FENCE_EPOCH = "(SELECT epoch FROM scheduler_leadership WHERE id = 1 FOR SHARE)"
+"""The fence as an expression (a scalar sub-select, so that a batch's first statement can carry it beside its
+reads): the lease row's epoch, the row locked FOR SHARE until the transaction ends (a takeover waits for it)."""
+
+
+def check_fence(epoch: int, current: int | None) -> None:
+    """Raise ``LeadershipLost`` unless ``current`` (``FENCE_EPOCH`` read in the write transaction) is ``epoch``."""
+    if current != epoch:
+        raise LeadershipLost(f"epoch {epoch} was superseded by epoch {current}")
+
+
 @dataclass
 class LeaderLease:
     """One instance's side of the lease. ``acquire`` as a standby, then ``keep`` beside the work and ``fence``
@@ -241,9 +252,7 @@ class LeaderLease:
     async def fence(self, conn: Any) -> None:
         """Inside a write transaction on ``conn``: raise ``LeadershipLost`` unless the lease still holds this
         epoch. The row stays locked (FOR SHARE) until that transaction ends, so no takeover lands in between."""
-        current = await conn.fetchval("SELECT epoch FROM scheduler_leadership WHERE id = 1 FOR SHARE")
-        if current != self.epoch:
-            raise LeadershipLost(f"epoch {self.epoch} was superseded by epoch {current}")
+        check_fence(self.epoch, await conn.fetchval(f"SELECT {FENCE_EPOCH}"))
 
     async def release(self) -> None:
         """End this epoch's lease now and let go of the session lock (best effort: if the database cannot be

@@ -110,14 +110,6 @@ async def write_reservations(conn: Any, events: Iterable[Message]) -> None:
                                "WHERE reservation_id = $1", event.reservation_id, event.reason)
 
 
-async def known_submissions(conn: Any, job_ids: list[uuid.UUID]) -> set[uuid.UUID]:
-    """Which of these job ids the read model already holds (accepted or rejected before)."""
-    if not job_ids:
-        return set()
-    rows = await conn.fetch("SELECT job_id FROM jobs WHERE job_id = ANY($1::uuid[])", job_ids)
-    return {r["job_id"] for r in rows}
-
-
 async def observed_peaks(conn: Any, names: list[str]) -> dict[str, int]:
     """Job name -> the largest GPU memory (MiB) earlier jobs of that name used (telemetry's rollups). Raises
     asyncpg's errors when telemetry's tables are missing or not readable."""
