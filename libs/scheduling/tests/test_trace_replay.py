@@ -98,10 +98,10 @@ def test_skipping_idle_ticks_changes_nothing_but_the_cost() -> None:
         specs = trace_replay._Specs(tiers=True)
         sims = [harness.submit(specs.of(job.request, job.runtime), at=job.arrival, runtime_s=job.runtime)
                 for job in jobs]
-        steps = []
-        harness.observers.append(lambda step, h: steps.append(step.now))
+        steps: list[float] = []
+        harness.observers.append(lambda step, h, steps=steps: steps.append(step.now))
         harness.run()
         runs[skip] = ([(s.started_at, s.ended_at, s.preemptions, s.state) for s in sims], len(steps))
     assert runs[True][0] == runs[False][0]
-    assert any(started is not None and started > job.arrival for (started, *_), job in zip(runs[True][0], jobs))
+    assert any(started is not None and started > job.arrival for (started, *_), job in zip(runs[True][0], jobs, strict=True))
     assert runs[True][1] * 5 < runs[False][1]
