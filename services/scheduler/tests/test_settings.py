@@ -58,3 +58,11 @@ def test_a_tenants_idle_park_time_comes_from_the_identity_map_then_the_settings(
     identity.write_text(json.dumps({"identities": {}, "session_idle_park_s": {"lab": 5}}))
     with pytest.raises(SettingsError, match="GPUORCH_IDENTITY_MAP: "):
         Settings.load(env)
+
+
+def test_the_core_bench_times_the_step_under_the_services_collector_thresholds() -> None:
+    """``gpuctl bench core`` keeps a copy of the thresholds (gpuctl imports no service package): the same values."""
+    from gpuorch_gpuctl_ops.bench_core import SERVICE_GC_THRESHOLD
+    from gpuorch_scheduler.relay import GC_THRESHOLD
+
+    assert SERVICE_GC_THRESHOLD == GC_THRESHOLD

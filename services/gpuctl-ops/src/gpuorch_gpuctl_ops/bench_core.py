@@ -35,8 +35,8 @@ from gpuorch_scheduling.state import SchedulerState
 UNLIMITED = SchedulerConfig(queues=QueuePolicy(max_queued_per_tenant=10**9, submission_burst=10**9))
 """No admission limit: every job of the burst is admitted (the service's per-tenant rate would refuse most)."""
 SERVICE_GC_THRESHOLD = (50_000, 20, 100)
-"""The collector's thresholds the scheduler service runs with (``gpuorch_scheduler.entrypoint.main``): the step is
-timed under them, as the service runs it."""
+"""The collector's thresholds the scheduler service runs with (``gpuorch_scheduler.relay.GC_THRESHOLD``; a copy,
+as gpuctl imports no service package, kept equal by a test): the step is timed under them, as the service runs it."""
 SPEC = JobSpec(run=ProcessRun(argv=["python", "-c", "pass"]), resources=GpuRequest(gpus=1), cpu_milli=4000,
                memory_mib=16384)
 

@@ -97,6 +97,17 @@ class StepWriter:
             self.fair_share_written_at = step.now
         return [p for p in positions if p is not None]
 
+    def writes_nothing(self, step: Step, *, unwritten: set[str], resume_refused: dict[Any, str]) -> bool:
+        """Whether ``write`` would write nothing for ``step`` (checked in the same terms as ``write``, kept beside
+        it): no event, nothing to publish, no read-model row, no isolation row of a known node in ``unwritten``, no
+        fair-share row due. Notes the step's refused resumes first (``note_resume_refusals``; they touch rows)."""
+        state = self.scheduler.state
+        note_resume_refusals(step, state, resume_refused)
+        return not (step.events or step.outgoing or step.touched_jobs or step.touched_nodes or step.rejected
+                    or step.submitted or step.mig_changed or unwritten & state.nodes.keys()
+                    or any(e.TYPE.startswith("reservation.") for e in step.decided)
+                    or step.now - self.fair_share_written_at >= readmodels.FAIR_SHARE_EVERY_S)
+
     def _stamped(self, message: Message) -> Message:
         """A command carries the epoch of the leader that decided it; other messages go as they are."""
         if self.leader_epoch and "leader_epoch" in type(message).model_fields:

@@ -68,7 +68,7 @@ from gpuorch_scheduler.batcher import Batcher
 from gpuorch_scheduler.handlers import STREAM, Persistence, SchedulerService
 from gpuorch_scheduler.journal import JournalFile
 from gpuorch_scheduler.leadership import CONNECTION_LOST, LeaderLease, LeadershipLost
-from gpuorch_scheduler.relay import relay_process
+from gpuorch_scheduler.relay import GC_THRESHOLD, relay_process
 from gpuorch_scheduler.settings import Settings
 
 log = get_logger(__name__)
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(argv if argv is not None else sys.argv[1:])
     # Each batch allocates many short-lived objects beside a large long-lived state: collect the young generation
     # less often (the state itself is frozen out of collections after recovery).
-    gc.set_threshold(50_000, 20, 100)
+    gc.set_threshold(*GC_THRESHOLD)
     configure("scheduler", log_level=settings.log_level, otlp_endpoint=settings.otlp_endpoint,
               instance=settings.instance)
     start_metrics_server(settings.metrics_port)

@@ -54,7 +54,7 @@ from gpuorch_store import (
 )
 
 from gpuorch_scheduler import metrics, readmodels, tracing
-from gpuorch_scheduler.commit import STREAM, StepWriter, note_resume_refusals, read_known
+from gpuorch_scheduler.commit import STREAM, StepWriter, read_known
 from gpuorch_scheduler.journal import JournalFile
 from gpuorch_scheduler.leadership import CONNECTION_LOST, LeadershipLost
 
@@ -324,15 +324,11 @@ class SchedulerService:
             self._events_since_snapshot and now - self._last_snapshot_at >= self.persistence.snapshot_every_s)
 
     def _writes_nothing(self, step: Step) -> bool:
-        """Whether ``_write_step`` would write nothing for ``step`` (an idle tick: no event, nothing to publish, no
-        read-model row, no snapshot due; what ``StepWriter.write`` writes, checked in the same terms). Such a step
-        is committed without a transaction (the fence guards writes; there are none)."""
-        note_resume_refusals(step, self.state, self.resume_refused)
-        return not (step.events or step.outgoing or step.touched_jobs or step.touched_nodes or step.rejected
-                    or step.submitted or step.mig_changed or self._isolation_unwritten & self.state.nodes.keys()
-                    or any(e.TYPE.startswith("reservation.") for e in step.decided)
-                    or step.now - self._writer.fair_share_written_at >= readmodels.FAIR_SHARE_EVERY_S
-                    or self._snapshot_due(step.now))
+        """Whether ``_write_step`` would write nothing for ``step`` (an idle tick: ``StepWriter.writes_nothing``
+        and no snapshot due). Such a step is committed without a transaction (the fence guards writes; there are
+        none)."""
+        return self._writer.writes_nothing(step, unwritten=self._isolation_unwritten,
+                                           resume_refused=self.resume_refused) and not self._snapshot_due(step.now)
 
     def _after_commit(self, step: Step, tick: bool) -> None:
         metrics.observe_step(step, self.state)

@@ -31,6 +31,10 @@ from gpuorch_messaging import Broker
 from gpuorch_observability import configure, get_logger, shutdown_tracing
 from gpuorch_store import OutboxRelay
 
+GC_THRESHOLD = (50_000, 20, 100)
+"""The collector's thresholds of the scheduler's processes (``entrypoint.main`` and the relay's): a batch allocates
+many short-lived objects beside a large long-lived state, so the young generation is collected less often."""
+
 log = get_logger(__name__)
 
 
@@ -57,7 +61,7 @@ async def _relay(amqp_url: str, database_url: str, producer: str, node_scopes: M
     relay = OutboxRelay(pool, broker, poll_interval=0.5, batch_size=1000, pipeline=True)
     gc.collect()
     gc.freeze()  # long-lived from here on: no later collection traverses it
-    gc.set_threshold(50_000, 20, 100)
+    gc.set_threshold(*GC_THRESHOLD)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, relay.stop)
     running = asyncio.create_task(relay.run_forever(), name="outbox-relay")
