@@ -18,7 +18,8 @@ from gpuorch_gpuctl_ops.bench_recovery import read_restart
 E2E_KEYS = {"nodes", "offered_per_s", "jobs", "placed", "placements_per_s", "p50_ms", "p99_ms", "raw_p50_ms",
             "raw_p99_ms", "overhead_ratio_p50", "scheduler_cpu_s", "cpu_ms_per_message", "scheduler_rss_mib",
             "floor_placements_per_s", "floor_p50_ms", "floor_p99_ms", "floor_ratio", "floor_cpu_ms_per_message",
-            "idle_cpu_ms_per_node_s", "relay_cpu_ms_per_message", "fleet_idle_cpu_pct", "fleet_cpu_pct"}
+            "idle_cpu_ms_per_node_s", "relay_cpu_ms_per_message", "fleet_idle_cpu_pct", "fleet_cpu_pct",
+            "machine_busy_pct", "idle_machine_busy_pct", "broker_cpu_pct", "database_cpu_pct", "bench_cpu_pct"}
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -38,6 +39,8 @@ def test_e2e_places_every_submitted_job_and_reports_the_raw_baseline_and_the_flo
     assert result["placed"] == result["jobs"] == 20
     assert result["duplicate_launches"] == 0
     assert result["raw_received"] == 20
+    assert 0 < result["machine_busy_pct"] <= 100  # what shares the machine is reported beside the figures
+    assert result["broker_cpu_pct"] > 0 and result["database_cpu_pct"] > 0  # both local here, and both worked
     assert result["floor_received"] == result["floor_messages"] == 20
     assert isinstance(result["floor_placements_per_s"], float) and result["floor_placements_per_s"] > 0
     assert result["floor_ratio"] == round(result["placements_per_s"] / result["floor_placements_per_s"], 2)

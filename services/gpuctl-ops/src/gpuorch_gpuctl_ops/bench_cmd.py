@@ -106,7 +106,10 @@ def e2e(
     the window; cpu_ms_per_message_net subtracts the idle rate, scheduler_idle_cpu_pct, measured over --idle-s
     before submitting; idle_cpu_ms_per_node_s is that idle rate per node; relay_cpu_ms_per_message is the part of
     its outbox-relay child), its peak RSS (MiB), and the simulated fleet's own CPU (fleet_idle_cpu_pct over
-    --idle-s, fleet_cpu_pct over the submit window; % of one core).
+    --idle-s, fleet_cpu_pct over the submit window; % of one core). What else shares the machine, over the submit
+    window and (idle_ prefix) over --idle-s: machine_busy_pct (% of all cores), broker_cpu_pct and
+    database_cpu_pct (a local RabbitMQ and PostgreSQL, % of one core; null when not local) and bench_cpu_pct (this
+    command's publisher and receiver, submit window only).
     """
     from gpuorch_gpuctl_ops.bench_e2e import E2eParameters, run_e2e
 

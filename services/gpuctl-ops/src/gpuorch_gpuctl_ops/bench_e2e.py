@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gpuorch_gpuctl_ops.bench_baselines import bare_floor, raw_two_hops
-from gpuorch_gpuctl_ops.bench_scratch import ProcessMeter, ScratchServers, machine, progress
+from gpuorch_gpuctl_ops.bench_scratch import MachineCpu, ProcessMeter, ScratchServers, machine, progress
 from gpuorch_gpuctl_ops.bench_traffic import Arrivals, ms, percentile, publish_paced, submit_bodies
 
 GPUS_PER_NODE = 8
@@ -130,7 +131,9 @@ async def _e2e(stack: Any, params: E2eParameters, amqp_url: str, dsn: str, floor
         registration_s = await _fleet_registered(stack, params, dsn)
         fleet = ProcessMeter(stack.processes["node-agent"].popen.pid)
         idle_cpu0, fleet_cpu0, idle_t0 = meter.cpu_s(), fleet.cpu_s(), time.monotonic()
+        idle_machine0 = MachineCpu.now()
         await asyncio.sleep(params.idle_s)
+        idle_machine = MachineCpu.now().since(idle_machine0, "idle_")
         idle_elapsed = max(time.monotonic() - idle_t0, 1e-9)
         idle_cpu_pct = 100 * (meter.cpu_s() - idle_cpu0) / idle_elapsed
         fleet_idle_cpu_pct = 100 * (fleet.cpu_s() - fleet_cpu0) / idle_elapsed
@@ -152,6 +155,7 @@ async def _e2e(stack: Any, params: E2eParameters, amqp_url: str, dsn: str, floor
         publishing = await connection.channel(publisher_confirms=True, on_return_raises=True)
         submit = await publishing.get_exchange(SUBMIT_EXCHANGE)  # declared by the scheduler's broker
         cpu0, main_cpu0, fleet_cpu0 = meter.cpu_s(), meter.cpu_s(children=False), fleet.cpu_s()
+        machine0, bench0 = MachineCpu.now(), ProcessMeter(os.getpid()).cpu_s(children=False)
         meter.start_sampling()
         first_submit = time.perf_counter()
         watcher = asyncio.create_task(_report_progress(arrivals, params.jobs))
@@ -165,6 +169,8 @@ async def _e2e(stack: Any, params: E2eParameters, amqp_url: str, dsn: str, floor
         cpu_s, main_cpu_s = meter.cpu_s() - cpu0, meter.cpu_s(children=False) - main_cpu0
         fleet_cpu_s = fleet.cpu_s() - fleet_cpu0
         window_s = time.perf_counter() - first_submit
+        window_machine = MachineCpu.now().since(machine0, "")
+        bench_cpu_s = ProcessMeter(os.getpid()).cpu_s(children=False) - bench0
         await meter.stop_sampling()
         high_water = meter.high_water_rss()
     finally:
@@ -194,6 +200,8 @@ async def _e2e(stack: Any, params: E2eParameters, amqp_url: str, dsn: str, floor
         "cpu_ms_per_message_net": round(1000 * max(cpu_s - idle_cpu_pct / 100 * window_s, 0.0) / params.jobs, 3),
         "fleet_idle_cpu_pct": round(fleet_idle_cpu_pct, 1),
         "fleet_cpu_pct": round(100 * fleet_cpu_s / max(window_s, 1e-9), 1),
+        "bench_cpu_pct": round(100 * bench_cpu_s / max(window_s, 1e-9), 1),
+        **window_machine, **idle_machine,
         "scheduler_rss_mib": round(meter.peak_rss / 2**20, 1),
         "scheduler_rss_hwm_mib": round(high_water / 2**20, 1) if high_water else None,
     }

@@ -83,6 +83,49 @@ class ScratchServers:
             await conn.close()
 
 
+@dataclass(frozen=True)
+class MachineCpu:
+    """CPU seconds of the whole machine (busy: neither idle nor waiting on I/O) and of the local broker
+    (``beam.smp``) and database (every ``postgres`` process) at one instant; ``since`` turns two into percentages.
+    A broker or database on another machine counts as 0 (the figures then say so: ``None``)."""
+
+    at: float
+    busy_s: float
+    broker_s: float | None
+    database_s: float | None
+
+    @classmethod
+    def now(cls) -> MachineCpu:
+        import psutil
+
+        times = psutil.cpu_times()
+        busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
+        broker = database = 0.0
+        seen_broker = seen_database = False
+        for process in psutil.process_iter(["name", "cpu_times"]):
+            name, cpu = process.info["name"], process.info["cpu_times"]
+            if cpu is None:
+                continue
+            if name == "beam.smp":
+                broker, seen_broker = broker + cpu.user + cpu.system, True
+            elif name == "postgres":
+                database, seen_database = database + cpu.user + cpu.system, True
+        return cls(time.monotonic(), busy, broker if seen_broker else None, database if seen_database else None)
+
+    def since(self, earlier: MachineCpu, prefix: str) -> dict[str, float | None]:
+        """``<prefix>machine_busy_pct`` (% of all cores), ``<prefix>broker_cpu_pct`` and
+        ``<prefix>database_cpu_pct`` (% of one core) between ``earlier`` and this instant."""
+        elapsed = max(self.at - earlier.at, 1e-9)
+
+        def pct(now: float | None, then: float | None) -> float | None:
+            return round(100 * (now - then) / elapsed, 1) if now is not None and then is not None else None
+
+        return {f"{prefix}machine_busy_pct": round(100 * (self.busy_s - earlier.busy_s) / elapsed
+                                                   / (os.cpu_count() or 1), 1),
+                f"{prefix}broker_cpu_pct": pct(self.broker_s, earlier.broker_s),
+                f"{prefix}database_cpu_pct": pct(self.database_s, earlier.database_s)}
+
+
 @dataclass
 class ProcessMeter:
     """CPU seconds and resident memory of one process and its children (the scheduler's outbox relay runs in a
