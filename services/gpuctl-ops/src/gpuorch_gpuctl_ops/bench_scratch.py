@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672"
 DEFAULT_AMQP_ADMIN = "http://guest:guest@127.0.0.1:15672"
@@ -85,45 +85,42 @@ class ScratchServers:
 
 @dataclass(frozen=True)
 class MachineCpu:
-    """CPU seconds of the whole machine (busy: neither idle nor waiting on I/O) and of the local broker
-    (``beam.smp``) and database (every ``postgres`` process) at one instant; ``since`` turns two into percentages.
-    A broker or database on another machine counts as 0 (the figures then say so: ``None``)."""
+    """CPU seconds of the whole machine (busy: neither idle nor waiting on I/O) and of each process of the local
+    broker (``beam.smp``) and database (``postgres``) at one instant; ``since`` turns two into percentages. A
+    process that ends between the two instants is not counted (a database backend that closed), one that started
+    counts whole."""
 
     at: float
     busy_s: float
-    broker_s: float | None
-    database_s: float | None
+    processes: dict[tuple[str, int], float]
+    """(name, pid) -> user + system CPU seconds."""
+
+    WATCHED: ClassVar[dict[str, str]] = {"beam.smp": "broker", "postgres": "database"}
 
     @classmethod
     def now(cls) -> MachineCpu:
         import psutil
 
         times = psutil.cpu_times()
-        busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
-        broker = database = 0.0
-        seen_broker = seen_database = False
+        processes: dict[tuple[str, int], float] = {}
         for process in psutil.process_iter(["name", "cpu_times"]):
             name, cpu = process.info["name"], process.info["cpu_times"]
-            if cpu is None:
-                continue
-            if name == "beam.smp":
-                broker, seen_broker = broker + cpu.user + cpu.system, True
-            elif name == "postgres":
-                database, seen_database = database + cpu.user + cpu.system, True
-        return cls(time.monotonic(), busy, broker if seen_broker else None, database if seen_database else None)
+            if name in cls.WATCHED and cpu is not None:
+                processes[(name, process.pid)] = cpu.user + cpu.system
+        return cls(time.monotonic(), sum(times) - times.idle - getattr(times, "iowait", 0.0), processes)
 
     def since(self, earlier: MachineCpu, prefix: str) -> dict[str, float | None]:
         """``<prefix>machine_busy_pct`` (% of all cores), ``<prefix>broker_cpu_pct`` and
-        ``<prefix>database_cpu_pct`` (% of one core) between ``earlier`` and this instant."""
+        ``<prefix>database_cpu_pct`` (% of one core; None when no such process runs here) between ``earlier`` and
+        this instant."""
         elapsed = max(self.at - earlier.at, 1e-9)
-
-        def pct(now: float | None, then: float | None) -> float | None:
-            return round(100 * (now - then) / elapsed, 1) if now is not None and then is not None else None
-
-        return {f"{prefix}machine_busy_pct": round(100 * (self.busy_s - earlier.busy_s) / elapsed
-                                                   / (os.cpu_count() or 1), 1),
-                f"{prefix}broker_cpu_pct": pct(self.broker_s, earlier.broker_s),
-                f"{prefix}database_cpu_pct": pct(self.database_s, earlier.database_s)}
+        figures: dict[str, float | None] = {
+            f"{prefix}machine_busy_pct": round(min(100.0, 100 * (self.busy_s - earlier.busy_s) / elapsed
+                                                   / (os.cpu_count() or 1)), 1)}
+        for name, role in self.WATCHED.items():
+            spent = [cpu - earlier.processes.get(key, 0.0) for key, cpu in self.processes.items() if key[0] == name]
+            figures[f"{prefix}{role}_cpu_pct"] = round(100 * sum(spent) / elapsed, 1) if spent else None
+        return figures
 
 
 @dataclass
