@@ -88,6 +88,9 @@ def e2e(
     floor: Annotated[bool, typer.Option(help="also measure the bare broker+database floor (the scheduler's path "
                                              "with no scheduling)")] = True,
     heartbeat_s: Annotated[float, typer.Option(help="seconds between heartbeats of each simulated node")] = 10.0,
+    fleet_nice: Annotated[int, typer.Option(
+        min=0, max=19, help="niceness of the simulated fleet's process (it stands in for remote machines: above 0 it "
+                            "takes the CPU the measured services leave; its own CPU is reported either way)")] = 0,
     scheduler_log_level: Annotated[str, typer.Option(help="the scheduler's GPUORCH_LOG_LEVEL")] = "WARNING",
     amqp: AmqpOpt = DEFAULT_AMQP,
     amqp_admin: AmqpAdminOpt = DEFAULT_AMQP_ADMIN,
@@ -114,7 +117,7 @@ def e2e(
     from gpuorch_gpuctl_ops.bench_e2e import E2eParameters, run_e2e
 
     params = E2eParameters(nodes=nodes, rate=rate, jobs=jobs, timeout_s=timeout_s, idle_s=idle_s,
-                           register_timeout_s=register_timeout_s, heartbeat_s=heartbeat_s,
+                           register_timeout_s=register_timeout_s, heartbeat_s=heartbeat_s, fleet_nice=fleet_nice,
                            scheduler_log_level=scheduler_log_level, raw=raw, floor=floor)
     try:
         result = run_e2e(params, ScratchServers(amqp, amqp_admin, pg_admin))
