@@ -218,3 +218,26 @@ def test_lazy_gpus_send_the_same_heartbeats_and_build_them_only_when_carried() -
         assert [m.model_dump(exclude=strip) for m in got] == [m.model_dump(exclude=strip) for m in expected]
     # the first, the change to 50, the 4th unchanged one after it, the change back to 0
     assert builds == carried == 4
+
+
+def test_a_gpus_live_state_is_rebuilt_when_its_reading_changes_and_reused_while_it_does_not() -> None:
+    """The agent keeps the last ``GpuLive`` per GPU: an unchanged reading reuses it (the same immutable model), a
+    changed one (utilisation, memory, power, temperature or health) is sent with its new values."""
+    from gpuorch_node_agent.sim.processes import DeclaredUsage, SimProcess
+
+    (agent,) = _agents("h100x8:1")
+    agent.start()
+    first = agent.heartbeat_messages()[-1]
+    agent.heartbeat.forget_sent()
+    again = agent.heartbeat_messages()[-1]
+    assert first.gpus and [g.model_dump() for g in again.gpus] == [g.model_dump() for g in first.gpus]
+    assert all(a is b for a, b in zip(again.gpus, first.gpus, strict=True))  # reused, not rebuilt
+    uuid = agent.uuid_of(3)
+    agent.nvml.processes.by_uuid = {uuid: [SimProcess(4242, DeclaredUsage(util_pct=80.0, mem_mib=20_000))]}
+    busy = agent.heartbeat_messages()[-1]
+    assert busy.gpus[3].utilization_pct == 80.0 and busy.gpus[3].memory_used_mib == 20_000
+    assert busy.gpus[3].power_w > first.gpus[3].power_w and busy.gpus[3].temperature_c > first.gpus[3].temperature_c
+    assert all(busy.gpus[i] is first.gpus[i] for i in range(8) if i != 3)
+    agent.nvml.processes.by_uuid = {}
+    idle = agent.heartbeat_messages()[-1]
+    assert idle.gpus[3].model_dump() == first.gpus[3].model_dump()
