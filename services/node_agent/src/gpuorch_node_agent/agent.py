@@ -7,6 +7,10 @@ Contract:
   ``NodeRegistered`` if the inventory hash changed since the last one sent, then ``NodeHeartbeat``;
 - ``on_nvml_event`` turns one NVML event into a ``GpuHealthChanged`` to publish at once (or ``None``);
 - every method runs on one thread (the event loop's); the NVML event thread only forwards events to it.
+
+Per heartbeat (a fleet process runs thousands: issue 25) the agent hashes an inventory once (not on every beat),
+builds the GPUs' ``GpuLive`` models only for a heartbeat that carries them, and reuses a GPU's model while its
+reading is unchanged; what is sent is the same.
 """
 
 from __future__ import annotations

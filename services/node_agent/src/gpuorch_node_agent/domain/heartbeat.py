@@ -31,7 +31,6 @@ from gpuorch_contracts import GpuLive, Message, NodeHeartbeat, NodeInventory, No
 
 from gpuorch_node_agent.domain.inventory import inventory_hash
 
-
 Judged = tuple[tuple[int, float | None, str], ...]
 """(index, utilisation, health) of each GPU: what decides whether a heartbeat carries ``gpus``."""
 
