@@ -421,6 +421,46 @@ async def test_a_batch_is_published_in_order_with_one_outcome_per_message(amqp_u
         await broker.close()
 
 
+async def test_publish_many_sends_what_publish_sends_in_one_batch_and_retries_what_the_batch_lost(
+        amqp_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``publish_many`` (the node-agent fleet's path): every message arrives once, in order, with the body and AMQP
+    properties ``publish`` gives it; an unroutable one fails the call (``PublishRefused`` as the cause) without
+    stopping the others; messages the batch could not get confirmed go again through ``publish``'s retrying path."""
+    from gpuorch_contracts import NodeHeartbeat
+    from gpuorch_messaging.publishing import ConfirmedPublisher
+
+    broker = Broker(amqp_url, producer="test", identity="trust_all")
+    await broker.connect()
+    try:
+        await broker.declare_queue(QueueSpec("many.beats", [(EVENTS_EXCHANGE, "node.heartbeat")]))
+        beats = [NodeHeartbeat(node_id=f"n{i}", inventory_hash="h", sequence=i) for i in range(6)]
+        await broker.publish(beats[0])
+        await broker.publish_many(beats[1:4])
+        with pytest.raises(PublishError) as failed:
+            await broker.publish_many([beats[4], StopJob(node_id="nowhere", job_id=uuid.uuid4(),
+                                                         placement_id=uuid.uuid4())])
+        assert isinstance(failed.value.__cause__, PublishRefused) and "unroutable" in str(failed.value)
+        calls: list[int] = []
+
+        async def lose_the_batch(self: ConfirmedPublisher, messages: Any) -> list[BaseException | None]:
+            calls.append(len(messages))
+            return [PublishError("not confirmed in time")] * len(messages)
+
+        monkeypatch.setattr(ConfirmedPublisher, "publish_raw_batch", lose_the_batch)
+        await broker.publish_many(beats[5:])
+        assert calls == [1]
+        got = await _drain(amqp_url, "many.beats", 6)
+        assert [m.message_id for m in got] == [str(b.message_id) for b in beats]
+        assert [decode(m.body) for m in got] == [b.model_copy(update={"producer": "test"}) for b in beats]
+        first = got[0]
+        for m in got[1:]:
+            assert (m.content_type, m.delivery_mode, m.app_id, m.user_id, m.priority, m.headers) == (
+                first.content_type, first.delivery_mode, first.app_id, first.user_id, first.priority, first.headers)
+        assert first.headers["type"] == "node.heartbeat" and first.user_id == "guest"
+    finally:
+        await broker.close()
+
+
 async def test_coalesced_acks_ack_every_handled_delivery_and_leave_a_failed_one_for_redelivery(amqp_url: str) -> None:
     """Deliveries handled in one turn of the loop are acked together; one whose handler fails is nacked on its own
     and comes again; once the consumer is gone nothing is left unacked (all would be back in the queue)."""

@@ -154,3 +154,90 @@ def test_heartbeats_carry_the_gpus_state_when_utilisation_or_health_changed_and_
     assert changed.gpus and changed.gpus[0].health == "unhealthy"
     agent.heartbeat.forget_sent()
     assert next(m for m in agent.heartbeat_messages() if isinstance(m, NodeHeartbeat)).gpus
+
+
+def test_the_hash_sent_is_the_current_inventorys_although_it_is_computed_once_per_inventory(monkeypatch) -> None:
+    """The agent hashes an inventory once (issue 25: not on every heartbeat), but a rebuilt or replaced inventory
+    is hashed again: the hash sent always equals ``inventory_hash`` of the inventory in force."""
+    from gpuorch_node_agent import agent as agent_module
+    from gpuorch_node_agent.domain.inventory import inventory_hash
+
+    calls: list[object] = []
+
+    def counting(inventory):
+        calls.append(inventory)
+        return inventory_hash(inventory)
+
+    monkeypatch.setattr(agent_module, "inventory_hash", counting)
+    (agent,) = _agents("h100x8:1")
+    agent.start()
+    beats = [agent.heartbeat_messages() for _ in range(10)]
+    assert len(calls) == 1  # ten heartbeats, one inventory, one hash
+    first_hash = beats[0][-1].inventory_hash
+    assert all(b[-1].inventory_hash == first_hash == inventory_hash(agent.inventory) for b in beats)
+    agent.nvml.inject_xid(2, 74)  # an NVLink error: the GPU turns unhealthy, the inventory is rebuilt
+    agent.on_nvml_event(agent.uuid_of(2), 0x8, 74)
+    rebuilt = agent.heartbeat_messages()
+    registered = next(m for m in rebuilt if isinstance(m, NodeRegistered))
+    assert registered.inventory_hash != first_hash
+    assert registered.inventory_hash == rebuilt[-1].inventory_hash == inventory_hash(agent.inventory)
+    assert registered.inventory.gpus[2].health == "unhealthy"
+    assert len(calls) == 2
+    agent.inventory = agent.inventory.model_copy(update={"labels": {"rack": "r9"}})  # replaced from outside
+    replaced = agent.heartbeat_messages()
+    assert [type(m) for m in replaced] == [NodeRegistered, NodeHeartbeat]
+    assert replaced[-1].inventory_hash == inventory_hash(agent.inventory) != registered.inventory_hash
+
+
+def test_lazy_gpus_send_the_same_heartbeats_and_build_them_only_when_carried() -> None:
+    """``HeartbeatState.messages`` with ``LazyGpus`` (and a given digest) sends what it sends with the built list;
+    the builder runs only for heartbeats that carry ``gpus``."""
+    from gpuorch_contracts import GpuLive, NodeInventory
+    from gpuorch_node_agent.domain.heartbeat import HeartbeatState, LazyGpus, judge
+    from gpuorch_node_agent.domain.inventory import inventory_hash
+
+    inventory = NodeInventory(node_id="n1", cpu_milli=1000, memory_mib=1024)
+    readings = [[GpuLive(index=0, utilization_pct=u, power_w=100.0 + i), GpuLive(index=1, utilization_pct=0.0)]
+                for i, u in enumerate([0.0, 0.0, 50.0, 50.0, 50.0, 50.0, 50.0, 50.0, 50.0, 0.0])]
+    plain, lazy = HeartbeatState("n1", gpus_every=4), HeartbeatState("n1", gpus_every=4)
+    builds = 0
+
+    def builder(gpus):
+        def build():
+            nonlocal builds
+            builds += 1
+            return gpus
+        return build
+
+    carried = 0
+    for gpus in readings:
+        expected = plain.messages(inventory, gpus)
+        carried += bool(expected[-1].gpus)
+        got = lazy.messages(inventory, LazyGpus(judge(gpus), builder(gpus)), digest=inventory_hash(inventory))
+        strip = {"message_id", "occurred_at"}
+        assert [m.model_dump(exclude=strip) for m in got] == [m.model_dump(exclude=strip) for m in expected]
+    # the first, the change to 50, the 4th unchanged one after it, the change back to 0
+    assert builds == carried == 4
+
+
+def test_a_gpus_live_state_is_rebuilt_when_its_reading_changes_and_reused_while_it_does_not() -> None:
+    """The agent keeps the last ``GpuLive`` per GPU: an unchanged reading reuses it (the same immutable model), a
+    changed one (utilisation, memory, power, temperature or health) is sent with its new values."""
+    from gpuorch_node_agent.sim.processes import DeclaredUsage, SimProcess
+
+    (agent,) = _agents("h100x8:1")
+    agent.start()
+    first = agent.heartbeat_messages()[-1]
+    agent.heartbeat.forget_sent()
+    again = agent.heartbeat_messages()[-1]
+    assert first.gpus and [g.model_dump() for g in again.gpus] == [g.model_dump() for g in first.gpus]
+    assert all(a is b for a, b in zip(again.gpus, first.gpus, strict=True))  # reused, not rebuilt
+    uuid = agent.uuid_of(3)
+    agent.nvml.processes.by_uuid = {uuid: [SimProcess(4242, DeclaredUsage(util_pct=80.0, mem_mib=20_000))]}
+    busy = agent.heartbeat_messages()[-1]
+    assert busy.gpus[3].utilization_pct == 80.0 and busy.gpus[3].memory_used_mib == 20_000
+    assert busy.gpus[3].power_w > first.gpus[3].power_w and busy.gpus[3].temperature_c > first.gpus[3].temperature_c
+    assert all(busy.gpus[i] is first.gpus[i] for i in range(8) if i != 3)
+    agent.nvml.processes.by_uuid = {}
+    idle = agent.heartbeat_messages()[-1]
+    assert idle.gpus[3].model_dump() == first.gpus[3].model_dump()

@@ -21,7 +21,7 @@ import contextlib
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import aio_pika
 import aio_pika.exceptions
@@ -78,11 +78,41 @@ class ConfirmedPublisher:
         MESSAGES_PUBLISHED.labels(message.TYPE).inc()
 
     async def publish_many(self, messages: Iterable[Message]) -> None:
-        """Publish concurrently; returns when every one is confirmed, raises if any was not."""
-        results = await asyncio.gather(*(self.publish(m) for m in messages), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
+        """Publish with ``publish``'s guarantees, every confirm in flight together; returns when every one is
+        confirmed, raises ``PublishError`` if any was not.
+
+        Each message is encoded once and the batch goes through ``publish_raw_batch`` (one socket write, no task per
+        message: a fleet's heartbeat batch cost a task, an aio-pika ``Message`` and a write per heartbeat). A message
+        the batch could not get confirmed for a reason that a retry may cure (no answer in time, a dropped
+        connection) is published again with ``publish_raw``'s retries (until ``publish_timeout_s``); a refusal
+        (unroutable, nacked, too large) is final, as with ``publish``."""
+        outgoing: list[_Outgoing] = []
+        for message in messages:
+            if message.producer == "unknown":
+                message = message.model_copy(update={"producer": self.producer})
+            exchange, routing_key = route(message)
+            outgoing.append(_Outgoing(exchange, routing_key, encode(message), str(message.message_id),
+                                      {"type": message.TYPE}, message.TYPE))
+        if not outgoing:
+            return
+        try:
+            outcomes = await self.publish_raw_batch(outgoing)
+        except Exception as exc:  # e.g. the channel closed under the batch's write: every one goes again below
+            outcomes = [PublishError(f"batch not written: {exc!r}")] * len(outgoing)
+        again = [k for k, outcome in enumerate(outcomes) if isinstance(outcome, PublishError) and not outcome.refused]
+        if again:
+            retried = await self._publish_each([outgoing[k] for k in again])
+            for k, outcome in zip(again, retried, strict=True):
+                outcomes[k] = outcome
+        confirmed: dict[str, int] = {}
+        for m, outcome in zip(outgoing, outcomes, strict=True):
+            if outcome is None:
+                confirmed[m.type] = confirmed.get(m.type, 0) + 1
+        for kind, count in confirmed.items():
+            MESSAGES_PUBLISHED.labels(kind).inc(count)
+        errors = [r for r in outcomes if r is not None]
         if errors:
-            raise PublishError(f"{len(errors)} of {len(results)} messages not confirmed: {errors[0]}") from errors[0]
+            raise PublishError(f"{len(errors)} of {len(outcomes)} messages not confirmed: {errors[0]}") from errors[0]
 
     async def publish_raw(
         self, exchange: str, routing_key: str, body: bytes, *, message_id: str,
@@ -231,6 +261,17 @@ class ConfirmedPublisher:
                 except TimeoutError:
                     pass
                 await asyncio.sleep(0.2)
+
+
+class _Outgoing(NamedTuple):
+    """One encoded message for ``publish_raw_batch`` (the fields of ``gpuorch_store.OutgoingMessage``) and its type."""
+
+    exchange: str
+    routing_key: str
+    body: bytes
+    message_id: str
+    headers: Mapping[str, Any]
+    type: str
 
 
 _AIORMQ_CHANNEL = ("lock", "delivery_tag", "confirmations", "message_id_delivery_tag", "write_queue", "_split_body",

@@ -7,6 +7,10 @@ Contract:
   ``NodeRegistered`` if the inventory hash changed since the last one sent, then ``NodeHeartbeat``;
 - ``on_nvml_event`` turns one NVML event into a ``GpuHealthChanged`` to publish at once (or ``None``);
 - every method runs on one thread (the event loop's); the NVML event thread only forwards events to it.
+
+Per heartbeat (a fleet process runs thousands: issue 25) the agent hashes an inventory once (not on every beat),
+builds the GPUs' ``GpuLive`` models only for a heartbeat that carries them, and reuses a GPU's model while its
+reading is unchanged; what is sent is the same.
 """
 
 from __future__ import annotations
@@ -18,15 +22,16 @@ from typing import Any
 from gpuorch_contracts import (
     ApplyMigLayout,
     GpuHealthChanged,
+    GpuLive,
     GpuUsageSampled,
     Message,
     NodeInventory,
 )
 
 from gpuorch_node_agent.domain.hardware import GpuReading, NodeHardware
-from gpuorch_node_agent.domain.health import HealthBook, HealthChange
-from gpuorch_node_agent.domain.heartbeat import HeartbeatState
-from gpuorch_node_agent.domain.inventory import build_gpu_live, build_gpu_sample, build_inventory
+from gpuorch_node_agent.domain.health import GpuHealthState, HealthBook, HealthChange
+from gpuorch_node_agent.domain.heartbeat import HeartbeatState, LazyGpus
+from gpuorch_node_agent.domain.inventory import build_gpu_live, build_gpu_sample, build_inventory, inventory_hash
 from gpuorch_node_agent.domain.mig_layout import MigProfileOffer
 from gpuorch_node_agent.domain.xid import EVENT_XID, GPU_LOST, classify_event
 from gpuorch_node_agent.host_processes import HostProcessSampler
@@ -63,6 +68,11 @@ class NodeAgent:
         self.offers: dict[int, list[MigProfileOffer]] = {}
         self.hardware: NodeHardware | None = None
         self.inventory: NodeInventory | None = None
+        self._hashed: tuple[NodeInventory, str] | None = None
+        """The inventory last hashed and its hash: hashed once per inventory object (a rebuild makes a new one)."""
+        self._live: dict[int, tuple[tuple[Any, ...], GpuLive]] = {}
+        """Per GPU index: the last ``GpuLive`` built and the reading it was built from (an unchanged reading reuses it:
+        the models are immutable)."""
         self._topology: dict[tuple[int, int], str] | None = None
         self._inventory_stale = True
         self._refreshed_at = -1e18
@@ -136,9 +146,29 @@ class NodeAgent:
         changes += self._lost_changes(readings)
         self._rebuild_inventory_if_stale()
         assert self.inventory is not None
-        live = [build_gpu_live(r, self.health.state(r.index)) for r in readings]
+        states = [self.health.state(r.index) for r in readings]
+        live = LazyGpus(  # the GpuLive models are built only for a heartbeat that carries them
+            judged=tuple((r.index, r.utilization_pct, s.health) for r, s in zip(readings, states, strict=True)),
+            build=lambda: [self._gpu_live(r, s) for r, s in zip(readings, states, strict=True)])
         return self._health_messages(changes) + self.heartbeat.messages(
-            self.inventory, live, nvml_errors=self.reader.take_failures())
+            self.inventory, live, nvml_errors=self.reader.take_failures(), digest=self.inventory_digest())
+
+    def _gpu_live(self, reading: GpuReading, state: GpuHealthState) -> GpuLive:
+        """``build_gpu_live(reading, state)``, or the equal model built last time for the same values."""
+        key = (reading.utilization_pct, reading.memory_used_mib, reading.temperature_c, reading.power_w, state.health)
+        cached = self._live.get(reading.index)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        live = build_gpu_live(reading, state)
+        self._live[reading.index] = (key, live)
+        return live
+
+    def inventory_digest(self) -> str:
+        """``inventory_hash`` of the current inventory, computed once per inventory object."""
+        assert self.inventory is not None
+        if self._hashed is None or self._hashed[0] is not self.inventory:
+            self._hashed = (self.inventory, inventory_hash(self.inventory))
+        return self._hashed[1]
 
     def usage_message(self) -> list[Message]:
         """A ``GpuUsageSampled`` for every GPU (plus health changes seen while reading); empty without GPUs."""

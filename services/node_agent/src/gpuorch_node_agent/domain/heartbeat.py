@@ -15,16 +15,36 @@
   heartbeat still goes every interval;
 - ``forget_sent`` makes the next call re-send the inventory and the GPUs' state (e.g. after the broker lost a
   publish).
+
+Cost (a fleet process runs thousands of these; issue 25): the caller may pass the inventory's hash (``digest``,
+computed once per inventory: ``NodeAgent`` hashes it when it rebuilds it) and the GPUs' state lazily (``LazyGpus``:
+the judged tuple plus a builder of the ``GpuLive`` list, called only for a heartbeat that carries ``gpus``). What is
+sent is the same either way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuorch_contracts import GpuLive, Message, NodeHeartbeat, NodeInventory, NodeRegistered
 
 from gpuorch_node_agent.domain.inventory import inventory_hash
+
+Judged = tuple[tuple[int, float | None, str], ...]
+"""(index, utilisation, health) of each GPU: what decides whether a heartbeat carries ``gpus``."""
+
+
+@dataclass(frozen=True)
+class LazyGpus:
+    """The GPUs' live state without building it: ``judged`` must equal ``judge(build())``."""
+
+    judged: Judged
+    build: Callable[[], Sequence[GpuLive]]
+
+
+def judge(gpus: Sequence[GpuLive]) -> Judged:
+    return tuple((g.index, g.utilization_pct, g.health) for g in gpus)
 
 
 @dataclass
@@ -37,26 +57,29 @@ class HeartbeatState:
     gpus_every: int = 6
     """Heartbeats between two that carry the GPUs' state although nothing the receiver judges by changed (a
     scheduler that started meanwhile learns it within this many)."""
-    sent_gpus: tuple[tuple[int, float | None, str], ...] | None = None
+    sent_gpus: Judged | None = None
     """(index, utilisation, health) of each GPU as the last heartbeat that carried ``gpus`` reported them."""
     since_gpus: int = 0
 
-    def messages(self, inventory: NodeInventory, gpus: Sequence[GpuLive], *, nvml_errors: Sequence[str] = ()
-                 ) -> list[Message]:
-        digest = inventory_hash(inventory)
+    def messages(self, inventory: NodeInventory, gpus: Sequence[GpuLive] | LazyGpus, *,
+                 nvml_errors: Sequence[str] = (), digest: str | None = None) -> list[Message]:
+        """``digest``, when given, must be ``inventory_hash(inventory)``."""
+        if digest is None:
+            digest = inventory_hash(inventory)
         out: list[Message] = []
         periodic = self.reregister_every > 0 and self.sequence > 0 and self.sequence % self.reregister_every == 0
         registered = digest != self.sent_hash or periodic
         if registered:
             out.append(NodeRegistered(inventory=inventory, inventory_hash=digest, producer=self.producer))
             self.sent_hash = digest
-        judged = tuple((g.index, g.utilization_pct, g.health) for g in gpus)
+        judged = gpus.judged if isinstance(gpus, LazyGpus) else judge(gpus)
         self.since_gpus += 1
         with_gpus = registered or judged != self.sent_gpus or self.since_gpus >= self.gpus_every
         if with_gpus:
             self.sent_gpus, self.since_gpus = judged, 0
+        carried = (list(gpus.build()) if isinstance(gpus, LazyGpus) else list(gpus)) if with_gpus else []
         out.append(NodeHeartbeat(
-            node_id=self.node_id, inventory_hash=digest, sequence=self.sequence, gpus=list(gpus) if with_gpus else [],
+            node_id=self.node_id, inventory_hash=digest, sequence=self.sequence, gpus=carried,
             nvml_errors=[e[:1024] for e in nvml_errors[:64]], producer=self.producer,
         ))
         self.sequence += 1

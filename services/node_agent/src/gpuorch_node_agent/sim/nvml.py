@@ -395,21 +395,24 @@ class SimulatedNvml:
         gpu = self._gpu(handle)
         if gpu.mig_current:
             raise _pynvml.NVMLError(_pynvml.NVML_ERROR_NOT_SUPPORTED)
-        busy = round(self._gpu_util(gpu))
-        return SimUtilization(busy, round(min(100.0, busy * 0.6)) if self._gpu_processes(gpu) else 0)
+        procs, util = self._usage(gpu)
+        busy = round(util)
+        return SimUtilization(busy, round(min(100.0, busy * 0.6)) if procs else 0)
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
         gpu = self._gpu(handle)
-        if self._throttle_reason(gpu) == "thermal":
+        procs, util = self._usage(gpu)
+        if self._throttle_reason(gpu, procs) == "thermal":
             return 92
-        return round(30 + gpu.temp_offset_c + 0.45 * self._gpu_util(gpu))
+        return round(30 + gpu.temp_offset_c + 0.45 * util)
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         gpu = self._gpu(handle)
         p = gpu.profile
-        if self._throttle_reason(gpu) == "power":
+        procs, util = self._usage(gpu)
+        if self._throttle_reason(gpu, procs) == "power":
             return int(p.power_max_w * 1000)
-        return int((p.power_idle_w + (p.power_max_w - p.power_idle_w) * self._gpu_util(gpu) / 100.0) * 1000)
+        return int((p.power_idle_w + (p.power_max_w - p.power_idle_w) * util / 100.0) * 1000)
 
     def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
         gpu = self._gpu(handle)
@@ -870,10 +873,12 @@ class SimulatedNvml:
             return min(100.0, total)
         return min(100.0, sum(self._process_util(gpu, proc) for proc, _, _ in procs))
 
-    def _throttle_reason(self, gpu: SimGpu) -> str | None:
+    def _throttle_reason(self, gpu: SimGpu,
+                         procs: list[tuple[SimProcess, int, SimMigDevice | None]] | None = None) -> str | None:
+        """``procs``: the GPU's processes if the caller has them already (``_usage``'s first part)."""
         if gpu.throttle:
             return gpu.throttle
-        for proc, _, _ in self._gpu_processes(gpu):
+        for proc, _, _ in self._gpu_processes(gpu) if procs is None else procs:
             if proc.usage.throttle:
                 return proc.usage.throttle
         return None

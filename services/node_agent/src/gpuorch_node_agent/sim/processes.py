@@ -61,22 +61,24 @@ class ProcessTable:
         self.proc_root = proc_root
         self.max_age_s = max_age_s
         self._lock = threading.Lock()
-        self._scanned_at = -1e18
-        self._by_uuid: dict[str, list[SimProcess]] = {}
+        self._current: tuple[float, dict[str, list[SimProcess]]] = (-1e18, {})
+        """(when it was scanned, the scan): replaced as one tuple, so a reader without the lock sees a matching pair."""
         self.scans = 0
 
     def snapshot(self) -> Mapping[str, list[SimProcess]]:
-        now = time.monotonic()
+        scanned_at, by_uuid = self._current
+        if time.monotonic() - scanned_at < self.max_age_s:
+            return by_uuid  # fresh: no lock (a fleet asks several times per GPU and heartbeat)
         with self._lock:
-            if now - self._scanned_at >= self.max_age_s:
-                self._by_uuid = self._scan()
-                self._scanned_at = time.monotonic()
+            if time.monotonic() - self._current[0] >= self.max_age_s:
+                found = self._scan()
+                self._current = (time.monotonic(), found)
                 self.scans += 1
-            return self._by_uuid
+            return self._current[1]
 
     def invalidate(self) -> None:
         with self._lock:
-            self._scanned_at = -1e18
+            self._current = (-1e18, self._current[1])
 
     def _scan(self) -> dict[str, list[SimProcess]]:
         found: dict[str, list[SimProcess]] = {}
