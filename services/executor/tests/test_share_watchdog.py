@@ -94,6 +94,35 @@ def test_a_share_starts_as_an_mps_client_with_its_limits_only_while_the_daemon_r
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env_of(share_job("", 1, GpuRequest(gpus=1)))  # whole GPU
 
 
+def fake_proc(root: Path, pid: int, age_s: float, state: str = "S", uptime_s: float = 1000.0) -> str:
+    """A ``/proc`` with only what the declared probe reads of a process's age: its ``stat`` (state, start ticks after
+    boot) and ``uptime``."""
+    ticks = round((uptime_s - age_s) * os.sysconf("SC_CLK_TCK"))
+    (root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / str(pid) / "stat").write_text(f"{pid} (python x) {state} " + "0 " * 18 + f"{ticks} " + "0 " * 10)
+    (root / "uptime").write_text(f"{uptime_s:.2f} 0.00\n")
+    return str(root)
+
+
+def test_the_declared_probe_resolves_a_growing_process_at_its_age_since_boot(tmp_path: Path) -> None:
+    """The age a ``mem_mib_from`` step is resolved at is uptime less the process's start (as the simulated NVML does),
+    not the wall clock less psutil's create time, which is early by the fraction of a second the boot time lost (up
+    to 1 s, fixed until a reboot): with it the watchdog saw a share grow up to a second early, by how much depending
+    on the machine's boot (0.94 s where this was found, which gave the e2e test a second of slack others lack)."""
+    import subprocess
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": GPU, "GPUORCH_SIM_USAGE": "mem_mib=100,mem_mib_from=5:5000"}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        record = PlacementRecord(placement_id=uuid.uuid4(), job_id=uuid.uuid4(), node_id=NODE, job_pid=child.pid)
+        for age, state, held in ((4.9, "S", 100), (5.0, "S", 5000), (6.0, "Z", 0)):
+            probe = DeclaredGpuMemory(proc_root=fake_proc(tmp_path / f"proc-{age}", child.pid, age, state))
+            assert probe.job_memory_mib(record) == held, (age, state)
+    finally:
+        child.kill()
+        child.wait()
+
+
 async def test_nvml_memory_counts_only_the_jobs_own_processes(tmp_path: Path) -> None:
     class FakeNvml:
         """NVML's two calls the probe makes: the job's process and a neighbour's hold memory on the GPU."""

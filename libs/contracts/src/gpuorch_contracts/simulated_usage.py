@@ -12,10 +12,16 @@ The value is a comma-separated ``key=value`` list:
 - ``throttle=thermal|power``: the GPU it runs on throttles for that reason while it runs.
 
 Unparsable values are ignored; missing keys get the reader's defaults.
+
+A process's age, for ``mem_mib_from`` (``process_start``, ``age_s``): ``/proc/uptime`` less its start time in
+``/proc/<pid>/stat``, both counted from boot, so both readers resolve a step at the same moment. Not the wall clock
+less ``psutil``'s create time: that adds the boot time read from ``/proc/stat`` (whole seconds), so it ages every
+process by the fraction of a second the boot time lost (up to 1 s; fixed until the machine reboots).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 USAGE_VARIABLE = "GPUORCH_SIM_USAGE"
@@ -78,3 +84,25 @@ def _steps(text: str) -> tuple[tuple[float, int], ...]:
         except ValueError:
             continue
     return tuple(sorted(steps))
+
+
+def process_start(pid: int | str, proc_root: str = "/proc") -> tuple[bytes, int] | None:
+    """(state letter, start time in clock ticks after boot) of a process, from ``/proc/<pid>/stat``; None when it is
+    gone or unreadable."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        fields = stat[stat.rfind(b")") + 2:].split()
+        return fields[0][:1], int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def age_s(start_ticks: int, proc_root: str = "/proc") -> float:
+    """Seconds a process that started ``start_ticks`` after boot has run (``/proc/uptime``; 0 if unreadable)."""
+    try:
+        with open(f"{proc_root}/uptime", "rb") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))

@@ -19,13 +19,12 @@ the simulated fleet runs no container engine); the watchdog then skips that samp
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
-from gpuorch_contracts.simulated_usage import USAGE_VARIABLE, parse_usage
+from gpuorch_contracts.simulated_usage import USAGE_VARIABLE, age_s, parse_usage, process_start
 from gpuorch_observability import get_logger
 
 from gpuorch_executor.domain.container_processes import container_memory_mib
@@ -59,25 +58,28 @@ class DeclaredGpuMemory:
 
     name = "declared"
 
-    def __init__(self, clock: Any = time.time) -> None:
-        self.clock = clock
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self.proc_root = proc_root
 
     def job_memory_mib(self, record: PlacementRecord, container_id: str | None = None) -> int | None:
         processes = job_processes(record)
         if processes is None:
             return None
         total = 0
-        now = self.clock()
         for process in processes:
+            # its age as the simulated NVML resolves it (``simulated_usage``: since boot, not psutil's create time,
+            # which is off by up to a second); a process that has exited holds nothing
+            start = process_start(process.pid, self.proc_root)
+            if start is None or start[0] in (b"Z", b"X"):
+                continue
             try:
                 env = process.environ()
-                started = process.create_time()
             except psutil.Error:
                 continue
             if not any(token.strip().startswith(("GPU-", "MIG-"))
                        for token in env.get("CUDA_VISIBLE_DEVICES", "").split(",")):
                 continue
-            held = parse_usage(env.get(USAGE_VARIABLE, "")).memory_at(now - started)
+            held = parse_usage(env.get(USAGE_VARIABLE, "")).memory_at(age_s(start[1], self.proc_root))
             total += held or 0
         return total
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuorch_contracts.simulated_usage import USAGE_VARIABLE as DECLARED_USAGE_VARIABLE
-from gpuorch_contracts.simulated_usage import DeclaredUsage, parse_usage
+from gpuorch_contracts.simulated_usage import DeclaredUsage, age_s, parse_usage, process_start
 
 __all__ = ["DeclaredUsage", "ProcessTable", "SimProcess", "StaticProcessTable", "parse_environ", "parse_usage"]
 
@@ -96,37 +96,16 @@ class ProcessTable:
             parsed = parse_environ(data)
             if parsed is None:
                 continue
-            stat = _stat(self.proc_root, entry)
+            stat = process_start(entry, self.proc_root)
             if stat is None or stat[0] in (b"Z", b"X"):
                 continue
             uuids, usage = parsed
             if usage.mem_steps:
-                usage = usage.at_age(_age_s(self.proc_root, stat[1]))
+                usage = usage.at_age(age_s(stat[1], self.proc_root))
             process = SimProcess(int(entry), usage)
             for uuid in uuids:
                 found.setdefault(uuid, []).append(process)
         return found
-
-
-def _stat(proc_root: str, pid: str) -> tuple[bytes, int] | None:
-    """(state letter, start time in clock ticks after boot) of a process, from ``/proc/<pid>/stat``."""
-    try:
-        with open(f"{proc_root}/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        fields = stat[stat.rfind(b")") + 2:].split()
-        return fields[0][:1], int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _age_s(proc_root: str, start_ticks: int) -> float:
-    """Seconds a process that started ``start_ticks`` after boot has run (``/proc/uptime``)."""
-    try:
-        with open(f"{proc_root}/uptime", "rb") as fh:
-            uptime = float(fh.read().split()[0])
-    except (OSError, IndexError, ValueError):
-        return 0.0
-    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 class StaticProcessTable(ProcessTable):
