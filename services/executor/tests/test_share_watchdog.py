@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -121,6 +122,39 @@ def test_the_declared_probe_resolves_a_growing_process_at_its_age_since_boot(tmp
     finally:
         child.kill()
         child.wait()
+
+
+FAMILY = ("import os, subprocess, sys, time\n"
+          "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env={**os.environ, **extra})\n"
+          "        for extra in ({}, {}, {'GPUORCH_SIM_USAGE': 'mem_mib=500'})]\n"
+          "time.sleep(60)\n")
+"""A job process with three children: two inherit its environment (a wrapper's helpers: a pyenv shim's
+``pyenv-exec`` runs ``pyenv-which``, which runs ``pyenv-hooks``; a shell that forks its command), one declares usage
+of its own."""
+
+
+def test_a_process_that_inherits_its_parents_declaration_holds_nothing_more() -> None:
+    """Only the process with its own declaration holds it. Summing the helpers too is how the e2e share test failed
+    with ``python`` a pyenv shim on a loaded machine: three processes at once "held" 30 GiB each, the peak read 90 GiB,
+    and the escalation found no GPU that large and failed the job (0 requeues) instead of requeueing it larger."""
+    import subprocess
+
+    import psutil
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": GPU, "GPUORCH_SIM_USAGE": "mem_mib=3000"}
+    job = subprocess.Popen([sys.executable, "-c", FAMILY], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while len(psutil.Process(job.pid).children()) < 3:
+            assert time.monotonic() < deadline, "the job's children did not start"
+            time.sleep(0.05)
+        record = PlacementRecord(placement_id=uuid.uuid4(), job_id=uuid.uuid4(), node_id=NODE, job_pid=job.pid)
+        assert DeclaredGpuMemory().job_memory_mib(record) == 3000 + 500
+    finally:
+        for child in psutil.Process(job.pid).children():
+            child.kill()
+        job.kill()
+        job.wait()
 
 
 async def test_nvml_memory_counts_only_the_jobs_own_processes(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ Two probes, chosen by ``GPUORCH_EXECUTOR_GPU_MEMORY_PROBE`` (``probe_for``):
 - ``DeclaredGpuMemory`` (no NVML: the simulated fleet): the memory each of the job's processes declares in
   ``GPUORCH_SIM_USAGE`` (``gpuorch_contracts.simulated_usage``: ``mem_mib``, and ``mem_mib_from`` steps resolved at
   the process's age), the same declaration the node-agent's simulated NVML shows; a process that declares no
-  ``mem_mib`` counts 0 here (the simulated NVML then shows a seeded share of the device).
+  ``mem_mib`` counts 0 here (the simulated NVML then shows a seeded share of the device), and one that declares
+  what its parent declares (a wrapper's helper, a fork: ``simulated_usage.inherited``) holds nothing more.
 
 ``job_memory_mib`` returns None when it cannot tell (no job process, NVML error, a container job whose id is not
 known yet, or any container job under the declared probe: its processes are not the job process's descendants, and
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
-from gpuorch_contracts.simulated_usage import USAGE_VARIABLE, age_s, parse_usage, process_start
+from gpuorch_contracts.simulated_usage import USAGE_VARIABLE, ProcStat, age_s, inherited, parse_usage, process_stat
 from gpuorch_observability import get_logger
 
 from gpuorch_executor.domain.container_processes import container_memory_mib
@@ -65,22 +66,28 @@ class DeclaredGpuMemory:
         processes = job_processes(record)
         if processes is None:
             return None
-        total = 0
+        declared: dict[int, tuple[str, str]] = {}
+        holders: list[tuple[int, tuple[str, str], ProcStat]] = []
         for process in processes:
             # its age as the simulated NVML resolves it (``simulated_usage``: since boot, not psutil's create time,
             # which is off by up to a second); a process that has exited holds nothing
-            start = process_start(process.pid, self.proc_root)
-            if start is None or start[0] in (b"Z", b"X"):
+            stat = process_stat(process.pid, self.proc_root)
+            if stat is None or stat.state in (b"Z", b"X"):
                 continue
             try:
                 env = process.environ()
             except psutil.Error:
                 continue
-            if not any(token.strip().startswith(("GPU-", "MIG-"))
-                       for token in env.get("CUDA_VISIBLE_DEVICES", "").split(",")):
+            devices = env.get("CUDA_VISIBLE_DEVICES", "")
+            if not any(token.strip().startswith(("GPU-", "MIG-")) for token in devices.split(",")):
                 continue
-            held = parse_usage(env.get(USAGE_VARIABLE, "")).memory_at(age_s(start[1], self.proc_root))
-            total += held or 0
+            declared[process.pid] = (devices, env.get(USAGE_VARIABLE, ""))
+            holders.append((process.pid, declared[process.pid], stat))
+        total = 0
+        for _pid, declaration, stat in holders:
+            if inherited(declaration, declared.get(stat.ppid)):
+                continue  # a wrapper's helper, or a fork: its parent holds it (``simulated_usage``)
+            total += parse_usage(declaration[1]).memory_at(age_s(stat.start_ticks, self.proc_root)) or 0
         return total
 
 
