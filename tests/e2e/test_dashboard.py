@@ -4,20 +4,27 @@ stack, a job submitted through the page reaches succeeded, another team's jobs a
 report's charts draw the team's job (and nothing of the other team's). The workbench: signed in through a real
 OpenID provider (tests/oidc_provider, where node and npm run it, as in CI; else with the team's token), a running
 job's log is followed, the job is cancelled through the confirmation and its state changes, the job list pages and
-filters, and the utilisation charts hold telemetry's points. Signing in is one call (``sign_in``)."""
+filters, and the utilisation charts hold telemetry's points. A session's start that the scheduler commits after its
+event reached the page still shows. Signing in is one call (``sign_in``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
 from tests.e2e.harness import TEAM_TOKENS, api_stack
+
+if TYPE_CHECKING:
+    from gpuorch_gpuctl_ops.stack import LocalStack
 from tests.e2e.oidc import oidc_sign_in
 from tests.oidc_provider import Provider, oidc_provider
 
@@ -44,13 +51,19 @@ def sso_provider(request: pytest.FixtureRequest) -> Provider | None:
 
 
 @pytest.fixture(scope="module")
-def stack_url(tmp_path_factory: pytest.TempPathFactory, sso_provider: Provider | None) -> Iterator[str]:
+def dashboard_stack(tmp_path_factory: pytest.TempPathFactory, sso_provider: Provider | None) -> Iterator[LocalStack]:
     oidc = None if sso_provider is None else {
         "issuer": sso_provider.issuer, "client_id": sso_provider.client_id, "provider_name": "Test IdP",
         "groups": [{"group": "gpuorch-operators", "identity": "ops"}, {"group": "acme-devs", "identity": "acme-team"}]}
     with api_stack(tmp_path_factory.mktemp("dashboard"), oidc) as stack:
         assert stack.api_url is not None
-        yield stack.api_url
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def stack_url(dashboard_stack: LocalStack) -> str:
+    assert dashboard_stack.api_url is not None
+    return dashboard_stack.api_url
 
 
 @pytest.fixture
@@ -230,6 +243,54 @@ def test_the_sessions_page_lists_parks_resumes_and_opens_a_session(stack_url: st
     browser.get(f"{stack_url}/#/sessions")
     until(browser, lambda b: row(b).find_element(By.CSS_SELECTOR, "button.stop-session").click() or True)
     until(browser, state_is("cancelled"), 90)
+
+
+def test_the_sessions_page_shows_a_start_the_scheduler_commits_after_its_event_reached_the_page(
+        dashboard_stack: LocalStack, browser: Any) -> None:
+    """An executor's job.started reaches the page's live stream as the scheduler receives it; the read model the page
+    re-reads shows it only once the scheduler has committed it. Here the scheduler is held (SIGSTOP) until the page
+    re-read after the event: the page must still come to show the session running, with no later event."""
+    from selenium.webdriver.common.by import By
+
+    url = dashboard_stack.api_url
+    assert url is not None
+    executor, scheduler = (dashboard_stack.processes[name].popen for name in ("executor", "scheduler-1"))
+    assert executor is not None and scheduler is not None
+    headers = {"Authorization": f"Bearer {TEAM_TOKENS['acme-team']}"}
+    spec = {"name": "held-start", "tier": "interactive", "resources": {"gpus": 1},
+            "run": {"runtime": "process", "argv": SESSION_ARGV}}
+    sign_in(browser, url, page="#/sessions")
+    executor_log = Path(dashboard_stack.processes["executor"].log_path)
+
+    def row(b: Any) -> Any:
+        return b.find_element(By.CSS_SELECTOR, f'#sessions a[data-job="{session}"]').find_element(
+            By.XPATH, "./ancestor::tr")
+
+    os.killpg(executor.pid, signal.SIGSTOP)  # the launch waits in its queue
+    try:
+        session = httpx.post(f"{url}/api/v1/jobs", json={"spec": spec}, headers=headers).json()["job_id"]
+        shown = until(browser, lambda b: "placed" in row(b).text.split() and row(b), 90)
+        os.killpg(scheduler.pid, signal.SIGSTOP)  # (and its outbox relay: one process group)
+        os.killpg(executor.pid, signal.SIGCONT)
+        until(browser, lambda b: f'"job_id": "{session}"' in "".join(
+            line for line in executor_log.read_text(errors="replace").splitlines() if '"job.started"' in line), 60)
+        until(browser, lambda b: not _attached(shown))  # the page re-read the read model after the event...
+        assert "placed" in now(browser, lambda b: row(b).text).split()  # ...which the scheduler has not updated
+    finally:
+        os.killpg(scheduler.pid, signal.SIGCONT)
+        os.killpg(executor.pid, signal.SIGCONT)
+    until(browser, lambda b: "running" in row(b).text.split(), 60)
+    httpx.post(f"{url}/api/v1/jobs/{session}/cancel", json={"reason": "test over"}, headers=headers)
+
+
+def _attached(element: Any) -> bool:
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        element.is_enabled()
+        return True
+    except StaleElementReferenceException:
+        return False
 
 
 LOGGING_ARGV = ["python", "-c", "import time\nfor i in range(100000):\n    print(f'line {i}', flush=True)\n"

@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SHARE = GpuRequest(gpu_milli=250, gpu_memory_mib=4096)
 
 
-def share_job(name: str, usage: str) -> SubmitJob:
+def share_job(name: str, usage: str, seconds: float = 3) -> SubmitJob:
     return SubmitJob(spec=JobSpec(name=name, tier="inference", resources=SHARE, run=ProcessRun(
-        argv=["python", "-c", "import time; time.sleep(3)"], env={"GPUORCH_SIM_USAGE": usage})))
+        argv=["python", "-c", f"import time; time.sleep({seconds})"], env={"GPUORCH_SIM_USAGE": usage})))
 
 
 async def test_the_share_over_its_memory_is_stopped_and_requeued_larger_and_its_neighbour_succeeds(
@@ -31,7 +31,10 @@ async def test_the_share_over_its_memory_is_stopped_and_requeued_larger_and_its_
     stack.start_executor()
     await stack.queues_declared(["scheduler", "scheduler.heartbeats", "executor.node-1"])
     async with nodes_online(amqp_url, pg_dsn, [registered_node("node-1", gpus=1, model="H100-80GB")]) as broker:
-        greedy = share_job("greedy", "util=40,mem_mib=3000,mem_mib_from=0.5:30720")
+        # The watchdog stops the greedy one about 2 s after it started (it grows at 0.5 s, is sampled every second and
+        # must be seen over for 1 s); it must still run then, even on a loaded machine, or it ends by itself (3 s
+        # left only a second to spare). Its second run, on the larger share, runs it out.
+        greedy = share_job("greedy", "util=40,mem_mib=3000,mem_mib_from=0.5:30720", seconds=8)
         steady = share_job("steady", "util=40,mem_mib=3000")
         await publish_when_routable(broker, greedy)
         await publish_when_routable(broker, steady)

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import uuid
 
-from gpuorch_contracts import GpuRequest, JobFailed, JobPlaced, JobRequeued, JobSpec, ProcessRun, SubmitJob
+from gpuorch_contracts import (
+    GpuRequest,
+    JobFailed,
+    JobPlaced,
+    JobRequeued,
+    JobSpec,
+    JobStarted,
+    ProcessRun,
+    SubmitJob,
+)
 from gpuorch_policy.mig_planner import PlannerSettings
 from gpuorch_scheduling.escalation import next_mig_profiles, next_share, share_escalation
 from gpuorch_scheduling.harness import Harness
@@ -90,6 +99,25 @@ def test_a_report_from_another_node_or_placement_changes_nothing() -> None:
     forged = exceeded(scheduler, job_id, 30720, node="n2")
     step = scheduler.step([Input(forged)], 3.0)
     assert step.events == [] and scheduler.state.jobs[job_id].state == "placed"
+
+
+def test_late_or_repeated_reports_of_the_escalated_attempt_change_nothing() -> None:
+    """Whatever arrives after the watchdog's report of an attempt (its JobStarted late, the same report again, another
+    report of that attempt such as a plain gpu_oom) is about a placement the job no longer has: ignored, never a
+    failure. Its own escalation failure coming back through the scheduler's queue (no node) is refused."""
+    scheduler, job_id = placed_share()
+    first = scheduler.state.jobs[job_id].placement_id
+    report = exceeded(scheduler, job_id, 30720)
+    scheduler.step([Input(report)], 3.0)
+    late = [JobStarted(job_id=job_id, placement_id=first, node_id="n1"), report,
+            JobFailed(job_id=job_id, placement_id=first, node_id="n1", cause="gpu_oom", reason="GPU out of memory")]
+    step = scheduler.step([Input(m) for m in late], 4.0)
+    job = scheduler.state.jobs[job_id]
+    assert (job.state, job.requeues, job.spec.resources.gpu_memory_mib) == ("placed", 1, 40448)
+    assert job.placement_id != first and not step.decided
+    echo = JobFailed(job_id=job_id, placement_id=job.placement_id, cause="gpu_oom", reason="from the scheduler")
+    step = scheduler.step([Input(echo)], 5.0)
+    assert step.ignored and scheduler.state.jobs[job_id].state == "placed"
 
 
 def test_a_mig_job_out_of_memory_in_its_slice_is_requeued_one_profile_size_up() -> None:

@@ -234,3 +234,33 @@ async def test_the_newest_leader_epoch_outlives_the_handler_and_an_unwritable_on
     with pytest.raises(OSError):
         await unwritable(layout(["3g.40gb", "3g.40gb"], 4))
     assert [m.profile for m in agent.inventory.gpus[0].mig_instances] == ["7g.80gb"]
+
+
+def test_a_process_that_inherits_its_parents_declaration_is_not_listed(spawn):
+    """A wrapper's helpers (a pyenv shim's, a shell's fork) inherit the job's declaration: only the process that
+    declares its own holds memory (``simulated_usage``), as in the executor's declared probe."""
+    gpu = "GPU-inherit-0000-0000-0000-000000000001"
+    fork = ("import os, subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", fork],
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "GPUORCH_SIM_USAGE": "mem_mib=3000"})
+    try:
+        give_up = time.monotonic() + 30
+        while not _children(parent.pid):
+            assert time.monotonic() < give_up, "the child did not start"
+            time.sleep(0.05)
+        assert {p.pid for p in ProcessTable(max_age_s=0).snapshot().get(gpu, [])} == {parent.pid}
+    finally:
+        for child in _children(parent.pid):
+            os.kill(child, 9)
+        parent.kill()
+        parent.wait()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(c) for c in fh.read().split()]
+    except OSError:
+        return []

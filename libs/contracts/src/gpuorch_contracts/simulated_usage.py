@@ -12,10 +12,25 @@ The value is a comma-separated ``key=value`` list:
 - ``throttle=thermal|power``: the GPU it runs on throttles for that reason while it runs.
 
 Unparsable values are ignored; missing keys get the reader's defaults.
+
+Who holds it: a process that names a GPU in ``CUDA_VISIBLE_DEVICES`` holds what it declares, unless its parent
+names the same devices and declares the same (``inherited``): then it is that parent's wrapper or helper (a pyenv
+shim's ``pyenv-exec`` runs ``pyenv-which`` and ``pyenv-hooks`` as children, a shell forks its command) and holds
+nothing more, as under a real NVML only the process with the CUDA context holds memory. Without this rule a job
+started through such a wrapper held its declaration once per helper still alive at a sample (three times under
+load): the share watchdog reported three times the job's peak, and the escalation found no GPU that large and failed
+the job instead of requeueing it larger. A worker meant to hold memory of its own declares its own (another value,
+or other devices).
+
+A process's age, for ``mem_mib_from`` (``process_stat``, ``age_s``): ``/proc/uptime`` less its start time in
+``/proc/<pid>/stat``, both counted from boot, so both readers resolve a step at the same moment. Not the wall clock
+less ``psutil``'s create time: that adds the boot time read from ``/proc/stat`` (whole seconds), so it ages every
+process by the fraction of a second the boot time lost (up to 1 s; fixed until the machine reboots).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 USAGE_VARIABLE = "GPUORCH_SIM_USAGE"
@@ -78,3 +93,39 @@ def _steps(text: str) -> tuple[tuple[float, int], ...]:
         except ValueError:
             continue
     return tuple(sorted(steps))
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    state: bytes
+    """Its state letter (``Z``: exited, not reaped yet)."""
+    ppid: int
+    start_ticks: int
+    """When it started, in clock ticks after boot."""
+
+
+def process_stat(pid: int | str, proc_root: str = "/proc") -> ProcStat | None:
+    """What ``/proc/<pid>/stat`` says of a process's state, parent and start; None when it is gone or unreadable."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        fields = stat[stat.rfind(b")") + 2:].split()
+        return ProcStat(fields[0][:1], int(fields[1]), int(fields[19]))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def inherited(own: object, parent: object | None) -> bool:
+    """Is a process's declaration (its devices and usage, as its reader keeps them) its parent's (module docstring:
+    it then holds nothing of its own)?"""
+    return parent is not None and own == parent
+
+
+def age_s(start_ticks: int, proc_root: str = "/proc") -> float:
+    """Seconds a process that started ``start_ticks`` after boot has run (``/proc/uptime``; 0 if unreadable)."""
+    try:
+        with open(f"{proc_root}/uptime", "rb") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))

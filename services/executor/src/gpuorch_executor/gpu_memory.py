@@ -10,7 +10,8 @@ Two probes, chosen by ``GPUORCH_EXECUTOR_GPU_MEMORY_PROBE`` (``probe_for``):
 - ``DeclaredGpuMemory`` (no NVML: the simulated fleet): the memory each of the job's processes declares in
   ``GPUORCH_SIM_USAGE`` (``gpuorch_contracts.simulated_usage``: ``mem_mib``, and ``mem_mib_from`` steps resolved at
   the process's age), the same declaration the node-agent's simulated NVML shows; a process that declares no
-  ``mem_mib`` counts 0 here (the simulated NVML then shows a seeded share of the device).
+  ``mem_mib`` counts 0 here (the simulated NVML then shows a seeded share of the device), and one that declares
+  what its parent declares (a wrapper's helper, a fork: ``simulated_usage.inherited``) holds nothing more.
 
 ``job_memory_mib`` returns None when it cannot tell (no job process, NVML error, a container job whose id is not
 known yet, or any container job under the declared probe: its processes are not the job process's descendants, and
@@ -19,13 +20,12 @@ the simulated fleet runs no container engine); the watchdog then skips that samp
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
-from gpuorch_contracts.simulated_usage import USAGE_VARIABLE, parse_usage
+from gpuorch_contracts.simulated_usage import USAGE_VARIABLE, ProcStat, age_s, inherited, parse_usage, process_stat
 from gpuorch_observability import get_logger
 
 from gpuorch_executor.domain.container_processes import container_memory_mib
@@ -59,26 +59,35 @@ class DeclaredGpuMemory:
 
     name = "declared"
 
-    def __init__(self, clock: Any = time.time) -> None:
-        self.clock = clock
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self.proc_root = proc_root
 
     def job_memory_mib(self, record: PlacementRecord, container_id: str | None = None) -> int | None:
         processes = job_processes(record)
         if processes is None:
             return None
-        total = 0
-        now = self.clock()
+        declared: dict[int, tuple[str, str]] = {}
+        holders: list[tuple[int, tuple[str, str], ProcStat]] = []
         for process in processes:
+            # its age as the simulated NVML resolves it (``simulated_usage``: since boot, not psutil's create time,
+            # which is off by up to a second); a process that has exited holds nothing
+            stat = process_stat(process.pid, self.proc_root)
+            if stat is None or stat.state in (b"Z", b"X"):
+                continue
             try:
                 env = process.environ()
-                started = process.create_time()
             except psutil.Error:
                 continue
-            if not any(token.strip().startswith(("GPU-", "MIG-"))
-                       for token in env.get("CUDA_VISIBLE_DEVICES", "").split(",")):
+            devices = env.get("CUDA_VISIBLE_DEVICES", "")
+            if not any(token.strip().startswith(("GPU-", "MIG-")) for token in devices.split(",")):
                 continue
-            held = parse_usage(env.get(USAGE_VARIABLE, "")).memory_at(now - started)
-            total += held or 0
+            declared[process.pid] = (devices, env.get(USAGE_VARIABLE, ""))
+            holders.append((process.pid, declared[process.pid], stat))
+        total = 0
+        for _pid, declaration, stat in holders:
+            if inherited(declaration, declared.get(stat.ppid)):
+                continue  # a wrapper's helper, or a fork: its parent holds it (``simulated_usage``)
+            total += parse_usage(declaration[1]).memory_at(age_s(stat.start_ticks, self.proc_root)) or 0
         return total
 
 

@@ -2,10 +2,18 @@
 // and node pages; /charts/charts.js: the charts (uPlot, vendored; the HTML report draws with the same file).
 // Every value from the API reaches the page through textContent (el()), never as HTML.
 // Live: /api/v1/events read with fetch() (EventSource cannot send the Authorization header); each event
-// refreshes the page shown, at most every 700 ms; the fleet also refreshes every 5 s (usage samples are not events).
+// refreshes the page shown, at most every 700 ms, and again a few times after the last event (SETTLE_MS); the
+// stream's opening refreshes it once; the fleet also refreshes every 5 s (usage samples are not events).
 "use strict";
 
-const state = { token: localStorage.getItem("gpuorch-token") || "", who: null, stream: null, pending: null };
+const state = { token: localStorage.getItem("gpuorch-token") || "", who: null, stream: null, pending: null,
+  settling: [], renders: 0 };
+
+// An executor's job fact (job.started, job.finished, job.failed...) reaches the stream when the scheduler receives
+// it, but the read models the page re-reads show it only once the scheduler has folded and committed it: later
+// than 700 ms on a loaded scheduler. One refresh then reads the old state and, with no later event (a session that
+// just runs), the page would keep it. So the last event is followed by these refreshes too.
+const SETTLE_MS = [2500, 6000, 15000];
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -304,13 +312,16 @@ async function render(force = false) {
   if (!state.who) return;
   if (page === "submit" && view.querySelector("#submit")) return;  // keep what is being typed
   if (!force && document.activeElement?.matches("#jobs-filters input")) return;
+  const seq = ++state.renders;  // renders overlap (an event's, the page's own): only the newest one is shown
   try {
     const content = await (pages[page] || fleetPage)(id, new URLSearchParams(query));
-    view.replaceChildren(content);
-  } catch (e) { view.replaceChildren(el("p", { class: "error" }, e.message)); }
+    if (seq === state.renders) view.replaceChildren(content);
+  } catch (e) { if (seq === state.renders) view.replaceChildren(el("p", { class: "error" }, e.message)); }
 }
 
 function refreshSoon() {
+  for (const timer of state.settling) clearTimeout(timer);
+  state.settling = SETTLE_MS.map((ms) => setTimeout(() => render(), ms));
   if (state.pending) return;
   state.pending = setTimeout(() => { state.pending = null; render(); }, 700);
 }
@@ -328,6 +339,7 @@ async function follow() {
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
+    let opened = false;
     for (;;) {
       const { value, done } = await reader.read();
       if (done) break;
@@ -336,7 +348,10 @@ async function follow() {
       while ((end = buffer.indexOf("\n\n")) >= 0) {
         const block = buffer.slice(0, end);
         buffer = buffer.slice(end + 2);
-        if (block.split("\n").some((line) => line.startsWith("data:"))) refreshSoon();
+        // the stream's first block (": stream for ...") comes once it is subscribed: what happened between the
+        // page's last read and now was sent to no stream, so the page is read again
+        if (!opened || block.split("\n").some((line) => line.startsWith("data:"))) refreshSoon();
+        opened = true;
       }
     }
   } catch (_) { /* aborted, or the API went away: retried below */ }

@@ -8,7 +8,9 @@ node of the process (a fleet scans once per ``max_age_s``, not once per GPU).
 A job may declare the usage it should show with ``GPUORCH_SIM_USAGE`` (format: ``gpuorch_contracts.simulated_usage``,
 e.g. ``util=85,mem_mib=20000``); a scan resolves usage that changes over time (``mem_mib_from``) at the process's
 age then, so a job's memory can grow while it runs. A missing ``util`` is 0 % (a process that declares nothing
-looks idle, as a sleeping notebook does); missing memory gets a deterministic default (see ``SimulatedNvml``).
+looks idle, as a sleeping notebook does); missing memory gets a deterministic default (see ``SimulatedNvml``). A
+process that names the same devices and declares the same as its parent (a wrapper's helper, a fork) is not listed:
+its parent holds it (``simulated_usage.inherited``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuorch_contracts.simulated_usage import USAGE_VARIABLE as DECLARED_USAGE_VARIABLE
-from gpuorch_contracts.simulated_usage import DeclaredUsage, parse_usage
+from gpuorch_contracts.simulated_usage import DeclaredUsage, ProcStat, age_s, inherited, parse_usage, process_stat
 
 __all__ = ["DeclaredUsage", "ProcessTable", "SimProcess", "StaticProcessTable", "parse_environ", "parse_usage"]
 
@@ -87,6 +89,8 @@ class ProcessTable:
         except OSError:
             return found
         own_pid = os.getpid()
+        declared: dict[int, tuple[list[str], DeclaredUsage]] = {}
+        stats: dict[int, ProcStat] = {}
         for entry in entries:
             if not entry.isdigit() or int(entry) == own_pid:
                 continue
@@ -98,37 +102,20 @@ class ProcessTable:
             parsed = parse_environ(data)
             if parsed is None:
                 continue
-            stat = _stat(self.proc_root, entry)
-            if stat is None or stat[0] in (b"Z", b"X"):
+            stat = process_stat(entry, self.proc_root)
+            if stat is None or stat.state in (b"Z", b"X"):
                 continue
-            uuids, usage = parsed
+            declared[int(entry)], stats[int(entry)] = parsed, stat
+        for pid, (uuids, usage) in declared.items():
+            stat = stats[pid]
+            if inherited((uuids, usage), declared.get(stat.ppid)):
+                continue  # a wrapper's helper, or a fork: its parent holds it (``simulated_usage``)
             if usage.mem_steps:
-                usage = usage.at_age(_age_s(self.proc_root, stat[1]))
-            process = SimProcess(int(entry), usage)
+                usage = usage.at_age(age_s(stat.start_ticks, self.proc_root))
+            process = SimProcess(pid, usage)
             for uuid in uuids:
                 found.setdefault(uuid, []).append(process)
         return found
-
-
-def _stat(proc_root: str, pid: str) -> tuple[bytes, int] | None:
-    """(state letter, start time in clock ticks after boot) of a process, from ``/proc/<pid>/stat``."""
-    try:
-        with open(f"{proc_root}/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        fields = stat[stat.rfind(b")") + 2:].split()
-        return fields[0][:1], int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _age_s(proc_root: str, start_ticks: int) -> float:
-    """Seconds a process that started ``start_ticks`` after boot has run (``/proc/uptime``)."""
-    try:
-        with open(f"{proc_root}/uptime", "rb") as fh:
-            uptime = float(fh.read().split()[0])
-    except (OSError, IndexError, ValueError):
-        return 0.0
-    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 class StaticProcessTable(ProcessTable):
