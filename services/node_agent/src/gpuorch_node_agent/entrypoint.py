@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -156,7 +157,9 @@ def command_queue(config: AgentConfig, node_ids: Sequence[str]) -> Any:
     return node_agent_queue(name, node_ids)
 
 
-async def run(config: AgentConfig) -> FleetRunner:
+async def run(config: AgentConfig, *, freeze_gc: bool = False) -> FleetRunner:
+    """Run the agents of ``config`` until ``duration_s`` or a signal. ``freeze_gc`` (the process's own entry point):
+    once the agents have started, what is loaded is moved out of the garbage collector's reach."""
     agents = build_agents(config)
     broker = None
     if config.stdout:
@@ -192,6 +195,9 @@ async def run(config: AgentConfig) -> FleetRunner:
         READINESS.add("broker", connected(broker))
         READINESS.mark("consuming", None)
     await runner.start()
+    if freeze_gc:  # the agents, their inventories and the broker's objects live as long as the process: no later
+        gc.collect()  # collection traverses them (a 5,000-node fleet spent a third of its CPU in full collections)
+        gc.freeze()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
@@ -214,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = parse_config(argv)
     configure("node-agent", log_level=config.log_level, otlp_endpoint=config.otlp_endpoint,
               instance=config.fleet_name if config.is_fleet else config.node_id)
-    asyncio.run(run(config))
+    asyncio.run(run(config, freeze_gc=True))
 
 
 if __name__ == "__main__":
